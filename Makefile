@@ -1,0 +1,40 @@
+# The targets CI runs are the ones a person runs: `make run`, `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint typecheck pytest proto bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/llmgw --role=server --role=agent --dev
+
+test: install lint typecheck pytest
+
+lint: install
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: install
+	$(BIN)/pytest
+
+proto: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
+		--python_betterproto_out=src/llmgw/proto protos/llmgw/v1/agent.proto
+
+bench: install
+	$(BIN)/python scripts/bench_gateway.py
+
+clean:
+	rm -rf $(VENV) .llmgw-dev .mypy_cache .ruff_cache .pytest_cache

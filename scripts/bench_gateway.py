@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""What the gateway adds: requests straight to a sim engine, then through llmgw.
+
+Starts `llmgw --role=server --role=agent --dev` in its own directory with the
+sim engine at zero delay, finds the engine's own port, and drives both with a
+load generator running in this process (llmgw and the engine run in theirs).
+Prints requests per second, p50 and p99 for concurrency 1 and 64, streamed and
+not, and the ratios. A measurement, not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+from llmgw import config
+from llmgw.config import ProfileConfig
+from llmgw.roles.dev import DEV_MODEL, prepare_dev
+
+BODY = {"model": DEV_MODEL, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
+
+
+@contextmanager
+def running_llmgw(workdir: Path, auth: bool) -> Iterator[tuple[str, str, str]]:
+    """(gateway URL, API key, the engine's direct URL) of a dev system with a zero-delay sim engine."""
+    dev_dir = workdir / ".llmgw-dev"
+    setup = prepare_dev(dev_dir, ("server",))
+    assert setup.server is not None
+    model = setup.server.models[0]
+    zero_delay = ProfileConfig(engine="sim", args=["--ttft-ms", "0", "--tokens-per-s", "0"])
+    server = config.evolve(
+        setup.server,
+        auth=config.evolve(setup.server.auth, enabled=auth),
+        models=[config.evolve(model, profiles=[zero_delay])],
+    )
+    (dev_dir / "server.yaml").write_text(config.dump(server))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmgw",
+            "--log-format=json",
+            "--log-level=warning",
+            "--role=server",
+            "--role=agent",
+            "--dev",
+            "--dev-dir",
+            str(dev_dir),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        url = key = ""
+        assert process.stdout is not None
+        for line in process.stdout:
+            if found := re.search(r"Gateway: (http://\S+)", line):
+                url = found[1]
+            if found := re.search(r"API key \(shown once\): (\S+)", line):
+                key = found[1]
+                break
+        deadline = time.monotonic() + 60
+        direct = ""
+        while not direct and time.monotonic() < deadline:
+            for child in psutil.Process(process.pid).children(recursive=True):
+                cmd = child.cmdline()
+                if "llmgw.engines.sim" in " ".join(cmd) and "--port" in cmd:
+                    direct = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
+            time.sleep(0.2)
+        if not (url and key and direct):
+            raise SystemExit("llmgw did not start its sim engine within 60 s")
+        yield url, key, direct
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+
+
+async def _wait_ready(url: str, key: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            async with session.post(
+                f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
+            ) as reply:
+                await reply.read()
+                if reply.status == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"{url} never answered 200")
+
+
+async def _load(url: str, key: str, concurrency: int, stream: bool, seconds: float) -> dict[str, float]:
+    body = json.dumps(
+        {**BODY, "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {})}
+    )
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    latencies: list[float] = []
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one() -> None:
+            start = time.perf_counter()
+            async with session.post(f"{url}/v1/chat/completions", data=body, headers=headers) as reply:
+                await reply.read()
+                if reply.status != 200:
+                    raise SystemExit(f"{url} answered {reply.status}")
+            latencies.append(time.perf_counter() - start)
+
+        # Warm the connections before measuring.
+        await asyncio.gather(*(one() for _ in range(concurrency * 2)))
+        latencies.clear()
+        stop_at = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < stop_at:
+                await one()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        "n": float(len(latencies)),
+    }
+
+
+def _measure(url: str, key: str, concurrency: int, stream: bool, seconds: float) -> dict[str, float]:
+    # The load generator gets a process of its own, so it never shares a core
+    # queue with the gateway it measures.
+    code = (
+        "import asyncio, json, sys; sys.path.insert(0, sys.argv[1]);"
+        "from bench_gateway import _load;"
+        "print(json.dumps(asyncio.run(_load(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == '1',"
+        " float(sys.argv[6])))))"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(Path(__file__).parent),
+            url,
+            key,
+            str(concurrency),
+            "1" if stream else "0",
+            str(seconds),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="how long each measurement runs")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument(
+        "--auth",
+        choices=["off", "on", "both"],
+        default="both",
+        help="measure the gateway with auth off, the full path (on), or both",
+    )
+    args = parser.parse_args()
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.auth]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
+        for auth in modes:
+            with running_llmgw(Path(tmp) / f"auth-{auth}", auth) as (url, key, direct):
+                asyncio.run(_wait_ready(url, key))
+                for concurrency in args.concurrency:
+                    for stream in (False, True):
+                        d = _measure(direct, key, concurrency, stream, args.seconds)
+                        g = _measure(url, key, concurrency, stream, args.seconds)
+                        rows.append((auth, concurrency, stream, d, g))
+    print(
+        f"{'path':<10} {'conc':>4} {'stream':>6} | {'direct rps':>10} {'p50':>7} {'p99':>7} | "
+        f"{'gateway rps':>11} {'p50':>7} {'p99':>7} | {'added p50':>9} {'rps ratio':>9}"
+    )
+    for auth, concurrency, stream, d, g in rows:
+        print(
+            f"{'full' if auth else 'auth off':<10} {concurrency:>4} {'yes' if stream else 'no':>6} | "
+            f"{d['rps']:>10.0f} {d['p50_ms']:>6.2f}m {d['p99_ms']:>6.2f}m | "
+            f"{g['rps']:>11.0f} {g['p50_ms']:>6.2f}m {g['p99_ms']:>6.2f}m | "
+            f"{g['p50_ms'] - d['p50_ms']:>8.3f}m {g['rps'] / d['rps']:>9.2f}"
+        )
+    print(
+        "(m = milliseconds; 'added p50' = gateway p50 minus direct p50; "
+        "'full' = auth, limits, budgets and usage on)"
+    )
+
+
+if __name__ == "__main__":
+    main()

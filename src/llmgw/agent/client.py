@@ -1,0 +1,243 @@
+"""The agent's end of the stream: dial the control plane, register, heartbeat, carry out its orders.
+
+The agent dials `servers` in order and keeps dialing, with jittered backoff,
+for as long as it runs: a control plane that restarts, or a fleet that
+restarts all at once, must not find its nodes waiting in lockstep or gone.
+Engines keep running while the stream is down; the next Register lists them
+so the control plane adopts them instead of starting them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import ssl
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+import betterproto
+import structlog
+from grpclib.client import Channel, Stream
+from grpclib.const import Cardinality
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+import llmgw
+from llmgw.config import AgentConfig
+from llmgw.pki import certificate_problem, client_ssl_context
+from llmgw.proto.llmgw import v1 as pb
+from llmgw.tasks import first_to_finish
+
+log = structlog.get_logger(__name__)
+
+CONNECT = "/llmgw.v1.AgentService/Connect"
+
+_ServerStream = Stream[pb.AgentMessage, pb.ControlMessage]
+
+
+class ShardSupervisor(Protocol):
+    """What the client needs of agent/supervisor.py's Supervisor."""
+
+    # Where the supervisor reports each shard's new state; the client sets it to its own on_status.
+    on_status: Callable[[pb.ShardStatus], None] | None
+
+    async def start(self, req: pb.StartShard) -> None: ...
+
+    async def stop(self, shard_id: str) -> None: ...
+
+    def statuses(self) -> list[pb.ShardStatus]: ...
+
+
+class AgentClient:
+    """Keeps one stream open to the first control plane of cfg.servers that answers."""
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        supervisor: ShardSupervisor,
+        engine_versions: Mapping[str, str],
+        *,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        register_timeout_s: float = 30.0,
+    ) -> None:
+        self._cfg = cfg
+        self._supervisor = supervisor
+        self._engine_versions = dict(engine_versions)
+        self._backoff_base_s = backoff_base_s
+        self._backoff_max_s = backoff_max_s
+        self._register_timeout_s = register_timeout_s
+        self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
+        # Set while a control plane has accepted this node's Register; server says which one.
+        self.connected = asyncio.Event()
+        self.server: str | None = None
+        # Wired here rather than by the caller: a supervisor whose statuses go nowhere looks
+        # healthy until someone wonders why no replica ever becomes ready.
+        supervisor.on_status = self.on_status
+
+    def on_status(self, status: pb.ShardStatus) -> None:
+        """The supervisor's callback: send a shard's new state up the stream, if one is open.
+
+        While no stream is open the status is dropped: the next Register carries
+        every shard's current state from supervisor.statuses().
+        """
+        if self._outbox is not None:
+            self._outbox.put_nowait(pb.AgentMessage(shard=status))
+
+    async def run(self) -> None:
+        """Dial, register and serve the stream until cancelled; reconnect whenever it ends."""
+        ssl_context = await asyncio.to_thread(client_ssl_context, self._cfg.tls)
+        failures = 0
+        while True:
+            registered = False
+            for address in self._cfg.servers:
+                registered = await self._attempt(address, ssl_context)
+                if registered:
+                    break
+            failures = 0 if registered else failures + 1
+            await asyncio.sleep(self._backoff(failures))
+
+    def _backoff(self, failures: int) -> float:
+        ceiling = min(self._backoff_max_s, self._backoff_base_s * 2**failures)
+        # Jitter, so a fleet that lost its control plane at once does not dial back at once.
+        return random.uniform(ceiling / 2, ceiling)
+
+    async def _attempt(self, address: str, ssl_context: ssl.SSLContext) -> bool:
+        """One stream to one server; whether it got as far as being accepted."""
+        host, _, port = address.rpartition(":")
+        channel = Channel(host.strip("[]"), int(port), ssl=ssl_context)
+        try:
+            async with channel.request(
+                CONNECT, Cardinality.STREAM_STREAM, pb.AgentMessage, pb.ControlMessage
+            ) as stream:
+                await self._session(address, stream)
+                # The server ended the stream; grpclib wants this side ended too before it lets go.
+                await stream.end()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            why = _explain(exc, address)
+            if isinstance(exc, StreamTerminatedError) and not self.connected.is_set():
+                # A server that refuses a client certificate drops the connection without a word
+                # this side can read (asyncio does not flush the TLS alert), so look at it here.
+                problem = await asyncio.to_thread(
+                    certificate_problem, Path(self._cfg.tls.cert), Path(self._cfg.tls.ca)
+                )
+                if problem:
+                    why = f"the server at {address} hung up before this node registered: {problem}"
+            log.warning(
+                "the control plane stream failed", server=address, error=why, exc_info=_unexpected(exc)
+            )
+        else:
+            log.info("the control plane ended the stream", server=address)
+        finally:
+            was_connected = self.connected.is_set()
+            self._outbox = None
+            self.connected.clear()
+            self.server = None
+            channel.close()
+        return was_connected
+
+    async def _session(self, address: str, stream: _ServerStream) -> None:
+        # The outbox exists before statuses() is read, so a status that changes in between is sent after.
+        outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+        self._outbox = outbox
+        await stream.send_message(pb.AgentMessage(register=self._register()))
+        try:
+            first = await asyncio.wait_for(stream.recv_message(), self._register_timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"no answer to Register within {self._register_timeout_s:g} s") from None
+        if first is None:
+            return
+        if betterproto.which_one_of(first, "kind")[0] == "ack":
+            self.server = address
+            self.connected.set()
+            log.info("registered with the control plane", server=address, node=self._cfg.node_id)
+        else:
+            await self._handle(first)
+        await first_to_finish(self._receive(stream), self._send(stream, outbox))
+
+    def _register(self) -> pb.Register:
+        return pb.Register(
+            node_id=self._cfg.node_id,
+            agent_version=llmgw.__version__,
+            engine_versions=dict(self._engine_versions),
+            engines_probed=True,
+            running=self._supervisor.statuses(),
+            labels=dict(self._cfg.labels),
+            heartbeat_interval_ms=int(self._cfg.heartbeat_interval_s * 1000),
+        )
+
+    async def _send(self, stream: _ServerStream, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._cfg.heartbeat_interval_s
+        sequence = 0
+        due = loop.time() + interval
+        while True:
+            try:
+                message = await asyncio.wait_for(outbox.get(), max(0.0, due - loop.time()))
+            except TimeoutError:
+                sequence += 1
+                message = pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=sequence))
+                due = loop.time() + interval
+            await stream.send_message(message)
+
+    async def _receive(self, stream: _ServerStream) -> None:
+        async for message in stream:
+            await self._handle(message)
+
+    async def _handle(self, message: pb.ControlMessage) -> None:
+        kind, _ = betterproto.which_one_of(message, "kind")
+        if kind == "start":
+            await self._start(message.start)
+        elif kind == "stop":
+            log.info("stopping a shard", shard=message.stop.shard_id, reason=message.stop.reason)
+            await self._supervisor.stop(message.stop.shard_id)
+        elif kind != "ack":
+            log.info("ignored an order this agent does not carry out yet", kind=kind)
+
+    async def _start(self, req: pb.StartShard) -> None:
+        log.info("starting a shard", shard=req.shard_id, model=req.model, engine=req.engine)
+        try:
+            await self._supervisor.start(req)
+        except Exception as exc:
+            # One shard that cannot start must not cost the node its stream and every other shard.
+            log.exception("could not start a shard", shard=req.shard_id)
+            self.on_status(
+                pb.ShardStatus(
+                    shard_id=req.shard_id,
+                    model=req.model,
+                    engine=req.engine,
+                    state="failed",
+                    detail=str(exc) or type(exc).__name__,
+                    profile=req.profile,
+                )
+            )
+
+
+def _explain(exc: BaseException, address: str) -> str:
+    """Why the stream to address failed, for the person reading the agent's log."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the server at {address} presented a certificate this node does not trust "
+            f"({exc.verify_message}); tls.ca must be the authority that signed it, and it must name {address}"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return (
+            f"the server at {address} refused this node's certificate ({exc}): "
+            "it must be signed by the authority the server trusts (`llmgw cert issue-agent`)"
+        )
+    if isinstance(exc, ConnectionRefusedError):
+        return f"nothing is listening at {address}"
+    if isinstance(exc, GRPCError):
+        return f"the server at {address} refused the stream: {exc.message}"
+    if isinstance(exc, StreamTerminatedError):
+        return f"the server at {address} closed the connection ({exc})"
+    if isinstance(exc, OSError):
+        return f"cannot reach {address}: {exc.strerror or exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _unexpected(exc: BaseException) -> bool:
+    """Whether a traceback helps: not for the ways a network or a peer ordinarily fails."""
+    return not isinstance(exc, (OSError, GRPCError, StreamTerminatedError, TimeoutError))

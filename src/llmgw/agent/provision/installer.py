@@ -1,0 +1,389 @@
+"""Bringing each wanted engine to a build that is installed and seen to run.
+
+One directory per build, `<root>/<engine>/<version>-<variant>`, holding a
+marker file once the build has been fetched, checked against its checksum,
+unpacked, and run. Its absence means the directory is not to be trusted. A
+build is unpacked into `<dir>.partial` and renamed into place only at the
+end, so an install that is interrupted leaves nothing that looks installed.
+
+An installed build is checked again on every pass rather than believed: an
+unrelated upgrade can remove a library it needs, and that is found here
+rather than by the next replica to start on the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import structlog
+
+from llmgw.agent.discovery.host import Host
+from llmgw.agent.provision import ldd
+from llmgw.agent.provision.archive import unpack
+from llmgw.agent.provision.packages import ensure_packages
+from llmgw.agent.provision.recipes import RECIPES, Build, Recipe, UnsupportedError, cannot_install
+from llmgw.agent.provision.release import ReleaseClient
+from llmgw.agent.provision.runner import CommandResult, CommandRunner
+from llmgw.errors import LlmgwError
+from llmgw.proto.llmgw import v1 as pb
+
+log = structlog.get_logger(__name__)
+
+INSTALLING: Final = "installing"
+READY: Final = "ready"
+FAILED: Final = "failed"
+UNSUPPORTED: Final = "unsupported"
+
+MARKER = ".llmgw-installed"
+
+# Release tags become paths and URLs; anything else is refused before it can
+# name a directory outside the root.
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
+class InstallError(LlmgwError):
+    """An install that cannot finish; the message is the status's detail."""
+
+
+@attrs.frozen
+class Want:
+    """One engine at one version."""
+
+    engine: str
+    version: str
+
+
+@attrs.frozen
+class Source:
+    """Where archives and their checksums come from when not from the publisher.
+
+    An offline cluster's mirror, with checksums the control plane holds: when
+    set, the publisher is never asked.
+    """
+
+    base_url: str = ""
+    # Asset name -> "sha256:<hex>".
+    checksums: Mapping[str, str] = attrs.field(factory=dict)
+
+    @property
+    def replaces_publisher(self) -> bool:
+        return bool(self.base_url or self.checksums)
+
+
+@attrs.frozen
+class InstallStatus:
+    """Where one engine's installation stands."""
+
+    engine: str
+    version: str
+    state: str
+    # For a person: what is happening, or what went wrong.
+    detail: str
+    variant: str = ""
+    # The executable, once ready.
+    binary: str = ""
+
+    def to_proto(self) -> pb.ProvisionStatus:
+        return pb.ProvisionStatus(
+            engine=self.engine,
+            version=self.version,
+            variant=self.variant,
+            state=self.state,
+            detail=self.detail,
+        )
+
+
+class Installer:
+    """Installs engines under one directory, reporting every step through on_status."""
+
+    def __init__(
+        self,
+        root: Path,
+        host: Host,
+        runner: CommandRunner,
+        releases: ReleaseClient,
+        *,
+        on_status: Callable[[InstallStatus], None] | None = None,
+        recipes: Mapping[str, Recipe] = RECIPES,
+        lock_retry_s: float = 10.0,
+        lock_wait_s: float = 600.0,
+        version_timeout_s: float = 60.0,
+    ) -> None:
+        self.root = root
+        self.host = host
+        self.runner = runner
+        self.releases = releases
+        self.on_status = on_status
+        self.recipes = recipes
+        self.lock_retry_s = lock_retry_s
+        self.lock_wait_s = lock_wait_s
+        self.version_timeout_s = version_timeout_s
+
+    async def converge(self, wants: Sequence[Want], source: Source | None = None) -> list[InstallStatus]:
+        """Bring every wanted engine to ready, or say why it cannot be."""
+        out = []
+        for want in wants:
+            st = await self._one(want, source or Source())
+            self._report(st)
+            out.append(st)
+        return out
+
+    def _report(self, st: InstallStatus) -> None:
+        if self.on_status is not None:
+            self.on_status(st)
+
+    async def _one(self, want: Want, source: Source) -> InstallStatus:
+        recipe = self.recipes.get(want.engine)
+        if recipe is None:
+            return InstallStatus(want.engine, want.version, UNSUPPORTED, cannot_install(want.engine))
+        if not _VERSION.fullmatch(want.version):
+            return InstallStatus(
+                want.engine, want.version, FAILED, f"{want.version!r} is not a release name of {want.engine}"
+            )
+        try:
+            build = recipe.choose(want.version, self.host)
+        except UnsupportedError as exc:
+            return InstallStatus(want.engine, want.version, UNSUPPORTED, str(exc))
+        job = _Job(self, want, build)
+        directory = self.root / want.engine / f"{want.version}-{build.variant}"
+        try:
+            marker = await asyncio.to_thread(_read_marker, directory, want, build)
+            if marker is not None:
+                # The packages too: removing one is exactly what an unrelated
+                # upgrade does, and ldd would then name only a library, not
+                # which package held it.
+                await self._packages(build, job)
+                try:
+                    binary, version = await self._verify(directory, build, marker.get("binary"))
+                    return job.ready(binary, version)
+                except InstallError as exc:
+                    log.warning(
+                        "an installed engine no longer runs; installing it again",
+                        engine=want.engine,
+                        version=want.version,
+                        variant=build.variant,
+                        reason=str(exc),
+                    )
+            binary, version = await self._install(recipe, want, build, directory, source, job)
+            return job.ready(binary, version)
+        except LlmgwError as exc:
+            return job.failed(str(exc))
+        except OSError as exc:
+            where = exc.filename or self.root
+            return job.failed(f"cannot write the install under {where}: {exc.strerror or exc}")
+
+    async def _packages(self, build: Build, job: _Job) -> None:
+        await ensure_packages(
+            self.runner,
+            self.host,
+            build.packages,
+            job.progress,
+            lock_retry_s=self.lock_retry_s,
+            lock_wait_s=self.lock_wait_s,
+        )
+
+    async def _checksums(self, recipe: Recipe, want: Want, source: Source, job: _Job) -> dict[str, str]:
+        if source.replaces_publisher:
+            sums: dict[str, str] = {}
+            for asset, digest in source.checksums.items():
+                algo, _, hexsum = digest.partition(":")
+                if algo == "sha256" and hexsum:
+                    sums[asset] = hexsum.lower()
+            return sums
+        job.progress(f"asking the publisher for the checksums of {want.engine} {want.version}")
+        return await self.releases.digests(recipe.repo, want.version)
+
+    async def _install(
+        self, recipe: Recipe, want: Want, build: Build, directory: Path, source: Source, job: _Job
+    ) -> tuple[Path, str]:
+        await self._packages(build, job)
+        sums = await self._checksums(recipe, want, source, job)
+        who = "the control plane" if source.checksums else "its publisher"
+        partial = directory.with_name(directory.name + ".partial")
+        downloads = directory.with_name(directory.name + ".download")
+        await asyncio.to_thread(_fresh_dirs, partial, downloads)
+        try:
+            got: dict[str, str] = {}
+            for asset in build.assets:
+                expected = sums.get(asset)
+                if expected is None:
+                    # Refused rather than installed unchecked: this is a binary
+                    # that runs, often as root, on every node.
+                    raise InstallError(
+                        f"{who} gives no checksum for {asset}, so it cannot be verified and is not installed"
+                    )
+                archive = downloads / asset
+                url = self.releases.asset_url(recipe.repo, want.version, asset, source.base_url)
+                job.progress(f"downloading {asset}")
+                digest = await self.releases.download(url, archive, on_size=job.downloading(asset))
+                if digest != expected:
+                    raise InstallError(
+                        f"{asset} does not match the checksum {who} gave "
+                        f"(got {digest[:12]}, expected {expected[:12]}); it was not installed"
+                    )
+                job.progress(f"unpacking {asset}")
+                try:
+                    await asyncio.to_thread(unpack, archive, partial)
+                except LlmgwError as exc:
+                    raise InstallError(f"{asset} was refused: {exc}") from None
+                await asyncio.to_thread(archive.unlink)
+                got[asset] = f"sha256:{digest}"
+            job.progress(f"checking that {build.binary} runs")
+            binary, version = await self._verify(partial, build, None)
+            relative = binary.relative_to(partial).as_posix()
+            marker = {
+                "engine": want.engine,
+                "version": want.version,
+                "variant": build.variant,
+                "binary": relative,
+                "sha256": got,
+                "installed": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            }
+            await asyncio.to_thread(_put_in_place, partial, directory, marker)
+        finally:
+            await asyncio.to_thread(_remove_dirs, partial, downloads)
+        log.info(
+            "installed an engine",
+            engine=want.engine,
+            version=want.version,
+            variant=build.variant,
+            dir=str(directory),
+        )
+        return directory / relative, version
+
+    async def _verify(self, directory: Path, build: Build, relative: object) -> tuple[Path, str]:
+        """Find the binary and run it: ldd first, then --version.
+
+        Two checks because they fail differently. ldd names a missing library
+        outright where running the binary only says it could not start; and
+        running it is the only proof the rest (instruction set, driver) is there.
+        """
+        binary = await asyncio.to_thread(_find_binary, directory, build.binary, relative)
+        if binary is None:
+            raise InstallError(f"the build has no {build.binary} in it")
+        res = await self.runner.run(["ldd", str(binary)], timeout_s=60.0)
+        unmet = ldd.unmet(res.output)
+        if unmet:
+            raise InstallError(f"{build.binary} cannot run on this system: {'; '.join(unmet)}")
+        res = await self.runner.run([str(binary), "--version"], timeout_s=self.version_timeout_s)
+        if not res.ok:
+            raise InstallError(f"{build.binary} --version {_how(res)}")
+        return binary, _version_line(res.output)
+
+
+class _Job:
+    """One engine's install under way: reports each step as it starts."""
+
+    def __init__(self, installer: Installer, want: Want, build: Build) -> None:
+        self._installer = installer
+        self._want = want
+        self._build = build
+
+    def _status(self, state: str, detail: str, binary: str = "") -> InstallStatus:
+        w = self._want
+        return InstallStatus(w.engine, w.version, state, detail, variant=self._build.variant, binary=binary)
+
+    def progress(self, detail: str) -> None:
+        self._installer._report(self._status(INSTALLING, detail))
+
+    def downloading(self, asset: str) -> Callable[[int | None], None]:
+        """A report of a download's size, once the server has said it."""
+
+        def report(size: int | None) -> None:
+            self.progress(f"downloading {asset}{_size(size)}")
+
+        return report
+
+    def failed(self, detail: str) -> InstallStatus:
+        return self._status(FAILED, detail)
+
+    def ready(self, binary: Path, version: str) -> InstallStatus:
+        detail = f"{self._build.binary} {version}".strip()
+        lacks = [f for f in self._build.cpu_flags if not self._installer.host.has_cpu_flag(f)]
+        if lacks:
+            # On every report, not once in a log: it is the difference between
+            # five tokens a second and forty, and a VM on QEMU's default CPU
+            # model looks healthy in every other way.
+            detail += (
+                f"; this CPU lacks {', '.join(lacks)}, so it will run several times slower "
+                '(a VM needs CPU type "host")'
+            )
+        return self._status(READY, detail, str(binary))
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return ""
+    if n >= 1 << 20:
+        return f" ({n >> 20} MB)"
+    if n >= 1 << 10:
+        return f" ({n >> 10} KB)"
+    return f" ({n} bytes)"
+
+
+def _how(res: CommandResult) -> str:
+    how = "did not finish in time" if res.timed_out else f"failed (exit {res.returncode})"
+    last = res.last_line()
+    return f"{how}: {last}" if last else how
+
+
+def _version_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if "version" in line.lower():
+            return line
+    return lines[0] if lines else ""
+
+
+def _read_marker(directory: Path, want: Want, build: Build) -> dict[str, Any] | None:
+    try:
+        data = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    same = (data.get("engine"), data.get("version"), data.get("variant")) == (
+        want.engine,
+        want.version,
+        build.variant,
+    )
+    return data if same else None
+
+
+def _find_binary(directory: Path, name: str, relative: object) -> Path | None:
+    if isinstance(relative, str) and relative:
+        candidate = (directory / relative).resolve()
+        if candidate.is_relative_to(directory.resolve()) and candidate.is_file():
+            return directory / relative
+    for dirpath, _dirnames, filenames in os.walk(directory):
+        if name in filenames:
+            return Path(dirpath) / name
+    return None
+
+
+def _fresh_dirs(*dirs: Path) -> None:
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+
+
+def _remove_dirs(*dirs: Path) -> None:
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _put_in_place(partial: Path, directory: Path, marker: dict[str, Any]) -> None:
+    # The marker goes in last, inside the scratch directory, and the rename
+    # makes it all appear at once.
+    (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    shutil.rmtree(directory, ignore_errors=True)
+    partial.rename(directory)

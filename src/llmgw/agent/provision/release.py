@@ -1,0 +1,163 @@
+"""A publisher's releases: the checksums it gives each asset, and the assets.
+
+Shaped on GitHub's release API, which is where llama.cpp publishes: the
+checksums come from `GET {api}/repos/{repo}/releases/tags/{tag}`, whose
+`assets[].digest` reads "sha256:<hex>", and the archives from
+`{download}/{repo}/releases/download/{tag}/{asset}`. An offline mirror keeps
+the same paths under its own address.
+
+Downloads are written and hashed in a thread, a chunk at a time, so a
+gigabyte of CUDA runtime never holds up a heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+
+from llmgw.errors import LlmgwError
+
+GITHUB_API = "https://api.github.com"
+GITHUB_DOWNLOADS = "https://github.com"
+
+_CHUNK = 1 << 20
+
+
+class ReleaseError(LlmgwError):
+    """A release or an asset that could not be had, said for a person."""
+
+
+class ReleaseClient:
+    """Reads release checksums and downloads assets over one pooled HTTP session.
+
+    Usable as `async with`; a session passed in stays the caller's to close.
+    """
+
+    def __init__(
+        self,
+        api_url: str = GITHUB_API,
+        download_url: str = GITHUB_DOWNLOADS,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeout_s: float = 1800.0,
+    ) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.download_url = download_url.rstrip("/")
+        self._session = session
+        self._owns_session = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=30)
+
+    async def __aenter__(self) -> ReleaseClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
+
+    async def digests(self, repo: str, tag: str) -> dict[str, str]:
+        """Asset name -> sha256 hex, for the assets the publisher gives a digest for."""
+        url = f"{self.api_url}/repos/{repo}/releases/tags/{quote(tag)}"
+        where = urlsplit(self.api_url).netloc or self.api_url
+        headers = {"Accept": "application/vnd.github+json"}
+        try:
+            async with self._http().get(url, headers=headers) as resp:
+                if resp.status == 404:
+                    raise ReleaseError(f"{repo} has no release {tag}")
+                if resp.status in (403, 429):
+                    # Sixty unauthenticated requests an hour per address, and a
+                    # whole fleet behind one NAT shares them.
+                    raise ReleaseError(
+                        f"{where} is rate-limiting this address (HTTP {resp.status}); "
+                        "the install is tried again later"
+                    )
+                if resp.status != 200:
+                    raise ReleaseError(f"{where} answered HTTP {resp.status} for {repo} {tag}")
+                body: Any = await resp.json(content_type=None)
+        except aiohttp.ClientError as exc:
+            raise ReleaseError(f"cannot reach {where} for {repo} {tag}: {exc}") from None
+        except ValueError:
+            raise ReleaseError(f"{where} sent something that is not a release for {repo} {tag}") from None
+        out: dict[str, str] = {}
+        assets = body.get("assets") if isinstance(body, dict) else None
+        for asset in assets if isinstance(assets, list) else []:
+            if not isinstance(asset, dict):
+                continue
+            name, digest = asset.get("name"), asset.get("digest")
+            if isinstance(name, str) and isinstance(digest, str):
+                algo, _, hexsum = digest.partition(":")
+                if algo == "sha256" and _is_sha256(hexsum):
+                    out[name] = hexsum.lower()
+        return out
+
+    def asset_url(self, repo: str, tag: str, asset: str, base_url: str = "") -> str:
+        """Where an asset is downloaded from: the publisher, or a mirror at base_url."""
+        base = base_url.rstrip("/") if base_url else self.download_url
+        return f"{base}/{repo}/releases/download/{quote(tag)}/{quote(asset)}"
+
+    async def download(
+        self, url: str, dest: Path, *, on_size: Callable[[int | None], None] | None = None
+    ) -> str:
+        """Fetch url into dest and return its sha256; on_size hears the length once known."""
+        name = url.rsplit("/", 1)[-1]
+        sink = _Sink(dest)
+        await asyncio.to_thread(sink.open)
+        try:
+            async with self._http().get(url) as resp:
+                if resp.status != 200:
+                    raise ReleaseError(f"downloading {name}: the server answered HTTP {resp.status}")
+                if on_size is not None:
+                    on_size(resp.content_length)
+                async for chunk in resp.content.iter_chunked(_CHUNK):
+                    await asyncio.to_thread(sink.write, chunk)
+        except aiohttp.ClientError as exc:
+            raise ReleaseError(f"downloading {name}: {exc}") from None
+        finally:
+            await asyncio.to_thread(sink.close)
+        return sink.hexdigest()
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+class _Sink:
+    """A file and its running sha256, written from a worker thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._hash = hashlib.sha256()
+        self._file: IO[bytes] | None = None
+
+    def open(self) -> None:
+        self._file = self.path.open("wb")
+
+    def write(self, chunk: bytes) -> None:
+        assert self._file is not None
+        self._file.write(chunk)
+        self._hash.update(chunk)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()

@@ -1,0 +1,103 @@
+"""`llmgw`: run roles, or one of the administrative commands.
+
+Only this package prints for the user or chooses an exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from llmgw import __version__
+from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
+from llmgw.errors import ConfigError, LlmgwError
+
+ROLES = ("server", "agent", "mirror")
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--role",
+    "roles",
+    multiple=True,
+    type=click.Choice(ROLES),
+    help="Role to run; repeat it to run several roles in one process.",
+)
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Configuration file, one per --role in the same order "
+    "(default /etc/llmgw/ROLE.yaml; ignored with --dev).",
+)
+@click.option(
+    "--dev", is_flag=True, help="Keep everything in --dev-dir with its own CA and a sim-chat model."
+)
+@click.option(
+    "--dev-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path(".llmgw-dev"),
+    show_default=True,
+    help="Where --dev keeps its certificates, configuration and store.",
+)
+@click.option("--listen", help="Override the gateway's host:port (port 0 picks a free one).")
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "text", "json"]),
+    default="auto",
+    show_default=True,
+    help="Log lines for a person (text) or a machine (json); auto chooses by whether stderr is a terminal.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="The least severe log lines written.",
+)
+@click.version_option(__version__, "--version", prog_name="llmgw")
+@click.pass_context
+def main(
+    ctx: click.Context,
+    roles: tuple[str, ...],
+    configs: tuple[Path, ...],
+    dev: bool,
+    dev_dir: Path,
+    listen: str | None,
+    log_format: str,
+    log_level: str,
+) -> None:
+    """Self-hosted LLM serving: the gateway and control plane (server), a node (agent), a file mirror."""
+    from llmgw import log
+
+    log.setup(level=log_level, json=None if log_format == "auto" else log_format == "json")
+    if ctx.invoked_subcommand is not None:
+        return
+    if not roles:
+        click.echo(ctx.get_help())
+        ctx.exit(2)
+    from llmgw.cli.serve import serve
+
+    try:
+        code = serve(roles=roles, configs=configs, dev=dev, dev_dir=dev_dir, listen=listen)
+    except ConfigError as exc:
+        click.echo(f"llmgw: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except LlmgwError as exc:
+        click.echo(f"llmgw: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    sys.exit(code)
+
+
+def _register_commands() -> None:
+    from llmgw.cli.cert import cert
+    from llmgw.cli.keys import keys
+
+    main.add_command(cert)
+    main.add_command(keys)
+
+
+_register_commands()

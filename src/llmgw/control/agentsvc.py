@@ -1,0 +1,177 @@
+"""The agent service: one mutual-TLS gRPC stream per node, the node named by its certificate.
+
+The generated `AgentServiceBase` hands a handler only the message iterator,
+but a node's identity lives on grpclib's `Stream` (`stream.peer.cert()`), so
+this service provides `__mapping__` itself and keeps the generated messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import betterproto
+import structlog
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Server, Stream
+
+from llmgw.config import ServerConfig
+from llmgw.control.inventory import Inventory, Link
+from llmgw.pki import server_ssl_context
+from llmgw.proto.llmgw import v1 as pb
+from llmgw.tasks import first_to_finish
+
+log = structlog.get_logger(__name__)
+
+CONNECT = "/llmgw.v1.AgentService/Connect"
+# An agent that opens a stream and never registers holds a connection for nothing.
+REGISTER_TIMEOUT_S = 30.0
+
+_AgentStream = Stream[pb.AgentMessage, pb.ControlMessage]
+
+
+class AgentService:
+    """The grpclib handler of AgentService.Connect."""
+
+    def __init__(self, inventory: Inventory, register_timeout_s: float = REGISTER_TIMEOUT_S) -> None:
+        self._inventory = inventory
+        self._register_timeout_s = register_timeout_s
+        self._closing = asyncio.Event()
+        self._streams = 0
+        self._all_ended = asyncio.Event()
+        self._all_ended.set()
+
+    async def close(self, timeout_s: float = 2.0) -> None:
+        """End every node's stream with a status saying why, so agents dial again instead of waiting.
+
+        grpclib's own close only cancels handlers, which leaves an agent's
+        connection open and its stream silent: the agent would never notice.
+        """
+        self._closing.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_ended.wait(), timeout_s)
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            CONNECT: Handler(self._connect, Cardinality.STREAM_STREAM, pb.AgentMessage, pb.ControlMessage)
+        }
+
+    async def _connect(self, stream: _AgentStream) -> None:
+        self._streams += 1
+        self._all_ended.clear()
+        try:
+            await self._serve(stream)
+        finally:
+            self._streams -= 1
+            if not self._streams:
+                self._all_ended.set()
+
+    async def _serve(self, stream: _AgentStream) -> None:
+        if self._closing.is_set():
+            raise GRPCError(Status.UNAVAILABLE, "the control plane is shutting down")
+        cert_node = _common_name(stream.peer.cert())
+        if not cert_node:
+            raise GRPCError(
+                Status.UNAUTHENTICATED,
+                "the client certificate has no common name, so it names no node; "
+                "issue one with `llmgw cert issue-agent NODE`",
+            )
+        try:
+            first = await asyncio.wait_for(stream.recv_message(), self._register_timeout_s)
+        except TimeoutError:
+            raise GRPCError(
+                Status.DEADLINE_EXCEEDED,
+                f"node {cert_node} did not register within {self._register_timeout_s:g} s",
+            ) from None
+        if first is None:
+            return
+        if betterproto.which_one_of(first, "kind")[0] != "register":
+            raise GRPCError(
+                Status.FAILED_PRECONDITION, f"node {cert_node} must register before it sends anything else"
+            )
+        named = first.register.node_id
+        if named != cert_node:
+            log.warning("refused a node registering as another", certificate=cert_node, register=named)
+            raise GRPCError(
+                Status.PERMISSION_DENIED,
+                f"node {named} presented a certificate for {cert_node}: a node may only register as itself",
+            )
+        peer = stream.peer.addr()
+        link = self._inventory.attach(first.register, f"{peer[0]}:{peer[1]}" if peer else "")
+        # The agent counts itself connected only on this: a refusal arrives as the stream's status instead.
+        link.outbox.put_nowait(pb.ControlMessage(ack=pb.Ack(ref="register", ok=True)))
+        try:
+            await first_to_finish(
+                self._receive(stream, cert_node),
+                self._send(stream, link),
+                link.replaced.wait(),
+                self._closing.wait(),
+            )
+        finally:
+            self._inventory.detach(link)
+        if self._closing.is_set():
+            raise GRPCError(Status.UNAVAILABLE, "the control plane is shutting down")
+        if link.replaced.is_set():
+            raise GRPCError(
+                Status.ABORTED, f"node {cert_node} opened a newer stream, which replaces this one"
+            )
+
+    async def _receive(self, stream: _AgentStream, node_id: str) -> None:
+        async for message in stream:
+            kind, value = betterproto.which_one_of(message, "kind")
+            if kind == "heartbeat":
+                self._inventory.heartbeat(node_id, value)
+            elif kind == "shard":
+                self._inventory.shard_status(node_id, value)
+            elif kind == "register":
+                raise GRPCError(Status.FAILED_PRECONDITION, f"node {node_id} registered twice on one stream")
+            else:
+                self._inventory.touch(node_id)
+
+    async def _send(self, stream: _AgentStream, link: Link) -> None:
+        while True:
+            message = await link.outbox.get()
+            await stream.send_message(message)
+
+
+@asynccontextmanager
+async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator[int]:
+    """Listen on cfg.agent_listen with mutual TLS and expire silent nodes; yields the bound port."""
+    ssl_context = await asyncio.to_thread(server_ssl_context, cfg.tls)
+    host, _, port = cfg.agent_listen.rpartition(":")
+    service = AgentService(inventory)
+    server = Server([service])
+    await server.start(host.strip("[]") or None, int(port), ssl=ssl_context)
+    # grpclib does not say which port it bound; asyncio's server does (agent_listen may use port 0).
+    sockets = server._server.sockets if isinstance(server._server, asyncio.Server) else ()
+    bound = int(sockets[0].getsockname()[1]) if sockets else int(port)
+    log.info("agent service listening", address=f"{host}:{bound}")
+    sweeper = asyncio.create_task(_expire_silent_nodes(inventory), name="agentsvc-expire")
+    try:
+        yield bound
+    finally:
+        sweeper.cancel()
+        await service.close()
+        server.close()
+        await asyncio.gather(sweeper, server.wait_closed(), return_exceptions=True)
+
+
+async def _expire_silent_nodes(inventory: Inventory) -> None:
+    # A quarter of the grace: a silent node leaves the routing table at most 25% late.
+    period = min(max(inventory.grace_s / 4, 0.05), 1.0)
+    while True:
+        await asyncio.sleep(period)
+        inventory.expire()
+
+
+def _common_name(cert: dict[str, Any] | None) -> str:
+    """The subject CN from ssl's getpeercert() dict: ((("commonName", "n1"),), ...)."""
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return ""

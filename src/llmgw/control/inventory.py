@@ -1,0 +1,285 @@
+"""What the control plane knows of its nodes and the replicas they run, rebuilt from what agents report.
+
+Nothing here survives a restart on purpose: engines keep running while the
+server is away, and every agent's Register lists what it runs, so the
+inventory is rebuilt from the nodes themselves and nothing is started twice.
+
+The gateway reads `ready_endpoints` on every request, so the routing table is
+a precomputed dict, rebuilt only when a replica or a node changes state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import attrs
+import betterproto
+import structlog
+
+from llmgw.errors import LlmgwError
+from llmgw.proto.llmgw import v1 as pb
+
+log = structlog.get_logger(__name__)
+
+READY = "ready"
+UNREACHABLE = "unreachable"
+
+
+class NodeNotConnected(LlmgwError):
+    """A message was meant for a node that has no open stream."""
+
+
+@attrs.define
+class Node:
+    """One machine running an agent, as it last described itself."""
+
+    id: str
+    state: str = READY
+    # time.monotonic() of the last message on the node's stream.
+    last_seen: float = 0.0
+    connected: bool = True
+    address: str = ""
+    agent_version: str = ""
+    host: pb.Host | None = None
+    # Meaningful only when engines_probed: an agent that has not probed says nothing.
+    engine_versions: dict[str, str] = attrs.field(factory=dict)
+    engines_probed: bool = False
+    gpus: list[pb.Gpu] = attrs.field(factory=list)
+    memory: pb.Memory | None = None
+    labels: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.define
+class Replica:
+    """One engine process serving a model on a node (one shard, in the agent's words)."""
+
+    shard_id: str
+    model: str
+    node_id: str
+    engine: str
+    state: str
+    endpoint: str = ""
+    detail: str = ""
+    last_output: list[str] = attrs.field(factory=list)
+    profile: str = ""
+
+
+class Link:
+    """One open stream to a node: what waits to be sent down it, and whether a newer stream replaced it."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.outbox: asyncio.Queue[pb.ControlMessage] = asyncio.Queue()
+        self.replaced = asyncio.Event()
+
+
+class Inventory:
+    """Nodes, their streams and their replicas; the routing table the gateway reads."""
+
+    def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace_s = grace_s
+        self._clock = clock
+        self._nodes: dict[str, Node] = {}
+        self._links: dict[str, Link] = {}
+        self._replicas: dict[str, Replica] = {}
+        self._ready: dict[str, tuple[str, ...]] = {}
+        self._unplaced: dict[str, str] = {}
+        # Set whenever placement may have something new to do; the reconciler clears it.
+        self.changed = asyncio.Event()
+
+    # The agent service's side.
+
+    def attach(self, register: pb.Register, address: str = "") -> Link:
+        """A node registered on a new stream: adopt what it runs; a previous stream of it is replaced."""
+        node_id = register.node_id
+        old = self._links.get(node_id)
+        if old is not None:
+            log.info("node opened a newer stream; closing the old one", node=node_id)
+            old.replaced.set()
+        link = self._links[node_id] = Link(node_id)
+        self._nodes[node_id] = Node(
+            id=node_id,
+            last_seen=self._clock(),
+            address=address,
+            agent_version=register.agent_version,
+            host=register.host if betterproto.serialized_on_wire(register.host) else None,
+            engine_versions=dict(register.engine_versions),
+            engines_probed=register.engines_probed,
+            gpus=list(register.gpus),
+            memory=register.memory if betterproto.serialized_on_wire(register.memory) else None,
+            labels=dict(register.labels),
+        )
+        # What the node says it runs is the truth: shards we asked for and it never started are gone.
+        for shard_id in [r.shard_id for r in self._replicas.values() if r.node_id == node_id]:
+            del self._replicas[shard_id]
+        for status in register.running:
+            self._replicas[status.shard_id] = _replica(node_id, status)
+        log.info(
+            "node registered",
+            node=node_id,
+            address=address,
+            engines=sorted(register.engine_versions),
+            running=len(register.running),
+        )
+        self._rebuild()
+        return link
+
+    def detach(self, link: Link) -> None:
+        """A stream ended. The node keeps its state until its grace runs out: engines outlive streams."""
+        if self._links.get(link.node_id) is link:
+            del self._links[link.node_id]
+            node = self._nodes.get(link.node_id)
+            if node is not None:
+                node.connected = False
+            log.info("node disconnected", node=link.node_id)
+
+    def heartbeat(self, node_id: str, heartbeat: pb.Heartbeat) -> None:
+        node = self._seen(node_id)
+        if heartbeat.engines_changed:
+            node.engine_versions = dict(heartbeat.engine_versions)
+            node.engines_probed = True
+            self.changed.set()
+        if heartbeat.gpus_changed:
+            node.gpus = list(heartbeat.gpus)
+        if betterproto.serialized_on_wire(heartbeat.memory):
+            node.memory = heartbeat.memory
+
+    def shard_status(self, node_id: str, status: pb.ShardStatus) -> None:
+        self._seen(node_id)
+        if status.state == "stopped":
+            self._replicas.pop(status.shard_id, None)
+        else:
+            self._replicas[status.shard_id] = _replica(node_id, status)
+        log.info(
+            "shard status",
+            node=node_id,
+            shard=status.shard_id,
+            model=status.model,
+            state=status.state,
+            endpoint=status.endpoint,
+            detail=status.detail,
+        )
+        self._rebuild()
+
+    def touch(self, node_id: str) -> None:
+        """Any message counts as a sign of life."""
+        self._seen(node_id)
+
+    def expire(self) -> list[str]:
+        """Mark nodes silent past the grace unreachable; their replicas stop taking requests now."""
+        now = self._clock()
+        gone = [n for n in self._nodes.values() if n.state == READY and now - n.last_seen > self.grace_s]
+        for node in gone:
+            node.state = UNREACHABLE
+            log.warning(
+                "node is unreachable; its replicas leave the routing table",
+                node=node.id,
+                silent_s=round(now - node.last_seen, 1),
+            )
+        if gone:
+            self._rebuild()
+        return [n.id for n in gone]
+
+    async def send(self, node_id: str, message: pb.ControlMessage) -> None:
+        """Queue a message down the node's current stream."""
+        link = self._links.get(node_id)
+        if link is None:
+            raise NodeNotConnected(f"node {node_id} is not connected")
+        link.outbox.put_nowait(message)
+
+    # Placement's side.
+
+    def nodes(self) -> list[Node]:
+        """Every node ever registered since start; treat them as read-only."""
+        return list(self._nodes.values())
+
+    def node(self, node_id: str) -> Node | None:
+        return self._nodes.get(node_id)
+
+    def replicas(self, model: str | None = None) -> list[Replica]:
+        """Replicas of model (or all); treat them as read-only."""
+        return [r for r in self._replicas.values() if model is None or r.model == model]
+
+    def expect(self, node_id: str, start: pb.StartShard) -> Replica:
+        """Record a StartShard just sent, so the next pass does not ask again before the node answers."""
+        replica = Replica(
+            shard_id=start.shard_id,
+            model=start.model,
+            node_id=node_id,
+            engine=start.engine,
+            state="starting",
+            detail=f"asked node {node_id} to start it",
+            profile=start.profile,
+        )
+        self._replicas[start.shard_id] = replica
+        self._unplaced.pop(start.model, None)
+        self._rebuild()
+        return replica
+
+    def forget(self, shard_id: str) -> None:
+        """Drop a replica placement has stopped."""
+        if self._replicas.pop(shard_id, None) is not None:
+            self._rebuild()
+
+    def set_unplaced(self, model: str, reason: str) -> None:
+        """Why placement could not place model, in words why_no_ready repeats."""
+        self._unplaced[model] = reason
+
+    # The gateway's side.
+
+    def ready_endpoints(self, model: str) -> Sequence[str]:
+        return self._ready.get(model, ())
+
+    def why_no_ready(self, model: str) -> str:
+        """A sentence for a 503: what the replicas of model are doing instead of serving."""
+        replicas = self.replicas(model)
+        if not replicas:
+            reason = self._unplaced.get(model, "no replica has been placed yet")
+            return f"{model} has no ready replica: {reason}"
+        groups: Counter[tuple[str, str]] = Counter((r.state, r.node_id) for r in replicas)
+        parts = []
+        for (state, node_id), count in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+            part = f"{count} {state} on node {node_id}"
+            node = self._nodes.get(node_id)
+            if node is not None and node.state == UNREACHABLE:
+                part += ", which is unreachable"
+            detail = next((r.detail for r in replicas if (r.state, r.node_id) == (state, node_id)), "")
+            if state == "failed" and detail:
+                part += f" ({detail})"
+            parts.append(part)
+        return f"{model} has no ready replica: {', '.join(parts)}"
+
+    def _seen(self, node_id: str) -> Node:
+        node = self._nodes[node_id]
+        node.last_seen = self._clock()
+        if node.state == UNREACHABLE:
+            node.state = READY
+            log.info("node is reachable again", node=node_id)
+            self._rebuild()
+        return node
+
+    def _rebuild(self) -> None:
+        ready: dict[str, list[str]] = {}
+        for r in self._replicas.values():
+            node = self._nodes.get(r.node_id)
+            if r.state == READY and r.endpoint and node is not None and node.state == READY:
+                ready.setdefault(r.model, []).append(r.endpoint)
+        self._ready = {model: tuple(endpoints) for model, endpoints in ready.items()}
+        self.changed.set()
+
+
+def _replica(node_id: str, status: pb.ShardStatus) -> Replica:
+    return Replica(
+        shard_id=status.shard_id,
+        model=status.model,
+        node_id=node_id,
+        engine=status.engine,
+        state=status.state,
+        endpoint=status.endpoint,
+        detail=status.detail,
+        last_output=list(status.last_output),
+        profile=status.profile,
+    )

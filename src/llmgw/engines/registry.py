@@ -1,0 +1,21 @@
+"""The engines this llmgw knows, by the name the catalog and StartShard use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from llmgw.engines.base import Engine
+from llmgw.engines.sim import SimEngine
+from llmgw.errors import LlmgwError
+
+ENGINES: Mapping[str, Engine] = MappingProxyType({"sim": SimEngine()})
+
+
+def get_engine(name: str) -> Engine:
+    """The adapter for name; a LlmgwError naming the known engines when there is none."""
+    try:
+        return ENGINES[name]
+    except KeyError:
+        known = ", ".join(sorted(ENGINES))
+        raise LlmgwError(f"there is no engine called {name!r} (known engines: {known})") from None

@@ -1,0 +1,49 @@
+"""The sim engine adapter: how the supervisor starts llmgw's own OpenAI-compatible sim.
+
+`python -m llmgw.engines.sim --port P --model NAME [--ttft-ms N] [--tokens-per-s N]
+[--host H]` runs the server itself (engines/sim_server.py); StartShard args are
+appended to that command line, so a catalog profile can set the delays.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from llmgw.engines.base import LaunchSpec
+
+
+class SimEngine:
+    """Runs the sim with the agent's own interpreter: nothing to install."""
+
+    name = "sim"
+    health_path = "/health"
+    metrics_path = "/metrics"
+
+    def command(self, spec: LaunchSpec) -> list[str]:
+        """The sim's argv for spec; spec.args (e.g. --ttft-ms 50) come last."""
+        return [
+            spec.binary or sys.executable,
+            "-m",
+            "llmgw.engines.sim",
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--model",
+            spec.model,
+            *spec.args,
+        ]
+
+    def environment(self, spec: LaunchSpec) -> dict[str, str]:
+        """spec.env, and unbuffered output so the supervisor sees lines as they are written."""
+        return {"PYTHONUNBUFFERED": "1", **dict(spec.env)}
+
+    def probe_command(self, binary: str) -> list[str]:
+        """The argv that prints the sim's version (binary is a Python interpreter)."""
+        return [binary or sys.executable, "-m", "llmgw.engines.sim", "--version"]
+
+
+if __name__ == "__main__":
+    from llmgw.engines.sim_server import main
+
+    main()

@@ -1,0 +1,375 @@
+"""The sim engine's HTTP server: an OpenAI-compatible engine that needs no model.
+
+It answers what a real engine answers (/health, /v1/models, /v1/chat/completions,
+/v1/completions, streamed or not, /metrics) with deterministic text, so the
+whole system can run and be tested on a machine without weights or a GPU, and
+so the gateway benchmark has a baseline that costs next to nothing.
+
+What it says, so tests can rely on it:
+
+- The reply echoes the words of the prompt (the last message for chat, the
+  prompt for completions), at most ``max_tokens`` of them (default 16;
+  ``max_completion_tokens`` wins for chat). ``finish_reason`` is "length" when
+  the prompt had more words than that, "stop" otherwise.
+- A token is a whitespace-separated word: ``prompt_tokens`` counts the words of
+  every message (text parts of list contents included), ``completion_tokens``
+  the words of the reply.
+- ``ttft_ms`` delays the first token and ``tokens_per_s`` paces the rest; zero
+  means no delay at all, not a zero-length sleep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from llmgw import __version__
+
+DEFAULT_MAX_TOKENS = 16
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_DONE = "data: [DONE]\n\n"
+# Pieces of streamed choices, filled with %: the text is already escaped for a JSON string.
+_CHAT_ROLE = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null'
+_CHAT_TOKEN = '{"index":0,"delta":{"content":"%s"},"logprobs":null,"finish_reason":null'
+_CHAT_FINISH = '{"index":0,"delta":{},"logprobs":null,"finish_reason":"%s"'
+_TEXT_TOKEN = '{"index":0,"text":"%s","logprobs":null,"finish_reason":null'
+_TEXT_FINISH = '{"index":0,"text":"","logprobs":null,"finish_reason":"%s"'
+
+
+class _BadRequest(Exception):
+    """A request the sim refuses, with OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def _error_response(error: _BadRequest) -> web.Response:
+    kind = "invalid_request_error" if error.status < 500 else "server_error"
+    body = {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}}
+    return web.Response(status=error.status, body=json.dumps(body), content_type="application/json")
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message's content: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def _escaped(words: list[str]) -> list[str]:
+    """Each word escaped for the inside of a JSON string, with one json.dumps for all of them.
+
+    Inside a JSON string every quote is escaped, so '", "' can only be the separator json.dumps
+    puts between list items.
+    """
+    if not words:
+        return []
+    return json.dumps(words)[2:-2].split('", "')
+
+
+def _max_tokens(body: dict[str, Any], names: tuple[str, ...]) -> int:
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _BadRequest(400, f"{name} must be a positive whole number, not {value!r}", param=name)
+        return value
+    return DEFAULT_MAX_TOKENS
+
+
+class _Request:
+    """What one completion request asks for, parsed once."""
+
+    __slots__ = ("include_usage", "prompt_tokens", "reply", "stream", "truncated")
+
+    def __init__(self, prompt_tokens: int, prompt_words: list[str], max_tokens: int, body: dict[str, Any]):
+        self.prompt_tokens = prompt_tokens
+        self.reply = prompt_words[:max_tokens]
+        self.truncated = len(prompt_words) > max_tokens
+        self.stream = body.get("stream") is True
+        options = body.get("stream_options")
+        self.include_usage = (
+            self.stream and isinstance(options, dict) and options.get("include_usage") is True
+        )
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if self.truncated else "stop"
+
+    def usage(self) -> dict[str, int]:
+        completion = len(self.reply)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+
+def _parse_chat(body: dict[str, Any]) -> _Request:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest(400, "messages must be a non-empty list of messages", param="messages")
+    prompt_tokens = 0
+    last: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise _BadRequest(400, "every message must be an object with role and content", param="messages")
+        last = _text_of(message.get("content")).split()
+        prompt_tokens += len(last)
+    return _Request(prompt_tokens, last, _max_tokens(body, ("max_completion_tokens", "max_tokens")), body)
+
+
+def _parse_completion(body: dict[str, Any]) -> _Request:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        words = prompt.split()
+        prompt_tokens = len(words)
+    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        words = prompt[-1].split() if prompt else []
+        prompt_tokens = sum(len(p.split()) for p in prompt)
+    else:
+        raise _BadRequest(400, "prompt must be a string or a list of strings", param="prompt")
+    return _Request(prompt_tokens, words, _max_tokens(body, ("max_tokens",)), body)
+
+
+class _SimServer:
+    """The handlers and metrics of one sim app."""
+
+    def __init__(self, model: str, ttft_ms: float, tokens_per_s: float):
+        self.model = model
+        self.model_json = json.dumps(model)
+        self.ttft_s = ttft_ms / 1000.0
+        self.token_interval_s = 1.0 / tokens_per_s if tokens_per_s > 0 else 0.0
+        self.delayed = self.ttft_s > 0 or self.token_interval_s > 0
+        self.ids = itertools.count(1)
+        self.created = int(time.time())
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.in_flight = Gauge(
+            "llmgw_sim_requests_in_flight",
+            "Completion requests being answered now.",
+            registry=self.registry,
+        )
+        requests = Counter(
+            "llmgw_sim_requests", "Completion requests received.", ["endpoint"], registry=self.registry
+        )
+        # Bound once: looking a label up per request is work the benchmark would measure.
+        self.chat_requests = requests.labels("chat")
+        self.completion_requests = requests.labels("completions")
+        self.prompt_tokens = Counter(
+            "llmgw_sim_prompt_tokens", "Prompt tokens (words) received.", registry=self.registry
+        )
+        self.completion_tokens = Counter(
+            "llmgw_sim_completion_tokens", "Completion tokens (words) sent.", registry=self.registry
+        )
+        models = {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "created": self.created, "owned_by": "llmgw-sim"}],
+        }
+        self.models_body = json.dumps(models).encode()
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.models_body, content_type="application/json")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.read())
+        except ValueError as e:
+            raise _BadRequest(400, f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise _BadRequest(400, "the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model:
+            raise _BadRequest(
+                404,
+                f"The model `{model}` does not exist; this engine serves `{self.model}`.",
+                param="model",
+                code="model_not_found",
+            )
+        return body
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        self.chat_requests.inc()
+        self.in_flight.inc()
+        try:
+            parsed = _parse_chat(await self._body(request))
+            self._count(parsed)
+            if parsed.stream:
+                return await self._stream(request, self._chat_chunks(parsed))
+            await self._generate_delay(parsed)
+            reply = {
+                "id": f"chatcmpl-sim-{next(self.ids)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": " ".join(parsed.reply)},
+                        "logprobs": None,
+                        "finish_reason": parsed.finish_reason,
+                    }
+                ],
+                "usage": parsed.usage(),
+            }
+            return web.Response(body=json.dumps(reply), content_type="application/json")
+        except _BadRequest as e:
+            return _error_response(e)
+        finally:
+            self.in_flight.dec()
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        self.completion_requests.inc()
+        self.in_flight.inc()
+        try:
+            parsed = _parse_completion(await self._body(request))
+            self._count(parsed)
+            if parsed.stream:
+                return await self._stream(request, self._completion_chunks(parsed))
+            await self._generate_delay(parsed)
+            reply = {
+                "id": f"cmpl-sim-{next(self.ids)}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": " ".join(parsed.reply),
+                        "logprobs": None,
+                        "finish_reason": parsed.finish_reason,
+                    }
+                ],
+                "usage": parsed.usage(),
+            }
+            return web.Response(body=json.dumps(reply), content_type="application/json")
+        except _BadRequest as e:
+            return _error_response(e)
+        finally:
+            self.in_flight.dec()
+
+    def _count(self, parsed: _Request) -> None:
+        self.prompt_tokens.inc(parsed.prompt_tokens)
+        self.completion_tokens.inc(len(parsed.reply))
+
+    async def _generate_delay(self, parsed: _Request) -> None:
+        if self.delayed:
+            await asyncio.sleep(self.ttft_s + self.token_interval_s * max(0, len(parsed.reply) - 1))
+
+    # The chunk generators write JSON by hand from pieces escaped once per request: a json.dumps
+    # per chunk would be most of the sim's cost in the streamed benchmark. Each yields the first
+    # event (everything before the first token is due), one event per further token, then the tail.
+
+    def _frame(self, prefix: str, kind: str) -> str:
+        return (
+            f'data: {{"id":"{prefix}-sim-{next(self.ids)}","object":"{kind}","created":{int(time.time())},'
+            f'"model":{self.model_json},"choices":['
+        )
+
+    def _chat_chunks(self, parsed: _Request) -> Iterator[str]:
+        head = self._frame("chatcmpl", "chat.completion.chunk")
+        return self._chunks(parsed, head, _CHAT_ROLE, _CHAT_TOKEN, _CHAT_FINISH)
+
+    def _completion_chunks(self, parsed: _Request) -> Iterator[str]:
+        head = self._frame("cmpl", "text_completion")
+        return self._chunks(parsed, head, "", _TEXT_TOKEN, _TEXT_FINISH)
+
+    @staticmethod
+    def _chunks(parsed: _Request, head: str, role: str, token: str, finish: str) -> Iterator[str]:
+        end = '}],"usage":null}\n\n' if parsed.include_usage else "}]}\n\n"
+        # The role event (chat only) goes out with the first token, as one write.
+        pending = head + role + end if role else ""
+        for i, word in enumerate(_escaped(parsed.reply)):
+            yield pending + head + token % (word if i == 0 else " " + word) + end
+            pending = ""
+        tail = pending + head + finish % parsed.finish_reason + end
+        if parsed.include_usage:
+            # OpenAI's last chunk: no choices, only the usage of the whole request.
+            tail += head + '],"usage":' + json.dumps(parsed.usage()) + "}\n\n"
+        yield tail + _DONE
+
+    async def _stream(self, request: web.Request, chunks: Iterator[str]) -> web.StreamResponse:
+        if not self.delayed:
+            # Nothing to pace: one body, one write, and a Content-Length instead of chunked framing.
+            return web.Response(body="".join(chunks).encode(), headers=_SSE_HEADERS)
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        if self.ttft_s:
+            await asyncio.sleep(self.ttft_s)
+        for i, chunk in enumerate(chunks):
+            if i and self.token_interval_s:
+                await asyncio.sleep(self.token_interval_s)
+            await response.write(chunk.encode())
+        await response.write_eof()
+        return response
+
+
+def make_sim_app(model: str, ttft_ms: float = 0, tokens_per_s: float = 0) -> web.Application:
+    """The sim engine as an aiohttp application serving model.
+
+    ttft_ms delays the first token; tokens_per_s paces the following ones (0: no delay).
+    """
+    sim = _SimServer(model, ttft_ms, tokens_per_s)
+    # Benchmarks and tests send long prompts; aiohttp's 1 MiB default would refuse them.
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/health", sim.health)
+    app.router.add_get("/v1/models", sim.models)
+    app.router.add_post("/v1/chat/completions", sim.chat)
+    app.router.add_post("/v1/completions", sim.completions)
+    app.router.add_get("/metrics", sim.metrics)
+    return app
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m llmgw.engines.sim",
+        description="An OpenAI-compatible engine that echoes the prompt; needs no model and no GPU.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, required=True, help="port to listen on")
+    parser.add_argument("--model", required=True, help="the model name this engine serves")
+    parser.add_argument("--ttft-ms", type=float, default=0, help="delay before the first token (default 0)")
+    parser.add_argument(
+        "--tokens-per-s", type=float, default=0, help="pace of the following tokens; 0 means no delay"
+    )
+    parser.add_argument("--version", action="version", version=f"llmgw-sim {__version__}")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the sim engine until SIGINT or SIGTERM."""
+    args = _arguments(argv)
+    app = make_sim_app(args.model, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s)
+
+    def announce(_: str) -> None:
+        # The supervisor keeps this process's output; one line says it came up and where.
+        sys.stderr.write(f"llmgw-sim {__version__} serving {args.model} on http://{args.host}:{args.port}\n")
+        sys.stderr.flush()
+
+    # shutdown_timeout: SIGTERM lets in-flight requests finish, within the supervisor's grace.
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=announce, shutdown_timeout=5.0)

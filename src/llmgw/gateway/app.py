@@ -1,0 +1,52 @@
+"""The client-facing aiohttp application: /health, /v1/models and the proxied OpenAI routes."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from llmgw.config import ServerConfig
+from llmgw.gateway.auth import Authenticate, KeyCache
+from llmgw.gateway.errors import openai_errors
+from llmgw.gateway.pipeline import Call, Stage, compose, endpoint, read_request
+from llmgw.gateway.proxy import client_session, proxy
+from llmgw.gateway.router import ReplicaTable, Router
+
+ROUTER_KEY = web.AppKey("llmgw.gateway.router", Router)
+KEYS_KEY = web.AppKey("llmgw.gateway.keys", KeyCache)
+
+# Prompts with long contexts or images run to megabytes; aiohttp's default
+# limit (1 MiB) would refuse them.
+_MAX_BODY = 64 * 1024 * 1024
+
+
+def make_gateway_app(cfg: ServerConfig, replicas: ReplicaTable, keys: KeyCache) -> web.Application:
+    """The gateway for cfg's catalog, routing to replicas, checking keys when cfg.auth.enabled."""
+    app = web.Application(client_max_size=_MAX_BODY, middlewares=[openai_errors])
+    catalog = [model.name for model in cfg.models]
+    router = Router(catalog, replicas)
+    app[ROUTER_KEY] = router
+    app[KEYS_KEY] = keys
+    app.cleanup_ctx.append(client_session)
+
+    auth: list[Stage] = [Authenticate(keys)] if cfg.auth.enabled else []
+    completions = endpoint(compose([*auth, read_request, router], proxy))
+    models_body = json.dumps(
+        {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "llmgw"} for name in catalog],
+        }
+    ).encode()
+
+    async def list_models(call: Call) -> web.StreamResponse:
+        return web.Response(body=models_body, content_type="application/json")
+
+    async def health(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"status": "ok"})
+
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", endpoint(compose(auth, list_models)))
+    app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_post("/v1/completions", completions)
+    return app

@@ -1,0 +1,86 @@
+"""A request's way through the gateway: a chain of stages around the proxy.
+
+Each stage gets the call and the rest of the chain, like a middleware: it may
+refuse (raise ApiError), fill in the call, and act after the rest has
+finished (the router counts a request in flight until its stream ends).
+The order is authenticate -> read_request -> route -> proxy; admission
+(limits and budgets) slots in before route as one more stage, reserving
+before calling the rest and settling in a `finally` after it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import attrs
+from aiohttp import web
+
+from llmgw.gateway.errors import ApiError
+from llmgw.store.keys import KeyRecord
+
+
+@attrs.define
+class Call:
+    """What the stages learn about one request as it goes through them."""
+
+    request: web.Request
+    key: KeyRecord | None = None
+    body: bytes = b""
+    payload: dict[str, Any] = attrs.field(factory=dict)
+    model: str = ""
+    endpoint: str = ""
+
+
+Handler = Callable[[Call], Awaitable[web.StreamResponse]]
+Stage = Callable[[Call, Handler], Awaitable[web.StreamResponse]]
+
+
+def compose(stages: Sequence[Stage], last: Handler) -> Handler:
+    """One handler running the stages in order, then last."""
+    handler = last
+    for stage in reversed(stages):
+        handler = _bind(stage, handler)
+    return handler
+
+
+def _bind(stage: Stage, rest: Handler) -> Handler:
+    async def run(call: Call) -> web.StreamResponse:
+        return await stage(call, rest)
+
+    return run
+
+
+def endpoint(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """An aiohttp handler running a composed chain, turning its refusals into OpenAI errors."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(Call(request))
+        except ApiError as err:
+            return err.response()
+
+    return handle
+
+
+async def read_request(call: Call, rest: Handler) -> web.StreamResponse:
+    """Read the body once and find the model; the proxy forwards these same bytes."""
+    body = await call.request.read()
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(payload, dict):
+        raise ApiError(
+            400, f"the request body must be a JSON object, not {type(payload).__name__}", code="invalid_json"
+        )
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(
+            400, "the request does not name a model: set 'model'", code="missing_model", param="model"
+        )
+    call.body = body
+    call.payload = payload
+    call.model = model
+    return await rest(call)

@@ -1,0 +1,80 @@
+"""Choosing the replica for a request: the ready endpoint of the model with the fewest requests in flight."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from aiohttp import web
+
+from llmgw.gateway.errors import ApiError
+from llmgw.gateway.pipeline import Call, Handler
+
+
+class ReplicaTable(Protocol):
+    """What the gateway needs from the inventory."""
+
+    def ready_endpoints(self, model: str) -> Sequence[str]:
+        """Base URLs ("http://127.0.0.1:PORT") of the model's ready replicas."""
+        ...
+
+    def why_no_ready(self, model: str) -> str:
+        """A sentence saying why the model has no ready replica."""
+        ...
+
+
+class Router:
+    """The pipeline stage that picks call.endpoint and counts the request in flight until it ends."""
+
+    def __init__(self, catalog: Iterable[str], replicas: ReplicaTable) -> None:
+        self._catalog = frozenset(catalog)
+        self._replicas = replicas
+        self._in_flight: dict[str, int] = {}
+        # Where the search for the least loaded starts, turning each request,
+        # so that replicas tied at zero (concurrency 1) share the work.
+        self._turn = 0
+
+    @property
+    def in_flight(self) -> Mapping[str, int]:
+        return self._in_flight
+
+    def choose(self, model: str) -> str:
+        if model not in self._catalog:
+            known = ", ".join(sorted(self._catalog)) or "none"
+            raise ApiError(
+                404,
+                f"the model '{model}' does not exist on this gateway (models: {known})",
+                code="model_not_found",
+                param="model",
+            )
+        endpoints = self._replicas.ready_endpoints(model)
+        if not endpoints:
+            raise ApiError(
+                503, self._replicas.why_no_ready(model), type="server_error", code="no_ready_replica"
+            )
+        self._turn += 1
+        start = self._turn % len(endpoints)
+        best = endpoints[start]
+        best_load = self._in_flight.get(best, 0)
+        for i in range(1, len(endpoints)):
+            candidate = endpoints[(start + i) % len(endpoints)]
+            load = self._in_flight.get(candidate, 0)
+            if load < best_load:
+                best, best_load = candidate, load
+        self._in_flight[best] = best_load + 1
+        return best
+
+    def release(self, endpoint: str) -> None:
+        left = self._in_flight[endpoint] - 1
+        # Dropped at zero so replicas that went away do not linger in the table.
+        if left:
+            self._in_flight[endpoint] = left
+        else:
+            del self._in_flight[endpoint]
+
+    async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
+        call.endpoint = self.choose(call.model)
+        try:
+            return await rest(call)
+        finally:
+            self.release(call.endpoint)

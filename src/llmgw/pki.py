@@ -1,0 +1,227 @@
+"""The certificate authority of a deployment, its certificates, and the TLS contexts of the agent stream.
+
+One CA signs two kinds of certificate: the control plane's server certificate
+(every name and address agents dial, in subjectAltName) and one client
+certificate per node, whose common name *is* the node id. The agent service
+trusts nothing else, so a node can only ever speak as the node its
+certificate names.
+
+These functions read and write files; callers inside the event loop run them
+in a thread (`asyncio.to_thread`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import re
+import ssl
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from llmgw.config import TLSConfig
+from llmgw.errors import CertificateError
+
+CA_CERT = "ca.pem"
+CA_KEY = "ca-key.pem"
+CA_DAYS = 3650
+LEAF_DAYS = 825
+# Node ids become certificate names and log fields; keep them to what a DNS label allows.
+_NODE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
+
+
+def init_ca(directory: Path) -> None:
+    """Create ca.pem and ca-key.pem (mode 0600) in directory; refuse to replace an existing CA."""
+    cert_path, key_path = directory / CA_CERT, directory / CA_KEY
+    for path in (cert_path, key_path):
+        if path.exists():
+            # Replacing the CA silently would orphan every node certificate it signed.
+            raise CertificateError(
+                f"{path} already exists: refusing to replace the certificate authority, "
+                "every certificate it signed would stop being trusted"
+            )
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmgw certificate authority")])
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_key(key_path, key)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def issue_server(ca_dir: Path, name: str, hosts: Sequence[str], out: Path) -> tuple[Path, Path]:
+    """Write out/NAME.pem and out/NAME-key.pem: a serverAuth certificate naming every host."""
+    if not hosts:
+        raise CertificateError(
+            f"the server certificate {name} needs at least one --host: agents check the address they dial"
+        )
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    return _issue(ca_dir, name, sans, ExtendedKeyUsageOID.SERVER_AUTH, out)
+
+
+def issue_agent(ca_dir: Path, node_id: str, out: Path) -> tuple[Path, Path]:
+    """Write out/NODE.pem and out/NODE-key.pem: a clientAuth certificate whose common name is the node id."""
+    if not _NODE_ID.match(node_id):
+        raise CertificateError(
+            f"{node_id!r} cannot be a node id: use letters, digits, '.', '_' and '-' "
+            "(at most 63, starting with a letter or digit)"
+        )
+    return _issue(ca_dir, node_id, [x509.DNSName(node_id)], ExtendedKeyUsageOID.CLIENT_AUTH, out)
+
+
+def server_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
+    """TLS for the agent service: every client must present a certificate signed by tls.ca."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    _load(ctx, tls, "the agent service")
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+def client_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
+    """TLS for an agent: present this node's certificate, trust only a server signed by tls.ca."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(ctx, tls, "this agent")
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+def certificate_problem(cert_path: Path, ca_path: Path) -> str | None:
+    """Why the other side of mutual TLS would refuse cert_path, if the CA at ca_path is the one it trusts."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        ca = x509.load_pem_x509_certificate(ca_path.read_bytes())
+    except (OSError, ValueError) as exc:
+        return f"the certificates cannot be read: {exc}"
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return f"{cert_path} is not signed by the certificate authority {ca_path}"
+    now = _now()
+    if cert.not_valid_after_utc < now:
+        return f"{cert_path} expired on {cert.not_valid_after_utc:%Y-%m-%d}"
+    if cert.not_valid_before_utc > now:
+        return f"{cert_path} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
+def _load(ctx: ssl.SSLContext, tls: TLSConfig, who: str) -> None:
+    for key, value in (("tls.ca", tls.ca), ("tls.cert", tls.cert), ("tls.key", tls.key)):
+        if not value:
+            raise CertificateError(f"{key} is not set: {who} needs it for mutual TLS")
+        if not Path(value).is_file():
+            raise CertificateError(f"{key} names {value}, which does not exist")
+    try:
+        ctx.load_verify_locations(cafile=tls.ca)
+    except ssl.SSLError as exc:
+        raise CertificateError(f"tls.ca {tls.ca} is not a PEM certificate: {exc.reason}") from None
+    try:
+        ctx.load_cert_chain(tls.cert, tls.key)
+    except ssl.SSLError as exc:
+        raise CertificateError(
+            f"tls.cert {tls.cert} and tls.key {tls.key} cannot be used together: {exc.reason}"
+        ) from None
+
+
+def _issue(
+    ca_dir: Path,
+    name: str,
+    sans: list[x509.GeneralName],
+    usage: x509.ObjectIdentifier,
+    out: Path,
+) -> tuple[Path, Path]:
+    ca_cert, ca_key = _read_ca(ca_dir)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=LEAF_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = out / f"{name}.pem", out / f"{name}-key.pem"
+    _write_key(key_path, key)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def _read_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert_path, key_path = ca_dir / CA_CERT, ca_dir / CA_KEY
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    except FileNotFoundError as exc:
+        raise CertificateError(
+            f"{exc.filename} does not exist: create the authority first "
+            f"with `llmgw cert init-ca --dir {ca_dir}`"
+        ) from None
+    except ValueError as exc:
+        raise CertificateError(f"the certificate authority in {ca_dir} cannot be read: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CertificateError(f"{key_path} is not a key llmgw wrote (expected an EC P-256 key)")
+    return cert, key
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    data = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    # Created 0600 from the start, so the key is never readable by others, not even briefly.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)

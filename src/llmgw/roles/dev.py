@@ -1,0 +1,86 @@
+"""Dev mode: a whole system in one directory, with its own authority.
+
+Everything lives under the dev directory so that trying llmgw on a laptop
+touches nothing else, and the configuration files it writes are kept: edit
+them and the next `--dev` run uses them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from llmgw import config, pki
+from llmgw.config import (
+    AgentConfig,
+    MirrorConfig,
+    ModelConfig,
+    ProfileConfig,
+    ServerConfig,
+    TLSConfig,
+)
+
+DEV_NODE = "dev-node"
+DEV_MODEL = "sim-chat"
+
+
+@attrs.frozen
+class DevSetup:
+    dir: Path
+    server: ServerConfig | None
+    agent: AgentConfig | None
+    mirror: MirrorConfig | None
+
+
+def _ensure_pki(pki_dir: Path) -> None:
+    if not (pki_dir / "ca.pem").exists():
+        pki.init_ca(pki_dir)
+    if not (pki_dir / "server.pem").exists():
+        pki.issue_server(pki_dir, "server", ["localhost", "127.0.0.1"], pki_dir)
+    if not (pki_dir / f"{DEV_NODE}.pem").exists():
+        pki.issue_agent(pki_dir, DEV_NODE, pki_dir)
+
+
+def _write_once(path: Path, value: object) -> None:
+    if not path.exists():
+        path.write_text(config.dump(value), encoding="utf-8")
+
+
+def prepare_dev(dev_dir: Path, roles: tuple[str, ...]) -> DevSetup:
+    """Create what is missing under dev_dir and load the configurations of the given roles."""
+    pki_dir = dev_dir / "pki"
+    pki_dir.mkdir(parents=True, exist_ok=True)
+    _ensure_pki(pki_dir)
+    server = ServerConfig(
+        listen="127.0.0.1:8080",
+        admin_listen="127.0.0.1:9090",
+        # Port 0: the in-process agent is told the port the server bound.
+        agent_listen="127.0.0.1:0",
+        state_dir=str(dev_dir),
+        tls=TLSConfig(
+            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
+        ),
+        models=[ModelConfig(name=DEV_MODEL, replicas=1, profiles=[ProfileConfig(engine="sim")])],
+    )
+    agent = AgentConfig(
+        node_id=DEV_NODE,
+        servers=["127.0.0.1:7443"],
+        state_dir=str(dev_dir / "agent"),
+        tls=TLSConfig(
+            ca=str(pki_dir / "ca.pem"),
+            cert=str(pki_dir / f"{DEV_NODE}.pem"),
+            key=str(pki_dir / f"{DEV_NODE}-key.pem"),
+        ),
+    )
+    mirror = MirrorConfig(listen="127.0.0.1:8081", root=str(dev_dir / "mirror"))
+    _write_once(dev_dir / "server.yaml", server)
+    _write_once(dev_dir / "agent.yaml", agent)
+    _write_once(dev_dir / "mirror.yaml", mirror)
+    (dev_dir / "mirror").mkdir(exist_ok=True)
+    return DevSetup(
+        dir=dev_dir,
+        server=config.load(ServerConfig, dev_dir / "server.yaml") if "server" in roles else None,
+        agent=config.load(AgentConfig, dev_dir / "agent.yaml") if "agent" in roles else None,
+        mirror=config.load(MirrorConfig, dev_dir / "mirror.yaml") if "mirror" in roles else None,
+    )

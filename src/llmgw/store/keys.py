@@ -1,0 +1,119 @@
+"""API keys: created once in plaintext, stored only as a sha256 hash with a visible prefix."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sqlite3
+import string
+from datetime import UTC, datetime
+
+import aiosqlite
+import attrs
+
+from llmgw.store.db import Store
+
+KEY_PREFIX = "sk-llmgw-"
+# Characters of the random part shown in listings: enough to tell keys apart,
+# far too few to guess the rest (the key has 40 random characters, 238 bits).
+_VISIBLE = 8
+_RANDOM_LENGTH = 40
+# Letters and digits only, so a double click selects the whole key.
+_ALPHABET = string.ascii_letters + string.digits
+
+
+@attrs.frozen
+class KeyRecord:
+    id: int
+    name: str
+    prefix: str
+    key_hash: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+def hash_key(plaintext: str) -> str:
+    """The form a key is stored and looked up in."""
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def visible_prefix(plaintext: str) -> str:
+    return plaintext[: len(KEY_PREFIX) + _VISIBLE]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def _record(row: aiosqlite.Row) -> KeyRecord:
+    revoked_at = row["revoked_at"]
+    return KeyRecord(
+        id=row["id"],
+        name=row["name"],
+        prefix=row["prefix"],
+        key_hash=row["key_hash"],
+        created_at=datetime.fromisoformat(row["created_at"]),
+        revoked_at=datetime.fromisoformat(revoked_at) if revoked_at else None,
+    )
+
+
+async def create_key(store: Store, name: str) -> tuple[str, KeyRecord]:
+    """A new key: its plaintext, to show once, and the record that was stored."""
+    if not name.strip():
+        raise ValueError("a key needs a name, so that a person can tell what it is for")
+    created_at = _now()
+    # A prefix collision (1 in 62**8 per pair) would make revoking by prefix
+    # ambiguous; the UNIQUE constraint refuses it and a fresh key is drawn.
+    for _ in range(3):
+        plaintext = KEY_PREFIX + "".join(secrets.choice(_ALPHABET) for _ in range(_RANDOM_LENGTH))
+        try:
+            async with store.transaction() as db:
+                cursor = await db.execute(
+                    "INSERT INTO api_keys (name, prefix, key_hash, created_at) VALUES (?, ?, ?, ?)",
+                    (name, visible_prefix(plaintext), hash_key(plaintext), created_at.isoformat()),
+                )
+                key_id = cursor.lastrowid
+        except sqlite3.IntegrityError:
+            continue
+        assert key_id is not None
+        record = KeyRecord(
+            id=key_id,
+            name=name,
+            prefix=visible_prefix(plaintext),
+            key_hash=hash_key(plaintext),
+            created_at=created_at,
+            revoked_at=None,
+        )
+        return plaintext, record
+    raise RuntimeError("three fresh keys in a row collided with existing ones; the random source is broken")
+
+
+async def list_keys(store: Store) -> list[KeyRecord]:
+    """Every key, revoked ones included, oldest first."""
+    async with store.db.execute("SELECT * FROM api_keys ORDER BY id") as cursor:
+        return [_record(row) for row in await cursor.fetchall()]
+
+
+async def revoke_key(store: Store, prefix_or_key: str) -> KeyRecord | None:
+    """Revoke the key with this visible prefix (or this whole key); None if there is no such key.
+
+    Revoking a revoked key changes nothing and returns it as it was, with its
+    first revocation time.
+    """
+    text = prefix_or_key.strip()
+    if len(text) > len(KEY_PREFIX) + _VISIBLE:
+        where, value = "key_hash = ?", hash_key(text)
+    else:
+        where, value = "prefix = ?", text
+    async with store.transaction() as db:
+        await db.execute(
+            f"UPDATE api_keys SET revoked_at = ? WHERE {where} AND revoked_at IS NULL",
+            (_now().isoformat(), value),
+        )
+        async with db.execute(f"SELECT * FROM api_keys WHERE {where}", (value,)) as cursor:
+            row = await cursor.fetchone()
+    return _record(row) if row is not None else None

@@ -1,0 +1,266 @@
+"""The agent's stream to a real agent service over mutual TLS on loopback, with a fake supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import pytest
+from structlog.testing import capture_logs
+
+from llmgw import pki
+from llmgw.agent.client import AgentClient
+from llmgw.config import AgentConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
+from llmgw.control.agentsvc import serve_agents
+from llmgw.control.inventory import Inventory
+from llmgw.control.reconciler import Reconciler
+from llmgw.errors import LlmgwError
+from llmgw.proto.llmgw import v1 as pb
+
+
+@attrs.frozen
+class Certs:
+    server: TLSConfig
+    n1: TLSConfig
+    # n1's certificate signed by an authority the server does not know.
+    stranger: TLSConfig
+    # n1's own certificate, but trusting another authority than the one that signed the server's.
+    distrustful: TLSConfig
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    root = tmp_path_factory.mktemp("pki")
+    pki.init_ca(root / "ca")
+    pki.init_ca(root / "other")
+    ca, other = str(root / "ca" / "ca.pem"), str(root / "other" / "ca.pem")
+    server = pki.issue_server(root / "ca", "control", ["127.0.0.1", "localhost"], root / "server")
+    n1 = pki.issue_agent(root / "ca", "n1", root / "n1")
+    stranger = pki.issue_agent(root / "other", "n1", root / "stranger")
+    return Certs(
+        server=TLSConfig(ca=ca, cert=str(server[0]), key=str(server[1])),
+        n1=TLSConfig(ca=ca, cert=str(n1[0]), key=str(n1[1])),
+        stranger=TLSConfig(ca=ca, cert=str(stranger[0]), key=str(stranger[1])),
+        distrustful=TLSConfig(ca=other, cert=str(n1[0]), key=str(n1[1])),
+    )
+
+
+class FakeSupervisor:
+    """Starts nothing: reports starting, then ready on a made-up port, as the real one would."""
+
+    def __init__(self, *running: pb.ShardStatus, refuse: Exception | None = None) -> None:
+        self.on_status: Callable[[pb.ShardStatus], None] | None = None
+        self.started: list[pb.StartShard] = []
+        self.stopped: list[str] = []
+        self._statuses = {s.shard_id: s for s in running}
+        self._refuse = refuse
+
+    async def start(self, req: pb.StartShard) -> None:
+        if self._refuse is not None:
+            raise self._refuse
+        self.started.append(req)
+        for state, endpoint in (("starting", ""), ("ready", f"http://127.0.0.1:{9000 + len(self.started)}")):
+            self._report(
+                pb.ShardStatus(
+                    shard_id=req.shard_id, model=req.model, engine=req.engine, state=state, endpoint=endpoint
+                )
+            )
+
+    async def stop(self, shard_id: str) -> None:
+        self.stopped.append(shard_id)
+        status = self._statuses.pop(shard_id, pb.ShardStatus(shard_id=shard_id))
+        self._report(
+            pb.ShardStatus(shard_id=shard_id, model=status.model, engine=status.engine, state="stopped")
+        )
+
+    def statuses(self) -> list[pb.ShardStatus]:
+        return list(self._statuses.values())
+
+    def _report(self, status: pb.ShardStatus) -> None:
+        self._statuses[status.shard_id] = status
+        if self.on_status is not None:
+            self.on_status(status)
+
+
+def server_config(certs: Certs, *models: ModelConfig, listen: str = "127.0.0.1:0") -> ServerConfig:
+    return ServerConfig(
+        agent_listen=listen,
+        tls=certs.server,
+        models=list(models),
+        control=ControlConfig(interval_s=0.05, grace_s=5.0),
+    )
+
+
+def agent_config(tls: TLSConfig, *ports: int, node_id: str = "n1") -> AgentConfig:
+    return AgentConfig(
+        node_id=node_id, servers=[f"127.0.0.1:{p}" for p in ports], tls=tls, heartbeat_interval_s=0.05
+    )
+
+
+@asynccontextmanager
+async def running(client: AgentClient) -> AsyncIterator[AgentClient]:
+    task = asyncio.create_task(client.run())
+    try:
+        yield client
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def agent(cfg: AgentConfig, supervisor: FakeSupervisor) -> AgentClient:
+    return AgentClient(cfg, supervisor, {"sim": "1"}, backoff_base_s=0.02, backoff_max_s=0.1)
+
+
+async def eventually(predicate: Callable[[], object], within_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("the condition did not become true within the deadline")
+        await asyncio.sleep(0.01)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def logged(logs: list[dict[str, object]], words: str) -> bool:
+    return any(words in str(entry.get("error", "")) for entry in logs)
+
+
+async def test_the_agent_registers_and_heartbeats(certs: Certs):
+    inventory = Inventory(5.0)
+    async with (
+        serve_agents(server_config(certs), inventory) as port,
+        running(agent(agent_config(certs.n1, port), FakeSupervisor())) as client,
+    ):
+        await asyncio.wait_for(client.connected.wait(), 5)
+        node = inventory.node("n1")
+        assert node is not None and node.engine_versions == {"sim": "1"} and node.engines_probed
+        first_seen = node.last_seen
+        await eventually(lambda: node.last_seen > first_seen)
+
+
+async def test_the_agent_fails_over_to_the_next_server_in_order(certs: Certs):
+    inventory = Inventory(5.0)
+    dead = free_port()
+    async with (
+        serve_agents(server_config(certs), inventory) as port,
+        running(agent(agent_config(certs.n1, dead, port), FakeSupervisor())) as client,
+    ):
+        await asyncio.wait_for(client.connected.wait(), 5)
+        assert client.server == f"127.0.0.1:{port}"
+
+
+async def test_a_catalog_model_is_started_on_the_node_and_becomes_routable(certs: Certs):
+    model = ModelConfig(name="sim-chat", replicas=1, profiles=[ProfileConfig(engine="sim", args=["-x"])])
+    cfg = server_config(certs, model)
+    inventory = Inventory(5.0)
+    supervisor = FakeSupervisor()
+    async with serve_agents(cfg, inventory) as port, asyncio.TaskGroup() as tasks:
+        reconciling = tasks.create_task(Reconciler(cfg, inventory).run())
+        async with running(agent(agent_config(certs.n1, port), supervisor)):
+            await eventually(lambda: inventory.ready_endpoints("sim-chat"))
+        reconciling.cancel()
+    (start,) = supervisor.started
+    assert (start.model, start.engine, start.args) == ("sim-chat", "sim", ["-x"])
+    assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:9001",)
+
+
+async def test_a_stop_order_reaches_the_supervisor_and_the_shard_leaves_the_inventory(certs: Certs):
+    inventory = Inventory(5.0)
+    supervisor = FakeSupervisor(pb.ShardStatus(shard_id="s1", model="sim-chat", engine="sim", state="ready"))
+    async with (
+        serve_agents(server_config(certs), inventory) as port,
+        running(agent(agent_config(certs.n1, port), supervisor)) as client,
+    ):
+        await asyncio.wait_for(client.connected.wait(), 5)
+        assert [r.shard_id for r in inventory.replicas()] == ["s1"]
+        await inventory.send("n1", pb.ControlMessage(stop=pb.StopShard(shard_id="s1", reason="test")))
+        await eventually(lambda: not inventory.replicas())
+    assert supervisor.stopped == ["s1"]
+
+
+async def test_shards_already_running_are_adopted_when_the_agent_registers(certs: Certs):
+    inventory = Inventory(5.0)
+    supervisor = FakeSupervisor(
+        pb.ShardStatus(
+            shard_id="s0", model="sim-chat", engine="sim", state="ready", endpoint="http://127.0.0.1:7"
+        )
+    )
+    async with (
+        serve_agents(server_config(certs), inventory) as port,
+        running(agent(agent_config(certs.n1, port), supervisor)) as client,
+    ):
+        await asyncio.wait_for(client.connected.wait(), 5)
+        assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:7",)
+
+
+async def test_a_start_the_supervisor_cannot_carry_out_is_reported_failed(certs: Certs):
+    inventory = Inventory(5.0)
+    supervisor = FakeSupervisor(refuse=LlmgwError("node n1 does not have the sim engine"))
+    async with (
+        serve_agents(server_config(certs), inventory) as port,
+        running(agent(agent_config(certs.n1, port), supervisor)) as client,
+    ):
+        await asyncio.wait_for(client.connected.wait(), 5)
+        start = pb.StartShard(shard_id="s1", model="sim-chat", engine="sim")
+        await inventory.send("n1", pb.ControlMessage(start=start))
+        await eventually(lambda: inventory.replicas())
+        assert inventory.why_no_ready("sim-chat") == (
+            "sim-chat has no ready replica: 1 failed on node n1 (node n1 does not have the sim engine)"
+        )
+
+
+async def test_the_agent_reconnects_after_the_server_restarts(certs: Certs):
+    first, restarted = Inventory(5.0), Inventory(5.0)
+    async with contextlib.AsyncExitStack() as server:
+        port = await server.enter_async_context(serve_agents(server_config(certs), first))
+        client = agent(agent_config(certs.n1, port), FakeSupervisor())
+        async with running(client):
+            await asyncio.wait_for(client.connected.wait(), 5)
+            await server.aclose()
+            await eventually(lambda: not client.connected.is_set())
+            # A restarted server comes back on the same address.
+            async with serve_agents(server_config(certs, listen=f"127.0.0.1:{port}"), restarted):
+                await asyncio.wait_for(client.connected.wait(), 5)
+                assert restarted.node("n1") is not None
+
+
+async def test_an_agent_registering_as_another_node_is_refused_and_told_why(certs: Certs):
+    inventory = Inventory(5.0)
+    async with serve_agents(server_config(certs), inventory) as port:
+        with capture_logs() as logs:
+            async with running(agent(agent_config(certs.n1, port, node_id="n2"), FakeSupervisor())):
+                await eventually(lambda: logged(logs, "a node may only register as itself"))
+    assert logged(logs, "node n2 presented a certificate for n1: a node may only register as itself")
+    assert inventory.nodes() == []
+
+
+async def test_an_agent_whose_certificate_another_authority_signed_is_refused_and_told_why(certs: Certs):
+    inventory = Inventory(5.0)
+    async with serve_agents(server_config(certs), inventory) as port:
+        with capture_logs() as logs:
+            async with running(agent(agent_config(certs.stranger, port), FakeSupervisor())):
+                await eventually(lambda: logged(logs, "is not signed by the certificate authority"))
+    assert inventory.nodes() == []
+    assert logged(
+        logs, f"{Path(certs.stranger.cert)} is not signed by the certificate authority {certs.stranger.ca}"
+    )
+
+
+async def test_a_server_whose_certificate_this_node_does_not_trust_is_refused(certs: Certs):
+    inventory = Inventory(5.0)
+    async with serve_agents(server_config(certs), inventory) as port:
+        with capture_logs() as logs:
+            async with running(agent(agent_config(certs.distrustful, port), FakeSupervisor())):
+                await eventually(lambda: logged(logs, "presented a certificate this node does not trust"))
+    assert inventory.nodes() == []

@@ -1,0 +1,153 @@
+"""The agent service over real mutual TLS on loopback, spoken to by a bare grpclib client."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import pytest
+from grpclib.client import Channel, Stream
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from llmgw.config import ControlConfig, ServerConfig, TLSConfig
+from llmgw.control.agentsvc import CONNECT, serve_agents
+from llmgw.control.inventory import READY, UNREACHABLE, Inventory
+from llmgw.pki import client_ssl_context
+from llmgw.proto.llmgw import v1 as pb
+
+_Stream = Stream[pb.AgentMessage, pb.ControlMessage]
+
+
+@asynccontextmanager
+async def dial(port: int, tls: TLSConfig) -> AsyncIterator[_Stream]:
+    channel = Channel("127.0.0.1", port, ssl=await asyncio.to_thread(client_ssl_context, tls))
+    try:
+        async with channel.request(
+            CONNECT, Cardinality.STREAM_STREAM, pb.AgentMessage, pb.ControlMessage
+        ) as s:
+            yield s
+            # Leaving a stream both sides still hold open is a cancellation, as far as grpclib is concerned.
+            await s.cancel()
+    finally:
+        channel.close()
+
+
+def register(node_id: str, **fields: object) -> pb.AgentMessage:
+    return pb.AgentMessage(register=pb.Register(node_id=node_id, engine_versions={"sim": "1"}, **fields))
+
+
+async def test_a_node_is_known_by_the_common_name_of_its_certificate(server_cfg, fleet):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port, dial(port, fleet.agents["n1"]) as stream:
+        await stream.send_message(register("n1"))
+        reply = await stream.recv_message()
+        assert reply is not None and reply.ack.ref == "register" and reply.ack.ok
+        node = inventory.node("n1")
+        assert node is not None and node.state == READY and node.engine_versions == {"sim": "1"}
+
+
+async def test_a_node_registering_as_another_is_refused_with_both_names(server_cfg, fleet):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port:
+        with pytest.raises(GRPCError) as refused:
+            async with dial(port, fleet.agents["n1"]) as stream:
+                await stream.send_message(register("n2"))
+                await stream.recv_message()
+    assert refused.value.status == Status.PERMISSION_DENIED
+    assert refused.value.message == (
+        "node n2 presented a certificate for n1: a node may only register as itself"
+    )
+    assert inventory.nodes() == []
+
+
+async def test_an_agent_whose_certificate_another_authority_signed_is_refused_at_tls(server_cfg, fleet):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port:
+        with pytest.raises(StreamTerminatedError):
+            async with dial(port, fleet.stranger) as stream:
+                await stream.send_message(register("n1"))
+                await stream.recv_message()
+    assert inventory.nodes() == []
+
+
+async def test_a_client_without_a_certificate_is_refused_at_tls(server_cfg, fleet):
+    inventory = Inventory(server_cfg.control.grace_s)
+    bare = ssl.create_default_context(cafile=fleet.server.ca)
+    bare.set_alpn_protocols(["h2"])
+    async with serve_agents(server_cfg, inventory) as port:
+        channel = Channel("127.0.0.1", port, ssl=bare)
+        try:
+            with pytest.raises(StreamTerminatedError):
+                async with channel.request(
+                    CONNECT, Cardinality.STREAM_STREAM, pb.AgentMessage, pb.ControlMessage
+                ) as stream:
+                    await stream.send_message(register("n1"))
+                    await stream.recv_message()
+        finally:
+            channel.close()
+    assert inventory.nodes() == []
+
+
+async def test_a_second_stream_for_a_node_replaces_the_first(server_cfg, fleet, eventually):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port:
+        with pytest.raises(GRPCError) as replaced:
+            async with dial(port, fleet.agents["n1"]) as first:
+                await first.send_message(register("n1"))
+                assert (await first.recv_message()) is not None
+                async with dial(port, fleet.agents["n1"]) as second:
+                    await second.send_message(register("n1"))
+                    assert (await second.recv_message()) is not None
+                    await inventory.send("n1", pb.ControlMessage(stop=pb.StopShard(shard_id="s1")))
+                    reply = await second.recv_message()
+                    assert reply is not None and reply.stop.shard_id == "s1"
+                await first.recv_message()
+        assert replaced.value.status == Status.ABORTED
+        assert replaced.value.message == "node n1 opened a newer stream, which replaces this one"
+        await eventually(lambda: not inventory.node("n1").connected)
+
+
+async def test_a_silent_node_becomes_unreachable_and_its_replicas_leave_the_routing_table(
+    server_cfg, fleet, eventually
+):
+    cfg = attrs.evolve(server_cfg, control=ControlConfig(grace_s=0.3))
+    inventory = Inventory(cfg.control.grace_s)
+    ready = pb.ShardStatus(
+        shard_id="s1", model="sim-chat", engine="sim", state="ready", endpoint="http://127.0.0.1:1"
+    )
+    async with serve_agents(cfg, inventory) as port, dial(port, fleet.agents["n1"]) as stream:
+        await stream.send_message(register("n1", running=[ready]))
+        assert (await stream.recv_message()) is not None
+        assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:1",)
+        # The stream stays open, but the node says nothing past its grace.
+        await eventually(lambda: inventory.node("n1").state == UNREACHABLE)
+        assert inventory.ready_endpoints("sim-chat") == ()
+        assert inventory.why_no_ready("sim-chat") == (
+            "sim-chat has no ready replica: 1 ready on node n1, which is unreachable"
+        )
+        await stream.send_message(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=1)))
+        await eventually(lambda: inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:1",))
+
+
+async def test_shard_statuses_from_a_node_update_the_routing_table(server_cfg, fleet, eventually):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port, dial(port, fleet.agents["n1"]) as stream:
+        await stream.send_message(register("n1"))
+        assert (await stream.recv_message()) is not None
+        status = pb.ShardStatus(shard_id="s1", model="sim-chat", engine="sim", state="starting")
+        await stream.send_message(pb.AgentMessage(shard=status))
+        await eventually(lambda: inventory.replicas("sim-chat"))
+        assert inventory.why_no_ready("sim-chat") == "sim-chat has no ready replica: 1 starting on node n1"
+        status.state, status.endpoint = "ready", "http://127.0.0.1:2"
+        await stream.send_message(pb.AgentMessage(shard=status))
+        await eventually(lambda: inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:2",))
+
+
+async def test_the_agent_service_listens_where_agent_listen_says(server_cfg: ServerConfig):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port:
+        assert port > 0

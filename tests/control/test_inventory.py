@@ -1,0 +1,127 @@
+"""The inventory: nodes, their replicas, and the routing table the gateway reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.control.inventory import READY, UNREACHABLE, Inventory, NodeNotConnected
+from llmgw.proto.llmgw import v1 as pb
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def status(
+    shard_id: str, state: str, endpoint: str = "", model: str = "sim-chat", **kw: str
+) -> pb.ShardStatus:
+    return pb.ShardStatus(shard_id=shard_id, model=model, engine="sim", state=state, endpoint=endpoint, **kw)
+
+
+def register(node_id: str, *running: pb.ShardStatus) -> pb.Register:
+    return pb.Register(
+        node_id=node_id, engine_versions={"sim": "1"}, engines_probed=True, running=list(running)
+    )
+
+
+class TestRouting:
+    def test_a_ready_replica_on_a_ready_node_is_routed(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1"))
+        inventory.shard_status("n1", status("s1", "starting"))
+        assert inventory.ready_endpoints("sim-chat") == ()
+        inventory.shard_status("n1", status("s1", "ready", "http://127.0.0.1:9001"))
+        assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:9001",)
+
+    def test_a_stopped_shard_leaves_the_inventory(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1", status("s1", "ready", "http://127.0.0.1:9001")))
+        inventory.shard_status("n1", status("s1", "stopped"))
+        assert inventory.replicas() == []
+        assert inventory.ready_endpoints("sim-chat") == ()
+
+    def test_a_silent_node_becomes_unreachable_and_its_replicas_leave_the_routing_table_at_once(self):
+        clock = Clock()
+        inventory = Inventory(grace_s=15, clock=clock)
+        inventory.attach(register("n1", status("s1", "ready", "http://127.0.0.1:9001")))
+        clock.now += 15
+        assert inventory.expire() == []
+        clock.now += 0.1
+        assert inventory.expire() == ["n1"]
+        assert inventory.node("n1").state == UNREACHABLE
+        assert inventory.ready_endpoints("sim-chat") == ()
+
+    def test_a_node_heard_from_again_is_ready_again(self):
+        clock = Clock()
+        inventory = Inventory(grace_s=15, clock=clock)
+        inventory.attach(register("n1", status("s1", "ready", "http://127.0.0.1:9001")))
+        clock.now += 20
+        inventory.expire()
+        inventory.heartbeat("n1", pb.Heartbeat(sequence=9))
+        assert inventory.node("n1").state == READY
+        assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:9001",)
+
+
+class TestRegister:
+    def test_register_adopts_the_shards_a_node_already_runs(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1", status("s1", "ready", "http://127.0.0.1:9001")))
+        (replica,) = inventory.replicas("sim-chat")
+        assert (replica.shard_id, replica.node_id, replica.state) == ("s1", "n1", "ready")
+
+    def test_shards_a_reconnecting_node_no_longer_reports_are_forgotten(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1", status("s1", "ready", "http://127.0.0.1:9001")))
+        inventory.expect("n1", pb.StartShard(shard_id="s2", model="sim-chat", engine="sim"))
+        inventory.attach(register("n1", status("s1", "ready", "http://127.0.0.1:9001")))
+        assert [r.shard_id for r in inventory.replicas()] == ["s1"]
+
+    def test_a_heartbeat_saying_the_engines_changed_replaces_them(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1"))
+        inventory.heartbeat("n1", pb.Heartbeat(engines_changed=True, engine_versions={}))
+        assert inventory.node("n1").engine_versions == {}
+        inventory.heartbeat("n1", pb.Heartbeat(sequence=2))
+        assert inventory.node("n1").engine_versions == {}
+
+
+class TestWhyNoReady:
+    def test_it_says_what_each_replica_is_doing_and_where(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1"))
+        inventory.shard_status("n1", status("s1", "starting"))
+        assert inventory.why_no_ready("sim-chat") == "sim-chat has no ready replica: 1 starting on node n1"
+
+    def test_it_repeats_the_engine_s_last_words_for_a_failed_replica(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1"))
+        inventory.shard_status("n1", status("s1", "failed", detail="exited with code 1"))
+        assert inventory.why_no_ready("sim-chat") == (
+            "sim-chat has no ready replica: 1 failed on node n1 (exited with code 1)"
+        )
+
+    def test_it_repeats_why_placement_could_not_place_the_model(self):
+        inventory = Inventory(grace_s=15)
+        inventory.set_unplaced("sim-chat", "no node can run it (no node has the sim engine)")
+        assert inventory.why_no_ready("sim-chat") == (
+            "sim-chat has no ready replica: no node can run it (no node has the sim engine)"
+        )
+
+
+async def test_a_message_for_a_node_goes_down_its_current_stream():
+    inventory = Inventory(grace_s=15)
+    link = inventory.attach(register("n1"))
+    message = pb.ControlMessage(stop=pb.StopShard(shard_id="s1"))
+    await inventory.send("n1", message)
+    assert link.outbox.get_nowait() is message
+
+
+async def test_sending_to_a_node_without_a_stream_says_so():
+    inventory = Inventory(grace_s=15)
+    inventory.detach(inventory.attach(register("n1")))
+    with pytest.raises(NodeNotConnected, match="node n1 is not connected"):
+        await inventory.send("n1", pb.ControlMessage(stop=pb.StopShard(shard_id="s1")))

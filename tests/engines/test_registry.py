@@ -1,0 +1,53 @@
+"""The engine registry and the sim adapter's command line."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from llmgw import __version__
+from llmgw.engines.base import LaunchSpec
+from llmgw.engines.registry import ENGINES, get_engine
+from llmgw.engines.sim import SimEngine
+from llmgw.errors import LlmgwError
+
+
+def test_the_sim_engine_is_registered_under_its_name() -> None:
+    assert isinstance(get_engine("sim"), SimEngine)
+    assert ENGINES["sim"].name == "sim"
+
+
+def test_an_unknown_engine_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(LlmgwError, match=r"no engine called 'vllm' \(known engines: sim\)"):
+        get_engine("vllm")
+
+
+def test_the_sim_command_runs_this_interpreter_with_the_shard_args_last() -> None:
+    spec = LaunchSpec(model="sim-chat", port=4321, args=("--ttft-ms", "50"), env=(("A", "1"),))
+    engine = SimEngine()
+    assert engine.command(spec) == [
+        sys.executable,
+        "-m",
+        "llmgw.engines.sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "4321",
+        "--model",
+        "sim-chat",
+        "--ttft-ms",
+        "50",
+    ]
+    assert engine.environment(spec) == {"PYTHONUNBUFFERED": "1", "A": "1"}
+    assert engine.probe_command("") == [sys.executable, "-m", "llmgw.engines.sim", "--version"]
+
+
+async def test_the_sim_probe_command_prints_its_version() -> None:
+    process = await asyncio.create_subprocess_exec(
+        *SimEngine().probe_command(sys.executable), stdout=asyncio.subprocess.PIPE
+    )
+    stdout, _ = await process.communicate()
+    assert process.returncode == 0
+    assert stdout.decode().strip() == f"llmgw-sim {__version__}"

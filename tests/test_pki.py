@@ -1,0 +1,138 @@
+"""The deployment's certificate authority, its certificates, and `llmgw cert`."""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from llmgw import pki
+from llmgw.cli.cert import cert
+from llmgw.config import TLSConfig
+from llmgw.errors import CertificateError
+
+
+def load(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def cn(certificate: x509.Certificate) -> str:
+    return str(certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> Path:
+    pki.init_ca(tmp_path / "ca")
+    return tmp_path / "ca"
+
+
+class TestAuthority:
+    def test_a_new_authority_keeps_its_key_readable_by_its_owner_only(self, ca: Path):
+        assert stat.S_IMODE((ca / "ca-key.pem").stat().st_mode) == 0o600
+        constraints = load(ca / "ca.pem").extensions.get_extension_for_class(x509.BasicConstraints)
+        assert constraints.value.ca
+
+    def test_an_existing_authority_is_never_replaced(self, ca: Path):
+        before = (ca / "ca.pem").read_bytes()
+        with pytest.raises(CertificateError, match="refusing to replace the certificate authority"):
+            pki.init_ca(ca)
+        assert (ca / "ca.pem").read_bytes() == before
+
+    def test_issuing_without_an_authority_says_how_to_create_one(self, tmp_path: Path):
+        with pytest.raises(CertificateError, match="llmgw cert init-ca --dir"):
+            pki.issue_agent(tmp_path / "nowhere", "n1", tmp_path)
+
+
+class TestCertificates:
+    def test_a_server_certificate_names_every_host_with_addresses_as_ip_entries(
+        self, ca: Path, tmp_path: Path
+    ):
+        cert_path, key_path = pki.issue_server(ca, "control", ["127.0.0.1", "localhost", "::1"], tmp_path)
+        assert (cert_path.name, key_path.name) == ("control.pem", "control-key.pem")
+        certificate = load(cert_path)
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert san.get_values_for_type(x509.IPAddress) == [
+            ipaddress.ip_address("127.0.0.1"),
+            ipaddress.ip_address("::1"),
+        ]
+        assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+        assert cn(certificate) == "control"
+        usage = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
+        assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+
+    def test_an_agent_certificate_is_named_by_its_node_id_and_is_for_clients(self, ca: Path, tmp_path: Path):
+        cert_path, _ = pki.issue_agent(ca, "gpu-07", tmp_path)
+        certificate = load(cert_path)
+        assert cn(certificate) == "gpu-07"
+        usage = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert san.get_values_for_type(x509.DNSName) == ["gpu-07"]
+        certificate.verify_directly_issued_by(load(ca / "ca.pem"))
+
+    def test_a_node_id_that_cannot_be_a_name_is_refused(self, ca: Path, tmp_path: Path):
+        with pytest.raises(CertificateError, match="cannot be a node id"):
+            pki.issue_agent(ca, "n1/../../etc", tmp_path)
+
+    def test_a_certificate_from_another_authority_is_explained(self, ca: Path, tmp_path: Path):
+        pki.init_ca(tmp_path / "other")
+        cert_path, _ = pki.issue_agent(tmp_path / "other", "n1", tmp_path)
+        assert pki.certificate_problem(cert_path, ca / "ca.pem") == (
+            f"{cert_path} is not signed by the certificate authority {ca / 'ca.pem'}"
+        )
+        own, _ = pki.issue_agent(ca, "n2", tmp_path)
+        assert pki.certificate_problem(own, ca / "ca.pem") is None
+
+
+class TestContexts:
+    def test_the_agent_service_requires_a_client_certificate(self, ca: Path, tmp_path: Path):
+        cert_path, key_path = pki.issue_server(ca, "control", ["127.0.0.1"], tmp_path)
+        ctx = pki.server_ssl_context(TLSConfig(ca=str(ca / "ca.pem"), cert=str(cert_path), key=str(key_path)))
+        assert ctx.verify_mode == ssl.CERT_REQUIRED
+
+    def test_a_missing_certificate_file_is_named(self, ca: Path, tmp_path: Path):
+        tls = TLSConfig(
+            ca=str(ca / "ca.pem"), cert=str(tmp_path / "n1.pem"), key=str(tmp_path / "n1-key.pem")
+        )
+        with pytest.raises(CertificateError, match=r"tls.cert names .*n1.pem, which does not exist"):
+            pki.client_ssl_context(tls)
+
+    def test_an_unset_certificate_is_named(self):
+        with pytest.raises(CertificateError, match=r"tls\.ca is not set"):
+            pki.client_ssl_context(TLSConfig())
+
+
+def test_the_cert_commands_write_an_authority_and_its_certificates(tmp_path: Path):
+    runner = CliRunner()
+    ca, out = tmp_path / "ca", tmp_path / "out"
+    assert runner.invoke(cert, ["init-ca", "--dir", str(ca)]).exit_code == 0
+    result = runner.invoke(
+        cert,
+        [
+            "issue-server",
+            "control",
+            "--host",
+            "127.0.0.1",
+            "--host",
+            "cp.lan",
+            "--dir",
+            str(ca),
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "127.0.0.1, cp.lan" in result.output
+    result = runner.invoke(cert, ["issue-agent", "n1", "--dir", str(ca), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert cn(load(out / "n1.pem")) == "n1"
+    again = runner.invoke(cert, ["init-ca", "--dir", str(ca)])
+    assert again.exit_code != 0
+    assert "refusing to replace the certificate authority" in again.output
