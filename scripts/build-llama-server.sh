@@ -123,7 +123,7 @@ echo "build-llama-server: unpacking $(basename "$sdist")" >&2
 mkdir -p "$work/src"
 tar -xzf "$sdist" -C "$work/src"
 # The tree is the directory whose CMakeLists.txt sits next to tools/server.
-tree="$(find "$work/src" -maxdepth 3 -type d -path '*/tools/server' | head -n 1)"
+tree="$(find "$work/src" -maxdepth 4 -type d -path '*/tools/server' | head -n 1)"
 [ -n "$tree" ] || die "$(basename "$sdist") holds no llama.cpp tree (no tools/server directory)"
 tree="$(dirname "$(dirname "$tree")")"
 [ -f "$tree/CMakeLists.txt" ] || die "the llama.cpp tree in $(basename "$sdist") has no CMakeLists.txt"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -71,6 +72,13 @@ def post_json(url: str, body: object, key: str) -> tuple[int, object]:
 @pytest.fixture
 def dev_llmgw(tmp_path: Path) -> Iterator[RunningLlmgw]:
     """`llmgw --role=server --role=agent --dev` on a free port, with sim-chat ready."""
+    with launch_dev(tmp_path) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def launch_dev(tmp_path: Path, model: str = "sim-chat") -> Iterator[RunningLlmgw]:
+    """Start dev mode in tmp_path/.llmgw-dev (its files kept if present); wait until model answers."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [
@@ -112,13 +120,13 @@ def dev_llmgw(tmp_path: Path) -> Iterator[RunningLlmgw]:
             return (
                 post_json(
                     f"{running.url}/v1/chat/completions",
-                    {"model": "sim-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                    {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
                     running.key,
                 )[0]
                 == 200
             )
 
-        wait_until(ready, 60, "sim-chat to have a ready replica")
+        wait_until(ready, 60, f"{model} to have a ready replica")
         yield running
     finally:
         if process.poll() is None:

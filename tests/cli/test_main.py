@@ -1,0 +1,48 @@
+"""`llmgw` itself: version, roles, and exit codes scripts can rely on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from llmgw import __version__
+from llmgw.cli.exit import EXIT_CONFIG
+from llmgw.cli.main import main
+
+
+def test_python_dash_m_llmgw_prints_its_version() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "llmgw", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == f"llmgw, version {__version__}"
+
+
+def test_without_a_role_it_prints_help_and_exits_2() -> None:
+    result = CliRunner().invoke(main, [])
+    assert result.exit_code == 2
+    assert "--role" in result.output
+
+
+def test_a_bad_configuration_exits_with_its_own_code_and_says_where(tmp_path: Path) -> None:
+    bad = tmp_path / "server.yaml"
+    bad.write_text("listen: 127.0.0.1:0\nauth:\n  enabeld: true\n")
+    result = CliRunner().invoke(main, ["--role=server", "--config", str(bad)])
+    assert result.exit_code == EXIT_CONFIG
+    assert f"{bad}:3: unknown key 'auth.enabeld'; did you mean 'enabled'?" in result.output
+
+
+def test_a_missing_configuration_file_is_a_configuration_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--role=agent", "--config", str(tmp_path / "agent.yaml")])
+    assert result.exit_code == EXIT_CONFIG
+    assert "cannot be read" in result.output
+
+
+def test_more_config_files_than_roles_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["--role=server", "--config", str(tmp_path / "a"), "--config", str(tmp_path / "b")]
+    )
+    assert result.exit_code == 2
+    assert "one per role" in result.output
