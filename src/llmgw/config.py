@@ -13,7 +13,7 @@ import difflib
 import io
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import attrs
 import cattrs
@@ -47,6 +47,9 @@ class AuthConfig:
     default_rpm: int = _field(0, "Requests per minute for a key no scope limits; 0 means unlimited.")
     default_tpm: int = _field(0, "Tokens per minute for a key no scope limits; 0 means unlimited.")
     signup_open: bool = _field(False, "Whether /signup accepts new accounts (pending until approved).")
+    session_ttl_s: float = _field(
+        43200.0, "How long a sign-in to the pages lasts (the session cookie's lifetime), in seconds."
+    )
 
 
 @attrs.frozen
@@ -59,7 +62,19 @@ class ControlConfig:
         "and its replicas leave the routing table.",
     )
     base_backoff_s: float = _field(
-        5.0, "First wait before a failing replica is tried again; doubles each time."
+        5.0,
+        "First wait before a model is tried again on a node where its replica failed; doubles with each "
+        "further failure there, and other nodes are tried meanwhile.",
+    )
+    drain_timeout_s: float = _field(
+        300.0,
+        "How long the replicas of a draining node may finish their in-flight requests "
+        "before they are stopped anyway.",
+    )
+    placement: Literal["spread", "binpack"] = _field(
+        "spread",
+        "How replicas are laid over candidate nodes: `spread` (fewest replicas first) "
+        "or `binpack` (the fullest node that still fits first).",
     )
 
 
@@ -69,6 +84,15 @@ class ProfileConfig:
     name: str = _field("default", "Name of the profile, shown in placement explanations.")
     args: list[str] = _field([], "Extra command-line arguments passed to the engine.")
     env: dict[str, str] = _field({}, "Extra environment variables for the engine process.")
+    gpu_class: str = _field(
+        "", "GPU class each node must give the replica, such as `h100-80g`; empty means any class."
+    )
+    gpus_per_node: int = _field(
+        0, "GPUs each node gives one replica; 0 means none, or 1 when `gpu_class` is set."
+    )
+    nodes: int = _field(1, "Nodes one replica spans; more than 1 needs nodes on one fabric.")
+    min_memory_mb: int = _field(0, "Memory (MB) each node must have free for one replica.")
+    labels: dict[str, str] = _field({}, "Labels (agent.yaml `labels`) a node must carry, with these values.")
 
 
 @attrs.frozen
@@ -76,12 +100,55 @@ class ModelConfig:
     name: str = _field("", "The model name clients ask for in `model`.")
     replicas: int = _field(1, "How many replicas to keep running.")
     profiles: list[ProfileConfig] = _field([], "Ways to run the model, tried in order.")
+    version: str = _field("", "The model's version, shown with its name; free text.")
+    source: str = _field(
+        "",
+        "URL of the weights: a file, or a directory when it ends in `/`; empty for engines that need none.",
+    )
+    sha256: dict[str, str] = _field({}, "Pinned sha256 digests of the weights, by file name.")
+    fallbacks: list[str] = _field(
+        [], "Models to serve a request with, in order, when this one has no ready replica."
+    )
+    # None, not zeros: a model priced at nothing is free, one without a price takes `pricing` or
+    # `default_price`.
+    pricing: PriceConfig | None = _field(
+        None,
+        "This model's price (`prompt_per_1k`, `completion_per_1k`); before server.yaml's `pricing` entry "
+        "and `default_price`. How a model added with `llmgw ctl model add` carries its price.",
+    )
+
+
+@attrs.frozen
+class PriceConfig:
+    prompt_per_1k: float = _field(0.0, "Price of 1,000 prompt tokens, in the unit budgets are set in.")
+    completion_per_1k: float = _field(
+        0.0, "Price of 1,000 completion tokens, in the unit budgets are set in."
+    )
+
+
+@attrs.frozen
+class EngineMirrorConfig:
+    base_url: str = _field(
+        "",
+        "An offline mirror of the engines' release downloads, sent to every node in place of the publisher: "
+        "`<base_url>/<repo>/releases/download/<tag>/<asset>`. Empty: nodes download from the publisher.",
+    )
+    checksums: dict[str, str] = _field(
+        {},
+        "Release asset name -> `sha256:<hex>`, sent to every node in place of the publisher's digests; "
+        "an asset not listed is refused, never installed unchecked.",
+    )
 
 
 @attrs.frozen
 class ServerConfig:
     listen: str = _field("127.0.0.1:8080", "Gateway address (host:port): /v1/*, /health and the pages.")
     admin_listen: str = _field("127.0.0.1:9090", "Admin listener (host:port), for this machine only.")
+    admin_tokens: list[str] = _field(
+        [],
+        "sha256 digests (hex) of the tokens that may use the admin API from elsewhere: "
+        "`llmgw ctl --server URL --token TOKEN` against /admin on `listen`. `llmgw ctl new-token` makes one.",
+    )
     agent_listen: str = _field("127.0.0.1:7443", "Agent service address (host:port), gRPC over mutual TLS.")
     state_dir: str = _field("/var/lib/llmgw", "Directory for the store and other state.")
     database: str = _field("", "SQLite file of the store; empty means `<state_dir>/llmgw.db`.")
@@ -90,6 +157,21 @@ class ServerConfig:
     auth: AuthConfig = _field(AuthConfig(), "Who may call the gateway.")
     control: ControlConfig = _field(ControlConfig(), "The control plane.")
     models: list[ModelConfig] = _field([], "The model catalog.")
+    engines: dict[str, str] = _field(
+        {},
+        "Engines every node installs, by name, at a version (`llamacpp: b11434`); llama.cpp defaults to "
+        "the build this release was checked against; an empty version removes an engine.",
+    )
+    engine_mirror: EngineMirrorConfig = _field(
+        EngineMirrorConfig(), "Where nodes install engines from on a site that cannot reach the publisher."
+    )
+    pricing: dict[str, PriceConfig] = _field(
+        {},
+        "Prices per model: `MODEL: {prompt_per_1k: P, completion_per_1k: C}`; budgets are counted in them.",
+    )
+    default_price: PriceConfig = _field(
+        PriceConfig(), "Price of a model `pricing` does not name; both 0 means such a model has no price."
+    )
 
     @property
     def database_path(self) -> Path:
@@ -139,10 +221,29 @@ class AgentConfig:
     labels: dict[str, str] = _field({}, "Labels placement profiles can require.")
     engines: EnginesConfig = _field(EnginesConfig(), "Engine installation and options.")
     provision: ProvisionConfig = _field(ProvisionConfig(), "Where the agent installs engines from, and to.")
+    fabric: str = _field(
+        "",
+        "InfiniBand fabric this node is attached to; nodes given the same name can host one "
+        "multi-node replica together. Empty: no fabric, single-node replicas only.",
+    )
+    hcas: list[str] = _field(
+        [], "The fabric's HCAs (e.g. mlx5_0); empty means every HCA under /sys/class/infiniband."
+    )
+    model_dirs: list[str] = _field(
+        [], "Other directories weights live in (an NFS export, local NVMe); their free space is reported."
+    )
+    keep_engines_on_stop: bool = _field(
+        True,
+        "Leave engines running when the agent stops, for the next agent to adopt; `--dev` always stops them.",
+    )
 
     @property
     def engines_dir(self) -> Path:
         return Path(self.provision.dir) if self.provision.dir else Path(self.state_dir) / "engines"
+
+    @property
+    def weights_dir(self) -> Path:
+        return Path(self.weights_cache) if self.weights_cache else Path(self.state_dir) / "weights"
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
@@ -176,6 +277,14 @@ def _type_name(tp: Any) -> str:
     return {str: "a string", int: "a whole number", float: "a number", bool: "true or false"}.get(tp, str(tp))
 
 
+def _unwrap_optional(tp: Any) -> Any:
+    """X for `X | None` where X is a config class (absent is None), so its keys are checked and documented."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if type(None) in typing.get_args(tp) and len(args) == 1 and attrs.has(args[0]):
+        return args[0]
+    return tp
+
+
 def _check_keys(cls: type, node: Any, path: list[Any], source: str, root: Any) -> None:
     """Refuse unknown keys with the nearest known one, and wrong shapes, with their line."""
     hints = typing.get_type_hints(cls)
@@ -190,7 +299,9 @@ def _check_keys(cls: type, node: Any, path: list[Any], source: str, root: Any) -
             near = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean '{near[0]}'?" if near else f"; known keys: {', '.join(names)}"
             raise ConfigError(f"{source}:{line}: unknown key '{dotted}'{hint}")
-        tp = hints[key]
+        if value is None and type(None) in typing.get_args(hints[key]):
+            continue  # absent, said out loud (`pricing: null`, as `dump` writes it)
+        tp = _unwrap_optional(hints[key])
         if attrs.has(tp) and value is not None:
             _check_keys(tp, value, [*path, key], source, root)
         elif typing.get_origin(tp) is list and isinstance(value, list):
@@ -198,9 +309,18 @@ def _check_keys(cls: type, node: Any, path: list[Any], source: str, root: Any) -
             if attrs.has(item):
                 for i, entry in enumerate(value):
                     _check_keys(item, entry, [*path, key, i], source, root)
+        elif typing.get_origin(tp) is dict and isinstance(value, dict):
+            item = typing.get_args(tp)[1]
+            if attrs.has(item):
+                for name, entry in value.items():
+                    _check_keys(item, entry, [*path, key, name], source, root)
         if value is None:
             line, dotted = _location(root, [*path, key])
             raise ConfigError(f"{source}:{line}: '{dotted}' is empty; expected {_type_name(tp)}")
+        if typing.get_origin(tp) is Literal and value not in typing.get_args(tp):
+            line, dotted = _location(root, [*path, key])
+            choices = ", ".join(str(c) for c in typing.get_args(tp))
+            raise ConfigError(f"{source}:{line}: '{dotted}' is {value!r}; expected one of {choices}")
         if tp is bool and not isinstance(value, bool):
             line, dotted = _location(root, [*path, key])
             raise ConfigError(f"{source}:{line}: '{dotted}' is {value!r}; expected true or false")
@@ -287,11 +407,13 @@ def documented_keys(cls: type, prefix: str = "") -> list[tuple[str, str]]:
     for f in attrs.fields(cls):
         dotted = f"{prefix}{f.name}"
         keys.append((dotted, f.metadata.get("help", "")))
-        tp = hints[f.name]
+        tp = _unwrap_optional(hints[f.name])
         if attrs.has(tp):
             keys.extend(documented_keys(tp, f"{dotted}."))
         elif typing.get_origin(tp) is list and attrs.has(typing.get_args(tp)[0]):
             keys.extend(documented_keys(typing.get_args(tp)[0], f"{dotted}[]."))
+        elif typing.get_origin(tp) is dict and attrs.has(typing.get_args(tp)[1]):
+            keys.extend(documented_keys(typing.get_args(tp)[1], f"{dotted}.<name>."))
     return keys
 
 

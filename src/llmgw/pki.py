@@ -144,6 +144,29 @@ def certificate_problem(cert_path: Path, ca_path: Path) -> str | None:
     return None
 
 
+def certificate_names(cert_path: Path) -> list[str]:
+    """Every DNS name and IP address cert_path's subjectAltName holds, IPs in their canonical text."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    names: list[str] = [name.lower() for name in sans.get_values_for_type(x509.DNSName)]
+    names.extend(str(ip) for ip in sans.get_values_for_type(x509.IPAddress))
+    return names
+
+
+def is_issued_by(cert_path: Path, ca_path: Path) -> bool:
+    """Whether the authority whose certificate is ca_path signed cert_path (validity dates aside)."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    ca = x509.load_pem_x509_certificate(ca_path.read_bytes())
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
 def _load(ctx: ssl.SSLContext, tls: TLSConfig, who: str) -> None:
     for key, value in (("tls.ca", tls.ca), ("tls.cert", tls.cert), ("tls.key", tls.key)):
         if not value:

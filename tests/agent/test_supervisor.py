@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -258,9 +259,9 @@ async def test_a_shard_that_failed_for_good_starts_afresh_when_asked_again(
 
 async def test_an_unknown_engine_is_reported_failed(supervisors: MakeSupervisor, reports: Reports) -> None:
     supervisor = supervisors()
-    await supervisor.start(_start(engine="vllm"))
+    await supervisor.start(_start(engine="tgi"))
     _, failed = await reports.wait_for("failed")
-    assert failed.detail == "this node has no engine called 'vllm' (it has: sim)"
+    assert failed.detail == "this node has no engine called 'tgi' (it has: llamacpp, sglang, sim, vllm)"
 
 
 async def test_a_missing_binary_is_reported_failed(supervisors: MakeSupervisor, reports: Reports) -> None:
@@ -284,6 +285,19 @@ async def test_the_output_keeps_the_last_500_lines(supervisors: MakeSupervisor, 
     assert len(lines) == 500
     assert lines[0] == "line 100"
     assert supervisor.output("no-such-shard") == []
+
+
+async def test_an_engine_writing_to_a_file_also_keeps_only_its_last_500_lines(
+    supervisors: MakeSupervisor, reports: Reports, tmp_path: Path
+) -> None:
+    """With a state directory the engine's output goes to a file that `tail` follows; the ring is the same."""
+    script = 'i=0; while [ $i -lt 600 ]; do echo "line $i"; i=$((i+1)); done; exec sleep 600'
+    supervisor = supervisors({"shell": ShellEngine(script)}, state_dir=tmp_path)
+    await supervisor.start(_start(engine="shell"))
+    await _eventually(lambda: supervisor.output("s1")[-1:] == ["line 599"])
+    lines = supervisor.output("s1")
+    assert len(lines) == 500
+    assert lines[0] == "line 100"
 
 
 async def test_closing_stops_every_engine(reports: Reports) -> None:
@@ -311,3 +325,42 @@ async def test_a_shard_stopped_while_it_is_being_spawned_does_not_outlive_the_st
     await _wait_gone(pids)
     assert reports.states()[-1] == "stopped"
     assert supervisor.statuses() == []
+
+
+@attrs.define
+class RecordingEngine(ShellEngine):
+    """A shell engine that keeps every LaunchSpec it was asked to build a command for."""
+
+    specs: list[LaunchSpec] = attrs.Factory(list)
+
+    def command(self, spec: LaunchSpec) -> list[str]:
+        self.specs.append(spec)
+        return super().command(spec)
+
+
+async def test_a_shard_that_sets_no_parallel_gets_the_one_agent_yaml_gives_its_engine(
+    supervisors: MakeSupervisor, reports: Reports
+) -> None:
+    engine = RecordingEngine("exit 0")
+    supervisor = supervisors({"shell": engine}, parallel=lambda name: {"shell": 6}[name])
+    await supervisor.start(_start("a", engine="shell"))
+    await supervisor.start(_start("b", engine="shell"))
+    explicit = _start("c", engine="shell")
+    explicit.parallel = 2
+    await supervisor.start(explicit)
+    for shard_id in ("a", "b", "c"):
+        await reports.wait_for("failed", shard_id)
+    assert [spec.parallel for spec in engine.specs] == [6, 6, 2]
+
+
+async def test_an_adapter_that_refuses_a_shard_fails_that_shard_and_nothing_else(
+    supervisors: MakeSupervisor, reports: Reports
+) -> None:
+    supervisor = supervisors()
+    # llama.cpp with no weights fetched: the adapter raises rather than start a server with no model.
+    await supervisor.start(_start("no-weights", engine="llamacpp", model="tiny"))
+    _, failed = await reports.wait_for("failed", "no-weights")
+    assert failed.detail == "llama.cpp cannot serve tiny: the replica has no model file on this node yet"
+    assert reports.states("no-weights") == ["failed"]
+    await supervisor.start(_start())
+    await reports.wait_for("ready")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,9 @@ from click.testing import CliRunner
 
 from llmgw.cli.exit import EXIT_CONFIG
 from llmgw.cli.keys import keys
+from llmgw.store import open_store
+from llmgw.store.keys import KeyRecord, list_keys
+from llmgw.store.scopes import create_project
 
 
 @pytest.fixture
@@ -55,3 +60,60 @@ class TestKeysCommand:
         bad.write_text("stat_dir: /tmp\n")
         code, _, err = _run("list", "--config", str(bad))
         assert code == EXIT_CONFIG and "did you mean 'state_dir'" in err
+
+
+class TestKeyOptions:
+    def test_a_key_is_created_in_a_named_project_with_an_expiry_and_a_model_allow_list(
+        self, config: Path, tmp_path: Path
+    ) -> None:
+        asyncio.run(_project(tmp_path, "research <&>"))
+        code, _, err = _run(
+            "create",
+            "bot",
+            "--project",
+            "research <&>",
+            "--expires",
+            "2999-01-31",
+            "--model",
+            "sim-chat",
+            "--model",
+            "sim-big",
+            "--config",
+            str(config),
+        )
+        assert code == 0, err
+        assert "in project 'research <&>' (team 'default', org 'default'), until 2999-01-31 00:00 UTC" in err
+        assert "for sim-chat, sim-big only" in err
+        (record,) = asyncio.run(_keys(tmp_path))
+        assert record.project_id == 2 and record.models == ("sim-chat", "sim-big")
+        assert record.expires_at == datetime(2999, 1, 31, tzinfo=UTC)
+        assert "expires 2999-01-31 00:00" in _run("list", "--config", str(config))[1]
+
+    def test_without_options_a_key_goes_to_the_default_project_for_any_model_for_ever(
+        self, config: Path, tmp_path: Path
+    ) -> None:
+        assert _run("create", "ci", "--config", str(config))[0] == 0
+        (record,) = asyncio.run(_keys(tmp_path))
+        assert (record.project_id, record.models, record.expires_at) == (1, None, None)
+
+    def test_an_unknown_project_is_refused_naming_the_projects_there_are(self, config: Path) -> None:
+        code, out, err = _run("create", "bot", "--project", "nope", "--config", str(config))
+        assert code == 1 and out == ""
+        assert err == "llmgw: there is no project 'nope'; the projects are 1 (default)\n"
+
+    def test_an_expiry_in_the_past_is_refused(self, config: Path) -> None:
+        result = CliRunner().invoke(
+            keys, ["create", "bot", "--expires", "2001-01-01", "--config", str(config)]
+        )
+        assert result.exit_code == 2
+        assert "Invalid value for '--expires': 2001-01-01 00:00 UTC has already passed" in result.stderr
+
+
+async def _project(tmp_path: Path, name: str) -> None:
+    async with open_store(tmp_path / "state" / "llmgw.db") as store:
+        await create_project(store, 1, name)
+
+
+async def _keys(tmp_path: Path) -> list[KeyRecord]:
+    async with open_store(tmp_path / "state" / "llmgw.db") as store:
+        return await list_keys(store)

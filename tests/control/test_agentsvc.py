@@ -102,10 +102,15 @@ async def test_a_second_stream_for_a_node_replaces_the_first(server_cfg, fleet, 
                 async with dial(port, fleet.agents["n1"]) as second:
                     await second.send_message(register("n1"))
                     assert (await second.recv_message()) is not None
+                    # Every registration is followed by the engines the node should have.
+                    provision = await second.recv_message()
+                    assert provision is not None and provision.provision.engines
                     await inventory.send("n1", pb.ControlMessage(stop=pb.StopShard(shard_id="s1")))
                     reply = await second.recv_message()
                     assert reply is not None and reply.stop.shard_id == "s1"
-                await first.recv_message()
+                # Past its Provision, to the status that ends it.
+                while (await first.recv_message()) is not None:
+                    pass
         assert replaced.value.status == Status.ABORTED
         assert replaced.value.message == "node n1 opened a newer stream, which replaces this one"
         await eventually(lambda: not inventory.node("n1").connected)

@@ -88,10 +88,13 @@ def launch_dev(tmp_path: Path, model: str = "sim-chat") -> Iterator[RunningLlmgw
             "--log-format=json",
             "--role=server",
             "--role=agent",
+            # No --dev-dir: started in tmp_path, dev mode keeps everything in ./.llmgw-dev.
             "--dev",
-            "--dev-dir",
-            str(tmp_path / ".llmgw-dev"),
             "--listen",
+            "127.0.0.1:0",
+            # Several dev systems may run at once on one machine (tests in parallel): none may
+            # hold the admin listener's default port.
+            "--admin-listen",
             "127.0.0.1:0",
         ],
         cwd=tmp_path,

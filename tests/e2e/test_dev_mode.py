@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 import signal
+import subprocess
+from pathlib import Path
 
 import openai
 import psutil
@@ -57,3 +61,31 @@ def test_ctrl_c_leaves_no_engine_process_behind(dev_llmgw: RunningLlmgw) -> None
         10,
         "the engines to be gone",
     )
+
+
+def test_dev_mode_keeps_its_authority_store_and_model_in_dot_llmgw_dev(
+    dev_llmgw: RunningLlmgw, tmp_path: Path
+) -> None:
+    dev_dir = tmp_path / ".llmgw-dev"
+    for name in ("pki/ca.pem", "pki/server.pem", "pki/dev-node.pem", "llmgw.db", "server.yaml", "agent.yaml"):
+        assert (dev_dir / name).is_file(), f"{name} is missing from ./.llmgw-dev"
+    assert "name: sim-chat" in (dev_dir / "server.yaml").read_text()
+    assert (dev_dir / "llmgw.db").read_bytes()[:16] == b"SQLite format 3\x00"
+
+
+def test_the_in_process_agent_registers_over_the_agent_service_with_its_certificate(
+    dev_llmgw: RunningLlmgw,
+) -> None:
+    """The agent service speaks only mutual TLS (tests/control/test_agentsvc.py), and dev mode uses it."""
+    events = [json.loads(line) for line in dev_llmgw.output if line.startswith("{")]
+    (listening,) = [e for e in events if e["event"] == "agent service listening"]
+    registered = [e for e in events if e["event"] == "registered with the control plane"]
+    assert registered and registered[0]["node"] == "dev-node"
+    assert registered[0]["server"].rsplit(":", 1)[1] == listening["address"].rsplit(":", 1)[1]
+
+
+def test_the_banners_curl_line_gets_a_chat_completion(dev_llmgw: RunningLlmgw) -> None:
+    (line,) = [line.strip() for line in dev_llmgw.output if line.strip().startswith("curl ")]
+    reply = subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=30, check=True)
+    body = json.loads(reply.stdout)
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"]["content"] == "Hello"

@@ -20,21 +20,25 @@ from .conftest import launch_dev, wait_until
 pytestmark = pytest.mark.e2e
 
 
-def _with_a_slow_model(tmp_path: Path) -> None:
+def _with_a_slow_model(tmp_path: Path, tokens_per_s: int = 2, drain_timeout_s: float = 10.0) -> None:
     dev_dir = tmp_path / ".llmgw-dev"
     setup = prepare_dev(dev_dir, ("server",))
     assert setup.server is not None
-    slow = ModelConfig(name="sim-slow", profiles=[ProfileConfig(engine="sim", args=["--tokens-per-s", "2"])])
-    server = config.evolve(setup.server, models=[*setup.server.models, slow])
+    slow = ModelConfig(
+        name="sim-slow", profiles=[ProfileConfig(engine="sim", args=["--tokens-per-s", str(tokens_per_s)])]
+    )
+    server = config.evolve(setup.server, models=[*setup.server.models, slow], drain_timeout_s=drain_timeout_s)
     (dev_dir / "server.yaml").write_text(config.dump(server))
 
 
-def _start_a_long_stream(url: str, key: str, started: threading.Event) -> None:
+def _start_a_long_stream(
+    url: str, key: str, started: threading.Event, received: list[bytes] | None = None, tokens: int = 500
+) -> None:
     body = {
         "model": "sim-slow",
         "stream": True,
-        "max_tokens": 500,
-        "messages": [{"role": "user", "content": " ".join(["word"] * 500)}],
+        "max_tokens": tokens,
+        "messages": [{"role": "user", "content": " ".join(["word"] * tokens)}],
     }
     request = urllib.request.Request(
         f"{url}/v1/chat/completions",
@@ -45,7 +49,9 @@ def _start_a_long_stream(url: str, key: str, started: threading.Event) -> None:
         with urllib.request.urlopen(request, timeout=120) as reply:
             reply.readline()
             started.set()
-            reply.read()
+            rest = reply.read()
+            if received is not None:
+                received.append(rest)
     except Exception:
         started.set()
 
@@ -70,3 +76,34 @@ def test_a_second_signal_forces_the_exit_and_kills_every_engine(tmp_path: Path) 
             "the engines to be gone",
         )
         client.join(timeout=30)
+
+
+def test_the_first_signal_lets_a_request_in_flight_finish_then_exits_cleanly(tmp_path: Path) -> None:
+    # 20 tokens at 10 a second: the stream is still going when the signal comes.
+    _with_a_slow_model(tmp_path, tokens_per_s=10)
+    with launch_dev(tmp_path, model="sim-slow") as running:
+        engines = [p for p in running.children() if "llmgw.engines.sim" in " ".join(p.cmdline())]
+        started, received = threading.Event(), []
+        client = threading.Thread(
+            target=_start_a_long_stream, args=(running.url, running.key, started, received, 20)
+        )
+        client.start()
+        assert started.wait(30)
+        assert running.stop(signal.SIGTERM, timeout=30) == 0
+        client.join(timeout=30)
+        assert received and received[0].endswith(b"data: [DONE]\n\n"), "the stream was cut short"
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in engines)
+
+
+def test_the_drain_gives_up_on_a_request_at_the_drain_timeout(tmp_path: Path) -> None:
+    # A 250-second stream and a one-second drain: the server stops without waiting for it.
+    _with_a_slow_model(tmp_path, drain_timeout_s=1.0)
+    with launch_dev(tmp_path, model="sim-slow") as running:
+        started = threading.Event()
+        client = threading.Thread(target=_start_a_long_stream, args=(running.url, running.key, started))
+        client.start()
+        assert started.wait(30)
+        # Giving up on a request at the drain timeout is the drain working, not a failure.
+        assert running.stop(signal.SIGTERM, timeout=30) == 0
+        client.join(timeout=30)
+        assert any('"stopped"' in line for line in running.output)

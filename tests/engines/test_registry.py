@@ -19,9 +19,17 @@ def test_the_sim_engine_is_registered_under_its_name() -> None:
     assert ENGINES["sim"].name == "sim"
 
 
+def test_every_engine_the_catalog_may_name_is_registered_under_its_name() -> None:
+    assert sorted(ENGINES) == ["llamacpp", "sglang", "sim", "vllm"]
+    for name, engine in ENGINES.items():
+        assert engine.name == name
+
+
 def test_an_unknown_engine_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(LlmgwError, match=r"no engine called 'vllm' \(known engines: sim\)"):
-        get_engine("vllm")
+    with pytest.raises(
+        LlmgwError, match=r"no engine called 'tgi' \(known engines: llamacpp, sglang, sim, vllm\)"
+    ):
+        get_engine("tgi")
 
 
 def test_the_sim_command_runs_this_interpreter_with_the_shard_args_last() -> None:

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import aiohttp.web
 import pytest
+from aiohttp.test_utils import TestServer
 
 from llmgw.gateway.app import ROUTER_KEY
 
@@ -59,6 +61,32 @@ class TestProxy:
         ((received, received_headers),) = engine[0].received
         assert received == raw
         assert "Authorization" not in received_headers
+
+    async def test_requests_to_an_engine_go_through_one_pooled_connection(
+        self, make_gateway: GatewayFactory
+    ) -> None:
+        peers: list[object] = []
+
+        async def chat(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            assert request.transport is not None
+            peers.append(request.transport.get_extra_info("peername"))
+            return aiohttp.web.json_response({"object": "chat.completion"})
+
+        app = aiohttp.web.Application()
+        app.router.add_post(CHAT, chat)
+        server = TestServer(app, host="127.0.0.1", port=0)
+        await server.start_server()
+        try:
+            gw = await make_gateway()
+            gw.replicas.endpoints[MODEL] = [f"http://127.0.0.1:{server.port}"]
+            for _ in range(3):
+                resp = await gw.client.post(CHAT, json={"model": MODEL}, headers=gw.auth)
+                assert resp.status == 200
+                await resp.read()
+        finally:
+            await server.close()
+        # A session per request would open a connection (and a port) per request.
+        assert len(peers) == 3 and len(set(peers)) == 1
 
     async def test_an_engines_own_error_reaches_the_client_with_its_status(
         self, gateway: Gateway, engine: tuple[FakeEngine, str]

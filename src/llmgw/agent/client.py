@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -23,7 +23,10 @@ from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 import llmgw
+from llmgw.agent import logs as agent_logs
+from llmgw.agent.discovery.node import NodeReport
 from llmgw.config import AgentConfig
+from llmgw.log import RING, LogRing
 from llmgw.pki import certificate_problem, client_ssl_context
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.tasks import first_to_finish
@@ -47,6 +50,28 @@ class ShardSupervisor(Protocol):
 
     def statuses(self) -> list[pb.ShardStatus]: ...
 
+    async def remove_weights(self, sources: list[str]) -> tuple[list[str], list[str]]: ...
+
+    def output(self, shard_id: str) -> list[str]: ...
+
+    def sources(self) -> list[str]: ...
+
+
+class Provisioner(Protocol):
+    """What the client needs of agent/provision/loop.py's ProvisionLoop."""
+
+    # Set whenever statuses() or engine_versions() would answer differently; the client clears it.
+    changed: asyncio.Event
+
+    @property
+    def probed(self) -> bool: ...
+
+    def engine_versions(self) -> dict[str, str]: ...
+
+    def statuses(self) -> list[pb.ProvisionStatus]: ...
+
+    def kick(self, provision: pb.Provision) -> None: ...
+
 
 class AgentClient:
     """Keeps one stream open to the first control plane of cfg.servers that answers."""
@@ -60,13 +85,25 @@ class AgentClient:
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
         register_timeout_s: float = 30.0,
+        ring: LogRing = RING,
+        provision: Provisioner | None = None,
+        host: pb.Host | None = None,
+        warnings: Sequence[str] = (),
+        report: NodeReport | None = None,
     ) -> None:
         self._cfg = cfg
+        # Built-in engines (sim) come from engine_versions; installed ones from the provision loop.
+        self._provision = provision
+        self._host = host
+        self._warnings = list(warnings)
+        # GPUs, memory, fabrics, storage and weights (agent/discovery/node.py), when the role gives them.
+        self._report = report
         self._supervisor = supervisor
         self._engine_versions = dict(engine_versions)
         self._backoff_base_s = backoff_base_s
         self._backoff_max_s = backoff_max_s
         self._register_timeout_s = register_timeout_s
+        self._ring = ring
         self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
         # Set while a control plane has accepted this node's Register; server says which one.
         self.connected = asyncio.Event()
@@ -142,9 +179,14 @@ class AgentClient:
         # The outbox exists before statuses() is read, so a status that changes in between is sent after.
         outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         self._outbox = outbox
-        await stream.send_message(pb.AgentMessage(register=self._register()))
+        register = self._register()
+        if self._report is not None:
+            self._report.fill_register(register)
+        await stream.send_message(pb.AgentMessage(register=register))
         try:
-            first = await asyncio.wait_for(stream.recv_message(), self._register_timeout_s)
+            # Not wait_for, which on 3.11 swallows a cancel landing as the answer does: see _send.
+            async with asyncio.timeout(self._register_timeout_s):
+                first = await stream.recv_message()
         except TimeoutError:
             raise TimeoutError(f"no answer to Register within {self._register_timeout_s:g} s") from None
         if first is None:
@@ -155,14 +197,29 @@ class AgentClient:
             log.info("registered with the control plane", server=address, node=self._cfg.node_id)
         else:
             await self._handle(first)
-        await first_to_finish(self._receive(stream), self._send(stream, outbox))
+        jobs = [self._receive(stream), self._send(stream, outbox)]
+        if self._provision is not None:
+            jobs.append(self._report_provision(self._provision, outbox))
+        await first_to_finish(*jobs)
+
+    def _engines(self) -> dict[str, str]:
+        if self._provision is None:
+            return dict(self._engine_versions)
+        return {**self._engine_versions, **self._provision.engine_versions()}
 
     def _register(self) -> pb.Register:
+        provision = self._provision
+        if provision is not None:
+            # Register carries everything as of now; only what changes after it needs a heartbeat.
+            provision.changed.clear()
         return pb.Register(
             node_id=self._cfg.node_id,
             agent_version=llmgw.__version__,
-            engine_versions=dict(self._engine_versions),
-            engines_probed=True,
+            engine_versions=self._engines(),
+            engines_probed=provision.probed if provision is not None else True,
+            host=self._host,
+            warnings=list(self._warnings),
+            provision=provision.statuses() if provision is not None else [],
             running=self._supervisor.statuses(),
             labels=dict(self._cfg.labels),
             heartbeat_interval_ms=int(self._cfg.heartbeat_interval_s * 1000),
@@ -175,12 +232,31 @@ class AgentClient:
         due = loop.time() + interval
         while True:
             try:
-                message = await asyncio.wait_for(outbox.get(), max(0.0, due - loop.time()))
+                # Not wait_for: on 3.11 it swallows a cancel that lands as a message arrives, and the
+                # stream's teardown then waited on this loop forever.
+                async with asyncio.timeout(max(0.0, due - loop.time())):
+                    message = await outbox.get()
             except TimeoutError:
                 sequence += 1
-                message = pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=sequence))
+                beat = pb.Heartbeat(sequence=sequence)
+                if self._report is not None:
+                    self._report.fill_heartbeat(beat)
+                message = pb.AgentMessage(heartbeat=beat)
                 due = loop.time() + interval
             await stream.send_message(message)
+
+    async def _report_provision(self, provision: Provisioner, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
+        """A heartbeat with the installs and engines each time the provision loop's outcome changes."""
+        while True:
+            await provision.changed.wait()
+            provision.changed.clear()
+            beat = pb.Heartbeat(
+                provision_changed=True,
+                provision=provision.statuses(),
+                engines_changed=True,
+                engine_versions=self._engines(),
+            )
+            outbox.put_nowait(pb.AgentMessage(heartbeat=beat))
 
     async def _receive(self, stream: _ServerStream) -> None:
         async for message in stream:
@@ -193,8 +269,26 @@ class AgentClient:
         elif kind == "stop":
             log.info("stopping a shard", shard=message.stop.shard_id, reason=message.stop.reason)
             await self._supervisor.stop(message.stop.shard_id)
+        elif kind == "logs":
+            # Answered here, on the receive loop, because answering never waits: a copy of at most
+            # 2000 lines, queued on an outbox without bound. A reply that could block would have to
+            # go to a task of its own, or one slow reply would hold up the next StartShard.
+            reply = agent_logs.answer(message.logs, self._ring, self._supervisor)
+            if self._outbox is not None:
+                self._outbox.put_nowait(pb.AgentMessage(logs=reply))
+        elif kind == "remove_weights":
+            await self._remove_weights(message.remove_weights)
+        elif kind == "provision":
+            if self._provision is not None:
+                self._provision.kick(message.provision)
         elif kind != "ack":
             log.info("ignored an order this agent does not carry out yet", kind=kind)
+
+    async def _remove_weights(self, req: pb.RemoveWeights) -> None:
+        # Awaited on the receive loop: deleting a directory is quick next to a download, and an order
+        # that arrives meanwhile then finds the weights already gone rather than half gone.
+        removed, kept = await self._supervisor.remove_weights(list(req.sources))
+        log.info("removed weights the control plane asked to", removed=removed, kept=kept)
 
     async def _start(self, req: pb.StartShard) -> None:
         log.info("starting a shard", shard=req.shard_id, model=req.model, engine=req.engine)

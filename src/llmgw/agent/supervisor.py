@@ -26,12 +26,16 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 
 import aiohttp
 import structlog
 
+from llmgw.agent import state as engine_state
+from llmgw.agent.weights import WeightsCache, WeightsError
 from llmgw.engines.base import Engine, LaunchSpec
+from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
@@ -54,6 +58,8 @@ def _free_port(host: str) -> int:
 
 
 def _exit_reason(returncode: int) -> str:
+    if returncode == engine_state.UNKNOWN_EXIT:
+        return "exited (it was adopted from the previous agent, so how is unknown)"
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -74,7 +80,9 @@ class _Shard:
         self.req = req
         self.engine = engine
         self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: engine_state.EngineProcess | None = None
+        # Where the weights are on disk, once fetched.
+        self.model_path = ""
         self.reader: asyncio.Task[None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.endpoint = ""
@@ -99,8 +107,25 @@ class Supervisor:
         health_interval_s: float = 0.1,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
+        binaries: Callable[[str], str] | None = None,
+        parallel: Callable[[str], int] | None = None,
+        weights: WeightsCache | None = None,
+        state_dir: Path | None = None,
+        keep_on_close: bool = False,
     ):
+        # With a state_dir, engines write their output to files there and the state file lists them,
+        # so they can outlive this agent; keep_on_close then leaves them running when it stops.
+        self._weights = weights
+        self._state_dir = state_dir
+        self._keep_on_close = keep_on_close and state_dir is not None
+        self._state_lock = asyncio.Lock()
         self._engines = engines
+        # Engine name -> the executable to run (what the provision loop installed, or agent.yaml
+        # names), asked at each spawn: an engine installed after the agent started is still found.
+        self._binaries = binaries
+        # Engine name -> agent.yaml's engines.<name>.parallel, for a StartShard that sets none:
+        # left at 0, llama.cpp would serve one request at a time.
+        self._parallel = parallel
         # Settable after construction: the agent client that forwards statuses needs the
         # supervisor to exist first. Reports made while it is None are kept in statuses() only.
         self.on_status = on_status
@@ -151,6 +176,11 @@ class Supervisor:
             return
         shard = _Shard(req, engine)
         self._shards[req.shard_id] = shard
+        if req.source and self._weights is not None:
+            # In the shard's own task: a download takes minutes, and the stream that delivered this
+            # request must stay free for the next one (the StopShard that cancels it, say).
+            shard.task = asyncio.create_task(self._fetch_and_run(shard), name=f"supervise {req.shard_id}")
+            return
         if not await self._spawn(shard, restarting=False):
             return
         if self._shards.get(req.shard_id) is not shard:
@@ -176,11 +206,15 @@ class Supervisor:
         status = self._status(shard, "stopped")
         status.detail = detail
         self._report(status)
+        await self._save_state()
 
     async def aclose(self) -> None:
         """Stop every shard, in parallel, and release the health-check session."""
         self._closed = True
-        await asyncio.gather(*(self.stop(shard_id) for shard_id in list(self._shards)))
+        if self._keep_on_close:
+            await self._leave_running()
+        else:
+            await asyncio.gather(*(self.stop(shard_id) for shard_id in list(self._shards)))
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -219,14 +253,26 @@ class Supervisor:
             env=tuple(req.env.items()),
             gpu_indices=tuple(req.gpu_indices),
             context_size=req.context_size,
-            parallel=req.parallel,
+            parallel=req.parallel or (self._parallel(req.engine) if self._parallel is not None else 0),
             rank=req.rank,
             world_size=req.world_size or 1,
             master_addr=req.master_addr,
             master_port=req.master_port,
+            model_path=shard.model_path,
+            binary=self._binaries(req.engine) if self._binaries is not None else "",
         )
-        argv = shard.engine.command(spec)
+        try:
+            argv = shard.engine.command(spec)
+        except LlmgwError as e:
+            # The adapter refusing this replica (no model file, say) fails the one shard,
+            # not the agent's stream that delivered it.
+            status = self._status(shard, "failed")
+            status.detail = str(e)
+            self._report(status)
+            return False
         env = {**os.environ, **shard.engine.environment(spec)}
+        if self._state_dir is not None:
+            return await self._spawn_detached(shard, argv, env, port, restarting=restarting)
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -252,6 +298,170 @@ class Supervisor:
         self._report(status)
         log.info("engine starting", shard=req.shard_id, engine=shard.engine.name, pid=process.pid, argv=argv)
         return True
+
+    # --- engines that outlive the agent (agent/state.py), and their weights ---------------
+
+    async def adopt(self) -> list[str]:
+        """Take over the engines the previous agent left running (its state file); the shard ids adopted.
+
+        An engine is adopted when its pid is still the process the state file names; it is then
+        watched like one started here, and reported ready once it answers its health path again.
+        """
+        if self._state_dir is None:
+            return []
+        records = await asyncio.to_thread(engine_state.read_state, self._state_dir)
+        adopted = []
+        for record in records:
+            req = record.request
+            engine = self._engines.get(req.engine)
+            alive = await asyncio.to_thread(engine_state.still_running, record)
+            if not alive or engine is None or req.shard_id in self._shards:
+                log.info(
+                    "the previous agent's engine is gone; not adopting it", shard=req.shard_id, pid=record.pid
+                )
+                continue
+            shard = _Shard(req, engine)
+            shard.process = engine_state.PidProcess(record.pid)
+            shard.endpoint = record.endpoint
+            source_path = self._weights.path_of(req.source) if self._weights is not None else None
+            shard.model_path = str(source_path) if source_path is not None else ""
+            self._shards[req.shard_id] = shard
+            shard.reader = asyncio.create_task(
+                self._follow(shard, Path(record.log), record.pid), name=f"output {req.shard_id}"
+            )
+            status = self._status(shard, "starting")
+            status.pid = record.pid
+            status.detail = (
+                f"adopted {engine.name} (pid {record.pid}) from the previous agent; "
+                f"checking that it answers on {record.endpoint}"
+            )
+            self._report(status)
+            log.info("adopted an engine the previous agent left running", shard=req.shard_id, pid=record.pid)
+            shard.task = asyncio.create_task(self._watch(shard), name=f"supervise {req.shard_id}")
+            adopted.append(req.shard_id)
+        await self._save_state()
+        return adopted
+
+    def weights_in_use(self) -> set[str]:
+        """The weight sources of every shard this supervisor runs or is fetching for."""
+        return {shard.req.source for shard in self._shards.values() if shard.req.source}
+
+    async def remove_weights(self, sources: list[str]) -> tuple[list[str], list[str]]:
+        """Delete weights no engine here uses; (removed, kept with the reason)."""
+        if self._weights is None:
+            return [], [f"{source} (this node has no weights cache)" for source in sources]
+        return await self._weights.remove(sources, self.weights_in_use())
+
+    async def _fetch_and_run(self, shard: _Shard) -> None:
+        """Fetch the shard's weights (reporting progress as state downloading), then start and watch it."""
+        req = shard.req
+        assert self._weights is not None
+
+        def progress(text: str) -> None:
+            status = self._status(shard, "downloading")
+            status.detail = text
+            self._report(status)
+
+        progress(f"fetching {req.source}")
+        try:
+            path = await self._weights.fetch(req.source, req.sha256, progress)
+        except (WeightsError, OSError) as exc:
+            failed = self._status(shard, "failed")
+            if isinstance(exc, OSError):
+                failed.detail = f"writing the weights of {req.source} failed: {exc.strerror or exc}"
+            else:
+                failed.detail = str(exc)
+            self._report(failed)
+            log.warning("weights could not be fetched", shard=req.shard_id, detail=failed.detail)
+            return
+        shard.model_path = str(path)
+        if not await self._spawn(shard, restarting=False):
+            return
+        await self._watch(shard)
+
+    async def _spawn_detached(
+        self, shard: _Shard, argv: list[str], env: dict[str, str], port: int, *, restarting: bool
+    ) -> bool:
+        """`_spawn` for an engine meant to outlive the agent: output to a file, listed in the state file."""
+        assert self._state_dir is not None
+        req = shard.req
+        path = engine_state.log_path(self._state_dir, req.shard_id)
+        try:
+            log_fd = await engine_state.open_log(path)
+            try:
+                process = await engine_state.spawn_detached(argv, env, log_fd)
+            finally:
+                os.close(log_fd)
+        except OSError as e:
+            status = self._status(shard, "failed")
+            status.detail = f"could not start {shard.engine.name}: {argv[0]}: {e.strerror or e}"
+            status.last_output = list(shard.output)
+            self._report(status)
+            return False
+        shard.process = process
+        shard.reader = asyncio.create_task(
+            self._follow(shard, path, process.pid), name=f"output {req.shard_id}"
+        )
+        shard.endpoint = f"http://{self._host}:{port}"
+        status = self._status(shard, "starting")
+        status.pid = process.pid
+        again = "restarting" if restarting else "starting"
+        status.detail = f"{again} {shard.engine.name} (pid {process.pid}) on port {port}"
+        self._report(status)
+        log.info("engine starting", shard=req.shard_id, engine=shard.engine.name, pid=process.pid, argv=argv)
+        await self._save_state()
+        return True
+
+    async def _follow(self, shard: _Shard, path: Path, pid: int) -> None:
+        """Keep the output lines of an engine that writes to a file."""
+        tail = await engine_state.follow_log(path, pid)
+        try:
+            await self._read_output(shard, tail)
+        finally:
+            await engine_state.end_follower(tail)
+
+    async def _save_state(self) -> None:
+        """Rewrite the state file with every engine process alive now."""
+        if self._state_dir is None:
+            return
+        state_dir = self._state_dir
+        alive = [
+            (shard.req, shard.process.pid, shard.endpoint)
+            for shard in self._shards.values()
+            if shard.process is not None and shard.process.returncode is None
+        ]
+
+        def write() -> None:
+            records = []
+            for req, pid, endpoint in alive:
+                started = engine_state.process_start_time(pid)
+                if started is not None:
+                    log_file = str(engine_state.log_path(state_dir, req.shard_id))
+                    records.append(engine_state.EngineRecord(req, pid, started, endpoint, log_file))
+            engine_state.write_state(state_dir, records)
+
+        # One write at a time, each from the shards as they are when it starts: the last one wins.
+        async with self._state_lock:
+            await asyncio.to_thread(write)
+
+    async def _leave_running(self) -> None:
+        """Stop watching every engine but leave it running, for the next agent to adopt."""
+        await self._save_state()
+        for shard in list(self._shards.values()):
+            for task in (shard.task, shard.reader):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            if isinstance(shard.process, engine_state.PidProcess):
+                shard.process.close()
+            if shard.process is not None and shard.process.returncode is None:
+                log.info(
+                    "leaving an engine running for the next agent",
+                    shard=shard.req.shard_id,
+                    pid=shard.process.pid,
+                )
+        self._shards.clear()
 
     async def _watch(self, shard: _Shard) -> None:
         """Wait for ready, then for an exit; restart an engine that had served, with backoff."""
@@ -300,7 +510,7 @@ class Supervisor:
             if not await self._spawn(shard, restarting=True):
                 return
 
-    async def _wait_ready(self, shard: _Shard, process: asyncio.subprocess.Process) -> bool:
+    async def _wait_ready(self, shard: _Shard, process: engine_state.EngineProcess) -> bool:
         """True once the engine answers its health path; False when it exits or the time is up."""
         url = shard.endpoint + shard.engine.health_path
         session = self._health_session()
@@ -317,8 +527,11 @@ class Supervisor:
             if left <= 0:
                 return False
             # Waiting on the process rather than sleeping: an engine that dies is noticed at once.
+            # Not wait_for: on 3.11 it swallows a cancel that lands as the process exits, and stop()
+            # then waited on a watch that carried on.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), timeout=min(self._health_interval_s, left))
+                async with asyncio.timeout(min(self._health_interval_s, left)):
+                    await process.wait()
 
     def _health_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -344,13 +557,16 @@ class Supervisor:
 
     async def _drain_output(self, shard: _Shard) -> None:
         """Let the reader take the last lines of an exited process, then end it."""
-        reader, shard.reader = shard.reader, None
+        reader = shard.reader
         if reader is None:
             return
         await asyncio.wait({reader}, timeout=_OUTPUT_DRAIN_S)
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
+        # Only now: a stop() that cancels the watch during the wait above drains the same reader
+        # again, where dropping it first left it (and its `tail` process) running with no owner.
+        shard.reader = None
 
     async def _terminate(self, shard: _Shard) -> int:
         """SIGTERM the process group, SIGKILL it after the grace; the leader's return code."""

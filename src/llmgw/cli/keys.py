@@ -2,49 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
-from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
 
 import click
 
-from llmgw import config
-from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
-from llmgw.config import ServerConfig
-from llmgw.errors import ConfigError, LlmgwError
-from llmgw.store import Store, open_store
-from llmgw.store.keys import create_key, list_keys, revoke_key
+from llmgw.cli.store_command import server_config_option, with_store
+from llmgw.store import Store
+from llmgw.store.keys import KeyRecord, create_key, list_keys, revoke_key
+from llmgw.store.scopes import DEFAULT_PROJECT_ID, Scope, load_hierarchy
 
-T = TypeVar("T")
-
-_config_option = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=Path("/etc/llmgw/server.yaml"),
-    show_default=True,
-    help="The server's configuration; the keys live in its store (`database`, or `state_dir`/llmgw.db).",
-)
-
-
-def _with_store(config_path: Path, action: Callable[[Store], Awaitable[T]]) -> T:
-    """Run action on the store that config_path names; a bad config or store ends the command."""
-    try:
-        database = config.load(ServerConfig, config_path).database_path
-
-        async def run() -> T:
-            async with open_store(database) as store:
-                return await action(store)
-
-        return asyncio.run(run())
-    except ConfigError as exc:
-        click.echo(f"llmgw: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
-    except LlmgwError as exc:
-        click.echo(f"llmgw: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+_config_option = server_config_option("keys")
 
 
 @click.group()
@@ -54,16 +22,51 @@ def keys() -> None:
 
 @keys.command()
 @click.argument("name")
+@click.option(
+    "--project",
+    help="The project (id or name) whose limits and budget the key's requests count against "
+    "[default: the default project].",
+)
+@click.option(
+    "--expires",
+    type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M"]),
+    help="When the key stops working, in UTC: YYYY-MM-DD (its first minute) or YYYY-MM-DDTHH:MM.",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="A model the key may call; repeat for several. Without it the key may call any model.",
+)
 @_config_option
-def create(name: str, config_path: Path) -> None:
+def create(
+    name: str, project: str | None, expires: datetime | None, models: tuple[str, ...], config_path: Path
+) -> None:
     """Create a key called NAME and print it; it is shown this once and never again."""
     if not name.strip():
         raise click.BadParameter("a key needs a name, so that a person can tell what it is for")
-    plaintext, record = _with_store(config_path, lambda store: create_key(store, name))
+    expires_at = expires.replace(tzinfo=UTC) if expires is not None else None
+    if expires_at is not None and expires_at <= datetime.now(UTC):
+        raise click.BadParameter(
+            f"{expires_at:%Y-%m-%d %H:%M} UTC has already passed", param_hint="'--expires'"
+        )
+
+    async def create_in(store: Store) -> tuple[str, KeyRecord, str]:
+        hierarchy = await load_hierarchy(store)
+        project_id = hierarchy.project_id(project) if project is not None else DEFAULT_PROJECT_ID
+        plaintext, record = await create_key(
+            store, name, project_id=project_id, expires_at=expires_at, models=models or None
+        )
+        return plaintext, record, hierarchy.name(Scope("project", project_id))
+
+    plaintext, record, where = with_store(config_path, create_in)
     # The key alone on stdout, so that `KEY=$(llmgw keys create ci)` works.
     click.echo(plaintext)
+    until = f", until {record.expires_at:%Y-%m-%d %H:%M} UTC" if record.expires_at else ""
+    only = f", for {', '.join(record.models)} only" if record.models else ""
     click.echo(
-        f"created key '{record.name}' ({record.prefix}…); it is shown only this once, only its hash is kept",
+        f"created key '{record.name}' ({record.prefix}…) in {where}{until}{only}; "
+        "it is shown only this once, only its hash is kept",
         err=True,
     )
 
@@ -72,14 +75,17 @@ def create(name: str, config_path: Path) -> None:
 @_config_option
 def list_(config_path: Path) -> None:
     """List every key: prefix, name, when it was created, whether it was revoked."""
-    records = _with_store(config_path, list_keys)
+    records = with_store(config_path, list_keys)
     if not records:
         click.echo("no keys yet; create one with `llmgw keys create NAME`", err=True)
         return
     width = max(len(r.name) for r in records)
     click.echo(f"{'PREFIX':<18} {'NAME':<{width}} {'CREATED (UTC)':<17} STATUS")
+    now = datetime.now(UTC)
     for r in records:
         status = f"revoked {r.revoked_at:%Y-%m-%d %H:%M}" if r.revoked_at else "active"
+        if not r.revoked_at and r.expires_at is not None:
+            status = f"{'expired' if r.expires_at <= now else 'expires'} {r.expires_at:%Y-%m-%d %H:%M}"
         click.echo(f"{r.prefix + '…':<18} {r.name:<{width}} {r.created_at:%Y-%m-%d %H:%M} {status}")
 
 
@@ -90,7 +96,7 @@ def revoke(prefix: str, config_path: Path) -> None:
     """Revoke the key whose listing starts with PREFIX (as `llmgw keys list` shows it), or the whole key."""
     # Pasted from `llmgw keys list`, the prefix may carry its ellipsis.
     prefix = prefix.rstrip("…")
-    record = _with_store(config_path, lambda store: revoke_key(store, prefix))
+    record = with_store(config_path, lambda store: revoke_key(store, prefix))
     if record is None:
         raise click.ClickException(f"no key has the prefix '{prefix}'; `llmgw keys list` shows them")
     assert record.revoked_at is not None

@@ -12,12 +12,32 @@ import click
 
 from llmgw import __version__
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
+from llmgw.cli.lazy import LazyCommand, LazyGroup
 from llmgw.errors import ConfigError, LlmgwError
 
 ROLES = ("server", "agent", "mirror")
 
+# Imported only when run, so `llmgw --version` and `llmgw --help` load none of them;
+# a new command goes here, with the first line of its help.
+COMMANDS = {
+    "cert": LazyCommand(
+        "llmgw.cli.cert:cert", "Create the certificate authority and issue server and agent certificates."
+    ),
+    "ctl": LazyCommand(
+        "llmgw.cli.ctl:ctl", "The cluster from a shell: nodes, models, replicas, placement and a node's logs."
+    ),
+    "keys": LazyCommand("llmgw.cli.keys:keys", "API keys for the gateway's /v1 routes."),
+    "server": LazyCommand("llmgw.cli.server_init:server", "Set up the machine the control plane runs on."),
+    "users": LazyCommand("llmgw.cli.users:users", "Accounts for the web pages (login, profile, /admin)."),
+}
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(
+    cls=LazyGroup,
+    lazy_commands=COMMANDS,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.option(
     "--role",
     "roles",
@@ -44,6 +64,7 @@ ROLES = ("server", "agent", "mirror")
     help="Where --dev keeps its certificates, configuration and store.",
 )
 @click.option("--listen", help="Override the gateway's host:port (port 0 picks a free one).")
+@click.option("--admin-listen", help="Override the admin listener's host:port (port 0 picks a free one).")
 @click.option(
     "--log-format",
     type=click.Choice(["auto", "text", "json"]),
@@ -67,6 +88,7 @@ def main(
     dev: bool,
     dev_dir: Path,
     listen: str | None,
+    admin_listen: str | None,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -82,7 +104,9 @@ def main(
     from llmgw.cli.serve import serve
 
     try:
-        code = serve(roles=roles, configs=configs, dev=dev, dev_dir=dev_dir, listen=listen)
+        code = serve(
+            roles=roles, configs=configs, dev=dev, dev_dir=dev_dir, listen=listen, admin_listen=admin_listen
+        )
     except ConfigError as exc:
         click.echo(f"llmgw: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
@@ -90,14 +114,3 @@ def main(
         click.echo(f"llmgw: {exc}", err=True)
         sys.exit(EXIT_ERROR)
     sys.exit(code)
-
-
-def _register_commands() -> None:
-    from llmgw.cli.cert import cert
-    from llmgw.cli.keys import keys
-
-    main.add_command(cert)
-    main.add_command(keys)
-
-
-_register_commands()

@@ -20,6 +20,7 @@ import structlog
 from llmgw import config
 from llmgw.cli.exit import EXIT_ERROR, EXIT_FORCED, EXIT_OK
 from llmgw.config import AgentConfig, MirrorConfig, ServerConfig
+from llmgw.control.catalog import load_server_config
 from llmgw.roles.dev import DevSetup, prepare_dev
 
 log = structlog.get_logger(__name__)
@@ -41,11 +42,7 @@ def _load_configs(
             "more --config files than --role options: give one per role, in the same order"
         )
     paths = dict(zip(roles, configs, strict=False))
-    server = (
-        config.load(ServerConfig, paths.get("server", _DEFAULT_CONFIG["server"]))
-        if "server" in roles
-        else None
-    )
+    server = load_server_config(paths.get("server", _DEFAULT_CONFIG["server"])) if "server" in roles else None
     agent = (
         config.load(AgentConfig, paths.get("agent", _DEFAULT_CONFIG["agent"])) if "agent" in roles else None
     )
@@ -58,7 +55,13 @@ def _load_configs(
 
 
 def serve(
-    *, roles: tuple[str, ...], configs: tuple[Path, ...], dev: bool, dev_dir: Path, listen: str | None
+    *,
+    roles: tuple[str, ...],
+    configs: tuple[Path, ...],
+    dev: bool,
+    dev_dir: Path,
+    listen: str | None,
+    admin_listen: str | None = None,
 ) -> int:
     """Run the roles until a signal; returns the exit code."""
     roles = tuple(dict.fromkeys(roles))
@@ -70,6 +73,8 @@ def serve(
         server_cfg, agent_cfg, mirror_cfg = _load_configs(roles, configs)
     if listen is not None and server_cfg is not None:
         server_cfg = config.evolve(server_cfg, listen=listen)
+    if admin_listen is not None and server_cfg is not None:
+        server_cfg = config.evolve(server_cfg, admin_listen=admin_listen)
     return asyncio.run(_run(server_cfg, agent_cfg, mirror_cfg, setup))
 
 
@@ -122,6 +127,7 @@ async def _run(
         if server is not None and setup is not None:
             key = await server.create_dev_key()
             _print_banner(server.gateway_url, key)
+            click.echo(f"Cluster page and admin API (this machine only): {server.admin_url}/")
         await stop.wait()
     except BaseException:
         with contextlib.suppress(BaseException):

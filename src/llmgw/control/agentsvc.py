@@ -21,6 +21,7 @@ from grpclib.server import Server, Stream
 
 from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory, Link
+from llmgw.control.provision import provision_message
 from llmgw.pki import server_ssl_context
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.tasks import first_to_finish
@@ -37,8 +38,16 @@ _AgentStream = Stream[pb.AgentMessage, pb.ControlMessage]
 class AgentService:
     """The grpclib handler of AgentService.Connect."""
 
-    def __init__(self, inventory: Inventory, register_timeout_s: float = REGISTER_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        register_timeout_s: float = REGISTER_TIMEOUT_S,
+        provision: pb.Provision | None = None,
+    ) -> None:
         self._inventory = inventory
+        # The engines every node should have, sent after each Ack: a node rebuilt from nothing or
+        # an agent restarted converges without anyone asking it to.
+        self._provision = provision
         self._register_timeout_s = register_timeout_s
         self._closing = asyncio.Event()
         self._streams = 0
@@ -104,6 +113,8 @@ class AgentService:
         link = self._inventory.attach(first.register, f"{peer[0]}:{peer[1]}" if peer else "")
         # The agent counts itself connected only on this: a refusal arrives as the stream's status instead.
         link.outbox.put_nowait(pb.ControlMessage(ack=pb.Ack(ref="register", ok=True)))
+        if self._provision is not None:
+            link.outbox.put_nowait(pb.ControlMessage(provision=self._provision))
         try:
             await first_to_finish(
                 self._receive(stream, cert_node),
@@ -127,6 +138,9 @@ class AgentService:
                 self._inventory.heartbeat(node_id, value)
             elif kind == "shard":
                 self._inventory.shard_status(node_id, value)
+            elif kind == "logs":
+                self._inventory.touch(node_id)
+                self._inventory.logs.resolve(node_id, value)
             elif kind == "register":
                 raise GRPCError(Status.FAILED_PRECONDITION, f"node {node_id} registered twice on one stream")
             else:
@@ -143,7 +157,7 @@ async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator
     """Listen on cfg.agent_listen with mutual TLS and expire silent nodes; yields the bound port."""
     ssl_context = await asyncio.to_thread(server_ssl_context, cfg.tls)
     host, _, port = cfg.agent_listen.rpartition(":")
-    service = AgentService(inventory)
+    service = AgentService(inventory, provision=provision_message(cfg.engines, cfg.engine_mirror))
     server = Server([service])
     await server.start(host.strip("[]") or None, int(port), ssl=ssl_context)
     # grpclib does not say which port it bound; asyncio's server does (agent_listen may use port 0).

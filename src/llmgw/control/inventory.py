@@ -19,6 +19,7 @@ import attrs
 import betterproto
 import structlog
 
+from llmgw.control.nodelogs import LogRequests
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 
@@ -26,6 +27,11 @@ log = structlog.get_logger(__name__)
 
 READY = "ready"
 UNREACHABLE = "unreachable"
+# What an administrator says of a node (`llmgw ctl node cordon|drain|uncordon`), apart from what
+# the node says of itself: cordoned and draining nodes get no new replicas.
+CORDONED = "cordoned"
+DRAINING = "draining"
+ADMIN_STATES = (READY, CORDONED, DRAINING)
 
 
 class NodeNotConnected(LlmgwError):
@@ -50,6 +56,28 @@ class Node:
     gpus: list[pb.Gpu] = attrs.field(factory=list)
     memory: pb.Memory | None = None
     labels: dict[str, str] = attrs.field(factory=dict)
+    fabrics: list[pb.Fabric] = attrs.field(factory=list)
+    # Filesystems the node keeps weights on, with their free space.
+    storage: list[pb.Storage] = attrs.field(factory=list)
+    # Weights completely on the node's disk; in_use when an engine there has them open.
+    weights: list[pb.Weights] = attrs.field(factory=list)
+    # Where each wanted engine's installation stands on the node, in its words.
+    provision: list[pb.ProvisionStatus] = attrs.field(factory=list)
+    # What about the machine an operator should know: "no AVX2: inference runs several times slower ...".
+    warnings: list[str] = attrs.field(factory=list)
+    # ready, cordoned or draining: set by an administrator, kept across the node's reconnects.
+    admin_state: str = READY
+
+    def fabric_names(self) -> set[str]:
+        """The fabrics the node is on; two nodes can share a multi-node replica when these meet."""
+        return {f.name for f in self.fabrics if f.name}
+
+    def healthy_gpus(self) -> list[pb.Gpu]:
+        """The GPUs placement may use: an XID, an ECC fault or a GPU that stopped answering excludes one."""
+        return [g for g in self.gpus if g.healthy]
+
+    def has_weights(self, source: str) -> bool:
+        return any(w.source == source for w in self.weights)
 
 
 @attrs.define
@@ -65,6 +93,10 @@ class Replica:
     detail: str = ""
     last_output: list[str] = attrs.field(factory=list)
     profile: str = ""
+    # The cards the shard holds; placement counts them as taken.
+    gpu_indices: list[int] = attrs.field(factory=list)
+    # The replica a shard is one rank of; empty for a single-node replica, whose shard is the replica.
+    replica_id: str = ""
 
 
 class Link:
@@ -87,6 +119,9 @@ class Inventory:
         self._replicas: dict[str, Replica] = {}
         self._ready: dict[str, tuple[str, ...]] = {}
         self._unplaced: dict[str, str] = {}
+        self._admin_states: dict[str, str] = {}
+        # Log requests waiting for their node's reply; the agent service resolves them.
+        self.logs = LogRequests(self.send)
         # Set whenever placement may have something new to do; the reconciler clears it.
         self.changed = asyncio.Event()
 
@@ -111,6 +146,12 @@ class Inventory:
             gpus=list(register.gpus),
             memory=register.memory if betterproto.serialized_on_wire(register.memory) else None,
             labels=dict(register.labels),
+            fabrics=list(register.fabrics),
+            storage=list(register.storage),
+            weights=list(register.weights),
+            provision=list(register.provision),
+            warnings=list(register.warnings),
+            admin_state=self._admin_states.get(node_id, READY),
         )
         # What the node says it runs is the truth: shards we asked for and it never started are gone.
         for shard_id in [r.shard_id for r in self._replicas.values() if r.node_id == node_id]:
@@ -144,6 +185,20 @@ class Inventory:
             self.changed.set()
         if heartbeat.gpus_changed:
             node.gpus = list(heartbeat.gpus)
+            # A GPU that turned unhealthy (or came back) changes where replicas may go.
+            self.changed.set()
+        if heartbeat.fabrics_changed:
+            node.fabrics = list(heartbeat.fabrics)
+            self.changed.set()
+        if heartbeat.storage_changed:
+            node.storage = list(heartbeat.storage)
+        if heartbeat.weights_changed:
+            node.weights = list(heartbeat.weights)
+        if heartbeat.provision_changed:
+            node.provision = list(heartbeat.provision)
+            self.changed.set()
+        if heartbeat.warnings_changed:
+            node.warnings = list(heartbeat.warnings)
         if betterproto.serialized_on_wire(heartbeat.memory):
             node.memory = heartbeat.memory
 
@@ -192,6 +247,10 @@ class Inventory:
 
     # Placement's side.
 
+    def now(self) -> float:
+        """The inventory's clock, which last_seen is read on."""
+        return self._clock()
+
     def nodes(self) -> list[Node]:
         """Every node ever registered since start; treat them as read-only."""
         return list(self._nodes.values())
@@ -213,6 +272,8 @@ class Inventory:
             state="starting",
             detail=f"asked node {node_id} to start it",
             profile=start.profile,
+            gpu_indices=list(start.gpu_indices),
+            replica_id=start.replica_id,
         )
         self._replicas[start.shard_id] = replica
         self._unplaced.pop(start.model, None)
@@ -223,6 +284,17 @@ class Inventory:
         """Drop a replica placement has stopped."""
         if self._replicas.pop(shard_id, None) is not None:
             self._rebuild()
+
+    def set_admin_state(self, node_id: str, state: str) -> Node:
+        """Cordon, drain or make ready a known node; KeyError for an unknown one."""
+        if state not in ADMIN_STATES:
+            raise ValueError(f"a node's state is one of {', '.join(ADMIN_STATES)}, not {state!r}")
+        node = self._nodes[node_id]
+        node.admin_state = self._admin_states[node_id] = state
+        log.info("node state set by an administrator", node=node_id, state=state)
+        # Draining takes the node's replicas out of the routing table (or puts them back).
+        self._rebuild()
+        return node
 
     def set_unplaced(self, model: str, reason: str) -> None:
         """Why placement could not place model, in words why_no_ready repeats."""
@@ -263,10 +335,16 @@ class Inventory:
 
     def _rebuild(self) -> None:
         ready: dict[str, list[str]] = {}
+        # Replicas of draining nodes get no new requests while another replica serves their model;
+        # when none does, they go on serving until their replacement is ready.
+        leaving: dict[str, list[str]] = {}
         for r in self._replicas.values():
             node = self._nodes.get(r.node_id)
             if r.state == READY and r.endpoint and node is not None and node.state == READY:
-                ready.setdefault(r.model, []).append(r.endpoint)
+                table = leaving if node.admin_state == DRAINING else ready
+                table.setdefault(r.model, []).append(r.endpoint)
+        for model, endpoints in leaving.items():
+            ready.setdefault(model, endpoints)
         self._ready = {model: tuple(endpoints) for model, endpoints in ready.items()}
         self.changed.set()
 
@@ -282,4 +360,6 @@ def _replica(node_id: str, status: pb.ShardStatus) -> Replica:
         detail=status.detail,
         last_output=list(status.last_output),
         profile=status.profile,
+        gpu_indices=list(status.gpu_indices),
+        replica_id=status.replica_id,
     )

@@ -1,38 +1,60 @@
 """Keeps the replicas of every catalog model running: places missing ones, replaces failed ones.
 
-Placement here is the minimal one of the walking skeleton: a model's first
-profile that some ready node can run, on the node with fewest replicas. The
-real scheduler (GPUs, memory, labels, explanations per node) replaces
-`_place` without changing the loop around it.
+Where a replica goes is control/placement.py's to say (profiles in order,
+GPUs, memory, fabrics, labels, spread or binpack); this loop decides how many
+are missing and carries the decision out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 
 import structlog
 
-from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control.inventory import READY, Inventory, NodeNotConnected, Replica
+from llmgw.config import ModelConfig, ServerConfig
+from llmgw.control.catalog import Catalog
+from llmgw.control.inventory import DRAINING, READY, Inventory, NodeNotConnected, Replica
+from llmgw.control.placement import Backoff, Scheduler
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
 
 MAX_BACKOFF_S = 300.0
+# Where rank 0 of a multi-node replica listens for the other ranks (torch.distributed's usual port).
+MASTER_PORT = 29500
 
 
 class Reconciler:
     """Compares the catalog with the inventory every control.interval_s, or sooner when something changes."""
 
-    def __init__(self, cfg: ServerConfig, inventory: Inventory) -> None:
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        inventory: Inventory,
+        catalog: Catalog | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._cfg = cfg
         self._inventory = inventory
-        # model -> (loop time before which it is not placed again, the wait after its next failure)
-        self._backoff: dict[str, tuple[float, float]] = {}
+        # The live catalog: server.yaml's models and those added with ctl (cfg's alone when None).
+        self._catalog = catalog if catalog is not None else Catalog(cfg)
+        self._clock = clock
+        # (model, node) -> (failures there in a row, clock time before which it is not placed there)
+        self._backoff: dict[tuple[str, str], tuple[int, float]] = {}
+        # Shards started where their model had failed: the backoff there ends once one is ready.
+        self._retries: dict[str, tuple[str, str]] = {}
+        # The gateway's requests in flight by endpoint (its router's table): a draining replica is
+        # stopped once its count is zero. Empty until the server role wires the gateway in.
+        self.in_flight: Mapping[str, int] = {}
+        # replica (or shard) id -> clock time it was first seen draining, for control.drain_timeout_s.
+        self._draining_since: dict[str, float] = {}
+        self._scheduler: Scheduler | None = None
+        # A model added or removed is acted on now, not at the next interval.
+        self._catalog.subscribe(inventory.changed.set)
 
     async def run(self) -> None:
         """Reconcile until cancelled."""
@@ -44,88 +66,161 @@ class Reconciler:
             except Exception:
                 # A bug in one pass must not stop every later one; the next pass starts from the inventory.
                 log.exception("reconcile pass failed")
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the event
+            # fires, and this loop then ran on with nothing able to stop it (a server hung shutting down).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), self._cfg.control.interval_s)
+                async with asyncio.timeout(self._cfg.control.interval_s):
+                    await changed.wait()
 
     async def reconcile(self) -> None:
         """One pass over the catalog."""
-        catalog = {m.name: m for m in self._cfg.models}
+        models = self._catalog.models()
+        catalog = {m.name: m for m in models}
+        # One snapshot per pass, built at the first placement, counting what this pass places. A
+        # replica stopped later in the pass still holds its cards in it: freed by the next pass.
+        self._scheduler = None
         for replica in self._inventory.replicas():
             if replica.model not in catalog:
                 await self._stop(replica, f"{replica.model} is no longer in the catalog")
-        for model in self._cfg.models:
+        for model in models:
             await self._reconcile_model(model)
+        live = {r.replica_id or r.shard_id for r in self._inventory.replicas()}
+        for gone in [key for key in self._draining_since if key not in live]:
+            del self._draining_since[gone]
+        shards = {r.shard_id for r in self._inventory.replicas()}
+        for gone in [shard for shard in self._retries if shard not in shards]:
+            del self._retries[gone]
 
     async def _reconcile_model(self, model: ModelConfig) -> None:
-        now = asyncio.get_running_loop().time()
+        now = self._clock()
         replicas = self._inventory.replicas(model.name)
         for replica in [r for r in replicas if r.state == "failed"]:
             await self._stop(replica, f"it failed: {replica.detail}" if replica.detail else "it failed")
-            self._fail(model.name, now)
-        if any(r.state == READY for r in replicas):
-            self._backoff.pop(model.name, None)
+            self._fail(model.name, replica.node_id, now)
+            # The other ranks of a multi-node replica serve nothing without this one.
+            for rank in [r for r in replicas if replica.replica_id and r.replica_id == replica.replica_id]:
+                if rank.state != "failed":
+                    await self._stop(rank, f"rank {replica.shard_id} of its replica failed")
+            replicas = self._inventory.replicas(model.name)
+        for r in replicas:
+            if r.state == READY and (retried := self._retries.pop(r.shard_id, None)) is not None:
+                # Serving again on that node: the next failure there starts from the base wait. Only a
+                # retry counts: a sibling serving there all along says nothing of the failing one.
+                self._backoff.pop(retried, None)
         live = [r for r in replicas if r.state != "failed" and self._on_ready_node(r)]
-        for extra in sorted(live, key=lambda r: r.state == READY)[model.replicas :]:
-            await self._stop(extra, f"{model.name} wants {model.replicas} replicas")
-        missing = model.replicas - len(live)
+        # A multi-node replica is several shards, one per rank, sharing a replica id.
+        groups: dict[str, list[Replica]] = {}
+        for r in live:
+            groups.setdefault(r.replica_id or r.shard_id, []).append(r)
+        # Replicas on a draining node count as gone: their replacements start now, elsewhere.
+        draining = {k: g for k, g in groups.items() if any(self._draining(r) for r in g)}
+        groups = {k: g for k, g in groups.items() if k not in draining}
+        await self._drain(model, draining, now)
+        by_readiness = sorted(groups.values(), key=lambda g: all(r.state == READY for r in g))
+        for extra in by_readiness[model.replicas :]:
+            for shard in extra:
+                await self._stop(shard, f"{model.name} wants {model.replicas} replicas")
+        missing = model.replicas - len(groups)
         if missing <= 0:
             return
-        until, _ = self._backoff.get(model.name, (0.0, 0.0))
-        if now < until:
-            self._inventory.set_unplaced(
-                model.name, f"its replicas keep failing; the next try is in {until - now:.0f} s"
-            )
-            return
         for _ in range(missing):
-            await self._place(model)
+            if not await self._place(model):
+                break
 
-    async def _place(self, model: ModelConfig) -> None:
-        choice = self._choose(model.profiles)
-        if isinstance(choice, str):
-            self._inventory.set_unplaced(model.name, choice)
-            return
-        profile, node_id = choice
-        start = pb.StartShard(
-            shard_id=f"{model.name}-{uuid.uuid4().hex[:8]}",
-            model=model.name,
-            engine=profile.engine,
-            args=list(profile.args),
-            env=dict(profile.env),
-            profile=profile.name,
-        )
-        try:
-            await self._inventory.send(node_id, pb.ControlMessage(start=start))
-        except NodeNotConnected as exc:
-            log.info("could not place a replica", model=model.name, reason=str(exc))
-            return
-        self._inventory.expect(node_id, start)
-        log.info("placed a replica", model=model.name, node=node_id, shard=start.shard_id)
-
-    def _choose(self, profiles: Sequence[ProfileConfig]) -> tuple[ProfileConfig, str] | str:
-        """The profile and node to start a replica on, or why there is none."""
-        nodes = [n for n in self._inventory.nodes() if n.state == READY and n.connected]
-        if not nodes:
-            return "no node can run it (no node is connected)"
-        if not profiles:
-            return "no node can run it (it has no profile)"
-        load = Counter(r.node_id for r in self._inventory.replicas())
-        for profile in profiles:
-            able = [n.id for n in nodes if profile.engine in n.engine_versions]
-            if able:
-                return profile, min(able, key=lambda node_id: (load[node_id], node_id))
-        engines = " or ".join(dict.fromkeys(p.engine for p in profiles))
-        return f"no node can run it (no node has the {engines} engine)"
+    async def _place(self, model: ModelConfig) -> bool:
+        """Place one replica; False when there was nowhere to, and the next would find nowhere too."""
+        if self._scheduler is None:
+            self._scheduler = Scheduler.for_inventory(
+                self._inventory, self._cfg, self._catalog.models(), self.backoff()
+            )
+        placement = self._scheduler.place(model)
+        if placement is None:
+            self._inventory.set_unplaced(model.name, self._scheduler.why_not(model))
+            return False
+        profile, ranks = placement.profile, placement.ranks
+        replica_id = f"{model.name}-{uuid.uuid4().hex[:8]}"
+        multi = len(ranks) > 1
+        master = self._inventory.node(ranks[0].node)
+        for number, rank in enumerate(ranks):
+            start = pb.StartShard(
+                shard_id=f"{replica_id}-{number}" if multi else replica_id,
+                model=model.name,
+                engine=profile.engine,
+                args=list(profile.args),
+                env=dict(profile.env),
+                profile=profile.name,
+                source=model.source,
+                sha256=dict(model.sha256),
+                gpu_indices=list(rank.gpu_indices),
+            )
+            if multi:
+                start.replica_id, start.rank, start.world_size = replica_id, number, len(ranks)
+                start.master_addr = master.address.rpartition(":")[0] if master is not None else ""
+                start.master_port = MASTER_PORT
+            try:
+                await self._inventory.send(rank.node, pb.ControlMessage(start=start))
+            except NodeNotConnected as exc:
+                log.info("could not place a replica", model=model.name, reason=str(exc))
+                return True
+            self._inventory.expect(rank.node, start)
+            if (model.name, rank.node) in self._backoff:
+                self._retries[start.shard_id] = (model.name, rank.node)
+            log.info("placed a replica", model=model.name, node=rank.node, shard=start.shard_id)
+        return True
 
     def _on_ready_node(self, replica: Replica) -> bool:
         node = self._inventory.node(replica.node_id)
         return node is not None and node.state == READY
 
-    def _fail(self, model: str, now: float) -> None:
-        # The first failure is replaced at once; a model that keeps failing would otherwise be
-        # restarted every pass, forever, so each further failure waits twice as long.
-        _, wait = self._backoff.get(model, (0.0, 0.0))
-        following = min(wait * 2, MAX_BACKOFF_S) if wait else self._cfg.control.base_backoff_s
-        self._backoff[model] = (now + wait, following)
+    def backoff(self) -> dict[tuple[str, str], Backoff]:
+        """(model, node) -> why the model is not placed on the node now, for placement and explain."""
+        now = self._clock()
+        return {
+            key: Backoff(failures=failures, remaining_s=until - now)
+            for key, (failures, until) in self._backoff.items()
+            if until > now
+        }
+
+    def _fail(self, model: str, node: str, now: float) -> None:
+        # A replica that keeps failing on a node (a bad card, a full disk) would otherwise be
+        # restarted there every pass, forever: the node waits base_backoff_s, twice that after
+        # the next failure there, and so on, while placement tries the other nodes.
+        failures, _ = self._backoff.get((model, node), (0, 0.0))
+        failures += 1
+        wait = min(self._cfg.control.base_backoff_s * 2 ** (failures - 1), MAX_BACKOFF_S)
+        self._backoff[(model, node)] = (failures, now + wait)
+        log.info("backing off a node for a model", model=model, node=node, failures=failures, wait_s=wait)
+
+    def _draining(self, replica: Replica) -> bool:
+        node = self._inventory.node(replica.node_id)
+        return node is not None and node.admin_state == DRAINING
+
+    async def _drain(self, model: ModelConfig, groups: Mapping[str, list[Replica]], now: float) -> None:
+        """Stop the replicas of draining nodes once nothing is in flight there, or at the drain timeout.
+
+        The gateway stopped sending them new requests when the node began to drain, unless
+        nothing else serves the model: then they serve until a replacement is ready.
+        """
+        if not groups:
+            return
+        leaving = {r.endpoint for g in groups.values() for r in g if r.endpoint}
+        others_ready = any(e not in leaving for e in self._inventory.ready_endpoints(model.name))
+        timeout = self._cfg.control.drain_timeout_s
+        for key, group in groups.items():
+            since = self._draining_since.setdefault(key, now)
+            busy = sum(self.in_flight.get(r.endpoint, 0) for r in group if r.endpoint)
+            last = any(r.state == READY for r in group) and not others_ready
+            node = group[0].node_id
+            if now - since >= timeout:
+                still = f"{busy} request(s) were still in flight" if busy else "nothing else served it"
+                reason = f"node {node} is draining and {still} after {timeout:g} s (control.drain_timeout_s)"
+            elif busy or last:
+                continue
+            else:
+                reason = f"node {node} is draining and nothing is in flight there"
+            for shard in group:
+                await self._stop(shard, reason)
+            del self._draining_since[key]
 
     async def _stop(self, replica: Replica, reason: str) -> None:
         log.info(

@@ -6,10 +6,20 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from llmgw.engines.base import Engine
+from llmgw.engines.llamacpp import LlamaCppEngine
+from llmgw.engines.sglang import SglangEngine
 from llmgw.engines.sim import SimEngine
+from llmgw.engines.vllm import VllmEngine
 from llmgw.errors import LlmgwError
 
-ENGINES: Mapping[str, Engine] = MappingProxyType({"sim": SimEngine()})
+ENGINES: Mapping[str, Engine] = MappingProxyType(
+    {
+        "sim": SimEngine(),
+        "llamacpp": LlamaCppEngine(),
+        "vllm": VllmEngine(),
+        "sglang": SglangEngine(),
+    }
+)
 
 
 def get_engine(name: str) -> Engine:

@@ -7,6 +7,8 @@ import json
 from aiohttp import web
 
 from llmgw.config import ServerConfig
+from llmgw.control.catalog import CATALOG_KEY, Catalog
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
 from llmgw.gateway.errors import openai_errors
 from llmgw.gateway.pipeline import Call, Stage, compose, endpoint, read_request
@@ -21,26 +23,46 @@ KEYS_KEY = web.AppKey("llmgw.gateway.keys", KeyCache)
 _MAX_BODY = 64 * 1024 * 1024
 
 
-def make_gateway_app(cfg: ServerConfig, replicas: ReplicaTable, keys: KeyCache) -> web.Application:
-    """The gateway for cfg's catalog, routing to replicas, checking keys when cfg.auth.enabled."""
+def make_gateway_app(
+    cfg: ServerConfig,
+    replicas: ReplicaTable,
+    keys: KeyCache,
+    admission: Admission | None = None,
+    catalog: Catalog | None = None,
+) -> web.Application:
+    """The gateway for the catalog, routing to replicas, checking keys when cfg.auth.enabled.
+
+    catalog is the server's live one (models added with ctl too); cfg's models alone when None.
+    admission (limits, budgets, usage) applies to calls with a key, so only when auth is enabled.
+    """
     app = web.Application(client_max_size=_MAX_BODY, middlewares=[openai_errors])
-    catalog = [model.name for model in cfg.models]
+    if catalog is None:
+        catalog = Catalog(cfg)
     router = Router(catalog, replicas)
     app[ROUTER_KEY] = router
+    app[CATALOG_KEY] = catalog
     app[KEYS_KEY] = keys
     app.cleanup_ctx.append(client_session)
 
     auth: list[Stage] = [Authenticate(keys)] if cfg.auth.enabled else []
-    completions = endpoint(compose([*auth, read_request, router], proxy))
-    models_body = json.dumps(
-        {
-            "object": "list",
-            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "llmgw"} for name in catalog],
-        }
-    ).encode()
+    admit: list[Stage] = [admission] if admission is not None and cfg.auth.enabled else []
+    completions = endpoint(compose([*auth, read_request, *admit, router], proxy))
+    # Built once per catalog change, not per request: (the catalog's generation, the body).
+    listed: list[tuple[int, bytes]] = []
 
     async def list_models(call: Call) -> web.StreamResponse:
-        return web.Response(body=models_body, content_type="application/json")
+        if not listed or listed[0][0] != catalog.generation:
+            body = json.dumps(
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
+                        for name in catalog.names()
+                    ],
+                }
+            ).encode()
+            listed[:] = [(catalog.generation, body)]
+        return web.Response(body=listed[0][1], content_type="application/json")
 
     async def health(request: web.Request) -> web.StreamResponse:
         return web.json_response({"status": "ok"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -49,6 +50,11 @@ class KeyCache:
             raise _unauthorized(
                 f"the API key {record.prefix}… ({record.name}) was revoked on "
                 f"{record.revoked_at:%Y-%m-%d at %H:%M} UTC"
+            )
+        if record.expires_at is not None and record.expires_at <= datetime.now(UTC):
+            raise _unauthorized(
+                f"the API key {record.prefix}… ({record.name}) expired on "
+                f"{record.expires_at:%Y-%m-%d at %H:%M} UTC"
             )
         return record
 

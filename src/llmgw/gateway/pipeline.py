@@ -31,6 +31,12 @@ class Call:
     payload: dict[str, Any] = attrs.field(factory=dict)
     model: str = ""
     endpoint: str = ""
+    # Set by admission: the proxy then reads the engine's reported usage,
+    # (prompt_tokens, completion_tokens), into `usage` as the reply passes.
+    count_usage: bool = False
+    usage: tuple[int, int] | None = None
+    # The model whose replica serves the call: `model`, or one of its fallbacks (set by the router).
+    served_model: str = ""
 
 
 Handler = Callable[[Call], Awaitable[web.StreamResponse]]

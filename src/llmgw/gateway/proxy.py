@@ -8,9 +8,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import structlog
 from aiohttp import hdrs, web
+from multidict import istr
 
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call
+from llmgw.gateway.usage import STREAM_TAIL, find_usage
 
 log = structlog.get_logger(__name__)
 
@@ -24,6 +26,8 @@ _CONNECT_TIMEOUT_S = 10.0
 # whatever an engine sends anyway reaches the client unchanged.
 _UPSTREAM_HEADERS = {hdrs.CONTENT_TYPE: "application/json", hdrs.ACCEPT_ENCODING: "identity"}
 _COPIED_HEADERS = (hdrs.CONTENT_TYPE, hdrs.CONTENT_ENCODING, hdrs.CONTENT_LENGTH)
+# Which catalog model served the call: the one asked for, or a fallback of it.
+MODEL_HEADER = istr("x-llmgw-model")
 
 
 async def client_session(app: web.Application) -> AsyncIterator[None]:
@@ -71,6 +75,7 @@ async def proxy(call: Call) -> web.StreamResponse:
         raise _did_not_answer(call, exc) from None
     async with upstream:
         headers = {name: upstream.headers[name] for name in _COPIED_HEADERS if name in upstream.headers}
+        headers[MODEL_HEADER] = call.served_model or call.model
         try:
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -79,12 +84,21 @@ async def proxy(call: Call) -> web.StreamResponse:
             # The whole reply is already here (a non-streamed completion, most
             # often): a plain Response sends headers and body in one write,
             # where a StreamResponse sends its headers on their own first.
+            if call.count_usage:
+                call.usage = find_usage(chunk)
             return web.Response(body=chunk, status=upstream.status, reason=upstream.reason, headers=headers)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        # The end of the reply, where the usage is: the bytes go on to the
+        # client as they come, only the last few KB are kept.
+        tail = bytearray() if call.count_usage else None
         try:
             await response.prepare(call.request)
             while chunk:
                 await response.write(chunk)
+                if tail is not None:
+                    tail += chunk
+                    if len(tail) > 2 * STREAM_TAIL:
+                        del tail[:-STREAM_TAIL]
                 chunk = await upstream.content.readany()
             await response.write_eof()
         except ConnectionResetError:
@@ -101,4 +115,7 @@ async def proxy(call: Call) -> web.StreamResponse:
             # No write_eof: the client must see a cut reply, not a complete one.
             if call.request.transport is not None:
                 call.request.transport.close()
+        finally:
+            if tail is not None:
+                call.usage = find_usage(tail)
         return response

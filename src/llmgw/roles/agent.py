@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 
 import attrs
 import structlog
 
 from llmgw.agent.client import AgentClient
+from llmgw.agent.discovery.host import discover_host
+from llmgw.agent.discovery.node import NodeReport
+from llmgw.agent.provision.loop import ProvisionLoop
+from llmgw.agent.provision.release import ReleaseClient
+from llmgw.agent.provision.runner import SubprocessRunner
 from llmgw.agent.supervisor import Supervisor
-from llmgw.config import AgentConfig
+from llmgw.agent.weights import WeightsCache
+from llmgw.config import AgentConfig, EngineOptions
 from llmgw.engines.registry import ENGINES
 
 log = structlog.get_logger(__name__)
@@ -21,21 +28,73 @@ log = structlog.get_logger(__name__)
 class AgentHandle:
     client: AgentClient
     supervisor: Supervisor
+    # keep_engines_on_stop: then even a forced exit leaves them to the next agent (the state file
+    # lists them already); only dev mode, which promises no engine outlives it, kills them.
+    keep_engines: bool = False
 
     def kill_engines(self) -> None:
-        """Kill every engine's process group now; for a forced exit."""
-        self.supervisor.kill_all()
+        """Kill every engine's process group now, for a forced exit; unless they are kept."""
+        if not self.keep_engines:
+            self.supervisor.kill_all()
 
 
 @contextlib.asynccontextmanager
 async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
     async with contextlib.AsyncExitStack() as stack:
-        supervisor = Supervisor(ENGINES, ready_timeout_s=cfg.ready_timeout_s)
+        host = await discover_host()
+        releases = await stack.enter_async_context(
+            ReleaseClient(cfg.provision.api_url, cfg.provision.download_url)
+        )
+        provision = ProvisionLoop(cfg, host, SubprocessRunner(), releases)
+        # Before the first Register, so it says which engines agent.yaml names instead of "not probed".
+        await provision.probe_configured()
+        weights = await stack.enter_async_context(WeightsCache(cfg.weights_dir))
+        supervisor = Supervisor(
+            ENGINES,
+            ready_timeout_s=cfg.ready_timeout_s,
+            binaries=lambda engine: _binary_for(cfg, provision.binaries(), engine),
+            parallel=lambda engine: _parallel_for(cfg, engine),
+            weights=weights,
+            state_dir=Path(cfg.state_dir),
+            keep_on_close=cfg.keep_engines_on_stop,
+        )
         await stack.enter_async_context(supervisor)
-        client = AgentClient(cfg, supervisor, engine_versions={"sim": "builtin"})
+        # Before the first Register, so it lists the engines the previous agent left running.
+        await supervisor.adopt()
+        report = NodeReport(cfg, weights=lambda: weights.present(supervisor.weights_in_use()))
+        await report.refresh()
+        client = AgentClient(
+            cfg,
+            supervisor,
+            # The sim ships inside llmgw: never installed, never missing.
+            engine_versions={} if "sim" in cfg.engines.disabled else {"sim": "builtin"},
+            provision=provision,
+            host=host.to_proto(),
+            warnings=host.warnings(),
+            report=report,
+        )
         tasks = await stack.enter_async_context(asyncio.TaskGroup())
-        task = tasks.create_task(client.run(), name="agent-stream")
-        stack.callback(task.cancel)
+        owned = [
+            tasks.create_task(provision.run(), name="agent-provision"),
+            tasks.create_task(client.run(), name="agent-stream"),
+            tasks.create_task(report.run(cfg.heartbeat_interval_s), name="agent-discovery"),
+        ]
+        for task in owned:
+            stack.callback(task.cancel)
         log.info("agent started", node=cfg.node_id, servers=cfg.servers)
-        yield AgentHandle(client=client, supervisor=supervisor)
+        yield AgentHandle(client=client, supervisor=supervisor, keep_engines=cfg.keep_engines_on_stop)
         log.info("agent stopping")
+
+
+def _binary_for(cfg: AgentConfig, installed: Mapping[str, str], engine: str) -> str:
+    """The executable for engine: the one installed, or the one agent.yaml names (then none is installed)."""
+    if installed.get(engine):
+        return installed[engine]
+    opts = getattr(cfg.engines, engine, None)
+    return opts.binary if isinstance(opts, EngineOptions) else ""
+
+
+def _parallel_for(cfg: AgentConfig, engine: str) -> int:
+    """agent.yaml's engines.<engine>.parallel; 0 (the adapter's default) for an engine without options."""
+    opts = getattr(cfg.engines, engine, None)
+    return opts.parallel if isinstance(opts, EngineOptions) else 0

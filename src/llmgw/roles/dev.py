@@ -20,6 +20,7 @@ from llmgw.config import (
     ServerConfig,
     TLSConfig,
 )
+from llmgw.control.catalog import load_server_config
 
 DEV_NODE = "dev-node"
 DEV_MODEL = "sim-chat"
@@ -62,6 +63,9 @@ def prepare_dev(dev_dir: Path, roles: tuple[str, ...]) -> DevSetup:
             ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
         ),
         models=[ModelConfig(name=DEV_MODEL, replicas=1, profiles=[ProfileConfig(engine="sim")])],
+        # Dev mode installs nothing: trying llmgw on a laptop must not download llama.cpp or run
+        # apt-get. Give llamacpp a version in the dev server.yaml to try installing it.
+        engines={"llamacpp": ""},
     )
     agent = AgentConfig(
         node_id=DEV_NODE,
@@ -80,7 +84,13 @@ def prepare_dev(dev_dir: Path, roles: tuple[str, ...]) -> DevSetup:
     (dev_dir / "mirror").mkdir(exist_ok=True)
     return DevSetup(
         dir=dev_dir,
-        server=config.load(ServerConfig, dev_dir / "server.yaml") if "server" in roles else None,
-        agent=config.load(AgentConfig, dev_dir / "agent.yaml") if "agent" in roles else None,
+        # Kept once written, so edited by hand: its models are checked as a server.yaml's are.
+        server=load_server_config(dev_dir / "server.yaml") if "server" in roles else None,
+        # Whatever agent.yaml says: dev mode promises that Ctrl-C leaves no engine process behind.
+        agent=(
+            config.evolve(config.load(AgentConfig, dev_dir / "agent.yaml"), keep_engines_on_stop=False)
+            if "agent" in roles
+            else None
+        ),
         mirror=config.load(MirrorConfig, dev_dir / "mirror.yaml") if "mirror" in roles else None,
     )

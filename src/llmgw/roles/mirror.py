@@ -2,10 +2,14 @@
 
 aiohttp's file responses answer Range requests, which is what lets a node
 resume an interrupted download of a multi-gigabyte file instead of starting over.
+A directory's URL (ending in "/") answers with the listing a node fetches a
+whole directory by: {"files": [{"path": "config.json", "size": 1234}, ...]}
+(agent/weights.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,8 +29,39 @@ class MirrorHandle:
     url: str
 
 
+def list_files(root: Path, directory: Path) -> list[dict[str, object]] | None:
+    """Every regular file under directory, relative to it; None when it is not a directory inside root.
+
+    Blocking (it walks the tree): call it in a thread. Symbolic links are left out, as the
+    file route does not follow them either: a listing must not name a file a node cannot fetch.
+    """
+    base = root.resolve()
+    try:
+        target = directory.resolve()
+        target.relative_to(base)
+    except (OSError, ValueError):
+        return None
+    if not target.is_dir() or directory.is_symlink():
+        return None
+    files = []
+    for path in sorted(target.rglob("*")):
+        if path.is_symlink() or not path.is_file() or any(p.is_symlink() for p in path.parents if p != base):
+            continue
+        files.append({"path": path.relative_to(target).as_posix(), "size": path.stat().st_size})
+    return files
+
+
 def make_mirror_app(root: Path) -> web.Application:
     app = web.Application()
+
+    async def listing(request: web.Request) -> web.Response:
+        files = await asyncio.to_thread(list_files, root, root / request.match_info["path"])
+        if files is None:
+            raise web.HTTPNotFound(text="no such directory on this mirror")
+        return web.json_response({"files": files})
+
+    # Before the static route, which would otherwise answer a directory's URL with 403.
+    app.router.add_get("/files/{path:(.*/)?}", listing)
     app.router.add_static("/files/", root, show_index=False, follow_symlinks=False)
 
     async def health(_: web.Request) -> web.Response:

@@ -9,26 +9,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import attrs
 import structlog
 from aiohttp import web
 
 from llmgw.config import ServerConfig
+from llmgw.control.adminapi import BACKOFF_KEY
 from llmgw.control.agentsvc import serve_agents
+from llmgw.control.catalog import CATALOG_KEY, Catalog
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
-from llmgw.gateway.app import make_gateway_app
+from llmgw.gateway.admission import Admission, budget_warnings
+from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.quotas import Quotas
+from llmgw.gateway.usage import UsageRecorder
 from llmgw.roles.listen import split_host_port
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
+from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
+from llmgw.web.app import mount_pages
+from llmgw.web.context import WebContext
 
 log = structlog.get_logger(__name__)
 
 # Revoking a key must take effect within a second.
 _KEY_REFRESH_S = 0.5
+# Limits and budgets edited on the quotas page bind within a second.
+_QUOTA_REFRESH_S = 1.0
 
 
 @attrs.define
@@ -38,6 +48,11 @@ class ServerHandle:
     store: Store
     keys: KeyCache
     inventory: Inventory
+    # Limits, budgets and their spending as the gateway counts them; usage not yet written.
+    quotas: Quotas | None = None
+    usage: UsageRecorder | None = None
+    # The admin listener: cluster pages and the admin API, for this machine (`llmgw ctl`).
+    admin_url: str = ""
 
     async def create_dev_key(self) -> str:
         """A fresh key for the dev banner, usable at once."""
@@ -46,13 +61,25 @@ class ServerHandle:
         return plaintext
 
 
-async def _refresh_keys(store: Store, keys: KeyCache) -> None:
+async def _refresh_keys(
+    store: Store, keys: KeyCache, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+) -> None:
+    # `sleep` is a seam: a test proves the interval and the reload without waiting on a clock.
     while True:
-        await asyncio.sleep(_KEY_REFRESH_S)
+        await sleep(_KEY_REFRESH_S)
         try:
             await keys.refresh(store)
         except Exception:
             log.exception("could not refresh the key cache; keeping the previous one")
+
+
+async def _refresh_quotas(store: Store, quotas: Quotas) -> None:
+    while True:
+        await asyncio.sleep(_QUOTA_REFRESH_S)
+        try:
+            await quotas.refresh(store)
+        except Exception:
+            log.exception("could not reload limits and budgets; keeping the previous ones")
 
 
 @contextlib.asynccontextmanager
@@ -75,21 +102,63 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         store = await stack.enter_async_context(open_store(cfg.database_path))
         keys = KeyCache()
         await keys.refresh(store)
+        # server.yaml's models and those added with `llmgw ctl model add`, which the store kept.
+        catalog = await Catalog.open(cfg, store)
         inventory = Inventory(grace_s=cfg.control.grace_s)
         owned: list[asyncio.Task[None]] = []
         tasks = await stack.enter_async_context(asyncio.TaskGroup())
         # Registered after the group, so it runs before the group waits for them.
         stack.callback(_cancel_all, owned)
         owned.append(tasks.create_task(_refresh_keys(store, keys), name="key-cache-refresh"))
+        usage = UsageRecorder()
+        quotas = Quotas(usage, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm)
+        await quotas.refresh(store)
+        for warning in budget_warnings(cfg, quotas.budgets, catalog.models()):
+            log.warning(warning)
+        # Not cancelled but stopped (registered after the group, so before it
+        # waits): the writer flushes once more after the gateway has drained.
+        tasks.create_task(usage.run(store), name="usage-writer")
+        stack.callback(usage.stop)
+        owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
         agent_port = await stack.enter_async_context(serve_agents(cfg, inventory))
-        if cfg.control.enabled:
-            reconciler = Reconciler(cfg, inventory)
+        reconciler = Reconciler(cfg, inventory, catalog) if cfg.control.enabled else None
+        if reconciler is not None:
             owned.append(tasks.create_task(reconciler.run(), name="reconciler"))
-        app = make_gateway_app(cfg, inventory, keys)
+        app = make_gateway_app(cfg, inventory, keys, Admission(cfg, quotas, usage, catalog), catalog)
+        if reconciler is not None:
+            # A draining node's replicas are stopped once the gateway has nothing in flight there.
+            reconciler.in_flight = app[ROUTER_KEY].in_flight
+            # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
+            app[BACKOFF_KEY] = reconciler.backoff
+        # The pages (login, profile, /admin) on the same port; /v1/* never looks a session up.
+        pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
+        mount_pages(app, pages)
+        mount_on_client_port(app, cfg, inventory)
         url = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
-        log.info("server ready", gateway=url, agent_port=agent_port, models=[m.name for m in cfg.models])
+        admin_app = make_admin_app(cfg, inventory, pages)
+        # The admin API adds and removes models in the live catalog, the one the gateway routes by.
+        admin_app[CATALOG_KEY] = catalog
+        if reconciler is not None:
+            admin_app[BACKOFF_KEY] = reconciler.backoff
+        admin_url = await stack.enter_async_context(
+            _serve_app(admin_app, cfg.admin_listen, "admin_listen", cfg.drain_timeout_s)
+        )
+        log.info(
+            "server ready",
+            gateway=url,
+            admin=admin_url,
+            agent_port=agent_port,
+            models=catalog.names(),
+        )
         yield ServerHandle(
-            gateway_url=url, agent_port=agent_port, store=store, keys=keys, inventory=inventory
+            gateway_url=url,
+            agent_port=agent_port,
+            store=store,
+            keys=keys,
+            inventory=inventory,
+            quotas=quotas,
+            usage=usage,
+            admin_url=admin_url,
         )
         log.info("server stopping")
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import sqlite3
 import string
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import aiosqlite
@@ -30,6 +32,11 @@ class KeyRecord:
     key_hash: str
     created_at: datetime
     revoked_at: datetime | None
+    # Every key belongs to a project (the default one unless told otherwise).
+    project_id: int = 1
+    expires_at: datetime | None = None
+    # None: any model; a tuple: only these.
+    models: tuple[str, ...] | None = None
 
     @property
     def revoked(self) -> bool:
@@ -51,6 +58,8 @@ def _now() -> datetime:
 
 def _record(row: aiosqlite.Row) -> KeyRecord:
     revoked_at = row["revoked_at"]
+    expires_at = row["expires_at"]
+    models = row["models"]
     return KeyRecord(
         id=row["id"],
         name=row["name"],
@@ -58,11 +67,25 @@ def _record(row: aiosqlite.Row) -> KeyRecord:
         key_hash=row["key_hash"],
         created_at=datetime.fromisoformat(row["created_at"]),
         revoked_at=datetime.fromisoformat(revoked_at) if revoked_at else None,
+        project_id=row["project_id"],
+        expires_at=datetime.fromisoformat(expires_at) if expires_at else None,
+        models=tuple(json.loads(models)) if models is not None else None,
     )
 
 
-async def create_key(store: Store, name: str) -> tuple[str, KeyRecord]:
-    """A new key: its plaintext, to show once, and the record that was stored."""
+async def create_key(
+    store: Store,
+    name: str,
+    *,
+    project_id: int = 1,
+    expires_at: datetime | None = None,
+    models: Sequence[str] | None = None,
+) -> tuple[str, KeyRecord]:
+    """A new key: its plaintext, to show once, and the record that was stored.
+
+    project_id: the project its requests count against; expires_at: when it
+    stops working (UTC); models: the only models it may call (None: any).
+    """
     if not name.strip():
         raise ValueError("a key needs a name, so that a person can tell what it is for")
     created_at = _now()
@@ -72,9 +95,21 @@ async def create_key(store: Store, name: str) -> tuple[str, KeyRecord]:
         plaintext = KEY_PREFIX + "".join(secrets.choice(_ALPHABET) for _ in range(_RANDOM_LENGTH))
         try:
             async with store.transaction() as db:
+                async with db.execute("SELECT 1 FROM projects WHERE id = ?", (project_id,)) as found:
+                    if await found.fetchone() is None:
+                        raise ValueError(f"there is no project {project_id} to put the key '{name}' in")
                 cursor = await db.execute(
-                    "INSERT INTO api_keys (name, prefix, key_hash, created_at) VALUES (?, ?, ?, ?)",
-                    (name, visible_prefix(plaintext), hash_key(plaintext), created_at.isoformat()),
+                    "INSERT INTO api_keys (name, prefix, key_hash, created_at,"
+                    " project_id, expires_at, models) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        name,
+                        visible_prefix(plaintext),
+                        hash_key(plaintext),
+                        created_at.isoformat(),
+                        project_id,
+                        expires_at.astimezone(UTC).isoformat() if expires_at else None,
+                        json.dumps(list(models)) if models is not None else None,
+                    ),
                 )
                 key_id = cursor.lastrowid
         except sqlite3.IntegrityError:
@@ -87,6 +122,9 @@ async def create_key(store: Store, name: str) -> tuple[str, KeyRecord]:
             key_hash=hash_key(plaintext),
             created_at=created_at,
             revoked_at=None,
+            project_id=project_id,
+            expires_at=expires_at.astimezone(UTC) if expires_at else None,
+            models=tuple(models) if models is not None else None,
         )
         return plaintext, record
     raise RuntimeError("three fresh keys in a row collided with existing ones; the random source is broken")

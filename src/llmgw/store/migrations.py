@@ -33,6 +33,118 @@ MIGRATIONS: Sequence[Migration] = (
         )
         """,
     ),
+    # 2 (H7): people who sign in to the pages, their sessions, and which keys
+    # each made on their profile. users.project_id names a project of the
+    # hierarchy (orgs -> teams -> projects); no foreign key, because that table
+    # arrives in a migration of its own.
+    (
+        """
+        CREATE TABLE users (
+            id INTEGER PRIMARY KEY,
+            email TEXT NOT NULL UNIQUE COLLATE NOCASE,
+            password_hash TEXT,
+            status TEXT NOT NULL CHECK (status IN ('pending', 'active', 'disabled')),
+            is_admin INTEGER NOT NULL DEFAULT 0,
+            project_id INTEGER,
+            created_at TEXT NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE sessions (
+            token_hash TEXT PRIMARY KEY,
+            user_id INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+            csrf TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL
+        )
+        """,
+        "CREATE INDEX sessions_by_user ON sessions (user_id)",
+        """
+        CREATE TABLE user_keys (
+            key_id INTEGER PRIMARY KEY REFERENCES api_keys (id) ON DELETE CASCADE,
+            user_id INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE
+        )
+        """,
+    ),
+    # 3 (H6): the hierarchy keys belong to (orgs -> teams -> projects, a
+    # `default` of each so a fresh install has somewhere to put its first
+    # key), key expiry and model allow-lists, the limits and budgets of every
+    # scope, and usage per day, key, project, model and status. Existing keys
+    # join the default project. A scope is (kind, id) with kind one of key,
+    # project, team, org: no foreign key, so one table serves all four.
+    (
+        "CREATE TABLE orgs (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
+        """
+        CREATE TABLE teams (
+            id INTEGER PRIMARY KEY,
+            org_id INTEGER NOT NULL REFERENCES orgs (id),
+            name TEXT NOT NULL,
+            UNIQUE (org_id, name)
+        )
+        """,
+        """
+        CREATE TABLE projects (
+            id INTEGER PRIMARY KEY,
+            team_id INTEGER NOT NULL REFERENCES teams (id),
+            name TEXT NOT NULL,
+            UNIQUE (team_id, name)
+        )
+        """,
+        "INSERT INTO orgs (id, name) VALUES (1, 'default')",
+        "INSERT INTO teams (id, org_id, name) VALUES (1, 1, 'default')",
+        "INSERT INTO projects (id, team_id, name) VALUES (1, 1, 'default')",
+        "ALTER TABLE api_keys ADD COLUMN project_id INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE api_keys ADD COLUMN expires_at TEXT",
+        # A JSON list of model names; NULL means every model.
+        "ALTER TABLE api_keys ADD COLUMN models TEXT",
+        """
+        CREATE TABLE limits (
+            scope_kind TEXT NOT NULL CHECK (scope_kind IN ('key', 'project', 'team', 'org')),
+            scope_id INTEGER NOT NULL,
+            rpm INTEGER,
+            tpm INTEGER,
+            PRIMARY KEY (scope_kind, scope_id)
+        )
+        """,
+        """
+        CREATE TABLE budgets (
+            scope_kind TEXT NOT NULL CHECK (scope_kind IN ('key', 'project', 'team', 'org')),
+            scope_id INTEGER NOT NULL,
+            amount REAL NOT NULL,
+            period TEXT NOT NULL CHECK (period IN ('day', 'week', 'month', 'total')),
+            PRIMARY KEY (scope_kind, scope_id)
+        )
+        """,
+        # key_id 0: requests that carried no key (auth disabled).
+        """
+        CREATE TABLE usage_daily (
+            day TEXT NOT NULL,
+            key_id INTEGER NOT NULL,
+            project_id INTEGER NOT NULL,
+            model TEXT NOT NULL,
+            status INTEGER NOT NULL,
+            requests INTEGER NOT NULL,
+            prompt_tokens INTEGER NOT NULL,
+            completion_tokens INTEGER NOT NULL,
+            cost REAL NOT NULL,
+            latency_ms REAL NOT NULL,
+            PRIMARY KEY (day, key_id, project_id, model, status)
+        )
+        """,
+        "CREATE INDEX usage_by_project ON usage_daily (project_id, day)",
+    ),
+    # 4 (H13): models added while running (`llmgw ctl model add`), kept as the definition's text
+    # so that a restart reads them the way the first add did, errors with their lines included.
+    (
+        """
+        CREATE TABLE catalog_models (
+            name TEXT PRIMARY KEY,
+            definition TEXT NOT NULL,
+            source TEXT NOT NULL,
+            added_at TEXT NOT NULL
+        )
+        """,
+    ),
 )
 
 

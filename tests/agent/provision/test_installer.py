@@ -259,6 +259,19 @@ class TestPackageManagers:
         assert st.state == READY, st.detail
         assert machine.package_commands() == [("yum", "install", "-y", "libgomp")]
 
+    async def test_a_suse_node_installs_libgomp_with_zypper_without_asking(
+        self, installer_for: Any, machine: Any
+    ) -> None:
+        machine.tools = {"zypper"}
+        suse = Host(os_id="opensuse-leap", id_like=("suse", "opensuse"), arch="amd64", cpu_flags=("avx2",))
+
+        (st,) = await installer_for(suse).converge(LLAMA)
+
+        assert st.state == READY, st.detail
+        # The tool and its flags; the package's name is the rpm family's (recipes.py).
+        ((*command, _package),) = machine.package_commands()
+        assert command == ["zypper", "--non-interactive", "install"]
+
     async def test_a_package_already_installed_is_not_touched(
         self, installer: Installer, machine: Any
     ) -> None:
@@ -373,8 +386,26 @@ class TestSources:
         (st,) = await installer.converge(LLAMA, Source(base_url=f"{release.url}/mirror"))
 
         assert st.state == FAILED
-        assert "gives no checksum for" in st.detail
+        assert st.detail == (
+            f"the control plane gives no checksum for {kit.CPU_ASSET}, "
+            "so it cannot be verified and is not installed"
+        )
         assert release.requests == []
+
+    async def test_a_mirror_missing_the_archive_says_the_release_is_not_there(
+        self, installer: Installer, release: Any, kit: Any
+    ) -> None:
+        digest = "sha256:" + kit.sha256(release.assets.pop(kit.CPU_ASSET))
+
+        (st,) = await installer.converge(
+            LLAMA, Source(base_url=f"{release.url}/mirror", checksums={kit.CPU_ASSET: digest})
+        )
+
+        assert (st.state, st.detail) == (
+            FAILED,
+            f"{release.url.removeprefix('http://')} has no {kit.CPU_ASSET} (HTTP 404): "
+            "that release does not exist there",
+        )
 
 
 class TestInterruption:

@@ -207,7 +207,9 @@ class Installer:
     ) -> tuple[Path, str]:
         await self._packages(build, job)
         sums = await self._checksums(recipe, want, source, job)
-        who = "the control plane" if source.checksums else "its publisher"
+        # A mirror with no checksums still speaks for the control plane: the
+        # publisher was never asked, and saying it was sends someone to GitHub.
+        who = "the control plane" if source.replaces_publisher else "its publisher"
         partial = directory.with_name(directory.name + ".partial")
         downloads = directory.with_name(directory.name + ".download")
         await asyncio.to_thread(_fresh_dirs, partial, downloads)

@@ -23,6 +23,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 
 from llmgw.errors import LlmgwError
+from llmgw.tasks import to_thread_to_the_end
 
 GITHUB_API = "https://api.github.com"
 GITHUB_DOWNLOADS = "https://github.com"
@@ -121,16 +122,25 @@ class ReleaseClient:
         await asyncio.to_thread(sink.open)
         try:
             async with self._http().get(url) as resp:
+                where = urlsplit(url).netloc or url
+                if resp.status == 404:
+                    # A mirror missing one archive of a release looks like this too.
+                    raise ReleaseError(f"{where} has no {name} (HTTP 404): that release does not exist there")
+                if resp.status in (403, 429):
+                    raise ReleaseError(
+                        f"{where} is rate-limiting this address (HTTP {resp.status}) "
+                        f"while downloading {name}; the install is tried again later"
+                    )
                 if resp.status != 200:
-                    raise ReleaseError(f"downloading {name}: the server answered HTTP {resp.status}")
+                    raise ReleaseError(f"downloading {name}: {where} answered HTTP {resp.status}")
                 if on_size is not None:
                     on_size(resp.content_length)
                 async for chunk in resp.content.iter_chunked(_CHUNK):
-                    await asyncio.to_thread(sink.write, chunk)
+                    await to_thread_to_the_end(sink.write, chunk)
         except aiohttp.ClientError as exc:
             raise ReleaseError(f"downloading {name}: {exc}") from None
         finally:
-            await asyncio.to_thread(sink.close)
+            await to_thread_to_the_end(sink.close)
         return sink.hexdigest()
 
 

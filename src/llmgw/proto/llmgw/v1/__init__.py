@@ -166,6 +166,12 @@ class Heartbeat(betterproto.Message):
     storage: List["Storage"] = betterproto.message_field(12)
     warnings_changed: bool = betterproto.bool_field(13)
     warnings: List[str] = betterproto.string_field(14)
+    fabrics_changed: bool = betterproto.bool_field(60)
+    """
+    The fabrics this node is attached to (agent.yaml `fabric` with the HCAs present).
+    """
+
+    fabrics: List["Fabric"] = betterproto.message_field(61)
 
 
 @dataclass(eq=False, repr=False)

@@ -1,0 +1,514 @@
+"""`llmgw ctl`: the cluster from a shell, through the admin API.
+
+By default it talks to the admin listener of the server it runs on (read from
+server.yaml's admin_listen), which needs no token: being on the machine is the
+credential. From elsewhere, `--server https://gateway.example/admin --token T`
+reaches the same API on the client port with an admin token.
+
+Exit codes (scripts may rely on them): 0 done; 1 the server answered with an
+error (a node that is not connected or did not answer, for instance); 2 wrong
+usage; 3 the server cannot be reached; 4 no such node, model or log source;
+5 the server refused the token; 78 server.yaml cannot be read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import aiohttp
+import attrs
+import click
+
+from llmgw import config
+from llmgw.cli.engine_check import engine_check
+from llmgw.cli.exit import (
+    EXIT_CONFIG,
+    EXIT_DENIED,
+    EXIT_ERROR,
+    EXIT_NOT_FOUND,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+)
+from llmgw.config import ServerConfig
+from llmgw.control.adminapi import MAX_LOG_LINES, hash_token
+from llmgw.errors import ConfigError
+from llmgw.roles.listen import split_host_port
+
+DEFAULT_CONFIG = Path("/etc/llmgw/server.yaml")
+# A log request waits up to 10 s for its node; the client waits a little longer, so that it is
+# the server's sentence ("node n1 did not answer") a person reads, not a bare timeout.
+_TIMEOUT_S = 15.0
+_DASH = "—"
+
+
+@attrs.frozen
+class _Target:
+    url: str
+    token: str | None
+    as_json: bool
+    # Read for the url only when a command runs, so `llmgw ctl nodes --help` works without server.yaml.
+    config_path: Path = DEFAULT_CONFIG
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"llmgw ctl: {message}", err=True)
+    sys.exit(code)
+
+
+def _admin_url(config_path: Path) -> str:
+    try:
+        cfg = config.load(ServerConfig, config_path)
+        host, port = split_host_port(cfg.admin_listen, "admin_listen")
+    except ConfigError as exc:
+        _fail(f"{exc} (or say where the server is with --server URL)", EXIT_CONFIG)
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _error_text(body: Any, status: int) -> str:
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):  # OpenAI's shape, from the gateway in front of /admin
+        error = error.get("message")
+    return str(error) if error else f"the server answered {status}"
+
+
+async def _call(
+    target: _Target, method: str, path: str, body: Any = None, yaml_text: str | None = None
+) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+    timeout = aiohttp.ClientTimeout(total=_TIMEOUT_S)
+    if method != "GET" and body is None:
+        # The admin listener takes changes as JSON only (what keeps other sites from making them).
+        body = {}
+    # A model's definition goes as the YAML it was written in, so errors name its lines.
+    content: dict[str, Any] = {"json": body}
+    if yaml_text is not None:
+        content = {"data": yaml_text.encode(), "headers": {**headers, "Content-Type": "application/yaml"}}
+    else:
+        content["headers"] = headers
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.request(method, target.url + path, **content) as reply,
+    ):
+        try:
+            data = await reply.json(content_type=None)
+        except ValueError:
+            data = None
+        return reply.status, data
+
+
+def _exchange(
+    target: _Target, method: str, path: str, body: Any = None, yaml_text: str | None = None
+) -> tuple[int, Any]:
+    try:
+        return asyncio.run(_call(target, method, path, body, yaml_text))
+    except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+        _fail(f"cannot reach the admin API at {target.url}: {exc or type(exc).__name__}", EXIT_UNREACHABLE)
+    except aiohttp.InvalidURL:
+        _fail(f"--server {target.url} is not a URL; expected one like http://127.0.0.1:9090", EXIT_USAGE)
+
+
+def _exit_code(status: int) -> int:
+    if status in (401, 403):
+        return EXIT_DENIED
+    return EXIT_NOT_FOUND if status == 404 else EXIT_ERROR
+
+
+def _request(target: _Target, method: str, path: str, body: Any = None, yaml_text: str | None = None) -> Any:
+    """The JSON the admin API answers with; any failure ends the command with its exit code."""
+    status, data = _exchange(target, method, path, body, yaml_text)
+    if status >= 400:
+        _fail(_error_text(data, status), _exit_code(status))
+    return data
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    for row in [list(headers), *rows]:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _cells(values: list[str] | None) -> str:
+    return ",".join(values) if values else _DASH
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print the admin API's JSON instead of a table."
+)
+
+
+def _target(ctx: click.Context, as_json: bool) -> _Target:
+    target: _Target = ctx.obj
+    url = target.url or _admin_url(target.config_path)
+    return attrs.evolve(target, url=url, as_json=target.as_json or as_json)
+
+
+@click.group()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=DEFAULT_CONFIG,
+    show_default=True,
+    help="The server's configuration: ctl talks to its admin listener (admin_listen).",
+)
+@click.option(
+    "--server",
+    envvar="LLMGW_SERVER",
+    help="The admin API's base URL instead: http://127.0.0.1:9090, or https://HOST/admin on the client port.",
+)
+@click.option(
+    "--token",
+    envvar="LLMGW_ADMIN_TOKEN",
+    help="An admin token (its sha256 in server.yaml's admin_tokens); needed for /admin on the client port.",
+)
+@json_option
+@click.pass_context
+def ctl(ctx: click.Context, config_path: Path, server: str | None, token: str | None, as_json: bool) -> None:
+    """The cluster from a shell: nodes, models, replicas, placement and a node's logs.
+
+    Exit codes: 0 done, 1 the server answered with an error, 2 wrong usage, 3 the server
+    cannot be reached, 4 no such node, model or source, 5 the token was refused,
+    78 server.yaml cannot be read.
+    """
+    # These run on this machine alone and need no server.yaml.
+    if ctx.invoked_subcommand in ("new-token", "engine-check"):
+        return
+    url = server.rstrip("/") if server else ""
+    ctx.obj = _Target(url=url, token=token, as_json=as_json, config_path=config_path)
+
+
+@ctl.command()
+@json_option
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """How many nodes, models and replicas, and in which state."""
+    target = _target(ctx, as_json)
+    data = _request(target, "GET", "/api/v1/status")
+    if target.as_json:
+        _print_json(data)
+        return
+    nodes = data["nodes"]
+    states = ", ".join(f"{n} {s}" for s, n in nodes.items() if s != "total" and n)
+    click.echo(f"llmgw     {data['version']}")
+    click.echo(f"nodes     {nodes['total']}" + (f" ({states})" if states else ""))
+    click.echo(f"models    {data['models']['serving']} of {data['models']['total']} serving")
+    click.echo(f"replicas  {data['replicas']['ready']} of {data['replicas']['total']} ready")
+
+
+@ctl.command()
+@json_option
+@click.pass_context
+def nodes(ctx: click.Context, as_json: bool) -> None:
+    """Every node: state, GPUs, memory, disk, engines, replicas; then what is wrong with each."""
+    from llmgw.web.cluster import Paths, node_row
+
+    target = _target(ctx, as_json)
+    data = _request(target, "GET", "/api/v1/nodes")
+    if target.as_json:
+        _print_json(data)
+        return
+    if not data:
+        click.echo("no node has registered yet", err=True)
+        return
+    rows = [node_row(view, Paths(cluster="/", base="")) for view in data]
+    _table(
+        [
+            "NODE",
+            "STATE",
+            "GPUS FREE",
+            "RAM FREE",
+            "DISK FREE",
+            "ENGINES",
+            "CLASSES",
+            "MODELS",
+            "REPLICAS",
+            "LAST SEEN",
+        ],
+        [
+            [
+                r["id"],
+                r["state"],
+                r["gpus"],
+                r["ram"],
+                r["disk"],
+                r["engines"],
+                r["classes"],
+                r["models"],
+                str(r["replicas"]),
+                r["last_seen"],
+            ]
+            for r in rows
+        ],
+    )
+    # Beneath the table, what keeps a node from taking work: a person scanning for why a model
+    # is not placed reads these first.
+    notes = [f"{r['id']}: {text}" for r in rows for _, text in r["notes"]]
+    if notes:
+        click.echo("")
+        for note in notes:
+            click.echo(note)
+
+
+@ctl.command()
+@json_option
+@click.pass_context
+def models(ctx: click.Context, as_json: bool) -> None:
+    """Every catalog model: replicas ready of wanted, and why it serves nothing when it does not."""
+    target = _target(ctx, as_json)
+    data = _request(target, "GET", "/api/v1/models")
+    if target.as_json:
+        _print_json(data)
+        return
+    if not data:
+        click.echo("the catalog is empty: add models under `models:` in server.yaml", err=True)
+        return
+    _table(
+        ["MODEL", "READY", "ENGINES", "WHY NOT READY"],
+        [
+            [m["name"], f"{m['ready']}/{m['wanted']}", _cells(m["engines"]), m["why_not_ready"] or ""]
+            for m in data
+        ],
+    )
+
+
+@ctl.command()
+@click.option("--model", help="Only this model's replicas.")
+@json_option
+@click.pass_context
+def replicas(ctx: click.Context, model: str | None, as_json: bool) -> None:
+    """Every replica: its model, node, state and endpoint."""
+    target = _target(ctx, as_json)
+    data = _request(target, "GET", "/api/v1/replicas" + (f"?model={quote(model)}" if model else ""))
+    if target.as_json:
+        _print_json(data)
+        return
+    if not data:
+        click.echo("no replica yet", err=True)
+        return
+    _table(
+        ["REPLICA", "MODEL", "NODE", "STATE", "ENDPOINT OR DETAIL"],
+        [[r["shard_id"], r["model"], r["node"], r["state"], r["endpoint"] or r["detail"]] for r in data],
+    )
+
+
+@ctl.command()
+@click.argument("replica")
+@json_option
+@click.pass_context
+def metrics(ctx: click.Context, replica: str, as_json: bool) -> None:
+    """REPLICA's engine's own metrics (its /metrics page), read now: one sample a line."""
+    target = _target(ctx, as_json)
+    data = _request(target, "GET", f"/api/v1/replicas/{quote(replica, safe='')}/metrics")
+    if target.as_json:
+        _print_json(data)
+        return
+    for name, value in data["metrics"].items():
+        click.echo(f"{name} {value:g}")
+
+
+@ctl.command()
+@click.argument("model")
+@json_option
+@click.pass_context
+def explain(ctx: click.Context, model: str, as_json: bool) -> None:
+    """Per node, whether MODEL's next replica could go there, and why not."""
+    target = _target(ctx, as_json)
+    data = _request(target, "GET", f"/api/v1/explain-placement?model={quote(model)}")
+    if target.as_json:
+        _print_json(data)
+        return
+    if not data["candidates"]:
+        click.echo("no node has registered yet", err=True)
+    else:
+        _table(
+            ["PROFILE", "NODE", "CANDIDATE", "WHY"],
+            [
+                [c.get("profile", ""), c["node"], "yes" if c["candidate"] else "no", c["reason"]]
+                for c in data["candidates"]
+            ],
+        )
+    if data["why_not_ready"]:
+        click.echo(f"\n{data['why_not_ready']}")
+
+
+@ctl.command()
+@click.argument("node")
+@click.option(
+    "--source", default="agent", show_default=True, help='"agent", or a shard id for its engine\'s output.'
+)
+@click.option(
+    "-n",
+    "--lines",
+    type=click.IntRange(1, MAX_LOG_LINES),
+    default=200,
+    show_default=True,
+    help="How many of the newest lines.",
+)
+@json_option
+@click.pass_context
+def logs(ctx: click.Context, node: str, source: str, lines: int, as_json: bool) -> None:
+    """The newest lines of NODE's agent log, or of an engine on it; then, on stderr, its other logs.
+
+    They come over the node's own stream to the control plane: no ssh, no jump host, no root.
+    """
+    target = _target(ctx, as_json)
+    status, data = _exchange(
+        target, "GET", f"/api/v1/nodes/{quote(node, safe='')}/logs?source={quote(source)}&lines={lines}"
+    )
+    if status >= 400 and not (isinstance(data, dict) and "lines" in data):
+        _fail(_error_text(data, status), _exit_code(status))
+    if target.as_json:
+        _print_json(data)
+    else:
+        for line in data["lines"]:
+            click.echo(line)
+        # Where else to look: a shard id is the one thing a person cannot guess.
+        others = [s for s in data["sources"] if s != data["source"]]
+        if data["error"]:
+            click.echo(f"llmgw ctl: {data['error']}", err=True)
+        click.echo(
+            f"-- {data['source']} on {data['node']}; other sources: {', '.join(others) or 'none'}", err=True
+        )
+    if status >= 400:
+        sys.exit(_exit_code(status))
+
+
+@ctl.group()
+def node() -> None:
+    """Take a node out of placement (cordon, drain) or put it back (uncordon)."""
+
+
+_STATES = {
+    "cordon": ("cordoned", "no new replica goes there; what runs there keeps running"),
+    "drain": (
+        "draining",
+        "no new request or replica goes there; its replicas finish what is in flight, "
+        "then stop and are replaced elsewhere",
+    ),
+    "uncordon": ("ready", "replicas may be placed there again"),
+}
+
+
+def _state_command(verb: str) -> None:
+    state, meaning = _STATES[verb]
+
+    @node.command(verb, help=f"Set NODE's state to {state}: {meaning}.")
+    @click.argument("node_id", metavar="NODE")
+    @json_option
+    @click.pass_context
+    def command(ctx: click.Context, node_id: str, as_json: bool) -> None:
+        target = _target(ctx, as_json)
+        data = _request(target, "POST", f"/api/v1/nodes/{quote(node_id, safe='')}/state", {"state": state})
+        if target.as_json:
+            _print_json(data)
+            return
+        click.echo(f"{data['id']} is {data['admin_state']}: {meaning}")
+
+
+for _verb in _STATES:
+    _state_command(_verb)
+
+
+@ctl.group()
+def model() -> None:
+    """Add models to the catalog while the server runs, or remove them; server.yaml's stay as declared."""
+
+
+@model.command("add")
+@click.option(
+    "-f",
+    "--file",
+    "path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
+    help="The model's definition, as one entry under `models:` in server.yaml; - reads stdin.",
+)
+@json_option
+@click.pass_context
+def model_add(ctx: click.Context, path: Path, as_json: bool) -> None:
+    """Add the model FILE defines, or replace the one of that name added before; kept over restarts."""
+    target = _target(ctx, as_json)
+    if str(path) == "-":
+        text, name = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            text, name = path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            _fail(f"{path} cannot be read: {exc}", EXIT_USAGE)
+    status, data = _exchange(target, "POST", f"/api/v1/models?file={quote(name)}", yaml_text=text)
+    if status >= 400:
+        _fail(_error_text(data, status), _exit_code(status))
+    if target.as_json:
+        _print_json(data)
+        return
+    verb = "replaced" if status == 200 else "added"
+    click.echo(f"{verb} {data['name']}: {data['wanted']} replica(s) wanted, placed from now on")
+
+
+@model.command("remove")
+@click.argument("name")
+@json_option
+@click.pass_context
+def model_remove(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Remove NAME, a model added with `model add`; its replicas are stopped."""
+    target = _target(ctx, as_json)
+    data = _request(target, "DELETE", f"/api/v1/models/{quote(name, safe='/')}")
+    if target.as_json:
+        _print_json(data)
+        return
+    click.echo(f"removed {data['name']}: its replicas are being stopped")
+
+
+@ctl.group()
+def weights() -> None:
+    """The model weights on the nodes' disks."""
+
+
+@weights.command("collect")
+@json_option
+@click.pass_context
+def weights_collect(ctx: click.Context, as_json: bool) -> None:
+    """Ask every node to remove the weights no catalog model uses; weights an engine has open stay."""
+    target = _target(ctx, as_json)
+    data = _request(target, "POST", "/api/v1/weights/collect")
+    if target.as_json:
+        _print_json(data)
+        return
+    for entry in data["nodes"]:
+        if entry["error"]:
+            click.echo(f"{entry['node']}: {entry['error']}")
+            continue
+        removing = entry["removing"]
+        click.echo(f"{entry['node']}: removing {len(removing)}, keeping {len(entry['kept'])}")
+        for source in removing:
+            click.echo(f"  removing {source}")
+        for kept in entry["kept"]:
+            click.echo(f"  keeping {kept}")
+
+
+@ctl.command("new-token")
+def new_token() -> None:
+    """Make an admin token: the token on stdout, the line for server.yaml on stderr."""
+    token = f"llmgw-admin-{secrets.token_urlsafe(32)}"
+    click.echo(token)
+    click.echo(
+        "add its digest to server.yaml and restart the server; only the digest is kept there:\n"
+        f"admin_tokens:\n  - {hash_token(token)}",
+        err=True,
+    )
+
+
+ctl.add_command(engine_check)

@@ -1,0 +1,291 @@
+"""The live catalog: the models declared in server.yaml, and those added while running.
+
+server.yaml's models are there on every start and are its to change: ctl can
+neither remove nor shadow one, because a restart would bring the file's
+version back and an operator would not know which one serves. Models added
+with `llmgw ctl model add` are kept in the store (store/catalog.py) and come
+back on the next start.
+
+The reconciler, placement, the gateway's /v1/models and its routing all read
+this one object, so a model added here is placed, listed and routed to
+without a restart; `subscribe` is how the reconciler hears of a change at once
+instead of at its next interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import urllib.parse
+from collections.abc import Callable, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import structlog
+from aiohttp import web
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import YAMLError
+
+from llmgw import config
+from llmgw.config import ModelConfig, ServerConfig
+from llmgw.engines.registry import ENGINES
+from llmgw.errors import ConfigError, LlmgwError
+from llmgw.store import Store
+from llmgw.store import catalog as stored
+
+log = structlog.get_logger(__name__)
+
+SERVER_YAML = "server.yaml"
+ADDED = "ctl"
+
+
+class UnknownModel(LlmgwError):
+    """No model of that name is in the catalog."""
+
+
+class DeclaredModel(LlmgwError):
+    """The model is declared in server.yaml, which ctl does not change."""
+
+
+class Catalog:
+    """Every model the server serves: server.yaml's first, then the added ones by name."""
+
+    def __init__(
+        self, cfg: ServerConfig, store: Store | None = None, added: Sequence[ModelConfig] = ()
+    ) -> None:
+        self._declared = {m.name: m for m in cfg.models}
+        self._added = {m.name: m for m in added if m.name not in self._declared}
+        self._store = store
+        self._listeners: list[Callable[[], None]] = []
+        self._models: tuple[ModelConfig, ...] = ()
+        self._by_name: dict[str, ModelConfig] = {}
+        # Bumped on every change, so readers can keep what they derive until it moves.
+        self.generation = 0
+        self.changed = asyncio.Event()
+        self._rebuild()
+
+    @classmethod
+    async def open(cls, cfg: ServerConfig, store: Store) -> Catalog:
+        """The catalog of cfg plus the models the store kept; one that cannot be read is logged, skipped."""
+        declared = {m.name for m in cfg.models}
+        added = []
+        for row in await stored.list_models(store):
+            if row.name in declared:
+                log.warning(
+                    "a model added with `llmgw ctl model add` is now declared in server.yaml; "
+                    "server.yaml's definition is used",
+                    model=row.name,
+                )
+                continue
+            try:
+                added.append(await asyncio.to_thread(parse_model, row.definition, row.source))
+            except ConfigError as exc:
+                # One stored model this release can no longer read must not keep every other from serving.
+                log.error(
+                    "a model added with `llmgw ctl model add` cannot be read; it is not served",
+                    model=row.name,
+                    error=str(exc),
+                )
+        return cls(cfg, store, added)
+
+    def models(self) -> Sequence[ModelConfig]:
+        return self._models
+
+    def names(self) -> list[str]:
+        return [m.name for m in self._models]
+
+    def get(self, name: str) -> ModelConfig | None:
+        return self._by_name.get(name)
+
+    def origin(self, name: str) -> str:
+        """Where the model was declared: "server.yaml" or "ctl"; "" when it is not in the catalog."""
+        if name in self._declared:
+            return SERVER_YAML
+        return ADDED if name in self._added else ""
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call listener after every change."""
+        self._listeners.append(listener)
+
+    async def add(self, text: str, source: str) -> tuple[ModelConfig, bool]:
+        """Add the model text defines, or replace one added before; (model, whether it replaced one).
+
+        ConfigError naming source, line and key for a definition that cannot be used; DeclaredModel
+        for a name server.yaml declares.
+        """
+        # In a thread: ruamel.yaml looks for its plugins on disk the first time it is used.
+        model = await asyncio.to_thread(parse_model, text, source)
+        if model.name in self._declared:
+            raise DeclaredModel(
+                f"{model.name} is declared in server.yaml; change it there and restart "
+                "(a model of the same name cannot be added with ctl)"
+            )
+        replaced = model.name in self._added
+        if self._store is not None:
+            await stored.put_model(self._store, model.name, text, source)
+        self._added[model.name] = model
+        log.info("model added to the catalog", model=model.name, replaced=replaced, source=source)
+        self._rebuild()
+        return model, replaced
+
+    async def remove(self, name: str) -> ModelConfig:
+        """Remove a model added with ctl; its replicas are stopped by the reconciler."""
+        if name in self._declared:
+            raise DeclaredModel(
+                f"{name} is declared in server.yaml; remove it there and restart (ctl removes only "
+                "models added with `llmgw ctl model add`)"
+            )
+        model = self._added.get(name)
+        if model is None:
+            known = ", ".join(self._added) or "none"
+            raise UnknownModel(f"no model {name} was added with ctl (added with ctl: {known})")
+        if self._store is not None:
+            await stored.delete_model(self._store, name)
+        del self._added[name]
+        log.info("model removed from the catalog", model=name)
+        self._rebuild()
+        return model
+
+    def _rebuild(self) -> None:
+        self._models = (*self._declared.values(), *(self._added[n] for n in sorted(self._added)))
+        self._by_name = {m.name: m for m in self._models}
+        self.generation += 1
+        self.changed.set()
+        for listener in self._listeners:
+            listener()
+
+
+# The live catalog on an aiohttp app: the gateway's and the admin API's.
+CATALOG_KEY = web.AppKey("llmgw.catalog", Catalog)
+
+
+def parse_model(text: str, source: str) -> ModelConfig:
+    """One model definition (YAML or JSON), or ConfigError saying what is wrong, in source at which line."""
+    model = config.parse(ModelConfig, text, source)
+    if not model.name:
+        raise ConfigError(f"{source}: the model has no 'name'; clients ask for it by that name")
+    _check_model(model, _Where(text, source), [])
+    return model
+
+
+def check_declared(cfg: ServerConfig, text: str, source: str) -> None:
+    """Hold server.yaml's models to what `ctl model add` holds a model to; ConfigError at the first fault.
+
+    Without this a model with a misspelt engine started quietly and was never placed, and the only
+    sign was a model stuck pending; a server refusing to start says which line to fix.
+    """
+    where = _Where(text, source)
+    for i, model in enumerate(cfg.models):
+        if not model.name:
+            raise ConfigError(
+                f"{where(['models', i])}: models[{i}] has no 'name'; clients ask for it by that name"
+            )
+        _check_model(model, where, ["models", i])
+
+
+def load_server_config(path: Path) -> ServerConfig:
+    """server.yaml, read and structured, its models checked as `llmgw ctl model add` checks one."""
+    cfg = config.load(ServerConfig, path)
+    check_declared(cfg, path.read_text(encoding="utf-8"), str(path))
+    return cfg
+
+
+def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
+    def key(*path: Any) -> str:
+        # The dotted key as an operator would search the file for it: "models[0].profiles[1].engine".
+        return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in [*at, *path]).lstrip(".")
+
+    def line(*path: Any) -> str:
+        return where([*at, *path])
+
+    if model.replicas < 0:
+        raise ConfigError(f"{line('replicas')}: '{key('replicas')}' is {model.replicas}; expected 0 or more")
+    if not model.profiles:
+        raise ConfigError(
+            f"{line('profiles')}: {model.name} has no profile; "
+            "add one under 'profiles' (its engine, at least) so it can be placed"
+        )
+    names: set[str] = set()
+    for i, profile in enumerate(model.profiles):
+        if profile.engine not in ENGINES:
+            raise ConfigError(
+                f"{line('profiles', i, 'engine')}: '{key('profiles', i, 'engine')}' is {profile.engine!r}; "
+                f"expected one of {', '.join(sorted(ENGINES))}"
+            )
+        if profile.name in names:
+            raise ConfigError(
+                f"{line('profiles', i, 'name')}: two profiles are called {profile.name!r}; "
+                "give each its own 'name'"
+            )
+        names.add(profile.name)
+        if profile.nodes < 1:
+            raise ConfigError(
+                f"{line('profiles', i, 'nodes')}: '{key('profiles', i, 'nodes')}' is {profile.nodes}; "
+                "expected 1 or more"
+            )
+        for field in ("gpus_per_node", "min_memory_mb"):
+            if getattr(profile, field) < 0:
+                raise ConfigError(
+                    f"{line('profiles', i, field)}: '{key('profiles', i, field)}' is "
+                    f"{getattr(profile, field)}; expected 0 or more"
+                )
+    _check_source(model, line, key)
+    if model.name in model.fallbacks:
+        i = model.fallbacks.index(model.name)
+        raise ConfigError(f"{line('fallbacks', i)}: {model.name} cannot be its own fallback")
+
+
+def _check_source(model: ModelConfig, line: Callable[..., str], key: Callable[..., str]) -> None:
+    """A source every agent can fetch (agent/weights.py), and pins it can check, or say why not."""
+    if model.source:
+        parsed = urllib.parse.urlsplit(model.source)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(
+                f"{line('source')}: '{key('source')}' is {model.source!r}; expected the http:// or "
+                "https:// URL of a file, or of a directory ending in '/' (the llmgw mirror serves both)"
+            )
+        if not model.source.endswith("/") and not PurePosixPath(parsed.path).name:
+            raise ConfigError(
+                f"{line('source')}: '{key('source')}' is {model.source!r}, which names no file; "
+                "a directory's URL must end in '/'"
+            )
+    elif model.sha256:
+        raise ConfigError(
+            f"{line('sha256')}: {model.name} pins a sha256 but has no 'source' to check it against"
+        )
+    for name, digest in model.sha256.items():
+        if not _SHA256.fullmatch(digest.removeprefix("sha256:").strip().lower()):
+            raise ConfigError(
+                f"{line('sha256', name)}: '{key('sha256', name)}' is {digest!r}; "
+                "expected 64 hexadecimal digits (`sha256sum FILE` prints them)"
+            )
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class _Where:
+    """ "model.yaml:7" for a key path of the text, as far as the text has it."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self._source = source
+        try:
+            self._root: Any = YAML(typ="rt").load(io.StringIO(text))
+        except YAMLError:
+            self._root = None
+
+    def __call__(self, path: list[Any]) -> str:
+        line: int | None = None
+        node = self._root
+        for part in path:
+            if isinstance(node, CommentedMap) and part in node:
+                line = node.lc.key(part)[0] + 1
+                node = node[part]
+            elif isinstance(node, CommentedSeq) and isinstance(part, int) and part < len(node):
+                line = node.lc.item(part)[0] + 1
+                node = node[part]
+            else:
+                break
+        return f"{self._source}:{line}" if line else self._source

@@ -1,0 +1,48 @@
+"""Why each node is or is not a place for a model's next replica: placement's own verdicts.
+
+The admin API and `llmgw ctl explain` read this module only, so what they
+show follows placement (control/placement.py) without touching them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from llmgw.config import ModelConfig, ServerConfig
+from llmgw.control import placement
+from llmgw.control.inventory import Inventory
+
+
+@attrs.frozen
+class Candidate:
+    """One node judged for one profile of a model."""
+
+    profile: str
+    node: str
+    candidate: bool
+    # A phrase that follows the node's name: "is unreachable", "is a candidate".
+    reason: str
+
+
+def explain_placement(
+    model: ModelConfig,
+    inventory: Inventory,
+    cfg: ServerConfig,
+    models: Sequence[ModelConfig] | None = None,
+    backoff: Mapping[tuple[str, str], placement.Backoff] | None = None,
+) -> list[Candidate]:
+    """For every profile of model in order, every node in id order: a candidate, or why it is not.
+
+    models is the live catalog (control/catalog.py); cfg.models when None. backoff is the
+    reconciler's (`Reconciler.backoff`): without it a node the model keeps failing on would read
+    "is a candidate" while placement passes it over.
+    """
+    nodes = sorted(inventory.nodes(), key=lambda n: n.id)
+    catalog = cfg.models if models is None else models
+    verdicts = placement.explain(model, nodes, inventory.replicas(), catalog, cfg.control.placement, backoff)
+    return [
+        Candidate(profile=v.profile, node=v.node, candidate=v.candidate, reason=v.reason or "is a candidate")
+        for v in verdicts
+    ]

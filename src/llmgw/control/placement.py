@@ -1,0 +1,510 @@
+"""The scheduler: which nodes run each replica of a model, and why every other node does not.
+
+A model stuck pending with "no suitable workers" and nothing else is what an
+operator most often cannot act on, so here every node, for every profile in
+order, is either a candidate or rejected with exactly one reason, in words
+that name what to fix: "is draining", "does not have llamacpp installed
+(installing: downloading llama-b6500-bin-ubuntu-x64.tar.gz (16 MB))", "has
+too few free h100-80g GPUs (1 of 8 free, 2 needed)".
+
+Pure: a `Scheduler` is built from a snapshot of nodes and replicas and the
+catalog, does no I/O, and accounts for what it places itself (cards and
+memory claimed by placed replicas, old and new, are not offered again), so
+one pass of the reconciler can place many replicas on one snapshot.
+
+Placement takes time proportional to the nodes once per profile, then a
+heap pop per replica: a thousand replicas over five thousand nodes must not
+hold the event loop for seconds (scripts/bench_placement.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
+from llmgw.control.inventory import READY, Inventory, Node, Replica
+
+SPREAD = "spread"
+BINPACK = "binpack"
+
+# The kinds of reason, in the order they are checked: a node gets the first that applies.
+STATE = "state"
+ENGINE = "engine"
+GPU_CLASS = "gpu_class"
+CARDS = "cards"
+MEMORY = "memory"
+FABRIC = "fabric"
+LABEL = "label"
+# The model's replica failed on the node lately (the reconciler's backoff, per model and node).
+BACKOFF = "backoff"
+
+# Replicas in these states hold nothing: a failed one is about to be stopped and replaced.
+_HOLDS_NOTHING = frozenset({"failed", "stopped"})
+
+
+@attrs.frozen
+class Verdict:
+    """One node judged for one profile of a model: a candidate, or the one reason it is not."""
+
+    profile: str
+    node: str
+    # Empty for a candidate; otherwise a phrase that follows the node's name: "is unreachable".
+    reason: str = ""
+    kind: str = ""
+
+    @property
+    def candidate(self) -> bool:
+        return not self.reason
+
+    def __str__(self) -> str:
+        return f"node {self.node} {self.reason or 'is a candidate'} (profile {self.profile})"
+
+
+@attrs.frozen
+class Backoff:
+    """A node the model is not placed on for now, because its replica failed there."""
+
+    failures: int
+    # Seconds until the node is tried again for the model.
+    remaining_s: float
+
+    def reason(self) -> str:
+        times = "failure" if self.failures == 1 else "failures"
+        return f"is backing off after {self.failures} {times} (next try in {self.remaining_s:.0f} s)"
+
+
+@attrs.frozen
+class Rank:
+    """One node's share of a replica: the node and the cards it gives."""
+
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+
+
+@attrs.frozen
+class Placement:
+    """Where one new replica goes: one rank per node, rank 0 first."""
+
+    model: str
+    profile: ProfileConfig
+    ranks: tuple[Rank, ...]
+    # The fabric a multi-node replica's nodes share; empty for a single node.
+    fabric: str = ""
+
+
+def gpus_needed(profile: ProfileConfig) -> int:
+    """Cards each node gives one replica of profile: gpus_per_node, or 1 when only a class is named."""
+    if profile.gpus_per_node > 0:
+        return profile.gpus_per_node
+    return 1 if profile.gpu_class else 0
+
+
+class _NodeState:
+    """A node as placement sees it, and what is left of it after claims.
+
+    Its facts are copied once out of the protobuf messages: their attribute
+    access costs microseconds, which over thousands of nodes and hundreds of
+    profiles was most of a placement pass.
+    """
+
+    __slots__ = (
+        "classes",
+        "engines",
+        "fabrics",
+        "free",
+        "free_count",
+        "id",
+        "labels",
+        "memory_free",
+        "memory_total",
+        "node",
+        "ready",
+        "replicas",
+        "unhealthy",
+    )
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.id = node.id
+        self.replicas = 0
+        cards = [(g.index, g.gpu_class, g.healthy, g.unhealthy_reason) for g in node.gpus]
+        # Every card's class, healthy or not: "wrong class" and "too few free" are different reasons.
+        self.classes = Counter(cls for _, cls, _, _ in cards)
+        # Healthy, unclaimed cards: index -> class.
+        self.free: dict[int, str] = {i: cls for i, cls, healthy, _ in cards if healthy}
+        self.free_count = Counter(self.free.values())
+        self.ready = node.state == READY and node.connected and node.admin_state == READY
+        # None when the node has not said (an agent too old to probe): then no engine is refused.
+        self.engines = frozenset(node.engine_versions) if node.engines_probed else None
+        self.labels = dict(node.labels)
+        self.unhealthy = [(i, cls, why) for i, cls, healthy, why in cards if not healthy]
+        # Total, not available: available already counts the engines placed here, and counting
+        # them again as claims would leave a full node looking twice as full.
+        self.memory_total: int | None = node.memory.total_mb if node.memory is not None else None
+        self.memory_free = self.memory_total
+        self.fabrics = sorted({f.name for f in node.fabrics if f.name})
+
+    def free_of(self, gpu_class: str) -> list[int]:
+        return sorted(i for i, c in self.free.items() if not gpu_class or c == gpu_class)
+
+    def count_free(self, gpu_class: str) -> int:
+        return self.free_count[gpu_class] if gpu_class else len(self.free)
+
+    def fits(self, profile: ProfileConfig) -> bool:
+        """Whether what is left takes one more replica of profile (`_capacity_reason` says why not)."""
+        need = gpus_needed(profile)
+        if need and self.count_free(profile.gpu_class) < need:
+            return False
+        if profile.min_memory_mb > 0:
+            return self.memory_free is not None and self.memory_free >= profile.min_memory_mb
+        return True
+
+    def claim(self, gpu_class: str, cards: int, indices: Sequence[int], memory_mb: int) -> tuple[int, ...]:
+        """Take cards (the given indices, else the lowest free ones of the class) and memory."""
+        taken = [i for i in indices if i in self.free]
+        if not indices:
+            taken = self.free_of(gpu_class)[:cards]
+        for i in taken:
+            self.free_count[self.free.pop(i)] -= 1
+        if self.memory_free is not None:
+            self.memory_free -= memory_mb
+        self.replicas += 1
+        return tuple(taken)
+
+    def key(self, policy: str) -> tuple[int, int, int, str]:
+        """Order among candidates; the smallest is taken first."""
+        cards, memory = len(self.free), self.memory_free or 0
+        if policy == BINPACK:
+            # The fullest node that still fits, so whole nodes stay free for big replicas.
+            return (cards, memory, -self.replicas, self.id)
+        return (self.replicas, -cards, -memory, self.id)
+
+
+class _Pool:
+    """The nodes that pass a profile's unchanging checks, in a heap by the policy's order.
+
+    A node's key changes when a replica is placed on it; a fresh entry is
+    pushed then, and an entry whose key is no longer the node's is dropped
+    when it surfaces.
+    """
+
+    def __init__(self, members: list[_NodeState], policy: str) -> None:
+        self.members = members
+        self.heap = [st.key(policy) for st in members]
+        heapq.heapify(self.heap)
+
+
+class Scheduler:
+    """Places replicas on a snapshot of the cluster, counting what it has placed."""
+
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        replicas: Iterable[Replica],
+        catalog: Sequence[ModelConfig] = (),
+        policy: str = SPREAD,
+        backoff: Mapping[tuple[str, str], Backoff] | None = None,
+    ) -> None:
+        self._policy = policy
+        # (model, node) -> why the model is not placed there now; the reconciler keeps the clock.
+        self._backoff = dict(backoff or {})
+        self._states = {n.id: _NodeState(n) for n in sorted(nodes, key=lambda n: n.id)}
+        self._profiles = {(m.name, p.name): p for m in catalog for p in m.profiles}
+        # By what a profile asks of a node: models with the same needs share one pool.
+        self._pools: dict[tuple[object, ...], _Pool] = {}
+        self._pools_of: dict[str, list[_Pool]] = defaultdict(list)
+        # A model that could not be placed cannot be later in the same snapshot: nothing frees up.
+        self._unplaceable: set[str] = set()
+        for replica in replicas:
+            self._hold(replica)
+
+    @classmethod
+    def for_inventory(
+        cls,
+        inventory: Inventory,
+        cfg: ServerConfig,
+        models: Sequence[ModelConfig] | None = None,
+        backoff: Mapping[tuple[str, str], Backoff] | None = None,
+    ) -> Scheduler:
+        """A snapshot of the inventory; models is the live catalog (cfg.models when None)."""
+        catalog = cfg.models if models is None else models
+        return cls(inventory.nodes(), inventory.replicas(), catalog, cfg.control.placement, backoff)
+
+    def _hold(self, replica: Replica) -> None:
+        st = self._states.get(replica.node_id)
+        if st is None or replica.state in _HOLDS_NOTHING:
+            return
+        profile = self._profiles.get((replica.model, replica.profile))
+        if profile is None:
+            # A replica of a model no longer in the catalog still holds the cards it reported.
+            st.claim("", 0, replica.gpu_indices, 0)
+            return
+        st.claim(profile.gpu_class, gpus_needed(profile), replica.gpu_indices, profile.min_memory_mb)
+
+    # -- explaining ----------------------------------------------------------------
+
+    def explain(self, model: ModelConfig) -> list[Verdict]:
+        """Every node, for every profile of model in order: a candidate, or the reason it is not."""
+        verdicts: list[Verdict] = []
+        for profile in model.profiles:
+            judged = [self._judge(st, profile, model.name) for st in self._states.values()]
+            if profile.nodes > 1:
+                judged = self._judge_fabrics(profile, judged)
+            verdicts.extend(judged)
+        return verdicts
+
+    def why_not(self, model: ModelConfig) -> str:
+        """Why no node can take a replica of model now, in one sentence for `why_no_ready`."""
+        if not model.profiles:
+            return "no node can run it (it has no profile)"
+        if not self._states:
+            return "no node can run it (no node is connected)"
+        verdicts = self.explain(model)
+        parts = []
+        for profile in model.profiles:
+            mine = [v for v in verdicts if v.profile == profile.name]
+            summary = _summarize(profile, mine, len(self._states))
+            parts.append(summary if len(model.profiles) == 1 else f"profile {profile.name}: {summary}")
+        return f"no node can run it ({'; '.join(parts)})"
+
+    def _judge(self, st: _NodeState, profile: ProfileConfig, model: str = "") -> Verdict:
+        kind, reason = _static_reason(st, profile)
+        backoff = self._backoff.get((model, st.id))
+        if not reason and backoff is not None:
+            kind, reason = BACKOFF, backoff.reason()
+        if not reason:
+            kind, reason = _capacity_reason(st, profile)
+        return Verdict(profile=profile.name, node=st.id, reason=reason, kind=kind)
+
+    def _judge_fabrics(self, profile: ProfileConfig, judged: list[Verdict]) -> list[Verdict]:
+        """A candidate for a multi-node profile stays one only on a fabric with enough candidates."""
+        counts = Counter(f for v in judged if v.candidate for f in self._states[v.node].fabrics)
+        out = []
+        for v in judged:
+            fabrics = self._states[v.node].fabrics
+            if v.candidate and not any(counts[f] >= profile.nodes for f in fabrics):
+                have = ", ".join(f"{f} has {counts[f]}" for f in fabrics)
+                v = attrs.evolve(
+                    v,
+                    kind=FABRIC,
+                    reason=f"is on no fabric with the {profile.nodes} candidate nodes "
+                    f"a replica needs ({have})",
+                )
+            out.append(v)
+        return out
+
+    # -- placing -------------------------------------------------------------------
+
+    def place(self, model: ModelConfig) -> Placement | None:
+        """Where one more replica of model goes, claimed at once; None when nowhere (see why_not)."""
+        if model.name in self._unplaceable:
+            return None
+        for profile in model.profiles:
+            if profile.nodes > 1:
+                placement = self._place_across(model, profile)
+            else:
+                placement = self._place_one(model, profile)
+            if placement is not None:
+                return placement
+        self._unplaceable.add(model.name)
+        return None
+
+    def _pool(self, profile: ProfileConfig) -> _Pool:
+        needs = (
+            profile.engine,
+            profile.gpu_class,
+            gpus_needed(profile),
+            profile.nodes,
+            profile.min_memory_mb,
+            tuple(sorted(profile.labels.items())),
+        )
+        pool = self._pools.get(needs)
+        if pool is None:
+            members = [st for st in self._states.values() if _statically_fit(st, profile)]
+            pool = self._pools[needs] = _Pool(members, self._policy)
+            for st in members:
+                self._pools_of[st.id].append(pool)
+        return pool
+
+    def _place_one(self, model: ModelConfig, profile: ProfileConfig) -> Placement | None:
+        heap = self._pool(profile).heap
+        # Nodes backing off for this model only: set aside, and back in the pool for other models.
+        skipped: list[tuple[int, int, int, str]] = []
+        try:
+            while heap:
+                key = heap[0]
+                st = self._states[key[-1]]
+                if key != st.key(self._policy):
+                    heapq.heappop(heap)  # stale: a fresher entry was pushed when the node changed
+                    continue
+                if not st.fits(profile):
+                    # Full for this profile, and nothing frees up within one snapshot.
+                    heapq.heappop(heap)
+                    continue
+                if (model.name, st.id) in self._backoff:
+                    skipped.append(heapq.heappop(heap))
+                    continue
+                rank = self._claim(st, profile)
+                return Placement(model=model.name, profile=profile, ranks=(rank,))
+            return None
+        finally:
+            for key in skipped:
+                heapq.heappush(heap, key)
+
+    def _place_across(self, model: ModelConfig, profile: ProfileConfig) -> Placement | None:
+        """A multi-node replica: `nodes` candidates that share one fabric, never across two."""
+        by_fabric: dict[str, list[_NodeState]] = defaultdict(list)
+        for st in self._pool(profile).members:
+            if st.fits(profile) and (model.name, st.id) not in self._backoff:
+                for fabric in st.fabrics:
+                    by_fabric[fabric].append(st)
+        best: tuple[list[tuple[int, int, int, str]], str] | None = None
+        for fabric, members in sorted(by_fabric.items()):
+            if len(members) < profile.nodes:
+                continue
+            chosen = heapq.nsmallest(profile.nodes, (st.key(self._policy) for st in members))
+            if best is None or chosen < best[0]:
+                best = (chosen, fabric)
+        if best is None:
+            return None
+        keys, fabric = best
+        ranks = tuple(self._claim(self._states[key[-1]], profile) for key in keys)
+        return Placement(model=model.name, profile=profile, ranks=ranks, fabric=fabric)
+
+    def _claim(self, st: _NodeState, profile: ProfileConfig) -> Rank:
+        taken = st.claim(profile.gpu_class, gpus_needed(profile), (), profile.min_memory_mb)
+        key = st.key(self._policy)
+        for pool in self._pools_of.get(st.id, ()):
+            heapq.heappush(pool.heap, key)
+        return Rank(node=st.id, gpu_indices=taken)
+
+
+def _statically_fit(st: _NodeState, profile: ProfileConfig) -> bool:
+    """`_static_reason` finds nothing, without wording anything: run for every node and profile."""
+    if not st.ready or (st.engines is not None and profile.engine not in st.engines):
+        return False
+    if gpus_needed(profile) and not (st.classes[profile.gpu_class] if profile.gpu_class else st.classes):
+        return False
+    if profile.nodes > 1 and not st.fabrics:
+        return False
+    return all(st.labels.get(k) == v for k, v in profile.labels.items())
+
+
+def _static_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
+    """What placing anything cannot change: state, engine, GPU class, fabric, labels."""
+    node = st.node
+    if node.state != READY:
+        return STATE, f"is {node.state}"
+    if not node.connected:
+        return STATE, "is not connected"
+    if node.admin_state != READY:
+        return STATE, f"is {node.admin_state}"
+    if node.engines_probed and profile.engine not in node.engine_versions:
+        return ENGINE, _not_installed(node, profile.engine)
+    if gpus_needed(profile) and not (st.classes[profile.gpu_class] if profile.gpu_class else st.classes):
+        what = f"no {profile.gpu_class} GPU" if profile.gpu_class else "no GPU"
+        return GPU_CLASS, f"has {what} ({_describe_gpus(st)})"
+    if profile.nodes > 1 and not st.fabrics:
+        return FABRIC, f"has no fabric, which a {profile.nodes}-node profile needs"
+    for key, value in sorted(profile.labels.items()):
+        have = node.labels.get(key)
+        if have is None:
+            return LABEL, f"lacks the label {key}={value}"
+        if have != value:
+            return LABEL, f"has the label {key}={have}, not {key}={value}"
+    return "", ""
+
+
+def _capacity_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
+    """What placed replicas use up: free cards and memory."""
+    need = gpus_needed(profile)
+    cls = profile.gpu_class
+    if need and (free := st.count_free(cls)) < need:
+        total = st.classes[cls] if cls else sum(st.classes.values())
+        reason = f"has too few free {cls + ' ' if cls else ''}GPUs ({free} of {total} free, {need} needed)"
+        sick = [(i, why) for i, c, why in st.unhealthy if not cls or c == cls]
+        if sick:
+            whys = "; ".join(f"GPU {i}: {why or 'unhealthy'}" for i, why in sick)
+            reason += f"; {len(sick)} unhealthy ({whys})"
+        return CARDS, reason
+    if profile.min_memory_mb > 0:
+        if st.memory_free is None or st.memory_total is None:
+            return MEMORY, "has not reported its memory"
+        if st.memory_free < profile.min_memory_mb:
+            return MEMORY, (
+                f"has too little memory ({max(st.memory_free, 0)} MB free of {st.memory_total} MB, "
+                f"{profile.min_memory_mb} MB needed)"
+            )
+    return "", ""
+
+
+def explain(
+    model: ModelConfig,
+    nodes: Iterable[Node],
+    replicas: Iterable[Replica],
+    catalog: Sequence[ModelConfig] = (),
+    policy: str = SPREAD,
+    backoff: Mapping[tuple[str, str], Backoff] | None = None,
+) -> list[Verdict]:
+    """Every node for every profile of model: candidate or the one reason it is not, as of now."""
+    return Scheduler(nodes, replicas, catalog, policy, backoff).explain(model)
+
+
+def _not_installed(node: Node, engine: str) -> str:
+    """In the node's own words when it is installing or failed: what it says it is doing."""
+    status = next((p for p in node.provision if p.engine == engine), None)
+    if status is not None and status.state != "ready" and status.detail:
+        return f"does not have {engine} installed ({status.state}: {status.detail})"
+    if status is not None and status.state != "ready":
+        return f"does not have {engine} installed ({status.state})"
+    return f"does not have {engine} installed"
+
+
+def _describe_gpus(st: _NodeState) -> str:
+    if not st.classes:
+        return "it has no GPU"
+    return "it has " + ", ".join(f"{n} × {cls or 'unknown'}" for cls, n in sorted(st.classes.items()))
+
+
+# How several nodes rejected for the same kind of reason are summed up.
+_MANY: Mapping[str, str] = {
+    STATE: "are not ready",
+    ENGINE: "do not have {engine} installed",
+    GPU_CLASS: "have no {gpu} GPU",
+    CARDS: "have too few free {gpu} GPUs",
+    MEMORY: "have too little memory",
+    FABRIC: "have no fabric with enough candidates",
+    LABEL: "lack the labels {labels}",
+    BACKOFF: "are backing off after failures of this model",
+}
+
+
+def _summarize(profile: ProfileConfig, verdicts: Sequence[Verdict], total: int) -> str:
+    """The reasons of one profile, grouped: one node by its own words, several counted."""
+    groups: dict[str, list[Verdict]] = defaultdict(list)
+    for v in verdicts:
+        if not v.candidate:
+            groups[v.kind].append(v)
+    parts = []
+    for kind in (STATE, ENGINE, GPU_CLASS, BACKOFF, CARDS, MEMORY, FABRIC, LABEL):
+        group = groups.get(kind, [])
+        if not group:
+            continue
+        plain = all(v.reason == f"does not have {profile.engine} installed" for v in group)
+        if kind == ENGINE and len(group) == total and plain:
+            parts.append(f"no node has the {profile.engine} engine")
+        elif len(group) == 1:
+            parts.append(f"node {group[0].node} {group[0].reason}")
+        else:
+            labels = ", ".join(f"{k}={v}" for k, v in sorted(profile.labels.items()))
+            phrase = (
+                _MANY[kind]
+                .format(engine=profile.engine, gpu=profile.gpu_class or "", labels=labels)
+                .replace("  ", " ")
+            )
+            parts.append(f"{len(group)} nodes {phrase}")
+    return ", ".join(parts) or "every node is a candidate"

@@ -1,0 +1,352 @@
+"""Limits and budgets in memory: admission checks and reserves every scope of a key's chain at once.
+
+A key's chain is the key, its project, the project's team and the team's
+org. Admission runs without an await from the first check to the last
+reservation, so on the one event loop no other request can slip in between:
+200 concurrent requests on a key with rpm=60 admit exactly 60.
+
+Rate limits count a sliding 60-second window per scope: every admitted
+request stays in the window for 60 s with the tokens it reserved (its prompt
+estimate and max_tokens), settled to what the engine reported once it ends.
+Budgets count money per period (day, week, month in UTC, or total): what the
+store's usage says was spent, plus what was settled since, plus what requests
+in flight have reserved.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
+
+import attrs
+
+from llmgw.gateway.errors import ApiError
+from llmgw.gateway.usage import UsageRecorder
+from llmgw.store.db import Store
+from llmgw.store.keys import KeyRecord
+from llmgw.store.quotas import Budget, Limits, Period, list_budgets, list_limits
+from llmgw.store.scopes import Chain, Hierarchy, Scope, load_hierarchy
+from llmgw.store.usage import cost_by_day
+
+WINDOW_S = 60.0
+
+
+class _Reservation:
+    """One admitted request, in the window of every limited scope of its chain."""
+
+    __slots__ = ("t", "tokens")
+
+    def __init__(self, t: float, tokens: int) -> None:
+        self.t = t
+        self.tokens = tokens
+
+
+class _Window:
+    """The requests of the last 60 s of one scope, and the tokens they hold."""
+
+    __slots__ = ("events", "requests", "tokens")
+
+    def __init__(self) -> None:
+        self.events: deque[_Reservation] = deque()
+        self.requests = 0
+        self.tokens = 0
+
+    def prune(self, now: float) -> None:
+        events = self.events
+        edge = now - WINDOW_S
+        while events and events[0].t <= edge:
+            gone = events.popleft()
+            self.requests -= 1
+            self.tokens -= gone.tokens
+
+    def requests_free_in(self, rpm: int, now: float) -> float:
+        """Seconds until the window holds fewer than rpm requests."""
+        if rpm <= 0 or self.requests < rpm:
+            return WINDOW_S if rpm <= 0 else 0.0
+        return self.events[self.requests - rpm].t + WINDOW_S - now
+
+    def tokens_free_in(self, tpm: int, tokens: int, now: float) -> float:
+        """Seconds until `tokens` more fit under tpm, or the window is empty."""
+        held = self.tokens
+        if tpm <= 0:
+            return WINDOW_S
+        if not held or held + tokens <= tpm:
+            return 0.0
+        for event in self.events:
+            held -= event.tokens
+            if held <= 0 or held + tokens <= tpm:
+                return event.t + WINDOW_S - now
+        return WINDOW_S
+
+
+@attrs.define
+class _BudgetState:
+    """A budget and what counts against it; kept across refreshes, since tickets point at it."""
+
+    amount: float
+    period: Period
+    starts: str = ""  # ISO date the current period starts on
+    ends_at: float = 0.0  # wall-clock second the next one starts at
+    spent: float = 0.0
+    reserved: float = 0.0
+
+    def roll(self, now: float) -> None:
+        if now >= self.ends_at:
+            self.starts, self.ends_at = _period(self.period, now)
+            self.spent = 0.0
+
+
+def _period(period: Period, now: float) -> tuple[str, float]:
+    today = datetime.fromtimestamp(now, UTC).date()
+    if period == "total":
+        return date.min.isoformat(), math.inf
+    if period == "day":
+        start, end = today, today + timedelta(days=1)
+    elif period == "week":
+        start = today - timedelta(days=today.weekday())
+        end = start + timedelta(days=7)
+    else:
+        start = today.replace(day=1)
+        end = (start + timedelta(days=32)).replace(day=1)
+    return start.isoformat(), datetime.combine(end, datetime.min.time(), UTC).timestamp()
+
+
+@attrs.define
+class Ticket:
+    """What one admitted request reserved, to be settled when it ends."""
+
+    reservation: _Reservation
+    windows: list[_Window]
+    budgets: list[_BudgetState]
+    cost: float
+    settled: bool = False
+
+
+def _over(window: _Window, tpm: int, tokens: int) -> bool:
+    """Whether tokens more would pass tpm: a tpm of 0 refuses everything."""
+    return tpm <= 0 or (window.tokens > 0 and window.tokens + tokens > tpm)
+
+
+def _seconds(value: float) -> str:
+    return f"{max(value, 0.0):.3f}".rstrip("0").rstrip(".") + "s"
+
+
+class Quotas:
+    """Every scope's limits and budgets, their windows and spending; loaded from the store, refreshed."""
+
+    def __init__(self, recorder: UsageRecorder, *, default_rpm: int = 0, default_tpm: int = 0) -> None:
+        self._recorder = recorder
+        # 0 in server.yaml means unlimited; None here, like a scope without a limit.
+        self._default = (default_rpm or None, default_tpm or None)
+        self._hierarchy = Hierarchy({}, {}, {})
+        self._limits: dict[Scope, tuple[int | None, int | None]] = {}
+        self._budgets: dict[Scope, _BudgetState] = {}
+        self._windows: dict[Scope, _Window] = {}
+        self._chains: dict[int, tuple[Scope, ...]] = {}
+
+    @property
+    def hierarchy(self) -> Hierarchy:
+        return self._hierarchy
+
+    @property
+    def budgets(self) -> list[Budget]:
+        return [Budget(scope, state.amount, state.period) for scope, state in self._budgets.items()]
+
+    def spent(self, scope: Scope) -> float | None:
+        """What counts as spent in the current period of the scope's budget; None without a budget."""
+        state = self._budgets.get(scope)
+        if state is None:
+            return None
+        state.roll(time.time())
+        return state.spent
+
+    def replace(self, hierarchy: Hierarchy, limits: Sequence[Limits], budgets: Sequence[Budget]) -> None:
+        """Swap in what the store holds; windows, spending and reservations carry over."""
+        self._hierarchy = hierarchy
+        self._chains = {pid: hierarchy.chain(pid).scopes for pid in hierarchy.projects}
+        self._limits = {lim.scope: (lim.rpm, lim.tpm) for lim in limits}
+        kept: dict[Scope, _BudgetState] = {}
+        for budget in budgets:
+            state = self._budgets.get(budget.scope)
+            if state is None or state.period != budget.period:
+                state = _BudgetState(budget.amount, budget.period)
+            state.amount = budget.amount
+            kept[budget.scope] = state
+        self._budgets = kept
+
+    async def refresh(self, store: Store) -> None:
+        """Reload the hierarchy, limits and budgets, and count each budget's spending again."""
+        hierarchy = await load_hierarchy(store)
+        limits = await list_limits(store)
+        budgets = await list_budgets(store)
+        now = time.time()
+        starts = {b.scope: _period(b.period, now)[0] for b in budgets}
+        spent = dict.fromkeys(starts, 0.0)
+        if starts:
+            # Under the writer's lock, so a batch is in the store or pending, never both.
+            async with self._recorder.lock:
+                rows = await cost_by_day(store, min(starts.values()))
+                rows += [(k.day, k.key_id, k.project_id, t.cost) for k, t in self._recorder.pending()]
+        else:
+            rows = []
+        for day, key_id, project_id, cost in rows:
+            chain: tuple[Scope, ...] = (Scope("key", key_id),)
+            if project_id in hierarchy.projects:
+                chain += hierarchy.chain(project_id).scopes
+            for scope in chain:
+                if scope in starts and day >= starts[scope]:
+                    spent[scope] += cost
+        self.replace(hierarchy, limits, budgets)
+        # Nothing awaited since the rows were read: every settlement since is in them.
+        for scope, state in self._budgets.items():
+            state.starts, state.ends_at = _period(state.period, now)
+            state.spent = spent[scope]
+
+    def chain(self, key: KeyRecord) -> Chain | None:
+        if key.project_id in self._hierarchy.projects:
+            return self._hierarchy.chain(key.project_id)
+        return None
+
+    def _name(self, scope: Scope, key: KeyRecord) -> str:
+        if scope.kind == "key":
+            return f"key '{key.name}' ({key.prefix}…)"
+        return self._hierarchy.name(scope)
+
+    def admit(self, key: KeyRecord, tokens: int, cost: float) -> Ticket:
+        """Check every scope of key's chain and reserve on all of them, or raise a 429 naming the scope."""
+        scopes = (Scope("key", key.id), *self._chains.get(key.project_id, ()))
+        limited: list[tuple[Scope, int | None, int | None]] = []
+        any_rpm = any_tpm = False
+        for scope in scopes:
+            found = self._limits.get(scope)
+            if found is not None:
+                rpm, tpm = found
+                any_rpm = any_rpm or rpm is not None
+                any_tpm = any_tpm or tpm is not None
+                limited.append((scope, rpm, tpm))
+        # auth.default_rpm/default_tpm: for a key that no scope of its chain limits.
+        default_rpm = None if any_rpm else self._default[0]
+        default_tpm = None if any_tpm else self._default[1]
+        if default_rpm is not None or default_tpm is not None:
+            if limited and limited[0][0] == scopes[0]:
+                # The key limits one kind itself: one window, both limits.
+                _, rpm, tpm = limited[0]
+                limited[0] = (
+                    scopes[0],
+                    rpm if rpm is not None else default_rpm,
+                    tpm if tpm is not None else default_tpm,
+                )
+            else:
+                limited.insert(0, (scopes[0], default_rpm, default_tpm))
+        now = time.monotonic()
+        windows: list[_Window] = []
+        for scope, rpm, tpm in limited:
+            window = self._windows.get(scope)
+            if window is None:
+                window = self._windows[scope] = _Window()
+            window.prune(now)
+            # A request larger than the whole minute's allowance still gets an
+            # empty window; otherwise it could never be served.
+            if (rpm is not None and window.requests >= rpm) or (
+                tpm is not None and _over(window, tpm, tokens)
+            ):
+                raise self._rate_limited(scope, key, window, rpm, tpm, tokens, now)
+            windows.append(window)
+        budgets: list[_BudgetState] = []
+        for scope in scopes:
+            state = self._budgets.get(scope)
+            if state is not None:
+                state.roll(time.time())
+                if state.spent + state.reserved >= state.amount:
+                    raise self._budget_spent(scope, key, state)
+                budgets.append(state)
+        reservation = _Reservation(now, tokens)
+        for window in windows:
+            window.events.append(reservation)
+            window.requests += 1
+            window.tokens += tokens
+        for state in budgets:
+            state.reserved += cost
+        return Ticket(reservation, windows, budgets, cost)
+
+    def settle(self, ticket: Ticket, tokens: int, cost: float) -> None:
+        """Replace what the request reserved by what it used."""
+        if ticket.settled:
+            return
+        ticket.settled = True
+        reservation = ticket.reservation
+        delta = tokens - reservation.tokens
+        now = time.monotonic()
+        for window in ticket.windows:
+            window.prune(now)
+            # Once out of the window its reservation has already been taken off.
+            if reservation.t > now - WINDOW_S:
+                window.tokens += delta
+        reservation.tokens = tokens
+        for state in ticket.budgets:
+            state.reserved -= ticket.cost
+            state.spent += cost
+
+    def _rate_limited(
+        self,
+        scope: Scope,
+        key: KeyRecord,
+        window: _Window,
+        rpm: int | None,
+        tpm: int | None,
+        tokens: int,
+        now: float,
+    ) -> ApiError:
+        headers: dict[str, str] = {}
+        waits: list[float] = []
+        said: list[str] = []
+        if rpm is not None:
+            wait = window.requests_free_in(rpm, now)
+            headers["x-ratelimit-limit-requests"] = str(rpm)
+            headers["x-ratelimit-remaining-requests"] = str(max(rpm - window.requests, 0))
+            headers["x-ratelimit-reset-requests"] = _seconds(wait)
+            if window.requests >= rpm:
+                waits.append(wait)
+                said.append(f"{rpm} requests per minute")
+        if tpm is not None:
+            wait = window.tokens_free_in(tpm, tokens, now)
+            headers["x-ratelimit-limit-tokens"] = str(tpm)
+            headers["x-ratelimit-remaining-tokens"] = str(max(tpm - window.tokens, 0))
+            headers["x-ratelimit-reset-tokens"] = _seconds(wait)
+            if _over(window, tpm, tokens):
+                waits.append(wait)
+                said.append(
+                    f"{tpm} tokens per minute (this request reserves {tokens}: its prompt and max_tokens)"
+                )
+        wait = max(waits)
+        headers["Retry-After"] = str(max(math.ceil(wait), 1))
+        headers["retry-after-ms"] = str(max(math.ceil(wait * 1000), 1))
+        return ApiError(
+            429,
+            f"rate limit reached for {self._name(scope, key)}: {' and '.join(said)}; "
+            f"try again in {max(math.ceil(wait), 1)} s",
+            type="requests" if rpm is not None and window.requests >= rpm else "tokens",
+            code="rate_limit_exceeded",
+            headers=headers,
+        )
+
+    def _budget_spent(self, scope: Scope, key: KeyRecord, state: _BudgetState) -> ApiError:
+        period = "in total" if state.period == "total" else f"this {state.period} (since {state.starts})"
+        headers = None
+        until = ""
+        if math.isfinite(state.ends_at):
+            wait = max(math.ceil(state.ends_at - time.time()), 1)
+            headers = {"Retry-After": str(wait)}
+            until = f"; it renews on {datetime.fromtimestamp(state.ends_at, UTC):%Y-%m-%d} (UTC)"
+        in_flight = f", {state.reserved:.4g} more held by requests in flight" if state.reserved else ""
+        return ApiError(
+            429,
+            f"the budget of {self._name(scope, key)} is spent: {state.spent:.4g} of {state.amount:g} "
+            f"{period}{in_flight}{until}",
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers=headers,
+        )

@@ -1,0 +1,146 @@
+"""Usage: read from the engine's reply as it passes, added up in memory, written in batches.
+
+No request writes to the database: `UsageRecorder.record` adds to a dict and
+one writer task moves the totals into the store every second, and once more
+when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+import structlog
+
+from llmgw.store.db import Store
+from llmgw.store.usage import UsageKey, UsageTotals, add_usage
+
+log = structlog.get_logger(__name__)
+
+_USAGE = b'"usage"'
+_DECODER = json.JSONDecoder()
+# How far past '"usage"' its object may reach; OpenAI's is under 300 bytes
+# even with its token details.
+_USAGE_SPAN = 2048
+# How much of a stream's end is kept to find the usage in: its last event
+# (`stream_options.include_usage`) and `data: [DONE]`, with room to spare.
+STREAM_TAIL = 8192
+
+
+def find_usage(data: bytes | bytearray) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) of the last non-null "usage" in a reply or a stream's tail.
+
+    Searched from the end, so a stream whose every chunk says `"usage":null`
+    costs one search. An escaped "usage" inside generated text reads
+    `\\"usage\\"` and never matches.
+    """
+    end = len(data)
+    while (at := data.rfind(_USAGE, 0, end)) >= 0:
+        end = at
+        text = bytes(data[at + len(_USAGE) : at + _USAGE_SPAN]).decode("utf-8", "replace").lstrip()
+        if not text.startswith(":"):
+            continue
+        try:
+            value, _ = _DECODER.raw_decode(text[1:].lstrip())
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
+            if isinstance(prompt, int) and isinstance(completion, int):
+                return prompt, completion
+    return None
+
+
+class UsageRecorder:
+    """Totals per day, key, project, model and status, waiting for the writer."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self._interval_s = interval_s
+        self._pending: dict[UsageKey, UsageTotals] = {}
+        self._stopping = asyncio.Event()
+        self._day = ""
+        self._day_ends = 0.0
+        # Held while a batch moves to the store, so that whoever reads the
+        # store and the pending totals together (budgets, at refresh) never
+        # sees a batch in both or in neither.
+        self.lock = asyncio.Lock()
+
+    def _today(self) -> str:
+        now = time.time()
+        if now >= self._day_ends:
+            today = datetime.fromtimestamp(now, UTC).date()
+            self._day = today.isoformat()
+            self._day_ends = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC).timestamp()
+        return self._day
+
+    def record(
+        self,
+        key_id: int,
+        project_id: int,
+        model: str,
+        status: int,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cost: float,
+        latency_ms: float,
+    ) -> None:
+        """Add one request; no I/O."""
+        key = UsageKey(self._today(), key_id, project_id, model, status)
+        totals = self._pending.get(key)
+        if totals is None:
+            totals = self._pending[key] = UsageTotals()
+        totals.requests += 1
+        totals.prompt_tokens += prompt_tokens
+        totals.completion_tokens += completion_tokens
+        totals.cost += cost
+        totals.latency_ms += latency_ms
+
+    def pending(self) -> Iterable[tuple[UsageKey, UsageTotals]]:
+        """What is counted but not yet in the store."""
+        return list(self._pending.items())
+
+    async def flush(self, store: Store) -> None:
+        """Move every pending total into the store in one transaction."""
+        async with self.lock:
+            if not self._pending:
+                return
+            batch, self._pending = self._pending, {}
+            try:
+                await add_usage(store, batch.items())
+            except BaseException:
+                # Back into pending, so that the next flush tries again and
+                # the gateway's budgets keep counting it.
+                for key, totals in batch.items():
+                    into = self._pending.setdefault(key, UsageTotals())
+                    into.requests += totals.requests
+                    into.prompt_tokens += totals.prompt_tokens
+                    into.completion_tokens += totals.completion_tokens
+                    into.cost += totals.cost
+                    into.latency_ms += totals.latency_ms
+                raise
+
+    def stop(self) -> None:
+        """Ask the writer to flush once more and return."""
+        self._stopping.set()
+
+    async def run(self, store: Store) -> None:
+        """The writer: flush every interval until stop(), then a last time.
+
+        Stopped by stop() rather than by cancellation: a flush cancelled while
+        its COMMIT runs in aiosqlite's thread cannot know whether it landed.
+        """
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval_s):
+                    await self._stopping.wait()
+            last = self._stopping.is_set()
+            try:
+                await self.flush(store)
+            except Exception:
+                log.exception("could not write usage to the store; keeping it to try again")
+            if last:
+                return

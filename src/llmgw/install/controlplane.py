@@ -1,0 +1,453 @@
+"""`llmgw server init`: everything a control plane needs before it can start, in the order it needs it.
+
+Every step looks before it acts and says which it did (`ok …` when it
+changed something, `kept …` when it found it done), so running init again
+finishes an install that stopped halfway and changes nothing on one that did
+not. It never overwrites server.yaml or an authority, never resets an
+existing administrator's password, and leaves alone a certificate issued by
+an authority kept on another machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import shutil
+import string
+import tempfile
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+
+import attrs
+
+from llmgw import pki
+from llmgw.config import ServerConfig
+from llmgw.control.catalog import load_server_config
+from llmgw.install.system import Account, InstallError, System
+from llmgw.roles.listen import split_host_port
+from llmgw.store import Store, open_store
+from llmgw.store.scopes import DEFAULT_PROJECT_ID, Scope, load_hierarchy
+from llmgw.store.users import approve_user, ensure_admin, get_user_by_email, list_users, promote_user
+
+SERVICE = "llmgw-server"
+UNIT_DIR = Path("/etc/systemd/system")
+HEALTH_TIMEOUT_S = 30.0
+_HEALTH_POLL_S = 0.5
+Report = Callable[[str], None]
+
+
+def unit_text(name: str) -> str:
+    """A systemd unit llmgw ships (llmgw-server.service, ...), as installed from the package."""
+    return resources.files("llmgw.install").joinpath("files", name).read_text(encoding="utf-8")
+
+
+def _template() -> str:
+    return resources.files("llmgw.install").joinpath("files", "server.yaml").read_text(encoding="utf-8")
+
+
+def on_machine(root: Path, path: str | Path) -> Path:
+    """Where an absolute path of the machine (/etc/llmgw) lies under root."""
+    return root / Path(path).relative_to("/")
+
+
+@attrs.frozen
+class InitOptions:
+    root: Path = Path("/")
+    admin: str | None = None
+    # Names and addresses agents dial besides the ones the machine sees of itself.
+    hosts: tuple[str, ...] = ()
+    # The authority's directory, as a path of the machine; None is <etc>/pki.
+    pki: Path | None = None
+    user: str = "llmgw"
+    health_timeout_s: float = HEALTH_TIMEOUT_S
+
+    @property
+    def etc(self) -> Path:
+        return on_machine(self.root, "/etc/llmgw")
+
+    @property
+    def state(self) -> Path:
+        return on_machine(self.root, "/var/lib/llmgw")
+
+    @property
+    def pki_dir(self) -> Path:
+        return on_machine(self.root, self.pki) if self.pki is not None else self.etc / "pki"
+
+    @property
+    def config_path(self) -> Path:
+        return self.etc / "server.yaml"
+
+    @property
+    def unit_path(self) -> Path:
+        return on_machine(self.root, UNIT_DIR / f"{SERVICE}.service")
+
+
+@attrs.frozen
+class InitResult:
+    changed: bool
+    config: ServerConfig
+    # The administrator's generated password, when one was created by this run.
+    password: str | None
+    # Whether systemd runs the server; False leaves the command to start it by hand.
+    running: bool
+    health_url: str
+    server_addresses: tuple[str, ...]
+
+
+async def init_control_plane(opts: InitOptions, system: System, report: Report) -> InitResult:
+    """Do each step not yet done; the first to fail raises InstallError, ConfigError or CertificateError."""
+    steps = _Steps(opts, system, report)
+    cfg = await asyncio.to_thread(steps.prepare)
+    password = await steps.store(cfg)
+    running = await asyncio.to_thread(steps.service)
+    url = health_url(cfg)
+    if running:
+        await steps.wait_healthy(url)
+    return InitResult(
+        changed=steps.changed,
+        config=cfg,
+        password=password,
+        running=running,
+        health_url=url,
+        server_addresses=tuple(steps.wanted_names()),
+    )
+
+
+def health_url(cfg: ServerConfig) -> str:
+    host, port = split_host_port(cfg.listen, "listen")
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/health"
+
+
+def next_steps(result: InitResult, opts: InitOptions) -> list[str]:
+    """What to do once init is done: look at the cluster, add a node, add a model."""
+    _, agent_port = split_host_port(result.config.agent_listen, "agent_listen")
+    address = next(iter(result.server_addresses), "<this machine>")
+    if ":" in address:
+        address = f"[{address}]"
+    lines = [""]
+    if result.running:
+        lines.append(f"The control plane is running ({result.health_url} answers). Next:")
+    else:
+        lines += [
+            "Start it by hand (there is no systemd here):",
+            f"  sudo -u {opts.user} llmgw --role=server --config /etc/llmgw/server.yaml",
+            "Then:",
+        ]
+    pki_flag = f" --pki {opts.pki}" if opts.pki is not None else ""
+    lines += [
+        "  llmgw ctl status        # no nodes and no models yet, which is right for now",
+        "  # each node, from this machine (it holds the authority):",
+        f"  scripts/onboard-node.sh --node NAME --addr NODE --server {address}:{agent_port}{pki_flag}",
+        "  # then a model: add it under `models:` in /etc/llmgw/server.yaml (docs/install.md, step 4)",
+    ]
+    return lines
+
+
+def _normal(name: str) -> str:
+    """IP addresses in their canonical text and DNS names in lower case, so that both compare."""
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        return name.strip().lower().rstrip(".")
+
+
+@attrs.define
+class _Steps:
+    opts: InitOptions
+    system: System
+    report: Report
+    changed: bool = False
+    account: Account | None = None
+
+    def ok(self, what: str) -> None:
+        self.changed = True
+        self.report(f"ok    {what}")
+
+    def kept(self, what: str) -> None:
+        self.report(f"kept  {what}")
+
+    # -- files: run in a thread ------------------------------------------------
+
+    def prepare(self) -> ServerConfig:
+        self._user()
+        self._directories()
+        self._certificates()
+        return self._configuration()
+
+    def _user(self) -> None:
+        name = self.opts.user
+        account = self.system.lookup_user(name)
+        if account is None:
+            self.system.create_system_user(name, "/var/lib/llmgw")
+            account = self.system.lookup_user(name)
+            if account is None:
+                raise InstallError(f"useradd reported success but there is still no user {name}")
+            self.ok(f"system user {name}")
+        else:
+            self.kept(f"system user {name}")
+        self.account = account
+
+    def _directories(self) -> None:
+        assert self.account is not None
+        opts = self.opts
+        for path, mode, owner in (
+            (opts.etc, 0o755, None),
+            (opts.state, 0o750, self.account),
+            (opts.pki_dir, 0o700, None),
+        ):
+            existed = path.is_dir()
+            path.mkdir(parents=True, exist_ok=True)
+            fixed = _ensure_access(path, mode, owner.uid if owner else -1, owner.gid if owner else -1)
+            whose = f", owned by {opts.user}" if owner else ""
+            if not existed or fixed:
+                self.ok(f"{path} ({mode:04o}{whose})")
+            else:
+                self.kept(f"{path}")
+
+    def wanted_names(self) -> list[str]:
+        """Every name an agent could dial: --host first, then the hostname and each address of the machine.
+
+        Asking the operator to list them is how a certificate ends up naming
+        the one address nobody uses, found out when the first node refuses it.
+        """
+        names: list[str] = []
+        for name in (*self.opts.hosts, self.system.hostname(), *self.system.addresses()):
+            if name and _normal(name) not in names:
+                names.append(_normal(name))
+        return names
+
+    def _certificates(self) -> None:
+        assert self.account is not None
+        opts = self.opts
+        ca_cert, ca_key = opts.pki_dir / pki.CA_CERT, opts.pki_dir / pki.CA_KEY
+        server_cert, server_key = opts.etc / "server.pem", opts.etc / "server-key.pem"
+        trusted = opts.etc / "ca.pem"
+        have_authority = ca_cert.is_file() and ca_key.is_file()
+        if server_cert.is_file() and not (have_authority and pki.is_issued_by(server_cert, ca_cert)):
+            # Issued by an authority kept on another machine, which is how
+            # anyone who will not keep ca-key.pem on the control plane works.
+            # A new authority here would replace it with one no node trusts.
+            if opts.hosts:
+                raise InstallError(
+                    f"{server_cert} was issued by a certificate authority that is not in {opts.pki_dir}, "
+                    f"so init cannot add {', '.join(opts.hosts)} to it: reissue it where that authority "
+                    "is kept (`llmgw cert issue-server … --host …`), copy it here and run init again, "
+                    "or give that authority's directory with --pki"
+                )
+            self.kept(f"{server_cert}, issued by an authority kept elsewhere")
+            if _ensure_access(server_key, 0o640, -1, self.account.gid):
+                self.ok(f"{server_key} readable by {opts.user} (0640)")
+            return
+        if have_authority:
+            self.kept(f"certificate authority in {opts.pki_dir}")
+        elif ca_cert.exists() or ca_key.exists():
+            raise InstallError(
+                f"{opts.pki_dir} holds only one of {pki.CA_CERT} and {pki.CA_KEY}: restore the other "
+                "from your backup; a new authority would not be trusted by any node the old one signed"
+            )
+        else:
+            pki.init_ca(opts.pki_dir)
+            self.ok(f"certificate authority in {opts.pki_dir} (ca-key.pem signs every node: back it up)")
+        if not trusted.is_file() or trusted.read_bytes() != ca_cert.read_bytes():
+            shutil.copyfile(ca_cert, trusted)
+            trusted.chmod(0o644)
+            self.ok(f"{trusted}, the authority the server checks nodes against")
+        else:
+            self.kept(f"{trusted}")
+        wanted = self.wanted_names()
+        added: list[str] = []
+        if server_cert.is_file():
+            have = pki.certificate_names(server_cert)
+            added = [name for name in wanted if name not in have]
+            if not added:
+                self.kept(f"server certificate for {', '.join(have)}")
+                return
+            # The union: an address that worked yesterday is never dropped by adding one today.
+            wanted = have + added
+        self._issue_server(wanted, server_cert, server_key)
+        note = f" (added {', '.join(added)})" if added else ""
+        self.ok(f"server certificate for {', '.join(wanted)}{note}")
+
+    def _issue_server(self, names: Sequence[str], cert: Path, key: Path) -> None:
+        assert self.account is not None
+        common_name = self.system.hostname() or "llmgw-server"
+        # Issued beside the old pair and moved over it, so that a failure
+        # halfway never leaves a certificate without its key.
+        with tempfile.TemporaryDirectory(dir=cert.parent, prefix=".issue-") as tmp:
+            new_cert, new_key = pki.issue_server(self.opts.pki_dir, common_name, list(names), Path(tmp))
+            # The service runs as the llmgw user and must read its key; nobody else may.
+            _ensure_access(new_key, 0o640, -1, self.account.gid)
+            new_cert.chmod(0o644)
+            os.replace(new_key, key)
+            os.replace(new_cert, cert)
+
+    def _configuration(self) -> ServerConfig:
+        assert self.account is not None
+        opts, path = self.opts, self.opts.config_path
+        if path.exists():
+            self.kept(f"{path} (never overwritten)")
+        else:
+            text = string.Template(_template()).substitute(
+                etc=opts.etc,
+                state_dir=opts.state,
+                pki=opts.pki_dir,
+            )
+            tmp = path.with_name(f".{path.name}.new")
+            tmp.write_text(text, encoding="utf-8")
+            _ensure_access(tmp, 0o640, -1, self.account.gid)
+            os.replace(tmp, path)
+            self.ok(f"{path}")
+        # Checked whether written now or years ago: a file that will not load
+        # is better found here than as a unit restarting every two seconds.
+        cfg = load_server_config(path)
+        for key, address in (
+            ("listen", cfg.listen),
+            ("admin_listen", cfg.admin_listen),
+            ("agent_listen", cfg.agent_listen),
+        ):
+            split_host_port(address, key)
+        pki.server_ssl_context(cfg.tls)
+        return cfg
+
+    # -- the store: async --------------------------------------------------------
+
+    async def store(self, cfg: ServerConfig) -> str | None:
+        path = cfg.database_path
+        existed = await asyncio.to_thread(path.exists)
+        password: str | None = None
+        async with open_store(path) as store:
+            if existed:
+                self.kept(f"store {path}")
+            else:
+                self.ok(f"store {path}")
+            await self._default_scopes(store)
+            if self.opts.admin:
+                password = await self._administrator(store, self.opts.admin)
+            else:
+                admins = [u.email for u in await list_users(store) if u.is_admin and u.active]
+                if admins:
+                    self.kept(f"administrator {', '.join(admins)}")
+                else:
+                    self.report(
+                        "skip  no --admin: run init again with --admin EMAIL to create the administrator"
+                    )
+        # Created by root, so the service could not write it; given back before it starts.
+        await asyncio.to_thread(self._give_store_back, path)
+        return password
+
+    async def _default_scopes(self, store: Store) -> None:
+        hierarchy = await load_hierarchy(store)
+        if DEFAULT_PROJECT_ID not in hierarchy.projects:
+            raise InstallError(
+                f"the store {store.path} has no default project; it was created by another "
+                "version of llmgw — `llmgw --version` on both sides tells which"
+            )
+        default = hierarchy.name(Scope("project", DEFAULT_PROJECT_ID))
+        self.kept(f"default organisation, team and project: {default}")
+
+    async def _administrator(self, store: Store, email: str) -> str | None:
+        password = await ensure_admin(store, email)
+        user = await get_user_by_email(store, email)
+        assert user is not None
+        if user.project_id is None:
+            # An account outside every project can sign in and cannot make a key.
+            user = await approve_user(store, user.id, DEFAULT_PROJECT_ID)
+            if password is None:
+                self.ok(f"{email} approved into the default project")
+        if not user.is_admin or not user.active:
+            user = await promote_user(store, user.id)
+            self.ok(f"{email} promoted to administrator; its password is unchanged")
+        if password is not None:
+            self.ok(f"administrator {email}")
+            self.report(f"      password: {password}")
+            self.report("      shown this once: sign in at /login and change it on /profile")
+        elif user.is_admin:
+            self.kept(f"administrator {email}; its password is unchanged")
+        return password
+
+    def _give_store_back(self, path: Path) -> None:
+        assert self.account is not None
+        for suffix in ("", "-wal", "-shm"):
+            part = path.with_name(path.name + suffix)
+            if part.exists():
+                _ensure_access(part, None, self.account.uid, self.account.gid)
+
+    # -- systemd: run in a thread ------------------------------------------------
+
+    def service(self) -> bool:
+        if not self.system.has_systemd():
+            self.report(
+                f"skip  no systemd here: start the server with "
+                f"`sudo -u {self.opts.user} llmgw --role=server --config /etc/llmgw/server.yaml`"
+            )
+            return False
+        unit, text = self.opts.unit_path, unit_text(f"{SERVICE}.service")
+        if unit.is_file() and unit.read_text(encoding="utf-8") == text:
+            self.kept(f"{unit}")
+        else:
+            note = ""
+            if unit.is_file():
+                # Somebody's edits, kept: the unit is also where people put
+                # environment overrides, and those are not ours to lose.
+                shutil.copyfile(unit, unit.with_name(unit.name + ".bak"))
+                note = f" (the edited one is kept as {unit.name}.bak)"
+            unit.parent.mkdir(parents=True, exist_ok=True)
+            unit.write_text(text, encoding="utf-8")
+            unit.chmod(0o644)
+            self.ok(f"{unit}{note}")
+            self._systemctl("daemon-reload")
+        active = self.system.systemctl("is-active", "--quiet", SERVICE).returncode == 0
+        enabled = self.system.systemctl("is-enabled", "--quiet", SERVICE).returncode == 0
+        if not active:
+            self._systemctl("enable", "--now", SERVICE)
+            self.ok(f"{SERVICE} enabled and started")
+            return True
+        if not enabled:
+            self._systemctl("enable", SERVICE)
+            self.ok(f"{SERVICE} enabled at boot")
+        if self.changed:
+            # A certificate or a file the running server has not read is one
+            # it is not using, and that shows up as a node that cannot connect.
+            self._systemctl("restart", SERVICE)
+            self.ok(f"{SERVICE} restarted to read what changed")
+        else:
+            self.kept(f"{SERVICE} running")
+        return True
+
+    def _systemctl(self, *args: str) -> None:
+        done = self.system.systemctl(*args)
+        if done.returncode != 0:
+            raise InstallError(f"`systemctl {' '.join(args)}` failed: {done.output or 'no output'}")
+
+    async def wait_healthy(self, url: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.opts.health_timeout_s
+        while not await self.system.healthy(url):
+            if loop.time() >= deadline:
+                raise InstallError(
+                    f"{SERVICE} is not answering on {url} after {self.opts.health_timeout_s:.0f} s; "
+                    f"`journalctl -u {SERVICE} -n 50` says why"
+                )
+            await asyncio.sleep(_HEALTH_POLL_S)
+        self.report(f"ok    {SERVICE} answers on {url}")
+
+
+def _ensure_access(path: Path, mode: int | None, uid: int, gid: int) -> bool:
+    """Give path this mode and owner (-1 leaves that part); whether anything had to change."""
+    st = path.stat()
+    changed = False
+    if mode is not None and st.st_mode & 0o7777 != mode:
+        path.chmod(mode)
+        changed = True
+    if (uid != -1 and st.st_uid != uid) or (gid != -1 and st.st_gid != gid):
+        os.chown(path, uid, gid)
+        changed = True
+    return changed

@@ -1,0 +1,88 @@
+"""Limits (requests and tokens per minute) and budgets (money per period) of every scope.
+
+The store holds what an administrator set; the gateway loads it into memory
+and reloads it every second, so that no request waits on the database.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, cast
+
+import attrs
+
+from llmgw.store.db import Store
+from llmgw.store.scopes import Scope, ScopeError, ScopeKind
+
+Period = Literal["day", "week", "month", "total"]
+PERIODS: tuple[Period, ...] = ("day", "week", "month", "total")
+
+
+@attrs.frozen
+class Limits:
+    """None: this scope sets no limit of that kind (a scope above it may)."""
+
+    scope: Scope
+    rpm: int | None
+    tpm: int | None
+
+
+@attrs.frozen
+class Budget:
+    scope: Scope
+    amount: float
+    period: Period
+
+
+def _scope(row: object) -> Scope:
+    return Scope(cast(ScopeKind, row["scope_kind"]), int(row["scope_id"]))  # type: ignore[index]
+
+
+async def set_limits(store: Store, scope: Scope, rpm: int | None, tpm: int | None) -> None:
+    """Set the scope's limits; both None removes them."""
+    for name, value in (("rpm", rpm), ("tpm", tpm)):
+        if value is not None and value < 0:
+            raise ScopeError(f"{name} of {scope} is {value}; it must be 0 or more (None for no limit)")
+    async with store.transaction() as db:
+        if rpm is None and tpm is None:
+            await db.execute(
+                "DELETE FROM limits WHERE scope_kind = ? AND scope_id = ?", (scope.kind, scope.id)
+            )
+            return
+        await db.execute(
+            "INSERT INTO limits (scope_kind, scope_id, rpm, tpm) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (scope_kind, scope_id) DO UPDATE SET rpm = excluded.rpm, tpm = excluded.tpm",
+            (scope.kind, scope.id, rpm, tpm),
+        )
+
+
+async def list_limits(store: Store) -> list[Limits]:
+    async with store.db.execute("SELECT * FROM limits ORDER BY scope_kind, scope_id") as cursor:
+        return [Limits(_scope(row), row["rpm"], row["tpm"]) for row in await cursor.fetchall()]
+
+
+async def set_budget(store: Store, scope: Scope, amount: float, period: str) -> None:
+    """Set the scope's budget: amount (in the unit of the prices) per period."""
+    if period not in PERIODS:
+        raise ScopeError(f"a budget's period is one of {', '.join(PERIODS)}, not '{period}'")
+    if amount < 0:
+        raise ScopeError(f"the budget of {scope} is {amount}; it must be 0 or more")
+    async with store.transaction() as db:
+        await db.execute(
+            "INSERT INTO budgets (scope_kind, scope_id, amount, period) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (scope_kind, scope_id)"
+            " DO UPDATE SET amount = excluded.amount, period = excluded.period",
+            (scope.kind, scope.id, amount, period),
+        )
+
+
+async def clear_budget(store: Store, scope: Scope) -> None:
+    async with store.transaction() as db:
+        await db.execute("DELETE FROM budgets WHERE scope_kind = ? AND scope_id = ?", (scope.kind, scope.id))
+
+
+async def list_budgets(store: Store) -> list[Budget]:
+    async with store.db.execute("SELECT * FROM budgets ORDER BY scope_kind, scope_id") as cursor:
+        return [
+            Budget(_scope(row), float(row["amount"]), cast(Period, row["period"]))
+            for row in await cursor.fetchall()
+        ]

@@ -1,0 +1,204 @@
+"""Organisations, teams and projects: who a key's requests are counted against.
+
+Every key belongs to a project, every project to a team, every team to an
+organisation. A `default` of each exists from the first start (migration 2),
+so a fresh install has somewhere to put its first key.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from typing import Literal
+
+import attrs
+
+from llmgw.errors import LlmgwError
+from llmgw.store.db import Store
+
+ScopeKind = Literal["org", "team", "project", "key"]
+SCOPE_KINDS: tuple[ScopeKind, ...] = ("key", "project", "team", "org")
+
+DEFAULT_ORG_ID = 1
+DEFAULT_TEAM_ID = 1
+DEFAULT_PROJECT_ID = 1
+
+
+class ScopeError(LlmgwError):
+    """A scope that cannot be created or found, in a sentence."""
+
+
+@attrs.frozen(cache_hash=True)
+class Scope:
+    """Something limits, budgets and usage attach to: a key, a project, a team or an org."""
+
+    # cache_hash: admission hashes each scope of a chain several times per request.
+    kind: ScopeKind
+    id: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+    @classmethod
+    def parse(cls, text: str) -> Scope:
+        """ "project:3" -> Scope("project", 3)."""
+        kind, _, number = text.partition(":")
+        if kind not in SCOPE_KINDS or not number.isdigit():
+            raise ScopeError(f"'{text}' is not a scope: write KIND:ID, KIND one of {', '.join(SCOPE_KINDS)}")
+        return cls(kind, int(number))
+
+
+@attrs.frozen
+class Org:
+    id: int
+    name: str
+
+
+@attrs.frozen
+class Team:
+    id: int
+    org_id: int
+    name: str
+
+
+@attrs.frozen
+class Project:
+    id: int
+    team_id: int
+    name: str
+
+
+@attrs.frozen
+class Chain:
+    """A project with the team and org above it."""
+
+    project: Project
+    team: Team
+    org: Org
+
+    @property
+    def scopes(self) -> tuple[Scope, Scope, Scope]:
+        return (Scope("project", self.project.id), Scope("team", self.team.id), Scope("org", self.org.id))
+
+
+@attrs.frozen
+class Hierarchy:
+    """The whole tree, loaded at once, so the gateway resolves a key's chain without the database."""
+
+    orgs: Mapping[int, Org]
+    teams: Mapping[int, Team]
+    projects: Mapping[int, Project]
+
+    def chain(self, project_id: int) -> Chain:
+        project = self.projects[project_id]
+        team = self.teams[project.team_id]
+        return Chain(project=project, team=team, org=self.orgs[team.org_id])
+
+    def name(self, scope: Scope) -> str:
+        """How a person is told about a scope: "project 'web' (team 'core', org 'acme')"."""
+        if scope.kind == "org" and scope.id in self.orgs:
+            return f"org '{self.orgs[scope.id].name}'"
+        if scope.kind == "team" and scope.id in self.teams:
+            team = self.teams[scope.id]
+            return f"team '{team.name}' (org '{self.orgs[team.org_id].name}')"
+        if scope.kind == "project" and scope.id in self.projects:
+            chain = self.chain(scope.id)
+            return f"project '{chain.project.name}' (team '{chain.team.name}', org '{chain.org.name}')"
+        return f"{scope.kind} {scope.id}"
+
+    def project_id(self, text: str) -> int:
+        """The project a person named by id or by name; a name several teams use must be given by id."""
+        if text.isdigit() and int(text) in self.projects:
+            return int(text)
+        named = [p for p in self.projects.values() if p.name == text]
+        if len(named) == 1:
+            return named[0].id
+        if named:
+            choices = "; ".join(f"{p.id}: {self.name(Scope('project', p.id))}" for p in named)
+            raise ScopeError(f"several projects are called '{text}'; give the id of one: {choices}")
+        known = ", ".join(f"{p.id} ({p.name})" for p in self.projects.values())
+        raise ScopeError(f"there is no project '{text}'; the projects are {known}")
+
+
+def _checked(name: str, what: str) -> str:
+    if not name.strip():
+        raise ScopeError(f"a {what} needs a name")
+    return name
+
+
+async def _insert(store: Store, sql: str, args: tuple[object, ...], duplicate: str, missing: str) -> int:
+    try:
+        async with store.transaction() as db:
+            cursor = await db.execute(sql, args)
+            new_id = cursor.lastrowid
+    except sqlite3.IntegrityError as exc:
+        raise ScopeError(missing if "FOREIGN KEY" in str(exc) else duplicate) from None
+    assert new_id is not None
+    return new_id
+
+
+async def create_org(store: Store, name: str) -> Org:
+    _checked(name, "organisation")
+    new_id = await _insert(
+        store,
+        "INSERT INTO orgs (name) VALUES (?)",
+        (name,),
+        duplicate=f"there is already an organisation called '{name}'",
+        missing="",
+    )
+    return Org(new_id, name)
+
+
+async def create_team(store: Store, org_id: int, name: str) -> Team:
+    _checked(name, "team")
+    new_id = await _insert(
+        store,
+        "INSERT INTO teams (org_id, name) VALUES (?, ?)",
+        (org_id, name),
+        duplicate=f"organisation {org_id} already has a team called '{name}'",
+        missing=f"there is no organisation {org_id} to put the team '{name}' in",
+    )
+    return Team(new_id, org_id, name)
+
+
+async def create_project(store: Store, team_id: int, name: str) -> Project:
+    _checked(name, "project")
+    new_id = await _insert(
+        store,
+        "INSERT INTO projects (team_id, name) VALUES (?, ?)",
+        (team_id, name),
+        duplicate=f"team {team_id} already has a project called '{name}'",
+        missing=f"there is no team {team_id} to put the project '{name}' in",
+    )
+    return Project(new_id, team_id, name)
+
+
+async def list_orgs(store: Store) -> list[Org]:
+    async with store.db.execute("SELECT id, name FROM orgs ORDER BY id") as cursor:
+        return [Org(row["id"], row["name"]) for row in await cursor.fetchall()]
+
+
+async def list_teams(store: Store, org_id: int | None = None) -> list[Team]:
+    sql = "SELECT id, org_id, name FROM teams"
+    args: tuple[int, ...] = ()
+    if org_id is not None:
+        sql, args = sql + " WHERE org_id = ?", (org_id,)
+    async with store.db.execute(sql + " ORDER BY id", args) as cursor:
+        return [Team(row["id"], row["org_id"], row["name"]) for row in await cursor.fetchall()]
+
+
+async def list_projects(store: Store, team_id: int | None = None) -> list[Project]:
+    sql = "SELECT id, team_id, name FROM projects"
+    args: tuple[int, ...] = ()
+    if team_id is not None:
+        sql, args = sql + " WHERE team_id = ?", (team_id,)
+    async with store.db.execute(sql + " ORDER BY id", args) as cursor:
+        return [Project(row["id"], row["team_id"], row["name"]) for row in await cursor.fetchall()]
+
+
+async def load_hierarchy(store: Store) -> Hierarchy:
+    return Hierarchy(
+        orgs={o.id: o for o in await list_orgs(store)},
+        teams={t.id: t for t in await list_teams(store)},
+        projects={p.id: p for p in await list_projects(store)},
+    )

@@ -1,0 +1,150 @@
+"""Usage per day, key, project, model and status: what was asked, what it cost, how long it took.
+
+The gateway adds up requests in memory and one writer task adds its totals
+here in batches (gateway/usage.py); nothing here runs on a request's path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import date
+
+import attrs
+
+from llmgw.store.db import Store
+from llmgw.store.scopes import Scope
+
+
+@attrs.frozen
+class UsageKey:
+    """What usage is added up by."""
+
+    day: str  # ISO date, UTC
+    key_id: int  # 0: no key (auth disabled)
+    project_id: int
+    model: str
+    status: int
+
+
+@attrs.define
+class UsageTotals:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    latency_ms: float = 0.0  # summed; divided by requests when read
+
+
+@attrs.frozen
+class UsageDay:
+    """One day of one project's use of one model, every key and status together."""
+
+    day: date
+    project_id: int
+    model: str
+    requests: int
+    errors: int  # requests answered with a status of 400 or more
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    latency_ms_avg: float
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+async def add_usage(store: Store, batch: Iterable[tuple[UsageKey, UsageTotals]]) -> None:
+    """Add a batch of totals to the day's rows, in one transaction."""
+    rows = [
+        (
+            k.day,
+            k.key_id,
+            k.project_id,
+            k.model,
+            k.status,
+            t.requests,
+            t.prompt_tokens,
+            t.completion_tokens,
+            t.cost,
+            t.latency_ms,
+        )
+        for k, t in batch
+    ]
+    if not rows:
+        return
+    async with store.transaction() as db:
+        await db.executemany(
+            "INSERT INTO usage_daily (day, key_id, project_id, model, status, requests, prompt_tokens,"
+            " completion_tokens, cost, latency_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (day, key_id, project_id, model, status) DO UPDATE SET"
+            " requests = requests + excluded.requests,"
+            " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+            " completion_tokens = completion_tokens + excluded.completion_tokens,"
+            " cost = cost + excluded.cost,"
+            " latency_ms = latency_ms + excluded.latency_ms",
+            rows,
+        )
+
+
+_SCOPE_FILTER = {
+    "key": "u.key_id = ?",
+    "project": "u.project_id = ?",
+    "team": "p.team_id = ?",
+    "org": "t.org_id = ?",
+}
+
+
+async def usage_by_day(
+    store: Store, scope: Scope | None = None, since: date | None = None, until: date | None = None
+) -> list[UsageDay]:
+    """Usage per day, project and model, oldest first; scope, since and until (inclusive) narrow it."""
+    where: list[str] = []
+    args: list[object] = []
+    if scope is not None:
+        where.append(_SCOPE_FILTER[scope.kind])
+        args.append(scope.id)
+    if since is not None:
+        where.append("u.day >= ?")
+        args.append(since.isoformat())
+    if until is not None:
+        where.append("u.day <= ?")
+        args.append(until.isoformat())
+    sql = (
+        "SELECT u.day, u.project_id, u.model, SUM(u.requests) AS requests,"
+        " SUM(CASE WHEN u.status >= 400 THEN u.requests ELSE 0 END) AS errors,"
+        " SUM(u.prompt_tokens) AS prompt_tokens, SUM(u.completion_tokens) AS completion_tokens,"
+        " SUM(u.cost) AS cost, SUM(u.latency_ms) AS latency_ms"
+        " FROM usage_daily u LEFT JOIN projects p ON p.id = u.project_id"
+        " LEFT JOIN teams t ON t.id = p.team_id"
+        + (" WHERE " + " AND ".join(where) if where else "")
+        + " GROUP BY u.day, u.project_id, u.model ORDER BY u.day, u.project_id, u.model"
+    )
+    async with store.db.execute(sql, args) as cursor:
+        return [
+            UsageDay(
+                day=date.fromisoformat(row["day"]),
+                project_id=row["project_id"],
+                model=row["model"],
+                requests=row["requests"],
+                errors=row["errors"],
+                prompt_tokens=row["prompt_tokens"],
+                completion_tokens=row["completion_tokens"],
+                cost=float(row["cost"]),
+                latency_ms_avg=float(row["latency_ms"]) / row["requests"] if row["requests"] else 0.0,
+            )
+            for row in await cursor.fetchall()
+        ]
+
+
+async def cost_by_day(store: Store, since: str) -> list[tuple[str, int, int, float]]:
+    """(day, key_id, project_id, cost) from since (ISO date) on: what budgets are counted from at start."""
+    async with store.db.execute(
+        "SELECT day, key_id, project_id, SUM(cost) AS cost FROM usage_daily WHERE day >= ?"
+        " GROUP BY day, key_id, project_id",
+        (since,),
+    ) as cursor:
+        return [
+            (row["day"], row["key_id"], row["project_id"], float(row["cost"]))
+            for row in await cursor.fetchall()
+        ]

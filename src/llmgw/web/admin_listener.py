@@ -1,0 +1,115 @@
+"""The admin listener: the cluster pages and the admin API, for the control plane's own machine.
+
+Nothing here asks who you are: reaching the loopback address is the
+credential, as it is for `llmgw ctl` run on the server. Two things keep a
+browser on that machine from being used against it: requests must name the
+machine itself in their Host header (a page elsewhere cannot rebind its own
+name to 127.0.0.1 and read the cluster), and changes are JSON only (which a
+page elsewhere cannot send without a preflight this listener never answers).
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from llmgw.config import ServerConfig
+from llmgw.control.adminapi import admin_token_or_session
+from llmgw.control.inventory import Inventory
+from llmgw.roles.listen import split_host_port
+from llmgw.web.cluster import mount_cluster_pages
+from llmgw.web.context import ACCOUNTS_KEY, WEB_KEY, WebContext
+from llmgw.web.render import load_templates
+from llmgw.web.sessions import current_session, current_user, require_admin
+
+_LOCAL_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+# A model's definition may come as YAML (`llmgw ctl model add`); YAML's types, like JSON's, are not
+# ones a page elsewhere may send without a preflight.
+_CHANGE_TYPES = frozenset({"application/json", "application/yaml", "application/x-yaml", "text/yaml"})
+
+
+# Where a script in an administrator's browser puts the session's CSRF token to change something.
+CSRF_HEADER = "X-CSRF-Token"
+
+
+def _host_name(host: str) -> str:
+    """ "127.0.0.1" from "127.0.0.1:9090", "::1" from "[::1]:9090"."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def make_admin_app(cfg: ServerConfig, inventory: Inventory, pages: WebContext) -> web.Application:
+    """The app admin_listen serves: /, /models, /nodes/{id}/logs and /api/v1/*."""
+    listen_host, _ = split_host_port(cfg.admin_listen, "admin_listen")
+    allowed = _LOCAL_NAMES | {listen_host}
+
+    @web.middleware
+    async def this_machine_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if _host_name(request.host.lower()) not in allowed:
+            return web.json_response(
+                {
+                    "error": "the admin listener answers only to this machine's own names, "
+                    f"not {request.host}; "
+                    "from elsewhere, use /admin on the client port with an admin token or session"
+                },
+                status=421,
+            )
+        if request.method not in ("GET", "HEAD", "OPTIONS") and request.content_type not in _CHANGE_TYPES:
+            return web.json_response(
+                {
+                    "error": "changes are accepted as JSON only (Content-Type: application/json), "
+                    "and a model's definition as YAML (Content-Type: application/yaml)"
+                },
+                status=415,
+            )
+        return await handler(request)
+
+    app = web.Application(middlewares=[this_machine_only])
+    app[WEB_KEY] = pages
+    app[ACCOUNTS_KEY] = False
+
+    async def load(app: web.Application) -> None:
+        await load_templates(pages)
+
+    app.on_startup.append(load)
+    mount_cluster_pages(app, cfg, inventory, on_admin_listener=True)
+
+    async def css(request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=pages.css, content_type="text/css", headers={"Cache-Control": "max-age=3600"}
+        )
+
+    app.router.add_get("/static/llmgw.css", css)
+    return app
+
+
+async def _admin_session(request: web.Request) -> bool:
+    user = await current_user(request)
+    if user is None or not user.is_admin or not user.active:
+        return False
+    if request.method in ("GET", "HEAD"):
+        return True
+    # A change needs the session's CSRF token in a header: the cookie alone rides along with any
+    # request a page elsewhere makes, the token is only on this site's own pages.
+    session = await current_session(request)
+    sent = request.headers.get(CSRF_HEADER, "")
+    return session is not None and bool(sent) and hmac.compare_digest(sent, session.csrf)
+
+
+def mount_on_client_port(app: web.Application, cfg: ServerConfig, inventory: Inventory) -> None:
+    """The same pages and API under /admin on the client port, for administrators only.
+
+    Pages need an administrator's session; the API an admin token, or such a session (for a change,
+    with the session's CSRF token in an X-CSRF-Token header).
+    """
+    mount_cluster_pages(
+        app,
+        cfg,
+        inventory,
+        on_admin_listener=False,
+        guard_page=require_admin,
+        guard_api=admin_token_or_session(cfg, _admin_session),
+    )

@@ -1,0 +1,99 @@
+"""A stacked bar chart as inline SVG, drawn on the server: tokens per day, one colour per project.
+
+No script and no chart library: the page must work with the strict content
+security policy the pages send, and an operator's browser may be offline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import date
+
+import attrs
+from markupsafe import Markup, escape
+
+# Distinguishable for the common colour-blindnesses (Okabe and Ito's palette).
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+
+_WIDTH, _HEIGHT = 900, 280
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 12, 12, 40
+
+
+@attrs.frozen
+class Series:
+    label: str
+    colour: str
+
+
+def colour(index: int) -> str:
+    return PALETTE[index % len(PALETTE)]
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 5 times a power of ten at or above value, so the axis reads in round numbers."""
+    if value <= 0:
+        return 1.0
+    power = 1.0
+    while power * 10 <= value:
+        power *= 10
+    while power > value:
+        power /= 10
+    for step in (1, 2, 5, 10):
+        if step * power >= value:
+            return step * power
+    return 10 * power
+
+
+def _short(value: float) -> str:
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:g}{suffix}"
+    return f"{value:g}"
+
+
+def stacked_bars(
+    days: Sequence[date], series: Sequence[Series], values: Mapping[tuple[date, int], float], title: str
+) -> Markup:
+    """An <svg> with one bar per day, stacked by series (values keyed by (day, series index)).
+
+    Every bar segment has a <title> (the browser's tooltip) with the day, the
+    series and the value; labels are escaped like the rest of the page.
+    """
+    plot_w = _WIDTH - _LEFT - _RIGHT
+    plot_h = _HEIGHT - _TOP - _BOTTOM
+    totals = [sum(values.get((day, i), 0.0) for i in range(len(series))) for day in days]
+    top = _nice_ceiling(max(totals, default=0.0))
+    slot = plot_w / max(len(days), 1)
+    bar = max(slot * 0.7, 1.0)
+    parts = [
+        f'<svg class="chart" role="img" viewBox="0 0 {_WIDTH} {_HEIGHT}" width="{_WIDTH}" height="{_HEIGHT}"'
+        f' xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>'
+    ]
+    for fraction in (0, 0.5, 1):
+        y = _TOP + plot_h * (1 - fraction)
+        parts.append(
+            f'<line x1="{_LEFT}" x2="{_WIDTH - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d8dce3"/>'
+            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_short(top * fraction)}</text>'
+        )
+    label_every = max(1, len(days) // 10)
+    for d, day in enumerate(days):
+        x = _LEFT + d * slot + (slot - bar) / 2
+        y = _TOP + plot_h
+        for i, one in enumerate(series):
+            value = values.get((day, i), 0.0)
+            if value <= 0:
+                continue
+            h = plot_h * value / top
+            y -= h
+            parts.append(
+                f'<rect class="bar" x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" height="{h:.1f}"'
+                f' fill="{one.colour}">'
+                f"<title>{escape(day.isoformat())} · {escape(one.label)}: {value:,.0f} tokens</title></rect>"
+            )
+        if d % label_every == 0:
+            parts.append(
+                f'<text x="{x + bar / 2:.1f}" y="{_HEIGHT - _BOTTOM + 16}" text-anchor="middle">'
+                f"{day.strftime('%m-%d')}</text>"
+            )
+    parts.append("</svg>")
+    return Markup("".join(parts))

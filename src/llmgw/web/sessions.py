@@ -1,0 +1,157 @@
+"""Who is signed in to the pages: the session cookie, CSRF checks, require_login and require_admin.
+
+Only page handlers call these; /v1/* never looks a session up, so the API
+path pays nothing for the pages.
+
+The cookies are HttpOnly (no script reads them) and SameSite=Lax (another
+site's form cannot post with them); Secure when the request came over HTTPS,
+directly or through a proxy that says so. Every form also carries a CSRF
+token: the session's own once signed in, and before that (login, signup) one
+that must match a cookie of its own (the double-submit pattern), so that a
+page elsewhere cannot sign a browser in to an account of the attacker's.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
+
+from aiohttp import web
+
+from llmgw.store.sessions import Session, lookup_session
+from llmgw.store.users import User, get_user
+from llmgw.web.context import WEB_KEY
+
+SESSION_COOKIE = "llmgw_session"
+CSRF_COOKIE = "llmgw_csrf"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+PRE_SESSION_CSRF = web.RequestKey("llmgw.web.pre_session_csrf", str)
+_SESSION = web.RequestKey("llmgw.web.session", object)
+
+
+def _secure(request: web.Request) -> bool:
+    return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+
+
+def set_cookie(
+    response: web.StreamResponse, request: web.Request, name: str, value: str, max_age: int | None
+) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        path="/",
+        httponly=True,
+        samesite="Lax",
+        secure=_secure(request),
+    )
+
+
+def clear_cookie(response: web.StreamResponse, request: web.Request, name: str) -> None:
+    response.del_cookie(name, path="/", httponly=True, samesite="Lax", secure=_secure(request))
+
+
+async def _lookup(request: web.Request) -> tuple[Session, User] | None:
+    if _SESSION in request:
+        return request[_SESSION]  # type: ignore[return-value]
+    found: tuple[Session, User] | None = None
+    token = request.cookies.get(SESSION_COOKIE)
+    if token:
+        store = request.config_dict[WEB_KEY].store
+        session = await lookup_session(store, token)
+        user = await get_user(store, session.user_id) if session is not None else None
+        # A disabled account's sessions are ended when it is disabled; checking
+        # here too covers a store edited by hand.
+        if session is not None and user is not None and user.active:
+            found = (session, user)
+    request[_SESSION] = found
+    return found
+
+
+async def current_user(request: web.Request) -> User | None:
+    """The active user the request's session cookie names, looked up once per request."""
+    found = await _lookup(request)
+    return found[1] if found is not None else None
+
+
+async def current_session(request: web.Request) -> Session | None:
+    found = await _lookup(request)
+    return found[0] if found is not None else None
+
+
+def pre_session_csrf(request: web.Request) -> str:
+    """The CSRF token for a form shown before sign-in: the browser's cookie, or a new one for this page.
+
+    The caller sets the cookie with `remember_pre_session_csrf` on its response.
+    """
+    if PRE_SESSION_CSRF not in request:
+        request[PRE_SESSION_CSRF] = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+    return request[PRE_SESSION_CSRF]
+
+
+def remember_pre_session_csrf(response: web.StreamResponse, request: web.Request) -> None:
+    if PRE_SESSION_CSRF in request and request.cookies.get(CSRF_COOKIE) != request[PRE_SESSION_CSRF]:
+        set_cookie(response, request, CSRF_COOKIE, request[PRE_SESSION_CSRF], max_age=None)
+
+
+async def check_pre_session_csrf(request: web.Request) -> bool:
+    """Whether a form posted before sign-in carries the token of the browser's CSRF cookie."""
+    cookie = request.cookies.get(CSRF_COOKIE, "")
+    sent = (await request.post()).get("csrf", "")
+    return bool(cookie) and isinstance(sent, str) and hmac.compare_digest(cookie, sent)
+
+
+async def _csrf_ok(request: web.Request, session: Session) -> bool:
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return True
+    sent = (await request.post()).get("csrf", "")
+    return isinstance(sent, str) and hmac.compare_digest(sent, session.csrf)
+
+
+def _to_login(request: web.Request) -> web.StreamResponse:
+    target = request.path_qs if request.method == "GET" else request.path
+    return web.Response(status=303, headers={"Location": f"/login?next={quote(target, safe='/')}"})
+
+
+async def forbidden(request: web.Request, message: str) -> web.StreamResponse:
+    # Imported here: render imports this module to put the user on every page.
+    from llmgw.web.render import render
+
+    return await render(request, "message.html", status=403, title="Not allowed", message=message)
+
+
+def _require(admin: bool) -> Callable[[Handler], Handler]:
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def checked(request: web.Request) -> web.StreamResponse:
+            found = await _lookup(request)
+            if found is None:
+                return _to_login(request)
+            session, user = found
+            if admin and not user.is_admin:
+                return await forbidden(
+                    request, f"{request.path} is for administrators, and {user.email} is not one."
+                )
+            if not await _csrf_ok(request, session):
+                return await forbidden(
+                    request,
+                    "This form was not sent from a page of this site in your session "
+                    "(its CSRF token is missing or stale). Reload the page and try again.",
+                )
+            return await handler(request)
+
+        return checked
+
+    return decorate
+
+
+require_login = _require(admin=False)
+"""Decorator: the handler runs for a signed-in active user (CSRF checked on POST); others go to /login."""
+
+require_admin = _require(admin=True)
+"""Decorator: as require_login, and a user who is not an administrator gets a 403 page."""

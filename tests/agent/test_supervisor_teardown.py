@@ -1,0 +1,79 @@
+"""What a supervisor with a state directory leaves running once stop() returns: nothing of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psutil
+import pytest
+
+from llmgw.agent import state as engine_state
+from llmgw.agent.supervisor import Supervisor
+from llmgw.engines.base import LaunchSpec
+from llmgw.proto.llmgw import v1 as pb
+
+
+@attrs.define
+class _SilentEngine:
+    """An engine that prints a line and never answers its health path, until it is killed."""
+
+    name: str = "shell"
+    health_path: str = "/health"
+    metrics_path: str = "/metrics"
+
+    def command(self, spec: LaunchSpec) -> list[str]:
+        return ["sh", "-c", "echo 'loading'; exec sleep 600"]
+
+    def environment(self, spec: LaunchSpec) -> dict[str, str]:
+        return {}
+
+
+def _followers() -> list[psutil.Process]:
+    """This process's `tail` children still running (the supervisor follows engine logs with tail)."""
+    return [
+        c
+        for c in psutil.Process().children()
+        if c.is_running() and c.status() != psutil.STATUS_ZOMBIE and c.name() == "tail"
+    ]
+
+
+def _awaiting(task: asyncio.Task[Any] | None, function: str) -> bool:
+    """Whether task is suspended somewhere inside function (its chain of awaited coroutines)."""
+    awaited: Any = task.get_coro() if task is not None else None
+    while awaited is not None:
+        code = getattr(awaited, "cr_code", None)
+        if code is not None and code.co_name == function:
+            return True
+        awaited = getattr(awaited, "cr_await", None)
+    return False
+
+
+async def test_stopping_a_shard_while_its_dead_engine_is_drained_ends_the_log_follower(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """An orphaned follower outlives the test's loop; collected, it warns "subprocess N is still running"."""
+    follow = engine_state.follow_log
+
+    async def follow_for_good(path: Path, pid: int) -> asyncio.subprocess.Process:
+        # Following this test's own pid, the follower never ends by itself: the drain after the engine
+        # dies then lasts its full second, and the stop below lands inside it every time.
+        return await follow(path, os.getpid())
+
+    monkeypatch.setattr(engine_state, "follow_log", follow_for_good)
+    async with Supervisor({"shell": _SilentEngine()}, ready_timeout_s=30.0, state_dir=tmp_path) as supervisor:
+        await supervisor.start(pb.StartShard(shard_id="s1", model="m", engine="shell"))
+        shard = supervisor._shards["s1"]
+        assert shard.process is not None
+        os.kill(shard.process.pid, signal.SIGKILL)
+        async with asyncio.timeout(10):
+            while True:
+                if _awaiting(shard.task, "_drain_output"):
+                    break
+                await asyncio.sleep(0.005)
+        await supervisor.stop("s1")
+        assert _followers() == []

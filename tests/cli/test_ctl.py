@@ -1,0 +1,352 @@
+"""`llmgw ctl` against a real admin API on loopback; its tables match golden files in tests/cli/golden/."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from click.testing import CliRunner
+from structlog.testing import capture_logs
+
+from llmgw.agent.discovery.host import Host
+from llmgw.cli.ctl import ctl
+from llmgw.cli.exit import EXIT_CONFIG, EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE, EXIT_USAGE
+from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
+from llmgw.control import adminapi
+from llmgw.control.adminapi import admin_token_or_session
+from llmgw.control.inventory import Inventory
+from llmgw.proto.llmgw import v1 as pb
+
+GOLDEN = Path(__file__).parent / "golden"
+# LLMGW_UPDATE_GOLDEN=1 rewrites the golden files from what ctl prints now; review the diff.
+UPDATE = os.environ.get("LLMGW_UPDATE_GOLDEN") == "1"
+CFG = ServerConfig(
+    models=[ModelConfig(name="sim-chat", replicas=1, profiles=[ProfileConfig(engine="sim")])],
+    admin_tokens=[adminapi.hash_token("s3cret")],
+)
+
+
+def golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        path.write_text(text, encoding="utf-8")
+    assert text == path.read_text(encoding="utf-8"), f"ctl's output differs from {path}"
+
+
+def fleet() -> Inventory:
+    """Two nodes as they would register: one busy H100 node with a sick GPU, one that said nothing yet."""
+    inventory = Inventory(5.0, clock=lambda: 1000.0)
+    inventory.attach(
+        pb.Register(
+            node_id="gpu-01",
+            engine_versions={"sim": "builtin", "llamacpp": "b4000"},
+            engines_probed=True,
+            gpus=[
+                pb.Gpu(index=0, name="NVIDIA H100", gpu_class="h100-80g", healthy=True),
+                pb.Gpu(
+                    index=1,
+                    name="NVIDIA H100",
+                    gpu_class="h100-80g",
+                    healthy=False,
+                    unhealthy_reason="XID 79",
+                ),
+            ],
+            memory=pb.Memory(total_mb=524288, available_mb=393216),
+            running=[
+                pb.ShardStatus(
+                    shard_id="sim-chat-1a2b",
+                    model="sim-chat",
+                    engine="sim",
+                    state="ready",
+                    endpoint="http://x:1",
+                )
+            ],
+        ),
+        "10.0.0.1:50000",
+    )
+    inventory.attach(pb.Register(node_id="cpu-02"), "10.0.0.2:50000")
+    inventory.attach(vm_register(), "10.0.0.3:50000")
+    return inventory
+
+
+# A VM left on QEMU's default CPU model, with a card passed through that has since failed, still
+# downloading its llama.cpp build: what its agent would send, warnings from its own host discovery.
+VM_HOST = Host(
+    os_id="ubuntu",
+    os_version="24.04",
+    os_codename="noble",
+    id_like=("debian",),
+    arch="amd64",
+    cpu_flags=("avx", "fma"),
+    nvidia_driver="570.86.15",
+)
+DOWNLOADING = pb.ProvisionStatus(
+    engine="llamacpp",
+    version="b6500",
+    state="installing",
+    detail="downloading llama-b6500-bin-ubuntu-x64.tar.gz (16 MB)",
+)
+
+
+def vm_register() -> pb.Register:
+    return pb.Register(
+        node_id="vm-03",
+        engine_versions={"sim": "builtin"},
+        engines_probed=True,
+        host=VM_HOST.to_proto(),
+        warnings=VM_HOST.warnings(),
+        provision=[DOWNLOADING],
+        gpus=[
+            pb.Gpu(index=0, name="NVIDIA L4", gpu_class="l4-24g", healthy=False, unhealthy_reason="no answer")
+        ],
+    )
+
+
+async def answer_logs(inventory: Inventory, node_id: str) -> None:
+    """The node's side, as its agent answers: agent lines, or an engine's, or an unknown source."""
+    link = inventory._links[node_id]
+    outputs = {
+        "agent": [
+            "2026-11-30 registered with the control plane",
+            "2026-11-30 starting a shard <b>sim-chat</b>",
+        ],
+        "sim-chat-1a2b": ["listening on 127.0.0.1:40001"],
+    }
+    while True:
+        request = (await link.outbox.get()).logs
+        if not request.request_id:
+            continue
+        reply = pb.LogsReply(request_id=request.request_id, sources=list(outputs))
+        if request.source in outputs:
+            reply.lines = outputs[request.source][-request.lines :]
+        else:
+            reply.error = f"no engine {request.source} runs on this node"
+        inventory.logs.resolve(node_id, reply)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, Inventory]]:
+    inventory = fleet()
+    app = web.Application()
+    adminapi.install(app, CFG, inventory)
+    # The same API as the client port serves it under /admin: an admin token required.
+    guarded = web.Application()
+    adminapi.install(guarded, CFG, inventory, prefix="/admin", guard=admin_token_or_session(CFG, _no_session))
+    app.add_subapp("/port", guarded)
+    answering = asyncio.create_task(answer_logs(inventory, "gpu-01"))
+    # The server's log lines kept out of the output CliRunner captures, which is this process's stdout.
+    with capture_logs():
+        async with TestServer(app) as test_server:
+            yield str(test_server.make_url("")).rstrip("/"), inventory
+    answering.cancel()
+
+
+async def _no_session(request: web.Request) -> bool:
+    return False
+
+
+async def run(*args: str) -> tuple[int, str, str]:
+    # In a thread: ctl runs its own event loop, and the server it talks to runs on this one.
+    result = await asyncio.to_thread(CliRunner().invoke, ctl, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+class TestTables:
+    async def test_nodes_prints_a_table_then_what_is_wrong_with_each_node(
+        self, server: tuple[str, Inventory]
+    ):
+        code, out, err = await run("--server", server[0], "nodes")
+        assert (code, err) == (0, "")
+        golden("ctl_nodes.txt", out)
+
+    async def test_an_install_a_warning_and_a_sick_gpu_each_get_a_line_until_they_are_resolved(
+        self, server: tuple[str, Inventory]
+    ):
+        url, inventory = server
+        _, out, _ = await run("--server", url, "nodes")
+        assert out.endswith(
+            "vm-03: llamacpp b6500 installing: downloading llama-b6500-bin-ubuntu-x64.tar.gz (16 MB)\n"
+            'vm-03: no AVX2: inference runs several times slower (a VM needs CPU type "host")\n'
+            "vm-03: GPU 0 (NVIDIA L4): no answer\n"
+        )
+        # The install finishes and the card is replaced: the node says so in a heartbeat.
+        ready = pb.ProvisionStatus(
+            engine="llamacpp", version="b6500", state="ready", detail="llama-server b6500"
+        )
+        inventory.heartbeat(
+            "vm-03",
+            pb.Heartbeat(
+                provision_changed=True,
+                provision=[ready],
+                gpus_changed=True,
+                gpus=[pb.Gpu(index=0, name="NVIDIA L4", gpu_class="l4-24g", healthy=True)],
+            ),
+        )
+        _, out, _ = await run("--server", url, "nodes")
+        assert "vm-03: llamacpp" not in out and "GPU 0 (NVIDIA L4)" not in out
+        assert out.endswith(
+            'vm-03: no AVX2: inference runs several times slower (a VM needs CPU type "host")\n'
+        )
+
+    async def test_nodes_json_carries_the_installs_the_os_and_the_warnings(
+        self, server: tuple[str, Inventory]
+    ):
+        _, out, _ = await run("--server", server[0], "nodes", "--json")
+        vm = next(n for n in json.loads(out) if n["id"] == "vm-03")
+        install = {
+            "engine": "llamacpp",
+            "version": "b6500",
+            "variant": "",
+            "state": "installing",
+            "detail": "downloading llama-b6500-bin-ubuntu-x64.tar.gz (16 MB)",
+        }
+        assert vm["provision"] == vm["installs_not_ready"] == [install]
+        assert vm["host"] == {
+            "os_id": "ubuntu",
+            "os_version": "24.04",
+            "os_codename": "noble",
+            "family": "deb",
+            "arch": "amd64",
+            "cpu_flags": ["avx", "fma"],
+            "nvidia_driver": "570.86.15",
+        }
+        assert vm["warnings"] == ['no AVX2: inference runs several times slower (a VM needs CPU type "host")']
+        assert vm["unhealthy"] == ["GPU 0 (NVIDIA L4): no answer"]
+
+    async def test_logs_prints_the_lines_then_on_stderr_the_other_sources(
+        self, server: tuple[str, Inventory]
+    ):
+        code, out, err = await run("--server", server[0], "logs", "gpu-01", "-n", "5")
+        assert code == 0
+        golden("ctl_logs.stdout.txt", out)
+        golden("ctl_logs.stderr.txt", err)
+
+    async def test_every_command_speaks_json_when_asked(self, server: tuple[str, Inventory]):
+        for command in (["status"], ["nodes"], ["models"], ["replicas"], ["explain", "sim-chat"]):
+            code, out, _ = await run("--server", server[0], *command, "--json")
+            assert code == 0, command
+            json.loads(out)
+        code, out, _ = await run("--server", server[0], "--json", "logs", "gpu-01")
+        assert json.loads(out)["lines"][-1] == "2026-11-30 starting a shard <b>sim-chat</b>"
+
+    async def test_cordoning_a_node_says_what_it_means(self, server: tuple[str, Inventory]):
+        code, out, _ = await run("--server", server[0], "node", "cordon", "cpu-02")
+        assert (code, out) == (
+            0,
+            "cpu-02 is cordoned: no new replica goes there; what runs there keeps running\n",
+        )
+        node = server[1].node("cpu-02")
+        assert node is not None and node.admin_state == "cordoned"
+        code, out, _ = await run("--server", server[0], "node", "uncordon", "cpu-02")
+        assert node.admin_state == "ready"
+
+
+class TestExitCodes:
+    async def test_an_unknown_source_exits_4_and_lists_the_sources_there_are(
+        self, server: tuple[str, Inventory]
+    ):
+        code, out, err = await run("--server", server[0], "logs", "gpu-01", "--source", "gone")
+        assert (code, out) == (EXIT_NOT_FOUND, "")
+        assert err == (
+            "llmgw ctl: no engine gone runs on this node\n"
+            "-- gone on gpu-01; other sources: agent, sim-chat-1a2b\n"
+        )
+
+    async def test_a_node_that_is_not_connected_exits_1_saying_so(self, server: tuple[str, Inventory]):
+        inventory = server[1]
+        inventory.detach(inventory._links["cpu-02"])
+        code, out, err = await run("--server", server[0], "logs", "cpu-02")
+        assert (code, out) == (EXIT_ERROR, "")
+        assert "node cpu-02 is not connected" in err
+
+    async def test_draining_and_uncordoning_a_node_say_what_they_mean(self, server: tuple[str, Inventory]):
+        code, out, _ = await run("--server", server[0], "node", "drain", "cpu-02")
+        assert code == 0 and out.startswith("cpu-02 is draining")
+        node = server[1].node("cpu-02")
+        assert node is not None and node.admin_state == "draining"
+        code, out, _ = await run("--server", server[0], "node", "uncordon", "cpu-02")
+        assert (code, out) == (0, "cpu-02 is ready: replicas may be placed there again\n")
+        assert node.admin_state == "ready"
+
+    async def test_an_unknown_node_exits_4(self, server: tuple[str, Inventory]):
+        code, _, err = await run("--server", server[0], "node", "drain", "nope")
+        assert (code, err) == (EXIT_NOT_FOUND, "llmgw ctl: no node nope has registered\n")
+
+    async def test_a_server_that_cannot_be_reached_exits_3(self, unused_tcp_port: int):
+        code, _, err = await run("--server", f"http://127.0.0.1:{unused_tcp_port}", "status")
+        assert code == EXIT_UNREACHABLE
+        assert err.startswith(f"llmgw ctl: cannot reach the admin API at http://127.0.0.1:{unused_tcp_port}")
+
+    async def test_a_wrong_token_exits_5_and_the_right_one_is_let_in(self, server: tuple[str, Inventory]):
+        code, _, err = await run("--server", f"{server[0]}/port/admin", "--token", "guess", "status")
+        assert code == EXIT_DENIED and "admin token" in err
+        code, _, _ = await run("--server", f"{server[0]}/port/admin", "--token", "s3cret", "status")
+        assert code == 0
+
+    async def test_a_line_count_out_of_range_is_a_usage_error(self, server: tuple[str, Inventory]):
+        code, _, _ = await run("--server", server[0], "logs", "gpu-01", "-n", "5000")
+        assert code == EXIT_USAGE
+
+    async def test_without_server_it_talks_to_the_admin_listener_server_yaml_names(
+        self, server: tuple[str, Inventory], tmp_path: Path
+    ):
+        """`llmgw ctl nodes` as docs/install.md runs it on the control plane: no --server, no token."""
+        config_path = tmp_path / "server.yaml"
+        config_path.write_text(f'admin_listen: "{server[0].removeprefix("http://")}"\n')
+        code, out, _ = await run("--config", str(config_path), "nodes")
+        assert code == 0 and "gpu-01" in out
+
+    def test_without_server_it_reads_admin_listen_from_the_config_and_says_when_it_cannot(
+        self, tmp_path: Path
+    ):
+        result = CliRunner().invoke(ctl, ["--config", str(tmp_path / "missing.yaml"), "status"])
+        assert result.exit_code == EXIT_CONFIG
+        assert "missing.yaml: cannot be read" in result.stderr
+
+    def test_a_commands_help_needs_no_config(self, tmp_path: Path):
+        result = CliRunner().invoke(ctl, ["--config", str(tmp_path / "missing.yaml"), "metrics", "--help"])
+        assert (result.exit_code, result.stderr) == (0, "")
+        assert "Usage: ctl metrics [OPTIONS] REPLICA" in result.stdout
+
+
+def test_new_token_prints_the_token_and_the_digest_for_server_yaml():
+    result = CliRunner().invoke(ctl, ["new-token"])
+    token = result.stdout.strip()
+    assert result.exit_code == 0 and token.startswith("llmgw-admin-")
+    assert f"  - {adminapi.hash_token(token)}" in result.stderr
+
+
+class TestMetrics:
+    async def test_metrics_prints_the_replicas_engine_samples_one_a_line(self, server: tuple[str, Inventory]):
+        url, inventory = server
+
+        async def page(request: web.Request) -> web.Response:
+            return web.Response(
+                text="# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 14\n"
+            )
+
+        engine = web.Application()
+        engine.router.add_get("/metrics", page)
+        async with TestServer(engine, host="127.0.0.1") as answering:
+            endpoint = str(answering.make_url("")).rstrip("/")
+            inventory.shard_status(
+                "gpu-01",
+                pb.ShardStatus(
+                    shard_id="tiny-1", model="tiny", engine="llamacpp", state="ready", endpoint=endpoint
+                ),
+            )
+            code, out, err = await run("--server", url, "metrics", "tiny-1")
+        assert (code, out, err) == (0, "llamacpp:prompt_tokens_total 14\n", "")
+
+    async def test_metrics_of_a_replica_that_is_not_there_exits_4(self, server: tuple[str, Inventory]):
+        code, _, err = await run("--server", server[0], "metrics", "nope")
+        assert (code, err) == (
+            EXIT_NOT_FOUND,
+            "llmgw ctl: there is no replica nope; `llmgw ctl replicas` lists them\n",
+        )

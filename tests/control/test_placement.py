@@ -1,0 +1,335 @@
+"""The scheduler: one reason per node and profile, fabrics, spread and binpack, claims accounted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ServerConfig
+from llmgw.control.inventory import Inventory, Node, Replica
+from llmgw.control.placement import Rank, Scheduler, Verdict, explain
+from llmgw.control.reconciler import Reconciler
+from llmgw.proto.llmgw import v1 as pb
+
+H100 = "h100-80g"
+A100 = "a100-40g"
+
+
+def gpus(n: int, gpu_class: str = H100, unhealthy: dict[int, str] | None = None) -> list[pb.Gpu]:
+    sick = unhealthy or {}
+    return [
+        pb.Gpu(index=i, gpu_class=gpu_class, healthy=i not in sick, unhealthy_reason=sick.get(i, ""))
+        for i in range(n)
+    ]
+
+
+def node(node_id: str, **fields: Any) -> Node:
+    fields.setdefault("engine_versions", {"sim": "builtin", "llamacpp": "b6500"})
+    fields.setdefault("engines_probed", True)
+    fabrics = fields.pop("fabrics", ())
+    return Node(id=node_id, fabrics=[pb.Fabric(name=f) for f in fabrics], **fields)
+
+
+def memory(total_mb: int) -> pb.Memory:
+    return pb.Memory(total_mb=total_mb, available_mb=total_mb)
+
+
+def profile(**fields: Any) -> ProfileConfig:
+    fields.setdefault("engine", "llamacpp")
+    fields.setdefault("name", "p")
+    return ProfileConfig(**fields)
+
+
+def model(*profiles: ProfileConfig, name: str = "m", replicas: int = 1) -> ModelConfig:
+    return ModelConfig(name=name, replicas=replicas, profiles=list(profiles))
+
+
+def only(verdicts: list[Verdict]) -> Verdict:
+    (verdict,) = verdicts
+    return verdict
+
+
+REJECTIONS = [
+    pytest.param(node("n1", state="unreachable"), profile(), "is unreachable", id="unreachable"),
+    pytest.param(node("n1", connected=False), profile(), "is not connected", id="disconnected"),
+    pytest.param(node("n1", admin_state="cordoned"), profile(), "is cordoned", id="cordoned"),
+    pytest.param(node("n1", admin_state="draining"), profile(), "is draining", id="draining"),
+    pytest.param(
+        node("n1", engine_versions={"sim": "builtin"}),
+        profile(),
+        "does not have llamacpp installed",
+        id="engine-missing",
+    ),
+    pytest.param(
+        node(
+            "n1",
+            engine_versions={"sim": "builtin"},
+            provision=[
+                pb.ProvisionStatus(
+                    engine="llamacpp",
+                    version="b10991",
+                    state="installing",
+                    detail="downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB)",
+                )
+            ],
+        ),
+        profile(),
+        "does not have llamacpp installed "
+        "(installing: downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB))",
+        id="engine-installing",
+    ),
+    pytest.param(
+        node("n1", gpus=gpus(4, A100)),
+        profile(gpu_class=H100),
+        f"has no {H100} GPU (it has 4 × {A100})",
+        id="wrong-gpu-class",
+    ),
+    pytest.param(node("n1"), profile(gpus_per_node=1), "has no GPU (it has no GPU)", id="no-gpu"),
+    pytest.param(
+        node("n1", gpus=gpus(8, unhealthy={7: "XID 79: fell off the bus"})),
+        profile(gpu_class=H100, gpus_per_node=8),
+        f"has too few free {H100} GPUs (7 of 8 free, 8 needed); "
+        "1 unhealthy (GPU 7: XID 79: fell off the bus)",
+        id="too-few-cards",
+    ),
+    pytest.param(
+        node("n1", memory=memory(16000)),
+        profile(min_memory_mb=32000),
+        "has too little memory (16000 MB free of 16000 MB, 32000 MB needed)",
+        id="too-little-memory",
+    ),
+    pytest.param(node("n1"), profile(min_memory_mb=1), "has not reported its memory", id="memory-unknown"),
+    pytest.param(
+        node("n1", gpus=gpus(8)),
+        profile(gpu_class=H100, gpus_per_node=8, nodes=2),
+        "has no fabric, which a 2-node profile needs",
+        id="no-fabric",
+    ),
+    pytest.param(node("n1"), profile(labels={"zone": "eu"}), "lacks the label zone=eu", id="missing-label"),
+    pytest.param(
+        node("n1", labels={"zone": "us"}),
+        profile(labels={"zone": "eu"}),
+        "has the label zone=us, not zone=eu",
+        id="other-label",
+    ),
+]
+
+
+class TestReasons:
+    @pytest.mark.parametrize(("n", "p", "reason"), REJECTIONS)
+    def test_a_node_that_cannot_take_the_profile_says_exactly_why(
+        self, n: Node, p: ProfileConfig, reason: str
+    ) -> None:
+        verdict = only(explain(model(p), [n], []))
+        assert (verdict.node, verdict.profile, verdict.candidate, verdict.reason) == (
+            "n1",
+            "p",
+            False,
+            reason,
+        )
+
+    @pytest.mark.parametrize(("n", "p", "reason"), REJECTIONS)
+    def test_a_rejected_node_gets_no_replica(self, n: Node, p: ProfileConfig, reason: str) -> None:
+        scheduler = Scheduler([n], [])
+        assert scheduler.place(model(p)) is None
+        # A lone node without the engine is summed up as the skeleton always said it.
+        said = f"node n1 {reason}"
+        if reason == "does not have llamacpp installed":
+            said = "no node has the llamacpp engine"
+        assert scheduler.why_not(model(p)) == f"no node can run it ({said})"
+
+    def test_a_node_that_fits_is_a_candidate(self) -> None:
+        n = node("n1", gpus=gpus(2), memory=memory(64000), labels={"zone": "eu"})
+        p = profile(gpu_class=H100, gpus_per_node=2, min_memory_mb=32000, labels={"zone": "eu"})
+        assert only(explain(model(p), [n], [])).candidate
+
+    def test_every_node_is_judged_once_for_every_profile_in_order(self) -> None:
+        nodes = [node("n1", gpus=gpus(1)), node("n2")]
+        m = model(profile(name="gpu", gpu_class=H100), profile(name="cpu"))
+        verdicts = explain(m, nodes, [])
+        assert [(v.profile, v.node, v.candidate) for v in verdicts] == [
+            ("gpu", "n1", True),
+            ("gpu", "n2", False),
+            ("cpu", "n1", True),
+            ("cpu", "n2", True),
+        ]
+
+    def test_a_node_that_has_not_probed_its_engines_is_not_refused_for_one(self) -> None:
+        # An agent too old to say which engines it has: refusing it would refuse every model.
+        n = node("n1", engine_versions={}, engines_probed=False)
+        assert only(explain(model(profile()), [n], [])).candidate
+
+    def test_the_first_profile_some_node_can_take_is_used(self) -> None:
+        m = model(profile(name="gpu", gpu_class=H100), profile(name="cpu"))
+        placement = Scheduler([node("n1")], []).place(m)
+        assert placement is not None and placement.profile.name == "cpu"
+
+
+class TestWhyNot:
+    def test_several_nodes_with_one_reason_are_counted(self) -> None:
+        nodes = [node(f"n{i}", state="unreachable") for i in range(3)] + [node("n9", gpus=gpus(1, A100))]
+        why = Scheduler(nodes, []).why_not(model(profile(gpu_class=H100)))
+        assert (
+            why
+            == f"no node can run it (3 nodes are not ready, node n9 has no {H100} GPU (it has 1 × {A100}))"
+        )
+
+    def test_each_profile_has_its_own_account(self) -> None:
+        m = model(profile(name="gpu", gpu_class=H100), profile(name="cpu", labels={"zone": "eu"}))
+        why = Scheduler([node("n1")], []).why_not(m)
+        assert why == (
+            "no node can run it (profile gpu: node n1 has no h100-80g GPU (it has no GPU); "
+            "profile cpu: node n1 lacks the label zone=eu)"
+        )
+
+
+class TestFabrics:
+    def test_a_multi_node_replica_is_placed_on_nodes_that_share_a_fabric(self) -> None:
+        nodes = [
+            node("a1", gpus=gpus(8), fabrics=["ib-a"]),
+            node("b1", gpus=gpus(8), fabrics=["ib-b"]),
+            node("b2", gpus=gpus(8), fabrics=["ib-b"]),
+        ]
+        p = profile(gpu_class=H100, gpus_per_node=8, nodes=2)
+        placement = Scheduler(nodes, []).place(model(p))
+        assert placement is not None and placement.fabric == "ib-b"
+        assert [(r.node, r.gpu_indices) for r in placement.ranks] == [
+            ("b1", tuple(range(8))),
+            ("b2", tuple(range(8))),
+        ]
+
+    def test_a_multi_node_replica_is_refused_across_two_fabrics(self) -> None:
+        nodes = [node("a1", gpus=gpus(8), fabrics=["ib-a"]), node("b1", gpus=gpus(8), fabrics=["ib-b"])]
+        m = model(profile(gpu_class=H100, gpus_per_node=8, nodes=2))
+        scheduler = Scheduler(nodes, [])
+        assert scheduler.place(m) is None
+        assert [v.reason for v in scheduler.explain(m)] == [
+            "is on no fabric with the 2 candidate nodes a replica needs (ib-a has 1)",
+            "is on no fabric with the 2 candidate nodes a replica needs (ib-b has 1)",
+        ]
+
+
+class TestPolicy:
+    nodes = staticmethod(lambda: [node("n1", gpus=gpus(8)), node("n2", gpus=gpus(8))])
+    m = model(profile(gpu_class=H100, gpus_per_node=2), replicas=2)
+
+    def test_spread_puts_replicas_on_different_nodes(self) -> None:
+        scheduler = Scheduler(self.nodes(), [], policy="spread")
+        placed = [scheduler.place(self.m) for _ in range(2)]
+        assert [p.ranks[0].node for p in placed if p] == ["n1", "n2"]
+
+    def test_binpack_fills_one_node_before_the_next(self) -> None:
+        scheduler = Scheduler(self.nodes(), [], policy="binpack")
+        placed = [scheduler.place(self.m) for _ in range(5)]
+        assert [(p.ranks[0].node, p.ranks[0].gpu_indices) for p in placed if p] == [
+            ("n1", (0, 1)),
+            ("n1", (2, 3)),
+            ("n1", (4, 5)),
+            ("n1", (6, 7)),
+            ("n2", (0, 1)),
+        ]
+
+    def test_binpack_prefers_the_node_already_in_use(self) -> None:
+        running = [Replica("s1", "m", "n2", "llamacpp", "ready", profile="p", gpu_indices=[0, 1])]
+        scheduler = Scheduler(self.nodes(), running, [self.m], policy="binpack")
+        placed = scheduler.place(self.m)
+        assert placed is not None and placed.ranks[0] == Rank("n2", (2, 3))
+
+
+class TestClaims:
+    def test_cards_held_by_running_replicas_are_not_offered_again(self) -> None:
+        m = model(profile(gpu_class=H100, gpus_per_node=4))
+        running = [Replica("s1", "m", "n1", "llamacpp", "ready", profile="p", gpu_indices=[0, 1, 2, 3])]
+        scheduler = Scheduler([node("n1", gpus=gpus(8))], running, [m])
+        first = scheduler.place(m)
+        assert first is not None and first.ranks[0].gpu_indices == (4, 5, 6, 7)
+        assert scheduler.place(m) is None
+        assert scheduler.why_not(m) == (
+            f"no node can run it (node n1 has too few free {H100} GPUs (0 of 8 free, 4 needed))"
+        )
+
+    def test_memory_claimed_by_placed_replicas_is_accounted(self) -> None:
+        m = model(profile(min_memory_mb=24000))
+        scheduler = Scheduler([node("n1", memory=memory(64000))], [], [m])
+        assert scheduler.place(m) is not None
+        assert scheduler.place(m) is not None
+        assert scheduler.place(m) is None
+        assert scheduler.why_not(m) == (
+            "no node can run it (node n1 has too little memory (16000 MB free of 64000 MB, 24000 MB needed))"
+        )
+
+    def test_a_failed_replica_holds_nothing(self) -> None:
+        m = model(profile(gpu_class=H100))
+        failed = [Replica("s1", "m", "n1", "llamacpp", "failed", profile="p", gpu_indices=[0])]
+        placement = Scheduler([node("n1", gpus=gpus(1))], failed, [m]).place(m)
+        assert placement is not None and placement.ranks[0].gpu_indices == (0,)
+
+
+def installing(inventory: Inventory) -> None:
+    inventory.attach(
+        pb.Register(
+            node_id="n1",
+            engine_versions={"sim": "builtin"},
+            engines_probed=True,
+            provision=[
+                pb.ProvisionStatus(
+                    engine="llamacpp",
+                    version="b10991",
+                    state="installing",
+                    detail="downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB)",
+                )
+            ],
+        )
+    )
+
+
+class TestReconciler:
+    async def test_a_node_still_installing_its_engine_is_not_a_candidate(self) -> None:
+        inventory = Inventory(grace_s=15)
+        installing(inventory)
+        cfg = ServerConfig(models=[model(profile(), name="llama")])
+        await Reconciler(cfg, inventory).reconcile()
+        assert inventory.replicas() == []
+        assert inventory.why_no_ready("llama") == (
+            "llama has no ready replica: no node can run it (node n1 does not have llamacpp installed "
+            "(installing: downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB)))"
+        )
+        # Once the node reports the install done, the next pass places the replica there.
+        inventory.heartbeat(
+            "n1",
+            pb.Heartbeat(
+                engines_changed=True,
+                engine_versions={"sim": "builtin", "llamacpp": "b10991"},
+                provision_changed=True,
+                provision=[pb.ProvisionStatus(engine="llamacpp", version="b10991", state="ready")],
+            ),
+        )
+        await Reconciler(cfg, inventory).reconcile()
+        assert [r.node_id for r in inventory.replicas("llama")] == ["n1"]
+
+    async def test_a_multi_node_replica_starts_one_rank_per_node_with_its_cards(self) -> None:
+        inventory = Inventory(grace_s=15)
+        links = {}
+        for node_id in ("n1", "n2"):
+            links[node_id] = inventory.attach(
+                pb.Register(
+                    node_id=node_id,
+                    engine_versions={"vllm": "0.11"},
+                    engines_probed=True,
+                    gpus=gpus(8),
+                    fabrics=[pb.Fabric(name="ib0")],
+                ),
+                address=f"10.0.0.{node_id[1]}:5000",
+            )
+        m = model(profile(engine="vllm", gpu_class=H100, gpus_per_node=8, nodes=2), name="big")
+        await Reconciler(ServerConfig(models=[m], control=ControlConfig()), inventory).reconcile()
+        starts = [links[n].outbox.get_nowait().start for n in ("n1", "n2")]
+        assert [(s.rank, s.world_size, s.master_addr, s.gpu_indices) for s in starts] == [
+            (0, 2, "10.0.0.1", list(range(8))),
+            (1, 2, "10.0.0.1", list(range(8))),
+        ]
+        assert starts[0].replica_id == starts[1].replica_id
+        # Two shards, one replica: the next pass asks for nothing more.
+        await Reconciler(ServerConfig(models=[m]), inventory).reconcile()
+        assert links["n1"].outbox.empty() and links["n2"].outbox.empty()

@@ -1,0 +1,207 @@
+"""A real llama-server, started with the llama.cpp adapter's command line, serves the tiny model.
+
+Needs the build of scripts/build-llama-server.sh in its cache (about 10
+minutes once; CI builds it before the tests). Without it the tests are
+skipped, saying how to get it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from llmgw.engines.base import LaunchSpec
+from llmgw.engines.llamacpp import LlamaCppEngine
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("LLMGW_BUILD_CACHE", Path.home() / ".cache" / "llmgw" / "llama-server"))
+
+
+def _build() -> Path | None:
+    """The newest complete build in the cache: a directory with bin/llama-server and the vocabulary."""
+    if not CACHE.is_dir():
+        return None
+    builds = [
+        d
+        for d in CACHE.iterdir()
+        if d.name.isdigit()
+        and (d / "bin" / "llama-server").is_file()
+        and (d / "ggml-vocab-llama-spm.gguf").is_file()
+    ]
+    return max(builds, key=lambda d: int(d.name), default=None)
+
+
+BUILD = _build()
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.skipif(
+        BUILD is None,
+        reason=f"no llama-server build under {CACHE}: "
+        "run scripts/build-llama-server.sh (about 10 minutes) first",
+    ),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight llama model, written once for the module."""
+    assert BUILD is not None
+    model = tmp_path_factory.mktemp("model") / "tiny.gguf"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "make_tiny_gguf.py"),
+            "--vocab",
+            str(BUILD / "ggml-vocab-llama-spm.gguf"),
+            "--out",
+            str(model),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    assert model.stat().st_size < 20_000_000
+    return model
+
+
+# One server for the module: starting llama-server takes seconds, and the
+# tests only read from it.
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """llama-server serving the tiny model as tiny-chat; yields its base URL."""
+    assert BUILD is not None
+    tmp_path = tmp_path_factory.mktemp("llama-server")
+    engine = LlamaCppEngine()
+    spec = LaunchSpec(
+        model="tiny-chat",
+        port=_free_port(),
+        model_path=str(tiny_model),
+        context_size=1024,
+        binary=str(BUILD / "bin" / "llama-server"),
+        args=("--threads", "2"),
+    )
+    log = tmp_path / "llama-server.log"
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            *engine.command(spec),
+            env={**os.environ, **engine.environment(spec)},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://{spec.host}:{spec.port}"
+    try:
+        await _wait_healthy(base + engine.health_path, process, log)
+        yield base
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+
+
+async def _wait_healthy(url: str, process: asyncio.subprocess.Process, log: Path) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    async with aiohttp.ClientSession() as session:
+        while loop.time() < deadline:
+            if process.returncode is not None:
+                tail = await asyncio.to_thread(_tail, log)
+                pytest.fail(f"llama-server exited with {process.returncode}:\n{tail}")
+            try:
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            # Polling, not waiting for something to happen: the next probe.
+            await asyncio.sleep(0.1)
+    tail = await asyncio.to_thread(_tail, log)
+    pytest.fail(f"llama-server did not become healthy within 60 s:\n{tail}")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:]
+
+
+async def test_the_server_answers_to_the_catalog_name_and_reports_metrics(server: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server + "/v1/models") as resp:
+            assert resp.status == 200
+            ids = [m["id"] for m in (await resp.json())["data"]]
+        async with session.get(server + "/metrics") as resp:
+            assert resp.status == 200
+            metrics = await resp.text()
+    assert ids == ["tiny-chat"]
+    assert "llamacpp:" in metrics
+
+
+async def test_a_chat_completion_comes_back_with_usage(server: str) -> None:
+    body = {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(server + "/v1/chat/completions", json=body) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        reply = await resp.json()
+    assert reply["object"] == "chat.completion"
+    assert reply["choices"][0]["message"]["role"] == "assistant"
+    assert reply["usage"]["prompt_tokens"] > 0
+    assert 1 <= reply["usage"]["completion_tokens"] <= 8
+
+
+async def test_a_streamed_chat_completion_ends_with_a_usage_chunk(server: str) -> None:
+    body = {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks = []
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(server + "/v1/chat/completions", json=body) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line == "data: [DONE]":
+                break
+            if line.startswith("data: "):
+                chunks.append(json.loads(line.removeprefix("data: ")))
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    usage = chunks[-1]["usage"]
+    assert usage["prompt_tokens"] > 0
+    assert 1 <= usage["completion_tokens"] <= 8
+    assert any(c["choices"] and c["choices"][0]["delta"].get("content") for c in chunks[:-1])

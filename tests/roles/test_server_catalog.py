@@ -1,0 +1,100 @@
+"""`llmgw ctl model add/remove` against a real server: what ctl added is served, after a restart too."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+from click.testing import CliRunner
+from structlog.testing import capture_logs
+
+from llmgw import pki
+from llmgw.cli.ctl import ctl
+from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND
+from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
+from llmgw.roles.server import server_role
+
+ADDED = """\
+name: sim-added
+replicas: 1
+profiles:
+  - engine: sim
+fallbacks: [sim-chat]
+"""
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> ServerConfig:
+    pki_dir = tmp_path / "pki"
+    pki.init_ca(pki_dir)
+    pki.issue_server(pki_dir, "server", ["127.0.0.1", "localhost"], pki_dir)
+    return ServerConfig(
+        listen="127.0.0.1:0",
+        admin_listen="127.0.0.1:0",
+        agent_listen="127.0.0.1:0",
+        state_dir=str(tmp_path / "state"),
+        tls=TLSConfig(
+            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
+        ),
+        auth=AuthConfig(enabled=False),
+        control=ControlConfig(interval_s=0.2),
+        models=[ModelConfig(name="sim-chat", replicas=0, profiles=[ProfileConfig(engine="sim")])],
+    )
+
+
+async def _ctl(*args: str) -> tuple[int, str, str]:
+    # In a thread: ctl runs its own event loop, and the server it talks to runs on this one.
+    result = await asyncio.to_thread(CliRunner().invoke, ctl, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+async def _listed(gateway_url: str) -> list[str]:
+    async with aiohttp.ClientSession() as session, session.get(gateway_url + "/v1/models") as reply:
+        return [m["id"] for m in (await reply.json())["data"]]
+
+
+async def test_a_model_added_with_ctl_is_served_after_a_restart_until_ctl_removes_it(
+    cfg: ServerConfig, tmp_path: Path
+):
+    model_file = tmp_path / "model.yaml"
+    model_file.write_text(ADDED, encoding="utf-8")
+    with capture_logs():
+        async with server_role(cfg) as server:
+            code, out, err = await _ctl("--server", server.admin_url, "model", "add", "-f", str(model_file))
+            assert (code, err) == (0, "")
+            assert out == "added sim-added: 1 replica(s) wanted, placed from now on\n"
+            assert await _listed(server.gateway_url) == ["sim-chat", "sim-added"]
+        async with server_role(cfg) as server:
+            assert await _listed(server.gateway_url) == ["sim-chat", "sim-added"]
+            code, out, _ = await _ctl("--server", server.admin_url, "model", "remove", "sim-added")
+            assert (code, out) == (0, "removed sim-added: its replicas are being stopped\n")
+            assert await _listed(server.gateway_url) == ["sim-chat"]
+        async with server_role(cfg) as server:
+            assert await _listed(server.gateway_url) == ["sim-chat"]
+
+
+async def test_ctl_refuses_a_bad_definition_naming_the_file_and_line_and_leaves_server_yaml_s_alone(
+    cfg: ServerConfig, tmp_path: Path
+):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: sim-bad\nprofiles:\n  - engine: sim\n    gpu_clas: h100-80g\n", encoding="utf-8")
+    shadow = tmp_path / "shadow.yaml"
+    shadow.write_text("name: sim-chat\nprofiles:\n  - engine: sim\n", encoding="utf-8")
+    with capture_logs():
+        async with server_role(cfg) as server:
+            code, _, err = await _ctl("--server", server.admin_url, "model", "add", "-f", str(bad))
+            assert code == EXIT_ERROR
+            assert err == (
+                f"llmgw ctl: {bad}:4: unknown key 'profiles[0].gpu_clas'; did you mean 'gpu_class'?\n"
+            )
+            code, _, err = await _ctl("--server", server.admin_url, "model", "add", "-f", str(shadow))
+            assert code == EXIT_ERROR
+            assert "sim-chat is declared in server.yaml; change it there and restart" in err
+            code, _, err = await _ctl("--server", server.admin_url, "model", "remove", "sim-chat")
+            assert code == EXIT_ERROR
+            assert "sim-chat is declared in server.yaml; remove it there and restart" in err
+            code, _, err = await _ctl("--server", server.admin_url, "model", "remove", "nope")
+            assert code == EXIT_NOT_FOUND
+            assert await _listed(server.gateway_url) == ["sim-chat"]

@@ -1,0 +1,117 @@
+"""The server role's own duties: reloading keys so a revocation bites within a second; reporting at start."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import attrs
+import pytest
+from structlog.testing import capture_logs
+
+from llmgw import pki
+from llmgw.config import AuthConfig, ControlConfig, ModelConfig, PriceConfig, ServerConfig, TLSConfig
+from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.errors import ApiError
+from llmgw.roles import server as server_module
+from llmgw.roles.server import server_role
+from llmgw.store import Store, open_store
+from llmgw.store.keys import create_key, revoke_key
+from llmgw.store.quotas import set_budget
+from llmgw.store.scopes import Scope
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    async with open_store(tmp_path / "llmgw.db") as store:
+        yield store
+
+
+class TestKeyRefresh:
+    async def test_the_refresh_loop_reloads_a_revocation_after_sleeping_under_a_second(
+        self, store: Store
+    ) -> None:
+        plaintext, record = await create_key(store, "ci")
+        keys = KeyCache()
+        await keys.refresh(store)
+        slept: list[float] = []
+        reloaded = asyncio.Event()
+
+        async def sleep(seconds: float) -> None:
+            slept.append(seconds)
+            if len(slept) == 1:
+                # Revoked while the loop sleeps: the next wake must pick it up.
+                await revoke_key(store, record.prefix)
+                return
+            reloaded.set()
+            await asyncio.Event().wait()
+
+        task = asyncio.create_task(server_module._refresh_keys(store, keys, sleep))
+        try:
+            await reloaded.wait()
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        # Half a second of sleep leaves the reload itself (one indexed SELECT) the other half.
+        assert all(seconds <= 0.5 for seconds in slept)
+        with pytest.raises(ApiError, match="was revoked on"):
+            keys.authenticate(f"Bearer {plaintext}")
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> ServerConfig:
+    pki_dir = tmp_path / "pki"
+    pki.init_ca(pki_dir)
+    pki.issue_server(pki_dir, "server", ["127.0.0.1"], pki_dir)
+    return ServerConfig(
+        listen="127.0.0.1:0",
+        admin_listen="127.0.0.1:0",
+        agent_listen="127.0.0.1:0",
+        state_dir=str(tmp_path / "state"),
+        tls=TLSConfig(
+            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
+        ),
+        auth=AuthConfig(enabled=True),
+        control=ControlConfig(enabled=False),
+        models=[],
+    )
+
+
+async def test_a_key_revoked_in_the_store_is_refused_by_a_running_server(cfg: ServerConfig) -> None:
+    """The refresh loop is started by the role itself, not only by tests that call refresh()."""
+    with capture_logs():
+        async with server_role(cfg) as server, aiohttp.ClientSession() as session:
+            key = await server.create_dev_key()
+            headers = {"Authorization": f"Bearer {key}"}
+            async with session.get(server.gateway_url + "/v1/models", headers=headers) as reply:
+                assert reply.status == 200
+            assert await revoke_key(server.store, key) is not None
+            loop = asyncio.get_running_loop()
+            # A generous deadline, not a timing claim: the test above proves the interval.
+            deadline = loop.time() + 10
+            while True:
+                async with session.get(server.gateway_url + "/v1/models", headers=headers) as reply:
+                    if reply.status == 401:
+                        assert "was revoked" in (await reply.json())["error"]["message"]
+                        break
+                assert loop.time() < deadline, "the running server never noticed the revocation"
+                await asyncio.sleep(0.05)
+
+
+async def test_a_budget_no_price_applies_to_is_reported_when_the_server_starts(cfg: ServerConfig) -> None:
+    cfg = attrs.evolve(
+        cfg,
+        models=[ModelConfig(name="priced", replicas=0), ModelConfig(name="free", replicas=0)],
+        pricing={"priced": PriceConfig(prompt_per_1k=1.0)},
+    )
+    async with open_store(cfg.database_path) as store:
+        await set_budget(store, Scope("org", 1), 10.0, "month")
+    with capture_logs() as logs:
+        async with server_role(cfg):
+            pass
+    warnings = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert "budgets are set but no price applies to free: they never bind" in warnings
+    assert not any("priced" in w for w in warnings)

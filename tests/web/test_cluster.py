@@ -1,0 +1,308 @@
+"""The cluster, models and node-logs pages, on the admin listener and under /admin on the client port."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import attrs
+import pytest
+from aiohttp.test_utils import TestServer
+
+from llmgw.agent.discovery.host import Host
+from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
+from llmgw.control import adminapi
+from llmgw.control.inventory import Inventory
+from llmgw.gateway.app import make_gateway_app
+from llmgw.gateway.auth import KeyCache
+from llmgw.proto.llmgw import v1 as pb
+from llmgw.store import Store, open_store
+from llmgw.store.scopes import DEFAULT_PROJECT_ID
+from llmgw.store.users import create_user
+from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
+from llmgw.web.app import mount_pages
+from llmgw.web.context import WebContext
+
+PASSWORD = "correct horse battery"
+CFG = ServerConfig(
+    admin_listen="127.0.0.1:0",
+    models=[ModelConfig(name="sim-chat", replicas=1, profiles=[ProfileConfig(engine="sim")])],
+    admin_tokens=[adminapi.hash_token("s3cret")],
+)
+AGENT_LINES = [
+    "registered with the control plane",
+    "installed an engine <b>llamacpp</b> & <script>x()</script>",
+]
+
+
+@attrs.define
+class Sites:
+    inventory: Inventory
+    admin: str
+    client: str
+
+
+async def answer_logs(inventory: Inventory, node_id: str) -> None:
+    link = inventory._links[node_id]
+    while True:
+        request = (await link.outbox.get()).logs
+        if request.request_id:
+            inventory.logs.resolve(
+                node_id,
+                pb.LogsReply(
+                    request_id=request.request_id, lines=AGENT_LINES, sources=["agent", "sim-chat-1"]
+                ),
+            )
+
+
+@pytest.fixture
+async def cluster_store(tmp_path: Path) -> AsyncIterator[Store]:
+    async with open_store(tmp_path / "llmgw.db") as store:
+        yield store
+
+
+@pytest.fixture
+async def sites(cluster_store: Store) -> AsyncIterator[Sites]:
+    inventory = Inventory(5.0)
+    inventory.attach(
+        pb.Register(
+            node_id="n1",
+            engine_versions={"sim": "builtin"},
+            engines_probed=True,
+            gpus=[pb.Gpu(index=0, name="L4", gpu_class="l4-24g", healthy=False, unhealthy_reason="XID 79")],
+        )
+    )
+    inventory.attach(pb.Register(node_id="n2"))
+    pages = WebContext(cfg=CFG, store=cluster_store)
+    gateway = make_gateway_app(CFG, inventory, KeyCache())
+    mount_pages(gateway, pages)
+    mount_on_client_port(gateway, CFG, inventory)
+    answering = asyncio.create_task(answer_logs(inventory, "n1"))
+    async with (
+        TestServer(make_admin_app(CFG, inventory, pages), host="127.0.0.1") as admin,
+        TestServer(gateway, host="127.0.0.1") as client,
+    ):
+        yield Sites(
+            inventory,
+            str(admin.make_url("")).rstrip("/"),
+            str(client.make_url("")).rstrip("/"),
+        )
+    answering.cancel()
+
+
+async def get(url: str, **kwargs: object) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url, allow_redirects=False, **kwargs) as reply:  # type: ignore[arg-type]
+        return reply.status, await reply.text()
+
+
+class TestOnTheAdminListener:
+    async def test_the_cluster_page_shows_a_dash_where_nothing_was_reported_never_a_zero(self, sites: Sites):
+        status, html = await get(f"{sites.admin}/")
+        assert status == 200
+        row = html[html.index('id="node-n2"') : html.index("</tr>", html.index('id="node-n2"'))]
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        # gpus, ram, disk: never reported by n2.
+        assert cells[2:5] == ["—", "—", "—"]
+        assert "none yet" in cells[5]
+        assert "GPU 0 (L4): XID 79" in html
+        assert 'href="/nodes/n1/logs"' in html
+
+    async def test_a_node_still_installing_gets_a_row_per_install_warning_and_sick_gpu_beneath_it(
+        self, sites: Sites
+    ):
+        host = Host(os_id="debian", os_version="12", os_codename="bookworm", arch="amd64", cpu_flags=("avx",))
+        sites.inventory.attach(
+            pb.Register(
+                node_id="n3",
+                engine_versions={"sim": "builtin"},
+                engines_probed=True,
+                host=host.to_proto(),
+                warnings=host.warnings(),
+                provision=[
+                    pb.ProvisionStatus(
+                        engine="llamacpp",
+                        version="b6500",
+                        variant="cuda",
+                        state="installing",
+                        detail="downloading llama-b6500-bin-ubuntu-x64.tar.gz (16 MB)",
+                    ),
+                    pb.ProvisionStatus(engine="sglang", state="ready", detail="sglang 0.5"),
+                ],
+                gpus=[pb.Gpu(index=0, name="A10", healthy=False, unhealthy_reason="ECC errors")],
+            )
+        )
+        _, html = await get(f"{sites.admin}/")
+        start = html.index('id="node-n3"')
+        node_row = html[start : html.index("</tr>", start)]
+        assert "debian 12 (bookworm) amd64" in node_row
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", node_row, re.S)
+        assert cells[5] == "sim"  # Engines: what runs, not what is still on its way
+        beneath = re.findall(r'<tr class="node-note">.*?<td[^>]*class="(\w+)">(.*?)</td>', html[start:], re.S)
+        assert beneath == [
+            (
+                "note",
+                "llamacpp b6500 (cuda) installing: downloading llama-b6500-bin-ubuntu-x64.tar.gz (16 MB)",
+            ),
+            ("bad", "no AVX2: inference runs several times slower (a VM needs CPU type &#34;host&#34;)"),
+            ("bad", "GPU 0 (A10): ECC errors"),
+        ]
+
+    async def test_a_log_line_with_markup_is_shown_escaped(self, sites: Sites):
+        status, html = await get(f"{sites.admin}/nodes/n1/logs?source=agent&lines=100")
+        assert status == 200
+        assert (
+            "installed an engine &lt;b&gt;llamacpp&lt;/b&gt; &amp; &lt;script&gt;x()&lt;/script&gt;" in html
+        )
+        assert "<b>llamacpp" not in html and "<script>x()" not in html
+
+    async def test_the_logs_page_has_a_tab_per_source_and_the_line_counts(self, sites: Sites):
+        _, html = await get(f"{sites.admin}/nodes/n1/logs?lines=300")
+        assert 'href="/nodes/n1/logs?source=sim-chat-1&amp;lines=300"' in html
+        for count in (100, 300, 1000, 2000):
+            assert f"lines={count}" in html
+        assert "follow=1" in html
+
+    async def test_following_refreshes_every_five_seconds(self, sites: Sites):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{sites.admin}/nodes/n1/logs?follow=1") as reply,
+        ):
+            assert reply.headers["Refresh"] == "5"
+
+    async def test_a_node_that_is_not_connected_is_said_so_on_its_logs_page(self, sites: Sites):
+        sites.inventory.detach(sites.inventory._links["n2"])
+        _, html = await get(f"{sites.admin}/nodes/n2/logs")
+        assert "node n2 is not connected" in html
+
+    async def test_the_models_page_lists_each_model(self, sites: Sites):
+        status, html = await get(f"{sites.admin}/models")
+        assert status == 200 and "sim-chat" in html
+
+    async def test_a_change_that_is_not_json_is_refused_so_another_site_cannot_make_it(self, sites: Sites):
+        async with aiohttp.ClientSession() as session:
+            for path in ("/api/v1/nodes/n1/state", "/api/v1/weights/collect"):
+                async with session.post(f"{sites.admin}{path}", data={"state": "cordoned"}) as reply:
+                    assert reply.status == 415, path
+        node = sites.inventory.node("n1")
+        assert node is not None and node.admin_state == "ready"
+
+    async def test_every_link_on_its_pages_leads_somewhere_and_none_offers_a_log_in(self, sites: Sites):
+        """The listener has no accounts: a "Log in" or profile link there would be a 404."""
+        for page in ("/", "/models", "/nodes/n1/logs"):
+            _, html = await get(f"{sites.admin}{page}")
+            assert "Log in" not in html, page
+            for href in set(re.findall(r'href="(/[^"]*)"', html)):
+                status, _ = await get(f"{sites.admin}{href.replace('&amp;', '&')}")
+                assert status == 200, (page, href)
+
+    async def test_a_request_naming_another_host_is_refused(self, sites: Sites):
+        status, body = await get(f"{sites.admin}/api/v1/nodes", headers={"Host": "evil.example"})
+        assert status == 421 and "this machine's own names" in body
+
+
+class TestOnTheClientPort:
+    async def test_the_pages_need_an_administrators_session(self, sites: Sites, cluster_store: Store):
+        status, _ = await get(f"{sites.client}/admin/cluster")
+        assert status == 303
+        await create_user(
+            cluster_store,
+            "root@example.com",
+            PASSWORD,
+            status="active",
+            is_admin=True,
+            project_id=DEFAULT_PROJECT_ID,
+        )  # type: ignore[call-arg]
+        jar = aiohttp.CookieJar(unsafe=True)
+        async with aiohttp.ClientSession(base_url=sites.client, cookie_jar=jar) as browser:
+            login = await (await browser.get("/login")).text()
+            csrf = re.search(r'name="csrf" value="([^"]+)"', login)
+            assert csrf is not None
+            await browser.post(
+                "/login", data={"email": "root@example.com", "password": PASSWORD, "csrf": csrf[1]}
+            )
+            page = await browser.get("/admin/cluster")
+            assert page.status == 200 and 'href="/admin/nodes/n1/logs"' in await page.text()
+            logs = await browser.get("/admin/nodes/n1/logs")
+            assert "&lt;b&gt;llmgw" not in await logs.text() and "&lt;b&gt;llamacpp" in await logs.text()
+
+    async def test_an_administrators_session_reaches_every_api_route_and_changes_with_its_csrf_token(
+        self, sites: Sites, cluster_store: Store
+    ):
+        await create_user(
+            cluster_store,
+            "root@example.com",
+            PASSWORD,
+            status="active",
+            is_admin=True,
+            project_id=DEFAULT_PROJECT_ID,
+        )  # type: ignore[call-arg]
+        jar = aiohttp.CookieJar(unsafe=True)
+        async with aiohttp.ClientSession(base_url=sites.client, cookie_jar=jar) as browser:
+            login = await (await browser.get("/login")).text()
+            csrf = re.search(r'name="csrf" value="([^"]+)"', login)
+            assert csrf is not None
+            await browser.post(
+                "/login", data={"email": "root@example.com", "password": PASSWORD, "csrf": csrf[1]}
+            )
+            for path in (
+                "status",
+                "nodes",
+                "nodes/n1/logs?source=agent&lines=10",
+                "models",
+                "replicas",
+                "explain-placement?model=sim-chat",
+                "openapi.json",
+            ):
+                async with browser.get(f"/admin/api/v1/{path}") as reply:
+                    assert reply.status == 200, path
+            # The session's own token, as its pages carry it in every form.
+            page = await (await browser.get("/admin/cluster")).text()
+            token = re.search(r'name="csrf" value="([^"]+)"', page)
+            assert token is not None
+            cordon = {"state": "cordoned"}
+            async with browser.post("/admin/api/v1/nodes/n1/state", json=cordon) as reply:
+                assert reply.status == 401 and "X-CSRF-Token" in await reply.text()
+            async with browser.post(
+                "/admin/api/v1/nodes/n1/state", json=cordon, headers={"X-CSRF-Token": "forged"}
+            ) as reply:
+                assert reply.status == 401
+            node = sites.inventory.node("n1")
+            assert node is not None and node.admin_state == "ready"
+            async with browser.post(
+                "/admin/api/v1/nodes/n1/state", json=cordon, headers={"X-CSRF-Token": token[1]}
+            ) as reply:
+                assert reply.status == 200, await reply.text()
+            assert node.admin_state == "cordoned"
+
+    async def test_the_api_needs_an_admin_token(self, sites: Sites):
+        status, body = await get(f"{sites.client}/admin/api/v1/nodes")
+        assert status == 401 and "admin token" in body
+        status, _ = await get(
+            f"{sites.client}/admin/api/v1/nodes", headers={"Authorization": "Bearer s3cret"}
+        )
+        assert status == 200
+
+
+async def test_every_page_and_api_route_of_the_admin_listener_is_in_the_openapi_document(
+    cluster_store: Store,
+):
+    from openapi_spec_validator import validate
+
+    from llmgw.control.openapi import document
+
+    app = make_admin_app(CFG, Inventory(5.0), WebContext(cfg=CFG, store=cluster_store))
+    doc = document("test")
+    validate(doc)  # type: ignore[arg-type]
+    listed = {(path, method.upper()) for path, item in doc["paths"].items() for method in item}
+    served = {
+        (route.resource.canonical, route.method)
+        for route in app.router.routes()
+        # Stylesheets and the page's script are files, not part of the API.
+        if route.resource is not None
+        and route.method != "HEAD"
+        and not route.resource.canonical.startswith("/static")
+    }
+    assert served - listed == set()
