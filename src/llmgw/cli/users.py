@@ -11,7 +11,6 @@ from pathlib import Path
 import click
 
 from llmgw.cli.store_command import server_config_option, with_store
-from llmgw.errors import LlmgwError
 from llmgw.store import Store
 from llmgw.store.scopes import Hierarchy, Scope, load_hierarchy
 from llmgw.store.sessions import end_user_sessions
@@ -63,20 +62,6 @@ def create(email: str, password: str | None, config_path: Path) -> None:
     )
 
 
-def _project_id(hierarchy: Hierarchy, text: str) -> int:
-    """A project by id or by name; a name in several teams must be given by id."""
-    if text.isdigit() and int(text) in hierarchy.projects:
-        return int(text)
-    named = [p for p in hierarchy.projects.values() if p.name == text]
-    if len(named) == 1:
-        return named[0].id
-    if named:
-        choices = "; ".join(f"{p.id}: {hierarchy.name(Scope('project', p.id))}" for p in named)
-        raise LlmgwError(f"several projects are called '{text}'; give the id of one: {choices}")
-    known = ", ".join(f"{p.id} ({p.name})" for p in hierarchy.projects.values())
-    raise LlmgwError(f"there is no project '{text}'; the projects are {known}")
-
-
 @users.command()
 @click.argument("user_id", metavar="ID", type=int)
 @click.option(
@@ -88,7 +73,7 @@ def approve(user_id: int, project: str, config_path: Path) -> None:
 
     async def run(store: Store) -> str:
         hierarchy = await load_hierarchy(store)
-        user = await approve_user(store, user_id, _project_id(hierarchy, project))
+        user = await approve_user(store, user_id, hierarchy.project_id(project))
         return _describe(user, hierarchy)
 
     click.echo(with_store(config_path, run))
