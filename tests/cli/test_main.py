@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from click.testing import CliRunner
 
-from llmgw import __version__
+from llmgw import __version__, config
 from llmgw.cli.exit import EXIT_CONFIG
 from llmgw.cli.main import main
+from llmgw.roles.dev import prepare_dev
 
 
 def test_python_dash_m_llmgw_prints_its_version() -> None:
@@ -46,3 +48,20 @@ def test_more_config_files_than_roles_is_a_usage_error(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "one per role" in result.output
+
+
+def test_a_port_another_program_holds_is_one_sentence_and_exit_1_not_a_traceback(tmp_path: Path) -> None:
+    setup = prepare_dev(tmp_path / "dev", ("server",))
+    assert setup.server is not None
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = f"127.0.0.1:{holder.getsockname()[1]}"
+        server_yaml = tmp_path / "server.yaml"
+        server_yaml.write_text(
+            config.dump(config.evolve(setup.server, listen=taken, admin_listen="127.0.0.1:0"))
+        )
+        result = CliRunner().invoke(main, ["--role=server", "--config", str(server_yaml)])
+    assert result.exit_code == 1
+    assert f"llmgw: cannot listen on {taken} (address already in use)" in result.output
+    assert "Traceback" not in result.output

@@ -39,7 +39,7 @@ from llmgw.cli.exit import (
 from llmgw.config import ServerConfig
 from llmgw.control.adminapi import MAX_LOG_LINES, hash_token
 from llmgw.errors import ConfigError
-from llmgw.roles.listen import split_host_port
+from llmgw.listen import split_host_port
 
 DEFAULT_CONFIG = Path("/etc/llmgw/server.yaml")
 # A log request waits up to 10 s for its node; the client waits a little longer, so that it is

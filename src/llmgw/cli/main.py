@@ -107,10 +107,24 @@ def main(
         code = serve(
             roles=roles, configs=configs, dev=dev, dev_dir=dev_dir, listen=listen, admin_listen=admin_listen
         )
-    except ConfigError as exc:
-        click.echo(f"llmgw: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
-    except LlmgwError as exc:
-        click.echo(f"llmgw: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+    except (LlmgwError, BaseExceptionGroup) as exc:
+        # A role that fails to start inside a task group arrives wrapped in a group;
+        # the person still gets the one sentence, not a traceback.
+        error = _explained(exc)
+        if error is None:
+            raise
+        click.echo(f"llmgw: {error}", err=True)
+        sys.exit(EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_ERROR)
     sys.exit(code)
+
+
+def _explained(exc: BaseException) -> LlmgwError | None:
+    """The first error written for a person in exc, looking inside exception groups."""
+    if isinstance(exc, LlmgwError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _explained(inner)
+            if found is not None:
+                return found
+    return None

@@ -21,7 +21,12 @@ from llmgw import config
 from llmgw.cli.exit import EXIT_ERROR, EXIT_FORCED, EXIT_OK
 from llmgw.config import AgentConfig, MirrorConfig, ServerConfig
 from llmgw.control.catalog import load_server_config
+
+# Imported here, before the loop starts, never inside it: importing reads files.
+from llmgw.roles.agent import agent_role
 from llmgw.roles.dev import DevSetup, prepare_dev
+from llmgw.roles.mirror import mirror_role
+from llmgw.roles.server import server_role
 
 log = structlog.get_logger(__name__)
 
@@ -84,9 +89,6 @@ async def _run(
     mirror_cfg: MirrorConfig | None,
     setup: DevSetup | None,
 ) -> int:
-    from llmgw.roles.agent import agent_role
-    from llmgw.roles.mirror import mirror_role
-    from llmgw.roles.server import server_role
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

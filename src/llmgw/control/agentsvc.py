@@ -22,6 +22,7 @@ from grpclib.server import Server, Stream
 from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.provision import provision_message
+from llmgw.listen import cannot_listen, split_host_port
 from llmgw.pki import server_ssl_context
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.tasks import first_to_finish
@@ -156,10 +157,13 @@ class AgentService:
 async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator[int]:
     """Listen on cfg.agent_listen with mutual TLS and expire silent nodes; yields the bound port."""
     ssl_context = await asyncio.to_thread(server_ssl_context, cfg.tls)
-    host, _, port = cfg.agent_listen.rpartition(":")
+    host, port = split_host_port(cfg.agent_listen, "agent_listen")
     service = AgentService(inventory, provision=provision_message(cfg.engines, cfg.engine_mirror))
     server = Server([service])
-    await server.start(host.strip("[]") or None, int(port), ssl=ssl_context)
+    try:
+        await server.start(host, port, ssl=ssl_context)
+    except OSError as exc:
+        raise cannot_listen(cfg.agent_listen, "agent_listen", exc) from None
     # grpclib does not say which port it bound; asyncio's server does (agent_listen may use port 0).
     sockets = server._server.sockets if isinstance(server._server, asyncio.Server) else ()
     bound = int(sockets[0].getsockname()[1]) if sockets else int(port)

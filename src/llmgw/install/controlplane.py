@@ -26,7 +26,7 @@ from llmgw import pki
 from llmgw.config import ServerConfig
 from llmgw.control.catalog import load_server_config
 from llmgw.install.system import Account, InstallError, System
-from llmgw.roles.listen import split_host_port
+from llmgw.listen import split_host_port
 from llmgw.store import Store, open_store
 from llmgw.store.scopes import DEFAULT_PROJECT_ID, Scope, load_hierarchy
 from llmgw.store.users import approve_user, ensure_admin, get_user_by_email, list_users, promote_user

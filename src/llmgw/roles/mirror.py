@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from llmgw.config import MirrorConfig
-from llmgw.roles.listen import split_host_port
+from llmgw.listen import cannot_listen, split_host_port
 
 log = structlog.get_logger(__name__)
 
@@ -78,7 +78,10 @@ async def mirror_role(cfg: MirrorConfig) -> AsyncIterator[MirrorHandle]:
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise cannot_listen(cfg.listen, "listen", exc) from None
         bound = runner.addresses[0][1]
         url = f"http://{host}:{bound}"
         log.info("mirror serving", url=url, root=cfg.root)

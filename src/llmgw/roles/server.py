@@ -26,7 +26,7 @@ from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
-from llmgw.roles.listen import split_host_port
+from llmgw.listen import cannot_listen, split_host_port
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
@@ -89,7 +89,10 @@ async def _serve_app(app: web.Application, address: str, key: str, drain_s: floa
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise cannot_listen(address, key, exc) from None
         bound_host, bound_port = runner.addresses[0][:2]
         yield f"http://{bound_host}:{bound_port}"
     finally:

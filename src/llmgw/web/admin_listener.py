@@ -18,7 +18,7 @@ from aiohttp.typedefs import Handler
 from llmgw.config import ServerConfig
 from llmgw.control.adminapi import admin_token_or_session
 from llmgw.control.inventory import Inventory
-from llmgw.roles.listen import split_host_port
+from llmgw.listen import split_host_port
 from llmgw.web.cluster import mount_cluster_pages
 from llmgw.web.context import ACCOUNTS_KEY, WEB_KEY, WebContext
 from llmgw.web.render import load_templates
