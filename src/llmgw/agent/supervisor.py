@@ -283,10 +283,7 @@ class Supervisor:
                 start_new_session=True,
             )
         except OSError as e:
-            status = self._status(shard, "failed")
-            status.detail = f"could not start {shard.engine.name}: {argv[0]}: {e.strerror or e}"
-            status.last_output = list(shard.output)
-            self._report(status)
+            self._report_spawn_failure(shard, argv, e)
             return False
         shard.process = process
         shard.reader = asyncio.create_task(self._read_output(shard, process), name=f"output {req.shard_id}")
@@ -393,10 +390,7 @@ class Supervisor:
             finally:
                 os.close(log_fd)
         except OSError as e:
-            status = self._status(shard, "failed")
-            status.detail = f"could not start {shard.engine.name}: {argv[0]}: {e.strerror or e}"
-            status.last_output = list(shard.output)
-            self._report(status)
+            self._report_spawn_failure(shard, argv, e)
             return False
         shard.process = process
         shard.reader = asyncio.create_task(
@@ -602,6 +596,12 @@ class Supervisor:
             replica_id=req.replica_id,
             rank=req.rank,
         )
+
+    def _report_spawn_failure(self, shard: _Shard, argv: list[str], error: OSError) -> None:
+        status = self._status(shard, "failed")
+        status.detail = f"could not start {shard.engine.name}: {argv[0]}: {error.strerror or error}"
+        status.last_output = list(shard.output)
+        self._report(status)
 
     def _status(self, shard: _Shard, state: str) -> pb.ShardStatus:
         return self._status_for(shard.req, shard.engine.name, state)
