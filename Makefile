@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest llama-server proto bench clean
+.PHONY: install run test lint typecheck pytest llama-server proto bench docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ proto: install
 
 bench: install
 	$(BIN)/python scripts/bench_gateway.py
+
+# docs/reference.md from the configuration's declarations; a test fails when it is stale.
+docs: install
+	$(BIN)/python scripts/gen_reference.py
 
 clean:
 	rm -rf $(VENV) .llmgw-dev .mypy_cache .ruff_cache .pytest_cache

@@ -6,12 +6,21 @@ import re
 from pathlib import Path
 
 import pytest
+from ruamel.yaml import YAML
 
 from llmgw import config
-from llmgw.config import AgentConfig, MirrorConfig, ServerConfig
+from llmgw.config import AgentConfig, MirrorConfig, ModelConfig, PriceConfig, ServerConfig
+from llmgw.config.reference import render
 from llmgw.errors import ConfigError
 
-REFERENCE = Path(__file__).parent.parent / "docs" / "reference.md"
+ROOT = Path(__file__).parent.parent
+REFERENCE = ROOT / "docs" / "reference.md"
+
+
+def _refusal(cls: type, text: str, source: str = "server.yaml") -> str:
+    with pytest.raises(ConfigError) as err:
+        config.parse(cls, text, source)
+    return str(err.value)
 
 
 class TestLoading:
@@ -59,6 +68,103 @@ class TestLoading:
         assert config.parse(ServerConfig, config.dump(cfg)) == cfg
 
 
+class TestRefusals:
+    """What cattrs finds wrong, said with the file, the line and the key."""
+
+    def test_a_file_that_is_not_a_mapping_is_refused_as_a_whole(self) -> None:
+        assert _refusal(ServerConfig, "- listen\n- auth\n") == "server.yaml: the file must be a mapping"
+
+    @pytest.mark.parametrize(
+        ("text", "error"),
+        [
+            ("tls: 5\n", "server.yaml:1: tls must be a mapping"),
+            ("models: [5]\n", "server.yaml:1: models[0] must be a mapping"),
+            ("pricing:\n  m: 5\n", "server.yaml:2: pricing.m must be a mapping"),
+        ],
+    )
+    def test_a_section_that_is_not_a_mapping_is_named_with_its_line(self, text: str, error: str) -> None:
+        assert _refusal(ServerConfig, text) == error
+
+    def test_an_empty_key_says_what_it_expected(self) -> None:
+        assert _refusal(ServerConfig, "listen: x\nmodels:\n") == (
+            "server.yaml:2: 'models' is empty; expected a list of a mapping"
+        )
+
+    def test_a_choice_not_offered_lists_the_choices(self) -> None:
+        assert _refusal(ServerConfig, "control:\n  placement: pack\n") == (
+            "server.yaml:2: 'control.placement' is 'pack'; expected one of spread, binpack"
+        )
+
+    def test_an_unknown_key_under_a_named_entry_is_placed_and_matched(self) -> None:
+        assert _refusal(ServerConfig, "pricing:\n  m:\n    promt_per_1k: 1\n") == (
+            "server.yaml:3: unknown key 'pricing.m.promt_per_1k'; did you mean 'prompt_per_1k'?"
+        )
+
+    def test_an_unknown_key_like_no_known_one_lists_the_known_keys(self) -> None:
+        assert _refusal(MirrorConfig, "xyzzy: 1\n", "mirror.yaml") == (
+            "mirror.yaml:1: unknown key 'xyzzy'; known keys: listen, root"
+        )
+
+    @pytest.mark.parametrize(
+        ("text", "error"),
+        [
+            ("auth:\n  default_rpm: 1.5\n", "'auth.default_rpm' is 1.5; expected a whole number"),
+            ("auth:\n  default_rpm: true\n", "'auth.default_rpm' is True; expected a whole number"),
+            ("auth:\n  enabled: 'no'\n", "'auth.enabled' is 'no'; expected true or false"),
+        ],
+    )
+    def test_a_number_or_yes_no_is_not_guessed_from_another_kind(self, text: str, error: str) -> None:
+        assert _refusal(ServerConfig, text) == f"server.yaml:2: {error}"
+
+    @pytest.mark.parametrize(
+        ("text", "line"),
+        [
+            ("models:\n  - name: m\n    zzz: 1\n    replicas: x\n", "3: unknown key 'models[0].zzz'"),
+            ("models:\n  - name: m\n    replicas: x\n    zzz: 1\n", "3: 'models[0].replicas' is 'x'"),
+        ],
+    )
+    def test_of_several_faults_the_first_in_the_file_is_reported(self, text: str, line: str) -> None:
+        assert _refusal(ServerConfig, text).startswith(f"server.yaml:{line}")
+
+    def test_a_number_in_a_list_or_mapping_of_strings_is_read_as_its_text(self) -> None:
+        model = config.parse(
+            ModelConfig, "name: m\nprofiles:\n  - args: [--ctx, 4096]\n    env: {CUDA_VISIBLE_DEVICES: 0}\n"
+        )
+        assert model.profiles[0].args == ["--ctx", "4096"]
+        assert model.profiles[0].env == {"CUDA_VISIBLE_DEVICES": "0"}
+
+    def test_a_mapping_in_a_list_of_strings_is_refused_at_its_item(self) -> None:
+        assert _refusal(ModelConfig, "name: m\nprofiles:\n  - args:\n      - {a: 1}\n", "m.yaml") == (
+            "m.yaml:4: 'profiles[0].args[0]' is {'a': 1}; expected a string"
+        )
+
+    def test_an_optional_section_said_to_be_null_is_absent(self) -> None:
+        assert config.parse(ModelConfig, "name: m\npricing: null\n").pricing is None
+        assert config.parse(ModelConfig, "name: m\npricing: {prompt_per_1k: 2}\n").pricing == PriceConfig(2.0)
+
+
+class TestLocation:
+    ROOT_YAML = "listen: x\nmodels:\n  - name: m\n    profiles:\n      - engine: sim\n"
+
+    def test_a_key_is_found_at_its_line_through_lists_and_mappings(self) -> None:
+        root = YAML(typ="rt").load(self.ROOT_YAML)
+        assert config.line_of(root, ["models", 0, "profiles", 0, "engine"]) == 5
+        assert config.where("server.yaml", root, ["models", 0]) == "server.yaml:3"
+
+    def test_a_key_the_file_lacks_is_placed_at_its_deepest_parent_the_file_has(self) -> None:
+        root = YAML(typ="rt").load(self.ROOT_YAML)
+        assert config.line_of(root, ["models", 0, "replicas"]) == 3
+        assert config.where("server.yaml", root, ["auth", "enabled"]) == "server.yaml"
+
+    def test_the_dotted_key_is_written_as_an_operator_searches_for_it(self) -> None:
+        assert config.dotted(["models", 0, "profiles", 1, "engine"]) == "models[0].profiles[1].engine"
+
+    def test_only_the_location_module_reads_yaml_line_numbers(self) -> None:
+        """One lookup: a second copy is where `file:line` in two kinds of error drifts apart."""
+        readers = [p for p in (ROOT / "src" / "llmgw").rglob("*.py") if ".lc." in p.read_text()]
+        assert [p.relative_to(ROOT).as_posix() for p in readers] == ["src/llmgw/config/location.py"]
+
+
 class TestReference:
     @pytest.mark.parametrize("cls", [ServerConfig, AgentConfig, MirrorConfig])
     def test_every_key_is_documented_in_the_reference(self, cls: type) -> None:
@@ -70,3 +176,9 @@ class TestReference:
     @pytest.mark.parametrize("cls", [ServerConfig, AgentConfig, MirrorConfig])
     def test_every_key_carries_help(self, cls: type) -> None:
         assert [key for key, help in config.documented_keys(cls) if not help] == []
+
+    def test_the_committed_reference_is_what_the_declarations_generate(self) -> None:
+        """docs/reference.md is written by `make docs`; edit a field's help, then run it."""
+        assert REFERENCE.read_text(encoding="utf-8") == render(), (
+            "docs/reference.md is stale: run `make docs`"
+        )

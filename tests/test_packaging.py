@@ -20,7 +20,7 @@ def _targets() -> dict[str, str]:
     return {name: prerequisites for name, prerequisites in found}
 
 
-@pytest.mark.parametrize("target", ["install", "run", "test", "lint", "typecheck", "proto", "bench"])
+@pytest.mark.parametrize("target", ["install", "run", "test", "lint", "typecheck", "proto", "bench", "docs"])
 def test_the_makefile_has_the_target(target: str) -> None:
     assert target in _targets()
 

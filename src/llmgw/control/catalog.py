@@ -25,7 +25,6 @@ from typing import Any
 import structlog
 from aiohttp import web
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 
 from llmgw import config
@@ -194,8 +193,7 @@ def load_server_config(path: Path) -> ServerConfig:
 
 def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
     def key(*path: Any) -> str:
-        # The dotted key as an operator would search the file for it: "models[0].profiles[1].engine".
-        return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in [*at, *path]).lstrip(".")
+        return config.dotted([*at, *path])
 
     def line(*path: Any) -> str:
         return where([*at, *path])
@@ -277,15 +275,4 @@ class _Where:
             self._root = None
 
     def __call__(self, path: list[Any]) -> str:
-        line: int | None = None
-        node = self._root
-        for part in path:
-            if isinstance(node, CommentedMap) and part in node:
-                line = node.lc.key(part)[0] + 1
-                node = node[part]
-            elif isinstance(node, CommentedSeq) and isinstance(part, int) and part < len(node):
-                line = node.lc.item(part)[0] + 1
-                node = node[part]
-            else:
-                break
-        return f"{self._source}:{line}" if line else self._source
+        return config.where(self._source, self._root, path)

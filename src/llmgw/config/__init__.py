@@ -1,0 +1,51 @@
+"""server.yaml, agent.yaml and mirror.yaml: declared once, read with file/line/key errors, documented.
+
+classes.py declares every key with its default and help; loading.py reads a
+file into those classes; location.py finds a key's line in a file;
+reference.py writes docs/reference.md from the declarations (`make docs`).
+"""
+
+from __future__ import annotations
+
+from llmgw.config.classes import (
+    AgentConfig,
+    AuthConfig,
+    ControlConfig,
+    EngineMirrorConfig,
+    EngineOptions,
+    EnginesConfig,
+    MirrorConfig,
+    ModelConfig,
+    PriceConfig,
+    ProfileConfig,
+    ProvisionConfig,
+    ServerConfig,
+    TLSConfig,
+)
+from llmgw.config.loading import dump, evolve, load, parse
+from llmgw.config.location import dotted, line_of, where
+from llmgw.config.reference import documented_keys
+
+__all__ = [
+    "AgentConfig",
+    "AuthConfig",
+    "ControlConfig",
+    "EngineMirrorConfig",
+    "EngineOptions",
+    "EnginesConfig",
+    "MirrorConfig",
+    "ModelConfig",
+    "PriceConfig",
+    "ProfileConfig",
+    "ProvisionConfig",
+    "ServerConfig",
+    "TLSConfig",
+    "documented_keys",
+    "dotted",
+    "dump",
+    "evolve",
+    "line_of",
+    "load",
+    "parse",
+    "where",
+]

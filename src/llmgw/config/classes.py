@@ -1,0 +1,252 @@
+"""What server.yaml, agent.yaml and mirror.yaml may say: attrs classes whose fields carry defaults and help.
+
+These declarations are the only place a key is described: loading.py structures
+files into them and reference.py writes docs/reference.md from them.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+
+def _field(default: Any, help: str) -> Any:
+    """An attrs field with its help text; mutable and nested defaults are copied per instance."""
+    if isinstance(default, (list, dict)) or attrs.has(type(default)):
+        return attrs.field(factory=lambda: copy.deepcopy(default), metadata={"help": help})
+    return attrs.field(default=default, metadata={"help": help})
+
+
+@attrs.frozen
+class TLSConfig:
+    ca: str = _field("", "Certificate authority (PEM) that signed the other side's certificate.")
+    cert: str = _field("", "This side's certificate (PEM).")
+    key: str = _field("", "This side's private key (PEM).")
+
+
+@attrs.frozen
+class AuthConfig:
+    enabled: bool = _field(True, "Require `Authorization: Bearer <key>` on /v1/*.")
+    default_rpm: int = _field(0, "Requests per minute for a key no scope limits; 0 means unlimited.")
+    default_tpm: int = _field(0, "Tokens per minute for a key no scope limits; 0 means unlimited.")
+    signup_open: bool = _field(False, "Whether /signup accepts new accounts (pending until approved).")
+    session_ttl_s: float = _field(
+        43200.0, "How long a sign-in to the pages lasts (the session cookie's lifetime), in seconds."
+    )
+
+
+@attrs.frozen
+class ControlConfig:
+    enabled: bool = _field(True, "Run the control plane: the agent service, placement and reconciliation.")
+    interval_s: float = _field(2.0, "How often the reconciler compares desired and actual replicas.")
+    grace_s: float = _field(
+        15.0,
+        "How long a node may stay silent before it is marked unreachable "
+        "and its replicas leave the routing table.",
+    )
+    base_backoff_s: float = _field(
+        5.0,
+        "First wait before a model is tried again on a node where its replica failed; doubles with each "
+        "further failure there (at most 300 s), and other nodes are tried meanwhile.",
+    )
+    drain_timeout_s: float = _field(
+        300.0,
+        "How long the replicas of a draining node may finish their in-flight requests "
+        "before they are stopped anyway; each is stopped sooner, as soon as it has nothing in flight "
+        "and another replica serves its model. See docs/placement.md.",
+    )
+    placement: Literal["spread", "binpack"] = _field(
+        "spread",
+        "How replicas are laid over candidate nodes: `spread` (fewest replicas first) "
+        "or `binpack` (the fullest node that still fits first). See docs/placement.md.",
+    )
+
+
+@attrs.frozen
+class ProfileConfig:
+    engine: str = _field("sim", "Engine that serves this profile: sim, llamacpp, vllm or sglang.")
+    name: str = _field("default", "Name of the profile, shown in placement explanations.")
+    args: list[str] = _field([], "Extra command-line arguments passed to the engine.")
+    env: dict[str, str] = _field({}, "Extra environment variables for the engine process.")
+    gpu_class: str = _field(
+        "", "GPU class each node must give the replica, such as `h100-80g`; empty means any class."
+    )
+    gpus_per_node: int = _field(
+        0, "GPUs each node gives one replica; 0 means none, or 1 when `gpu_class` is set."
+    )
+    nodes: int = _field(1, "Nodes one replica spans; more than 1 needs nodes on one fabric.")
+    min_memory_mb: int = _field(
+        0,
+        "Memory (MB) each node must have free for one replica, counted against the node's total "
+        "less what placed replicas claim.",
+    )
+    labels: dict[str, str] = _field({}, "Labels (agent.yaml `labels`) a node must carry, with these values.")
+
+
+@attrs.frozen
+class ModelConfig:
+    name: str = _field("", "The model name clients ask for in `model`.")
+    replicas: int = _field(1, "How many replicas to keep running.")
+    profiles: list[ProfileConfig] = _field([], "Ways to run the model, tried in order.")
+    version: str = _field("", "The model's version, shown with its name; free text.")
+    source: str = _field(
+        "",
+        "URL of the weights: a file, or a directory when it ends in `/`; empty for engines that need none.",
+    )
+    sha256: dict[str, str] = _field({}, "Pinned sha256 digests of the weights, by file name.")
+    fallbacks: list[str] = _field(
+        [],
+        "Models to serve a request with, in order, when this one has no ready replica; the reply's "
+        "`x-llmgw-model` header names the one that served it.",
+    )
+    # None, not zeros: a model priced at nothing is free, one without a price takes `pricing` or
+    # `default_price`.
+    pricing: PriceConfig | None = _field(
+        None,
+        "This model's price (`prompt_per_1k`, `completion_per_1k`); before server.yaml's `pricing` entry "
+        "and `default_price`. How a model added with `llmgw ctl model add` carries its price.",
+    )
+
+
+@attrs.frozen
+class PriceConfig:
+    prompt_per_1k: float = _field(0.0, "Price of 1,000 prompt tokens, in the unit budgets are set in.")
+    completion_per_1k: float = _field(
+        0.0, "Price of 1,000 completion tokens, in the unit budgets are set in."
+    )
+
+
+@attrs.frozen
+class EngineMirrorConfig:
+    base_url: str = _field(
+        "",
+        "An offline mirror of the engines' release downloads, sent to every node in place of the publisher: "
+        "`<base_url>/<repo>/releases/download/<tag>/<asset>` (`https://mirror.example/engines/ggml-org/"
+        "llama.cpp/releases/download/b11434/llama-b11434-bin-ubuntu-x64.tar.gz`). Empty: nodes download "
+        "from the publisher (agent.yaml's `provision.download_url`).",
+    )
+    checksums: dict[str, str] = _field(
+        {},
+        "Release asset name -> `sha256:<hex>`, sent to every node in place of the publisher's digests: "
+        "with any set, no node asks the publisher's release API. An asset not listed is refused, "
+        "never installed unchecked.",
+    )
+
+
+@attrs.frozen
+class ServerConfig:
+    listen: str = _field("127.0.0.1:8080", "Gateway address (host:port): /v1/*, /health and the pages.")
+    admin_listen: str = _field("127.0.0.1:9090", "Admin listener (host:port), for this machine only.")
+    admin_tokens: list[str] = _field(
+        [],
+        "sha256 digests (hex) of the tokens that may use the admin API from elsewhere: "
+        "`llmgw ctl --server URL --token TOKEN` against /admin on `listen`. `llmgw ctl new-token` makes one.",
+    )
+    agent_listen: str = _field("127.0.0.1:7443", "Agent service address (host:port), gRPC over mutual TLS.")
+    state_dir: str = _field("/var/lib/llmgw", "Directory for the store and other state.")
+    database: str = _field("", "SQLite file of the store; empty means `<state_dir>/llmgw.db`.")
+    drain_timeout_s: float = _field(10.0, "How long a stopping server waits for in-flight requests.")
+    tls: TLSConfig = _field(TLSConfig(), "Certificates of the agent service (mutual TLS).")
+    auth: AuthConfig = _field(AuthConfig(), "Who may call the gateway.")
+    control: ControlConfig = _field(ControlConfig(), "The control plane.")
+    models: list[ModelConfig] = _field([], "The model catalog.")
+    engines: dict[str, str] = _field(
+        {},
+        "Engines every node installs, by name, at a version (`llamacpp: b11434`). llama.cpp defaults to "
+        '`b11434`, the build this release was checked against; an empty version (`llamacpp: ""`) '
+        "removes an engine; `sim` is built in and never listed. See docs/provisioning.md.",
+    )
+    engine_mirror: EngineMirrorConfig = _field(
+        EngineMirrorConfig(),
+        "Where nodes install engines from on a site that cannot reach the publisher. "
+        "See docs/provisioning.md, Offline sites.",
+    )
+    pricing: dict[str, PriceConfig] = _field(
+        {},
+        "Prices per model: `MODEL: {prompt_per_1k: P, completion_per_1k: C}`; budgets are counted in them.",
+    )
+    default_price: PriceConfig = _field(
+        PriceConfig(), "Price of a model `pricing` does not name; both 0 means such a model has no price."
+    )
+
+    @property
+    def database_path(self) -> Path:
+        return Path(self.database) if self.database else Path(self.state_dir) / "llmgw.db"
+
+
+@attrs.frozen
+class EngineOptions:
+    binary: str = _field(
+        "", "Path of an engine binary built by hand; the agent then never installs this engine."
+    )
+    parallel: int = _field(4, "Requests the engine serves at once (llama.cpp's `-np`).")
+
+
+@attrs.frozen
+class EnginesConfig:
+    disabled: list[str] = _field([], "Engines this node never installs nor reports.")
+    llamacpp: EngineOptions = _field(EngineOptions(), "llama.cpp options.")
+    vllm: EngineOptions = _field(EngineOptions(), "vLLM options.")
+    sglang: EngineOptions = _field(EngineOptions(), "SGLang options.")
+
+
+@attrs.frozen
+class ProvisionConfig:
+    dir: str = _field("", "Directory engines are installed under; empty means `<state_dir>/engines`.")
+    api_url: str = _field(
+        "https://api.github.com",
+        "Release API the checksums of engine builds are read from (GitHub's, or one shaped like it).",
+    )
+    download_url: str = _field(
+        "https://github.com",
+        "Where engine builds are downloaded from: `<download_url>/<repo>/releases/download/<tag>/<asset>`.",
+    )
+
+
+@attrs.frozen
+class AgentConfig:
+    node_id: str = _field("", "This node's id; must equal the common name of its certificate.")
+    servers: list[str] = _field(["127.0.0.1:7443"], "Agent service addresses (host:port), tried in order.")
+    state_dir: str = _field("/var/lib/llmgw-agent", "Directory for the agent's state and installed engines.")
+    weights_cache: str = _field("", "Directory for model weights; empty means `<state_dir>/weights`.")
+    heartbeat_interval_s: float = _field(2.0, "How often the agent sends a heartbeat.")
+    ready_timeout_s: float = _field(120.0, "How long an engine may take to answer its health check.")
+    tls: TLSConfig = _field(
+        TLSConfig(), "This node's certificate and the authority that signed the server's."
+    )
+    labels: dict[str, str] = _field({}, "Labels placement profiles can require.")
+    engines: EnginesConfig = _field(EnginesConfig(), "Engine installation and options.")
+    provision: ProvisionConfig = _field(ProvisionConfig(), "Where the agent installs engines from, and to.")
+    fabric: str = _field(
+        "",
+        "InfiniBand fabric this node is attached to; nodes given the same name can host one "
+        "multi-node replica together. Empty: no fabric, single-node replicas only.",
+    )
+    hcas: list[str] = _field(
+        [], "The fabric's HCAs (e.g. `mlx5_0`); empty means every HCA under /sys/class/infiniband."
+    )
+    model_dirs: list[str] = _field(
+        [], "Other directories weights live in (an NFS export, local NVMe); their free space is reported."
+    )
+    keep_engines_on_stop: bool = _field(
+        True,
+        "Leave engines running when the agent stops, for the next agent to adopt "
+        "(see [weights.md](weights.md#agent-restarts)); `--dev` always stops them.",
+    )
+
+    @property
+    def engines_dir(self) -> Path:
+        return Path(self.provision.dir) if self.provision.dir else Path(self.state_dir) / "engines"
+
+    @property
+    def weights_dir(self) -> Path:
+        return Path(self.weights_cache) if self.weights_cache else Path(self.state_dir) / "weights"
+
+
+@attrs.frozen
+class MirrorConfig:
+    listen: str = _field("127.0.0.1:8081", "Address (host:port) the mirror serves model files on.")
+    root: str = _field("/var/lib/llmgw-mirror", "Directory whose files the mirror serves.")
