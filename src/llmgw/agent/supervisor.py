@@ -417,13 +417,13 @@ class Supervisor:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            if shard.process is not None:
-                shard.process.close()
-            if shard.process is not None and shard.process.returncode is None:
+            process = shard.process
+            if process is None:
+                continue
+            process.close()
+            if process.returncode is None:
                 log.info(
-                    "leaving an engine running for the next agent",
-                    shard=shard.req.shard_id,
-                    pid=shard.process.pid,
+                    "leaving an engine running for the next agent", shard=shard.req.shard_id, pid=process.pid
                 )
         self._shards.clear()
 
@@ -466,13 +466,12 @@ class Supervisor:
                 failed.detail = f"{name} {_exit_reason(returncode)} before answering {health}"
             if served:
                 crashes += 1
-                backoff = self._backoff.delay(crashes)
-                failed.detail += f"; restarting in {_seconds(backoff)}"
+                failed.detail += f"; restarting in {_seconds(self._backoff.delay(crashes))}"
             self._report(failed)
             log.warning("engine failed", shard=shard.req.shard_id, detail=failed.detail)
             if not served:
                 return
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(self._backoff.delay(crashes))
             if not await self._spawn(shard, restarting=True):
                 return
 

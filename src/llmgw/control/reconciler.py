@@ -188,9 +188,8 @@ class Reconciler:
         # the next failure there, and so on, while placement tries the other nodes.
         failures, _ = self._backoff.get((model, node), (0, 0.0))
         failures += 1
-        wait = ExponentialBackoff(base_s=self._cfg.control.base_backoff_s, cap_s=MAX_BACKOFF_S).delay(
-            failures
-        )
+        backoff = ExponentialBackoff(base_s=self._cfg.control.base_backoff_s, cap_s=MAX_BACKOFF_S)
+        wait = backoff.delay(failures)
         self._backoff[(model, node)] = (failures, now + wait)
         log.info("backing off a node for a model", model=model, node=node, failures=failures, wait_s=wait)
 
