@@ -270,8 +270,9 @@ def test_the_reconnect_backoff_doubles_up_to_its_cap_and_is_jittered() -> None:
     client = AgentClient(
         AgentConfig(node_id="n1"), FakeSupervisor(), {}, backoff_base_s=0.5, backoff_max_s=30
     )
-    for failures, ceiling in [(1, 1.0), (3, 4.0), (6, 30.0), (60, 30.0)]:
-        waits = [client._backoff(failures) for _ in range(200)]
+    # The first wait follows a stream that ended after its Register; each round of refusals doubles it.
+    for failures, ceiling in [(1, 0.5), (2, 1.0), (4, 4.0), (7, 30.0), (61, 30.0)]:
+        waits = [client._backoff.delay(failures) for _ in range(200)]
         assert all(ceiling / 2 <= wait <= ceiling for wait in waits)
         # A fleet that lost its control plane at once must not dial back at once.
         assert len(set(waits)) > 100

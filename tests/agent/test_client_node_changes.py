@@ -136,7 +136,7 @@ async def connected_agent(certs: Certs, tmp_path: Path, disk: FakeDisk) -> Async
         )
         cache = await stack.enter_async_context(WeightsCache(cfg.weights_dir))
         supervisor = await stack.enter_async_context(
-            Supervisor(ENGINES, ready_timeout_s=WAIT_S, weights=cache)
+            Supervisor(ENGINES, ready_timeout_s=WAIT_S, weights=cache, state_dir=Path(cfg.state_dir))
         )
         report = NodeReport(
             cfg,

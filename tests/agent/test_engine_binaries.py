@@ -44,7 +44,7 @@ async def test_the_supervisor_launches_the_binary_it_is_given_for_the_engine(tmp
             failed.set()
 
     async with Supervisor(
-        {"llamacpp": engine}, on_status=heard, binaries=lambda engine: binary
+        {"llamacpp": engine}, on_status=heard, binaries=lambda engine: binary, state_dir=tmp_path
     ) as supervisor:
         await supervisor.start(pb.StartShard(shard_id="s1", model="m", engine="llamacpp"))
         async with asyncio.timeout(10):

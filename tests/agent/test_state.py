@@ -213,7 +213,9 @@ class TestWeightsBeforeStart:
         digest = hashlib.sha256(b"GGUF" + b"\0" * 4096).hexdigest()
         async with (
             WeightsCache(tmp_path / "weights") as cache,
-            Supervisor({"sim": engine}, reports, ready_timeout_s=WAIT_S, weights=cache) as supervisor,
+            Supervisor(
+                {"sim": engine}, reports, ready_timeout_s=WAIT_S, weights=cache, state_dir=tmp_path
+            ) as supervisor,
         ):
             await supervisor.start(
                 pb.StartShard(
@@ -235,7 +237,7 @@ class TestWeightsBeforeStart:
         engine, reports = RecordingSim(), Reports()
         async with (
             WeightsCache(tmp_path / "weights") as cache,
-            Supervisor({"sim": engine}, reports, weights=cache) as supervisor,
+            Supervisor({"sim": engine}, reports, weights=cache, state_dir=tmp_path) as supervisor,
         ):
             await supervisor.start(
                 pb.StartShard(

@@ -120,12 +120,13 @@ async def reports() -> Reports:
 
 
 @pytest.fixture
-async def supervisors(reports: Reports) -> AsyncIterator[MakeSupervisor]:
+async def supervisors(reports: Reports, tmp_path: Path) -> AsyncIterator[MakeSupervisor]:
     """Make supervisors that report to `reports` and are closed after the test."""
     made: list[Supervisor] = []
 
     def make(engines: Any = ENGINES, **kwargs: Any) -> Supervisor:
         kwargs.setdefault("ready_timeout_s", WAIT_S)
+        kwargs.setdefault("state_dir", tmp_path)
         supervisor = Supervisor(engines, reports, **kwargs)
         made.append(supervisor)
         return supervisor
@@ -276,7 +277,10 @@ async def test_a_missing_binary_is_reported_failed(supervisors: MakeSupervisor, 
     assert failed.detail == "could not start shell: /nonexistent/llama-server: No such file or directory"
 
 
-async def test_the_output_keeps_the_last_500_lines(supervisors: MakeSupervisor, reports: Reports) -> None:
+async def test_the_output_keeps_the_last_500_lines(
+    supervisors: MakeSupervisor, reports: Reports, tmp_path: Path
+) -> None:
+    """The engine writes to its log file, which `tail` follows into the ring of 500 lines."""
     script = 'i=0; while [ $i -lt 600 ]; do echo "line $i"; i=$((i+1)); done; exec sleep 600'
     supervisor = supervisors({"shell": ShellEngine(script)})
     await supervisor.start(_start(engine="shell"))
@@ -285,23 +289,12 @@ async def test_the_output_keeps_the_last_500_lines(supervisors: MakeSupervisor, 
     assert len(lines) == 500
     assert lines[0] == "line 100"
     assert supervisor.output("no-such-shard") == []
+    log_file = await asyncio.to_thread((tmp_path / "shards" / "s1.log").read_text)
+    assert log_file.splitlines()[0] == "line 0"
 
 
-async def test_an_engine_writing_to_a_file_also_keeps_only_its_last_500_lines(
-    supervisors: MakeSupervisor, reports: Reports, tmp_path: Path
-) -> None:
-    """With a state directory the engine's output goes to a file that `tail` follows; the ring is the same."""
-    script = 'i=0; while [ $i -lt 600 ]; do echo "line $i"; i=$((i+1)); done; exec sleep 600'
-    supervisor = supervisors({"shell": ShellEngine(script)}, state_dir=tmp_path)
-    await supervisor.start(_start(engine="shell"))
-    await _eventually(lambda: supervisor.output("s1")[-1:] == ["line 599"])
-    lines = supervisor.output("s1")
-    assert len(lines) == 500
-    assert lines[0] == "line 100"
-
-
-async def test_closing_stops_every_engine(reports: Reports) -> None:
-    async with Supervisor(ENGINES, reports, ready_timeout_s=WAIT_S) as supervisor:
+async def test_closing_stops_every_engine(reports: Reports, tmp_path: Path) -> None:
+    async with Supervisor(ENGINES, reports, ready_timeout_s=WAIT_S, state_dir=tmp_path) as supervisor:
         await supervisor.start(_start("a"))
         await supervisor.start(_start("b"))
         _, a = await reports.wait_for("ready", "a")

@@ -12,6 +12,7 @@ import attrs
 import psutil
 import pytest
 
+from llmgw import launcher
 from llmgw.agent import state as engine_state
 from llmgw.agent.supervisor import Supervisor
 from llmgw.engines.base import LaunchSpec
@@ -59,7 +60,7 @@ async def test_stopping_a_shard_while_its_dead_engine_is_drained_ends_the_log_fo
     """An orphaned follower outlives the test's loop; collected, it warns "subprocess N is still running"."""
     follow = engine_state.follow_log
 
-    async def follow_for_good(path: Path, pid: int) -> asyncio.subprocess.Process:
+    async def follow_for_good(path: Path, pid: int) -> launcher.Process:
         # Following this test's own pid, the follower never ends by itself: the drain after the engine
         # dies then lasts its full second, and the stop below lands inside it every time.
         return await follow(path, os.getpid())

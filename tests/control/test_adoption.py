@@ -55,7 +55,10 @@ async def control_plane(cfg: ServerConfig) -> AsyncIterator[tuple[Inventory, int
 
 @contextlib.asynccontextmanager
 async def in_process_agent(cfg: AgentConfig) -> AsyncIterator[Supervisor]:
-    async with Supervisor(ENGINES, ready_timeout_s=WAIT_S) as supervisor, asyncio.TaskGroup() as tasks:
+    async with (
+        Supervisor(ENGINES, ready_timeout_s=WAIT_S, state_dir=Path(cfg.state_dir)) as supervisor,
+        asyncio.TaskGroup() as tasks,
+    ):
         client = AgentClient(cfg, supervisor, {"sim": "builtin"}, backoff_base_s=0.05, backoff_max_s=0.2)
         task = tasks.create_task(client.run())
         try:
@@ -229,7 +232,7 @@ async def test_what_a_node_reports_of_itself_reaches_the_inventory_and_so_does_a
         report = NodeReport(agent_cfg, gpus=GpuDiscovery(nvml), infiniband=tmp_path / "ib")
         await report.refresh()
         async with (
-            Supervisor(ENGINES, ready_timeout_s=WAIT_S) as supervisor,
+            Supervisor(ENGINES, ready_timeout_s=WAIT_S, state_dir=Path(agent_cfg.state_dir)) as supervisor,
             asyncio.TaskGroup() as tasks,
         ):
             client = AgentClient(agent_cfg, supervisor, {"sim": "builtin"}, report=report)

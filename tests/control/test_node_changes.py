@@ -105,7 +105,7 @@ async def test_a_fabric_going_down_and_a_gpu_failing_reach_placement_over_the_re
     inventory = Inventory(grace_s=server_cfg.control.grace_s)
     async with serve_agents(server_cfg, inventory) as port, asyncio.TaskGroup() as tasks:
         running = []
-        async with Supervisor(ENGINES, ready_timeout_s=WAIT_S) as supervisor:
+        async with Supervisor(ENGINES, ready_timeout_s=WAIT_S, state_dir=tmp_path / "agent") as supervisor:
             for n in ("n1", "n2"):
                 agent_cfg = AgentConfig(
                     node_id=n,

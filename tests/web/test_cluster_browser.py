@@ -69,7 +69,10 @@ async def live(tmp_path: Path, pki_dir: Path) -> AsyncIterator[Live]:
         )
         # The agent's stream and a real supervisor running the real sim engine: what the pages show
         # of a node. (Without the agent role's discovery and installs, which have their own tests.)
-        async with Supervisor(ENGINES, ready_timeout_s=30.0) as supervisor, asyncio.TaskGroup() as tasks:
+        async with (
+            Supervisor(ENGINES, ready_timeout_s=30.0, state_dir=tmp_path / "agent") as supervisor,
+            asyncio.TaskGroup() as tasks,
+        ):
             client = AgentClient(agent_cfg, supervisor, {"sim": "builtin"}, backoff_base_s=0.05)
             stream = tasks.create_task(client.run())
             await asyncio.wait_for(client.connected.wait(), 10)

@@ -10,7 +10,6 @@ so the control plane adopts them instead of starting them again.
 from __future__ import annotations
 
 import asyncio
-import random
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 import llmgw
 from llmgw.agent import logs as agent_logs
 from llmgw.agent.discovery.node import NodeReport
+from llmgw.backoff import ExponentialBackoff
 from llmgw.config import AgentConfig
 from llmgw.log import RING, LogRing
 from llmgw.pki import certificate_problem, client_ssl_context
@@ -100,8 +100,8 @@ class AgentClient:
         self._report = report
         self._supervisor = supervisor
         self._engine_versions = dict(engine_versions)
-        self._backoff_base_s = backoff_base_s
-        self._backoff_max_s = backoff_max_s
+        # Jitter, so a fleet that lost its control plane at once does not dial back at once.
+        self._backoff = ExponentialBackoff(base_s=backoff_base_s, cap_s=backoff_max_s, jitter=0.5)
         self._register_timeout_s = register_timeout_s
         self._ring = ring
         self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
@@ -131,13 +131,9 @@ class AgentClient:
                 registered = await self._attempt(address, ssl_context)
                 if registered:
                     break
-            failures = 0 if registered else failures + 1
-            await asyncio.sleep(self._backoff(failures))
-
-    def _backoff(self, failures: int) -> float:
-        ceiling = min(self._backoff_max_s, self._backoff_base_s * 2**failures)
-        # Jitter, so a fleet that lost its control plane at once does not dial back at once.
-        return random.uniform(ceiling / 2, ceiling)
+            # A stream that ended after its Register counts as the first failure: the shortest wait.
+            failures = 1 if registered else failures + 1
+            await asyncio.sleep(self._backoff.delay(failures))
 
     async def _attempt(self, address: str, ssl_context: ssl.SSLContext) -> bool:
         """One stream to one server; whether it got as far as being accepted."""

@@ -13,46 +13,32 @@ same process (the start time tells a reused pid apart); it then reports them
 as running in its Register, and the control plane adopts them in turn instead
 of starting duplicates.
 
-An adopted engine is not the new agent's child, so its exit is noticed through
-a pidfd and its exit status cannot be known.
+Engines are started by llmgw's launcher (launcher.py), whose Process also
+watches an adopted engine; that one is not the new agent's child, so its exit
+status cannot be known.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
 import signal
 from pathlib import Path
-from typing import Protocol
 
 import attrs
 import structlog
 
+from llmgw import launcher
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
 
 STATE_FILE = "shards.json"
 LOG_DIR = "shards"
-# The exit status of an engine that was not this agent's child: the kernel tells only its parent.
-UNKNOWN_EXIT = 1 << 16
 # The last lines of a log a new reader starts from: what the supervisor keeps of any engine.
 _TAIL_LINES = 500
-
-
-class EngineProcess(Protocol):
-    """What the supervisor needs of an engine process: asyncio's Process, or an adopted one."""
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    async def wait(self) -> int: ...
 
 
 @attrs.frozen
@@ -149,111 +135,19 @@ async def open_log(path: Path) -> int:
     return await asyncio.to_thread(_open)
 
 
-async def follow_log(path: Path, pid: int) -> asyncio.subprocess.Process:
-    """A `tail` of the log that ends once the engine pid is gone; read its stdout like the engine's own.
+async def follow_log(path: Path, pid: int) -> launcher.Process:
+    """A `tail` of the log that ends once the engine pid is gone; read its stdout like a pipe.
 
     tail(1) rather than a loop here: it already follows a file across truncation,
     reads without blocking the agent's loop, and stops by itself with the engine.
+    Its own complaints (a file replaced, truncated) are not the engine's output.
     """
-    return await asyncio.create_subprocess_exec(
-        "tail",
-        "-n",
-        str(_TAIL_LINES),
-        "-s",
-        "0.2",
-        "-F",
-        f"--pid={pid}",
-        str(path),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    argv = ["tail", "-n", str(_TAIL_LINES), "-s", "0.2", "-F", f"--pid={pid}", str(path)]
+    return await launcher.start(argv, stderr=launcher.DEVNULL)
 
 
-async def end_follower(process: asyncio.subprocess.Process) -> None:
+async def end_follower(process: launcher.Process) -> None:
     if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
+        launcher.kill_group(process.pid, signal.SIGTERM)
     await process.wait()
-
-
-async def spawn_detached(argv: list[str], env: dict[str, str], log_fd: int) -> PidProcess:
-    """Start an engine in its own session with its output on log_fd, watched through a pidfd.
-
-    Not asyncio's subprocess: its transport kills a child still running when it
-    is closed or collected, and an engine left for the next agent must survive
-    exactly that. Nor subprocess.Popen, which complains when collected with its
-    child still running: here that is the point.
-    """
-
-    def _start() -> int:
-        return os.posix_spawnp(
-            argv[0],
-            argv,
-            env,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, log_fd, 1),
-                (os.POSIX_SPAWN_DUP2, log_fd, 2),
-            ],
-            setsid=True,
-        )
-
-    pid = await asyncio.to_thread(_start)
-    return PidProcess(pid, child=True)
-
-
-class PidProcess:
-    """A process watched through a pidfd: one this agent started (child) or one it adopted.
-
-    The exit status of an adopted one is unknown (UNKNOWN_EXIT): the kernel tells only its parent.
-    """
-
-    def __init__(self, pid: int, *, child: bool = False) -> None:
-        self._pid = pid
-        self._child = child
-        self._returncode: int | None = None
-        self._exited = asyncio.get_running_loop().create_future()
-        self._fd: int | None = None
-        try:
-            self._fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self._set_exited()
-            return
-        asyncio.get_running_loop().add_reader(self._fd, self._on_exit)
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
-
-    async def wait(self) -> int:
-        await asyncio.shield(self._exited)
-        assert self._returncode is not None
-        return self._returncode
-
-    def close(self) -> None:
-        """Stop watching (the agent stops; the engine runs on)."""
-        if self._fd is not None:
-            asyncio.get_running_loop().remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = None
-
-    def _on_exit(self) -> None:
-        # A pidfd becomes readable when its process exits.
-        self.close()
-        self._set_exited()
-
-    def _set_exited(self) -> None:
-        code = UNKNOWN_EXIT
-        if self._child:
-            # Reaped here, at once (WNOHANG never waits): the pidfd said it has exited.
-            with contextlib.suppress(ChildProcessError):
-                _, status = os.waitpid(self._pid, os.WNOHANG)
-                code = os.waitstatus_to_exitcode(status)
-        self._returncode = code
-        if not self._exited.done():
-            self._exited.set_result(None)
+    process.close()

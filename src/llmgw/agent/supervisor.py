@@ -1,11 +1,14 @@
 """The supervisor: starts engine processes, watches them, restarts them, stops them.
 
-Each shard is one engine process in its own session (so its process group can
-be signalled as a whole: engines fork workers, and a worker left behind holds
-the GPU), on a free loopback port. Its output, stdout and stderr merged, is
-kept in a ring of the last 500 lines. The supervisor polls the engine's health
-path until it answers or `ready_timeout_s` passes, and reports every change
-of state through `on_status`:
+Each shard is one engine process, started by llmgw's launcher in its own
+session (so its process group can be signalled as a whole: engines fork
+workers, and a worker left behind holds the GPU), on a free loopback port.
+Its output, stdout and stderr merged, goes to a log file under `state_dir`
+(agent/state.py: that is what lets an engine outlive the agent and be adopted
+by the next one); the supervisor follows the file and keeps a ring of its last
+500 lines. It polls the engine's health path until it answers or
+`ready_timeout_s` passes, and reports every change of state through
+`on_status`:
 
 - starting -> ready (with the endpoint), or
 - starting -> failed (with the last output lines) when the engine exits or
@@ -32,8 +35,10 @@ from types import TracebackType
 import aiohttp
 import structlog
 
+from llmgw import launcher
 from llmgw.agent import state as engine_state
 from llmgw.agent.weights import WeightsCache, WeightsError
+from llmgw.backoff import ExponentialBackoff
 from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
@@ -58,7 +63,7 @@ def _free_port(host: str) -> int:
 
 
 def _exit_reason(returncode: int) -> str:
-    if returncode == engine_state.UNKNOWN_EXIT:
+    if returncode == launcher.UNKNOWN_EXIT:
         return "exited (it was adopted from the previous agent, so how is unknown)"
     if returncode < 0:
         try:
@@ -80,7 +85,7 @@ class _Shard:
         self.req = req
         self.engine = engine
         self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
-        self.process: engine_state.EngineProcess | None = None
+        self.process: launcher.Process | None = None
         # Where the weights are on disk, once fetched.
         self.model_path = ""
         self.reader: asyncio.Task[None] | None = None
@@ -102,6 +107,7 @@ class Supervisor:
         on_status: Callable[[pb.ShardStatus], None] | None = None,
         ready_timeout_s: float = 120.0,
         *,
+        state_dir: Path,
         stop_grace_s: float = 10.0,
         host: str = "127.0.0.1",
         health_interval_s: float = 0.1,
@@ -110,14 +116,13 @@ class Supervisor:
         binaries: Callable[[str], str] | None = None,
         parallel: Callable[[str], int] | None = None,
         weights: WeightsCache | None = None,
-        state_dir: Path | None = None,
         keep_on_close: bool = False,
     ):
-        # With a state_dir, engines write their output to files there and the state file lists them,
-        # so they can outlive this agent; keep_on_close then leaves them running when it stops.
+        # Engines write their output to files under state_dir and the state file there lists them,
+        # so they can outlive this agent; keep_on_close leaves them running when it stops.
         self._weights = weights
         self._state_dir = state_dir
-        self._keep_on_close = keep_on_close and state_dir is not None
+        self._keep_on_close = keep_on_close
         self._state_lock = asyncio.Lock()
         self._engines = engines
         # Engine name -> the executable to run (what the provision loop installed, or agent.yaml
@@ -133,8 +138,8 @@ class Supervisor:
         self._stop_grace_s = stop_grace_s
         self._host = host
         self._health_interval_s = health_interval_s
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        # No jitter: engines restart on their own node, not a fleet at once.
+        self._backoff = ExponentialBackoff(base_s=backoff_initial_s, cap_s=backoff_max_s)
         self._shards: dict[str, _Shard] = {}
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -223,8 +228,7 @@ class Supervisor:
         """SIGKILL every engine's process group now, without waiting: for a forced exit."""
         for shard in self._shards.values():
             if shard.process is not None and shard.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(shard.process.pid, signal.SIGKILL)
+                launcher.kill_group(shard.process.pid)
 
     def statuses(self) -> list[pb.ShardStatus]:
         """The last reported status of every shard this supervisor runs."""
@@ -270,23 +274,22 @@ class Supervisor:
             status.detail = str(e)
             self._report(status)
             return False
-        env = {**os.environ, **shard.engine.environment(spec)}
-        if self._state_dir is not None:
-            return await self._spawn_detached(shard, argv, env, port, restarting=restarting)
+        path = engine_state.log_path(self._state_dir, req.shard_id)
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+            # A file, not a pipe the agent holds: a pipe whose reader is gone (the agent restarting)
+            # kills the engine with SIGPIPE at its next line.
+            log_fd = await engine_state.open_log(path)
+            try:
+                process = await launcher.start(argv, env=shard.engine.environment(spec), stdout=log_fd)
+            finally:
+                os.close(log_fd)
         except OSError as e:
             self._report_spawn_failure(shard, argv, e)
             return False
         shard.process = process
-        shard.reader = asyncio.create_task(self._read_output(shard, process), name=f"output {req.shard_id}")
+        shard.reader = asyncio.create_task(
+            self._follow(shard, path, process.pid), name=f"output {req.shard_id}"
+        )
         shard.endpoint = f"http://{self._host}:{port}"
         status = self._status(shard, "starting")
         status.pid = process.pid
@@ -294,6 +297,7 @@ class Supervisor:
         status.detail = f"{again} {shard.engine.name} (pid {process.pid}) on port {port}"
         self._report(status)
         log.info("engine starting", shard=req.shard_id, engine=shard.engine.name, pid=process.pid, argv=argv)
+        await self._save_state()
         return True
 
     # --- engines that outlive the agent (agent/state.py), and their weights ---------------
@@ -304,8 +308,6 @@ class Supervisor:
         An engine is adopted when its pid is still the process the state file names; it is then
         watched like one started here, and reported ready once it answers its health path again.
         """
-        if self._state_dir is None:
-            return []
         records = await asyncio.to_thread(engine_state.read_state, self._state_dir)
         adopted = []
         for record in records:
@@ -318,7 +320,7 @@ class Supervisor:
                 )
                 continue
             shard = _Shard(req, engine)
-            shard.process = engine_state.PidProcess(record.pid)
+            shard.process = launcher.adopt(record.pid)
             shard.endpoint = record.endpoint
             source_path = self._weights.path_of(req.source) if self._weights is not None else None
             shard.model_path = str(source_path) if source_path is not None else ""
@@ -376,36 +378,6 @@ class Supervisor:
             return
         await self._watch(shard)
 
-    async def _spawn_detached(
-        self, shard: _Shard, argv: list[str], env: dict[str, str], port: int, *, restarting: bool
-    ) -> bool:
-        """`_spawn` for an engine meant to outlive the agent: output to a file, listed in the state file."""
-        assert self._state_dir is not None
-        req = shard.req
-        path = engine_state.log_path(self._state_dir, req.shard_id)
-        try:
-            log_fd = await engine_state.open_log(path)
-            try:
-                process = await engine_state.spawn_detached(argv, env, log_fd)
-            finally:
-                os.close(log_fd)
-        except OSError as e:
-            self._report_spawn_failure(shard, argv, e)
-            return False
-        shard.process = process
-        shard.reader = asyncio.create_task(
-            self._follow(shard, path, process.pid), name=f"output {req.shard_id}"
-        )
-        shard.endpoint = f"http://{self._host}:{port}"
-        status = self._status(shard, "starting")
-        status.pid = process.pid
-        again = "restarting" if restarting else "starting"
-        status.detail = f"{again} {shard.engine.name} (pid {process.pid}) on port {port}"
-        self._report(status)
-        log.info("engine starting", shard=req.shard_id, engine=shard.engine.name, pid=process.pid, argv=argv)
-        await self._save_state()
-        return True
-
     async def _follow(self, shard: _Shard, path: Path, pid: int) -> None:
         """Keep the output lines of an engine that writes to a file."""
         tail = await engine_state.follow_log(path, pid)
@@ -416,8 +388,6 @@ class Supervisor:
 
     async def _save_state(self) -> None:
         """Rewrite the state file with every engine process alive now."""
-        if self._state_dir is None:
-            return
         state_dir = self._state_dir
         alive = [
             (shard.req, shard.process.pid, shard.endpoint)
@@ -447,19 +417,20 @@ class Supervisor:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            if isinstance(shard.process, engine_state.PidProcess):
-                shard.process.close()
-            if shard.process is not None and shard.process.returncode is None:
+            process = shard.process
+            if process is None:
+                continue
+            process.close()
+            if process.returncode is None:
                 log.info(
-                    "leaving an engine running for the next agent",
-                    shard=shard.req.shard_id,
-                    pid=shard.process.pid,
+                    "leaving an engine running for the next agent", shard=shard.req.shard_id, pid=process.pid
                 )
         self._shards.clear()
 
     async def _watch(self, shard: _Shard) -> None:
         """Wait for ready, then for an exit; restart an engine that had served, with backoff."""
-        backoff = self._backoff_initial_s
+        # Crashes since the engine last served a good while: what the wait before a restart follows.
+        crashes = 0
         served = False
         while True:
             process = shard.process
@@ -477,8 +448,8 @@ class Supervisor:
                 ready_at = time.monotonic()
                 await process.wait()
                 # An engine that served a good while before crashing starts over at the short backoff.
-                if time.monotonic() - ready_at >= self._backoff_max_s:
-                    backoff = self._backoff_initial_s
+                if time.monotonic() - ready_at >= self._backoff.cap_s:
+                    crashes = 0
             timed_out = not became_ready and process.returncode is None
             # Also for an engine that exited by itself: the workers it forked go with it.
             returncode = await self._terminate(shard)
@@ -494,17 +465,17 @@ class Supervisor:
             else:
                 failed.detail = f"{name} {_exit_reason(returncode)} before answering {health}"
             if served:
-                failed.detail += f"; restarting in {_seconds(backoff)}"
+                crashes += 1
+                failed.detail += f"; restarting in {_seconds(self._backoff.delay(crashes))}"
             self._report(failed)
             log.warning("engine failed", shard=shard.req.shard_id, detail=failed.detail)
             if not served:
                 return
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self._backoff_max_s)
+            await asyncio.sleep(self._backoff.delay(crashes))
             if not await self._spawn(shard, restarting=True):
                 return
 
-    async def _wait_ready(self, shard: _Shard, process: engine_state.EngineProcess) -> bool:
+    async def _wait_ready(self, shard: _Shard, process: launcher.Process) -> bool:
         """True once the engine answers its health path; False when it exits or the time is up."""
         url = shard.endpoint + shard.engine.health_path
         session = self._health_session()
@@ -533,7 +504,7 @@ class Supervisor:
             self._session = aiohttp.ClientSession(trust_env=False)
         return self._session
 
-    async def _read_output(self, shard: _Shard, process: asyncio.subprocess.Process) -> None:
+    async def _read_output(self, shard: _Shard, process: launcher.Process) -> None:
         """Keep the process's output lines; split by hand so one huge line cannot break the reader."""
         stream = process.stdout
         assert stream is not None
@@ -566,18 +537,13 @@ class Supervisor:
         """SIGTERM the process group, SIGKILL it after the grace; the leader's return code."""
         process = shard.process
         assert process is not None
-        # The group id is the leader's pid (start_new_session); the kernel keeps that id from being
-        # reused while any member lives, so signalling it after the leader is gone is still safe.
-        pgid = process.pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
+        launcher.kill_group(process.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(process.wait(), timeout=self._stop_grace_s)
         except TimeoutError:
-            log.warning("engine ignored SIGTERM; killing it", shard=shard.req.shard_id, pid=pgid)
+            log.warning("engine ignored SIGTERM; killing it", shard=shard.req.shard_id, pid=process.pid)
         # Also when the leader exited in time: a worker it left behind would hold the port or the GPU.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+        launcher.kill_group(process.pid)
         returncode = await process.wait()
         await self._drain_output(shard)
         return returncode

@@ -37,6 +37,7 @@ import aiohttp
 import attrs
 import structlog
 
+from llmgw.backoff import ExponentialBackoff
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.tasks import to_thread_to_the_end
@@ -94,7 +95,8 @@ class WeightsCache:
     ) -> None:
         self.root = root
         self._attempts = attempts
-        self._retry_base_s = retry_base_s
+        # No cap: `attempts` bounds the waits (1 + 2 + 4 + 8 s by default).
+        self._backoff = ExponentialBackoff(base_s=retry_base_s)
         self._session = session
         self._own_session = session is None
         # source -> the marker's contents, for every source completely on disk.
@@ -317,7 +319,7 @@ class WeightsCache:
                 log.warning(
                     "a weights download was interrupted; resuming", url=f.url, at=have, error=str(exc)
                 )
-                await asyncio.sleep(self._retry_base_s * 2 ** (failures - 1))
+                await asyncio.sleep(self._backoff.delay(failures))
 
     async def _attempt(
         self, f: _File, part: Path, label: str, done_before: int, total: int | None, source: str

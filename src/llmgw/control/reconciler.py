@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
+from llmgw.backoff import ExponentialBackoff
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.control.catalog import Catalog
 from llmgw.control.inventory import DRAINING, READY, Inventory, NodeNotConnected, Replica
@@ -187,7 +188,8 @@ class Reconciler:
         # the next failure there, and so on, while placement tries the other nodes.
         failures, _ = self._backoff.get((model, node), (0, 0.0))
         failures += 1
-        wait = min(self._cfg.control.base_backoff_s * 2 ** (failures - 1), MAX_BACKOFF_S)
+        backoff = ExponentialBackoff(base_s=self._cfg.control.base_backoff_s, cap_s=MAX_BACKOFF_S)
+        wait = backoff.delay(failures)
         self._backoff[(model, node)] = (failures, now + wait)
         log.info("backing off a node for a model", model=model, node=node, failures=failures, wait_s=wait)
 

@@ -13,20 +13,21 @@ each flag of those command lines that `--help` does not mention.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import shutil
-import signal
 from collections.abc import Mapping, Sequence
 
 import attrs
 
 from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.errors import LlmgwError
+from llmgw.launcher import run as run_command
 
 # `vllm --help` imports torch, which takes tens of seconds on a cold cache.
 TIMEOUT_S = 180.0
+# More than any engine's --help prints (vLLM's --help=all: some 100 KB).
+_HELP_BYTES = 16 * 1024 * 1024
 
 # Between them every flag an adapter may pass: a replica on a GPU with a context size and
 # slots, and the second rank of a replica over two nodes (vLLM's --headless, the rank flags).
@@ -186,25 +187,13 @@ def _which(binary: str) -> tuple[str, bool]:
 async def _run(argv: Sequence[str], timeout_s: float) -> tuple[int, str]:
     """argv's exit code and its stdout and stderr together (llama-server prints its version on stderr)."""
     try:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
+        # All of it: a help cut short would lose the flags it lists first, and they would read as missing.
+        result = await run_command(argv, timeout_s=timeout_s, keep_bytes=_HELP_BYTES)
     except OSError as exc:
         raise EngineCheckError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
-    try:
-        async with asyncio.timeout(timeout_s):
-            output, _ = await process.communicate()
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
-        raise EngineCheckError(f"`{' '.join(argv)}` did not finish within {timeout_s:g} s") from None
-    assert process.returncode is not None
-    return process.returncode, output.decode(errors="replace")
+    if result.timed_out:
+        raise EngineCheckError(f"`{' '.join(argv)}` did not finish within {timeout_s:g} s")
+    return result.returncode, result.output
 
 
 def _version_line(text: str) -> str:

@@ -26,6 +26,7 @@ from llmgw.agent.discovery.host import Host
 from llmgw.agent.provision.installer import FAILED, READY, UNSUPPORTED, Installer, InstallStatus, Source, Want
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import CommandRunner
+from llmgw.backoff import ExponentialBackoff
 from llmgw.config import AgentConfig, EngineOptions
 from llmgw.proto.llmgw import v1 as pb
 
@@ -68,8 +69,10 @@ class ProvisionLoop:
         self._host = host
         self._on_change = on_change
         self._every_s = every_s
-        self._first_retry_s = first_retry_s
-        self._retry_s = first_retry_s
+        # After a failed pass: a minute, doubling back to the regular pass.
+        self._backoff = ExponentialBackoff(base_s=first_retry_s, cap_s=every_s)
+        # Passes in a row with a failure.
+        self._failures = 0
         self.installer = Installer(
             cfg.engines_dir, host, runner, releases, on_status=self._heard, lock_retry_s=lock_retry_s
         )
@@ -168,9 +171,11 @@ class ProvisionLoop:
         wants, source = list(self._wants or ()), self._source
         results = await self.installer.converge(wants, source)
         if any(st.state == FAILED for st in results):
-            self.next_pass_s, self._retry_s = self._retry_s, min(self._retry_s * 2, self._every_s)
+            self._failures += 1
+            self.next_pass_s = self._backoff.delay(self._failures)
         else:
-            self.next_pass_s, self._retry_s = self._every_s, self._first_retry_s
+            self._failures = 0
+            self.next_pass_s = self._every_s
         # Only what is still wanted: a Provision that arrived during the pass may have dropped one.
         still = {w.engine for w in self._wants or ()}
         installed = {st.engine: st for st in results if st.state == READY and st.engine in still}
