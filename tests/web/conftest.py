@@ -11,6 +11,7 @@ import attrs
 import pytest
 from aiohttp.test_utils import TestServer
 
+from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
@@ -69,7 +70,7 @@ async def site(store: Store, signup_open: bool) -> AsyncIterator[Site]:
     cfg = ServerConfig(
         auth=AuthConfig(enabled=True, signup_open=signup_open), models=[ModelConfig(name="sim-chat")]
     )
-    app = make_gateway_app(cfg, _NoReplicas(), KeyCache())
+    app = make_gateway_app(cfg, Catalog(cfg), _NoReplicas(), KeyCache())
     ctx = WebContext(cfg=cfg, store=store)
     mount_pages(app, ctx)
     server = TestServer(app, host="127.0.0.1", port=0)
