@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 
 from llmgw import pki
 from llmgw.agent.client import AgentClient
+from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
 from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
@@ -166,7 +167,7 @@ async def test_a_catalog_model_is_started_on_the_node_and_becomes_routable(certs
     inventory = Inventory(5.0)
     supervisor = FakeSupervisor()
     async with serve_agents(cfg, inventory) as port, asyncio.TaskGroup() as tasks:
-        reconciling = tasks.create_task(Reconciler(cfg, inventory).run())
+        reconciling = tasks.create_task(Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).run())
         async with running(agent(agent_config(certs.n1, port), supervisor)):
             await eventually(lambda: inventory.ready_endpoints("sim-chat"))
         reconciling.cancel()

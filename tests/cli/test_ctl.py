@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from structlog.testing import capture_logs
 
 from llmgw.agent.discovery.host import Host
+from llmgw.catalog import Catalog
 from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE, EXIT_USAGE
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
@@ -134,10 +135,12 @@ async def answer_logs(inventory: Inventory, node_id: str) -> None:
 async def server() -> AsyncIterator[tuple[str, Inventory]]:
     inventory = fleet()
     app = web.Application()
-    adminapi.install(app, CFG, inventory)
+    catalog = Catalog(CFG)
+    adminapi.install(app, CFG, inventory, catalog)
     # The same API as the client port serves it under /admin: an admin token required.
     guarded = web.Application()
-    adminapi.install(guarded, CFG, inventory, prefix="/admin", guard=admin_token_or_session(CFG, _no_session))
+    guard = admin_token_or_session(CFG, _no_session)
+    adminapi.install(guarded, CFG, inventory, catalog, prefix="/admin", guard=guard)
     app.add_subapp("/port", guarded)
     answering = asyncio.create_task(answer_logs(inventory, "gpu-01"))
     # The server's log lines kept out of the output CliRunner captures, which is this process's stdout.

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 from structlog.testing import capture_logs
 
+from llmgw.catalog import Catalog
 from llmgw.cli.ctl import ctl
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control import adminapi
@@ -68,7 +69,7 @@ def fleet() -> Inventory:
 async def server() -> AsyncIterator[tuple[str, Inventory]]:
     inventory = fleet()
     app = web.Application()
-    adminapi.install(app, CFG, inventory)
+    adminapi.install(app, CFG, inventory, Catalog(CFG))
     # What the server role wires in from its reconciler: tiny failed twice on gpu-02 lately.
     app[adminapi.BACKOFF_KEY] = lambda: {("tiny", "gpu-02"): Backoff(failures=2, remaining_s=20.0)}
     with capture_logs():

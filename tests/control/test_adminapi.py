@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
 from llmgw.agent.discovery.host import NO_AVX2_WARNING, Host
+from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
@@ -56,7 +57,7 @@ def inventory() -> Inventory:
 @pytest.fixture
 async def client(inventory: Inventory) -> AsyncIterator[TestClient[web.Request, web.Application]]:
     app = web.Application()
-    adminapi.install(app, CFG, inventory)
+    adminapi.install(app, CFG, inventory, Catalog(CFG))
     async with TestClient(TestServer(app)) as client:
         yield client
 
@@ -167,10 +168,10 @@ class TestNodeState:
         assert (await reply.json())["state"] == "cordoned"
         await client.post("/api/v1/nodes/n2/state", json={"state": "draining"})
         inventory.forget("sim-chat-a")
-        await Reconciler(CFG, inventory).reconcile()
+        await Reconciler(CFG, inventory, Catalog(CFG), in_flight={}).reconcile()
         assert inventory.replicas() == []
         await client.post("/api/v1/nodes/n1/state", json={"state": "ready"})
-        await Reconciler(CFG, inventory).reconcile()
+        await Reconciler(CFG, inventory, Catalog(CFG), in_flight={}).reconcile()
         assert [r.node_id for r in inventory.replicas()] == ["n1"]
 
     async def test_a_drained_node_keeps_its_state_when_it_reconnects(

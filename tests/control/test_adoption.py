@@ -22,6 +22,7 @@ from llmgw import config
 from llmgw.agent import state as engine_state
 from llmgw.agent.client import AgentClient
 from llmgw.agent.supervisor import Supervisor
+from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Replica
@@ -46,7 +47,7 @@ def _catalog(cfg: ServerConfig, **control: float) -> ServerConfig:
 async def control_plane(cfg: ServerConfig) -> AsyncIterator[tuple[Inventory, int]]:
     inventory = Inventory(grace_s=cfg.control.grace_s)
     async with serve_agents(cfg, inventory) as port, asyncio.TaskGroup() as tasks:
-        reconciler = tasks.create_task(Reconciler(cfg, inventory).run())
+        reconciler = tasks.create_task(Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).run())
         try:
             yield inventory, port
         finally:

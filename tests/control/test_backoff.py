@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import betterproto
 
+from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.placement import BACKOFF, Backoff, Scheduler
@@ -53,7 +54,8 @@ class TestBackoff:
         inventory = Inventory(grace_s=15)
         n1, n2 = _node(inventory, "n1"), _node(inventory, "n2")
         inventory.shard_status("n1", _status("s1", "failed"))
-        reconciler = Reconciler(_cfg(), inventory, clock=clock)
+        cfg = _cfg()
+        reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, clock=clock)
         await reconciler.reconcile()
         assert [kind for kind, _ in _sent(n1)] == ["stop"]
         assert _started(n2).model == "sim-chat"
@@ -63,7 +65,8 @@ class TestBackoff:
         clock = Clock()
         inventory = Inventory(grace_s=15)
         n1 = _node(inventory, "n1")
-        reconciler = Reconciler(_cfg(), inventory, clock=clock)
+        cfg = _cfg()
+        reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, clock=clock)
         inventory.shard_status("n1", _status("s0", "failed"))
         waits = []
         for failures in range(1, 5):
@@ -89,7 +92,8 @@ class TestBackoff:
         clock = Clock()
         inventory = Inventory(grace_s=15)
         _node(inventory, "n1")
-        reconciler = Reconciler(_cfg(), inventory, clock=clock)
+        cfg = _cfg()
+        reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, clock=clock)
         for shard in range(12):
             inventory.shard_status("n1", _status(f"s{shard}", "failed"))
             await reconciler.reconcile()
@@ -103,7 +107,8 @@ class TestBackoff:
         clock = Clock()
         inventory = Inventory(grace_s=15)
         n1 = _node(inventory, "n1")
-        reconciler = Reconciler(_cfg(), inventory, clock=clock)
+        cfg = _cfg()
+        reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, clock=clock)
         inventory.shard_status("n1", _status("s1", "failed"))
         await reconciler.reconcile()
         clock.now += 5.0
@@ -121,7 +126,8 @@ class TestBackoff:
         inventory = Inventory(grace_s=15)
         n1 = _node(inventory, "n1")
         inventory.shard_status("n1", _status("s1", "failed"))
-        reconciler = Reconciler(_cfg(SIM, OTHER), inventory, clock=clock)
+        cfg = _cfg(SIM, OTHER)
+        reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, clock=clock)
         await reconciler.reconcile()
         assert [(kind, getattr(m, "model", "")) for kind, m in _sent(n1)] == [
             ("stop", ""),

@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control import adminapi
-from llmgw.control.catalog import Catalog
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
@@ -100,10 +100,10 @@ async def rig() -> AsyncIterator[Rig]:
             pb.Register(node_id=node_id, engine_versions={"sim": "1"}, engines_probed=True, running=running)
         )
     catalog = Catalog(CFG)
-    reconciler = Reconciler(CFG, inventory, catalog, clock=lambda: clock[0])
-    gateway = make_gateway_app(CFG, inventory, KeyCache(), catalog=catalog)
-    adminapi.install(gateway, CFG, inventory)
-    reconciler.in_flight = gateway[ROUTER_KEY].in_flight
+    gateway = make_gateway_app(CFG, catalog, inventory, KeyCache())
+    adminapi.install(gateway, CFG, inventory, catalog)
+    in_flight = gateway[ROUTER_KEY].in_flight
+    reconciler = Reconciler(CFG, inventory, catalog, in_flight=in_flight, clock=lambda: clock[0])
     try:
         async with TestClient(TestServer(gateway, host="127.0.0.1", port=0)) as client:
             yield Rig(client, inventory, reconciler, clock, links, engines)
@@ -158,7 +158,7 @@ class TestDraining:
         status, body = await in_flight
         assert status == 200
         assert body == 'data: {"n": 1}\n\ndata: {"n": 2}\n\ndata: [DONE]\n\n'
-        await eventually(lambda: slow_url not in rig.reconciler.in_flight)
+        await eventually(lambda: slow_url not in rig.client.app[ROUTER_KEY].in_flight)
 
         # Then the drained replica is stopped, and only the replacement serves.
         await rig.reconciler.reconcile()

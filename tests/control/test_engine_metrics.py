@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.engine_metrics import parse
@@ -75,7 +76,7 @@ async def client(engine: str) -> AsyncIterator[TestClient[web.Request, web.Appli
         "127.0.0.1:5000",
     )
     app = web.Application()
-    adminapi.install(app, ServerConfig(), inventory)
+    adminapi.install(app, ServerConfig(), inventory, Catalog(ServerConfig()))
     async with TestClient(TestServer(app)) as client:
         yield client
 

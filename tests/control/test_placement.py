@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory, Node, Replica
 from llmgw.control.placement import Rank, Scheduler, Verdict, explain
@@ -289,7 +290,7 @@ class TestReconciler:
         inventory = Inventory(grace_s=15)
         installing(inventory)
         cfg = ServerConfig(models=[model(profile(), name="llama")])
-        await Reconciler(cfg, inventory).reconcile()
+        await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
         assert inventory.replicas() == []
         assert inventory.why_no_ready("llama") == (
             "llama has no ready replica: no node can run it (node n1 does not have llamacpp installed "
@@ -305,7 +306,7 @@ class TestReconciler:
                 provision=[pb.ProvisionStatus(engine="llamacpp", version="b10991", state="ready")],
             ),
         )
-        await Reconciler(cfg, inventory).reconcile()
+        await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
         assert [r.node_id for r in inventory.replicas("llama")] == ["n1"]
 
     async def test_a_multi_node_replica_starts_one_rank_per_node_with_its_cards(self) -> None:
@@ -323,7 +324,8 @@ class TestReconciler:
                 address=f"10.0.0.{node_id[1]}:5000",
             )
         m = model(profile(engine="vllm", gpu_class=H100, gpus_per_node=8, nodes=2), name="big")
-        await Reconciler(ServerConfig(models=[m], control=ControlConfig()), inventory).reconcile()
+        cfg = ServerConfig(models=[m], control=ControlConfig())
+        await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
         starts = [links[n].outbox.get_nowait().start for n in ("n1", "n2")]
         assert [(s.rank, s.world_size, s.master_addr, s.gpu_indices) for s in starts] == [
             (0, 2, "10.0.0.1", list(range(8))),
@@ -331,5 +333,6 @@ class TestReconciler:
         ]
         assert starts[0].replica_id == starts[1].replica_id
         # Two shards, one replica: the next pass asks for nothing more.
-        await Reconciler(ServerConfig(models=[m]), inventory).reconcile()
+        cfg = ServerConfig(models=[m])
+        await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
         assert links["n1"].outbox.empty() and links["n2"].outbox.empty()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import betterproto
 
+from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.reconciler import Reconciler
 from llmgw.proto.llmgw import v1 as pb
 
 
-def catalog(*models: ModelConfig, base_backoff_s: float = 60.0) -> ServerConfig:
+def server_config(*models: ModelConfig, base_backoff_s: float = 60.0) -> ServerConfig:
     return ServerConfig(models=list(models), control=ControlConfig(base_backoff_s=base_backoff_s))
 
 
@@ -49,7 +50,8 @@ async def test_a_missing_replica_is_started_on_the_node_with_fewest_replicas():
     inventory = Inventory(grace_s=15)
     busy = node(inventory, "n1", ready("other-1", "other"))
     idle = node(inventory, "n2")
-    await Reconciler(catalog(model(), model("other")), inventory).reconcile()
+    cfg = server_config(model(), model("other"))
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     assert sent(busy) == []
     ((kind, start),) = sent(idle)
     assert kind == "start"
@@ -60,7 +62,8 @@ async def test_a_missing_replica_is_started_on_the_node_with_fewest_replicas():
 async def test_a_replica_asked_for_is_not_asked_for_again_before_the_node_answers():
     inventory = Inventory(grace_s=15)
     link = node(inventory, "n1")
-    reconciler = Reconciler(catalog(model()), inventory)
+    cfg = server_config(model())
+    reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={})
     await reconciler.reconcile()
     await reconciler.reconcile()
     assert [kind for kind, _ in sent(link)] == ["start"]
@@ -69,7 +72,8 @@ async def test_a_replica_asked_for_is_not_asked_for_again_before_the_node_answer
 async def test_a_node_without_the_engine_is_not_a_candidate():
     inventory = Inventory(grace_s=15)
     link = node(inventory, "n1", engines=("llamacpp",))
-    await Reconciler(catalog(model()), inventory).reconcile()
+    cfg = server_config(model())
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     assert sent(link) == []
     assert inventory.why_no_ready("sim-chat") == (
         "sim-chat has no ready replica: no node can run it (no node has the sim engine)"
@@ -78,7 +82,8 @@ async def test_a_node_without_the_engine_is_not_a_candidate():
 
 async def test_with_no_node_connected_the_model_says_so():
     inventory = Inventory(grace_s=15)
-    await Reconciler(catalog(model()), inventory).reconcile()
+    cfg = server_config(model())
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     assert inventory.why_no_ready("sim-chat") == (
         "sim-chat has no ready replica: no node can run it (no node is connected)"
     )
@@ -91,7 +96,8 @@ async def test_a_failed_replica_is_stopped_and_replaced():
     inventory.shard_status(
         "n1", pb.ShardStatus(shard_id="s1", model="sim-chat", engine="sim", state="failed")
     )
-    await Reconciler(catalog(model()), inventory).reconcile()
+    cfg = server_config(model())
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     ((kind, stop),) = sent(link)
     assert kind == "stop" and stop.shard_id == "s1"
     ((kind, start),) = sent(other)
@@ -101,7 +107,8 @@ async def test_a_failed_replica_is_stopped_and_replaced():
 async def test_a_model_that_fails_on_its_only_node_waits_before_its_next_try():
     inventory = Inventory(grace_s=15)
     link = node(inventory, "n1")
-    reconciler = Reconciler(catalog(model(), base_backoff_s=60), inventory, clock=lambda: 100.0)
+    cfg = server_config(model(), base_backoff_s=60)
+    reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, clock=lambda: 100.0)
     inventory.shard_status("n1", failed("s1"))
     await reconciler.reconcile()
     assert [kind for kind, _ in sent(link)] == ["stop"]
@@ -114,7 +121,8 @@ async def test_a_model_that_fails_on_its_only_node_waits_before_its_next_try():
 async def test_replicas_beyond_the_wanted_count_are_stopped():
     inventory = Inventory(grace_s=15)
     link = node(inventory, "n1", ready("s1"), ready("s2"))
-    await Reconciler(catalog(model(replicas=1)), inventory).reconcile()
+    cfg = server_config(model(replicas=1))
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     assert [kind for kind, _ in sent(link)] == ["stop"]
     assert len(inventory.replicas("sim-chat")) == 1
 
@@ -127,14 +135,16 @@ async def test_a_replica_on_an_unreachable_node_is_replaced_elsewhere():
     n2 = node(inventory, "n2")
     clock[0] = 20.0
     assert inventory.expire() == ["n1"]
-    await Reconciler(catalog(model()), inventory).reconcile()
+    cfg = server_config(model())
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     assert [kind for kind, _ in sent(n2)] == ["start"]
 
 
 async def test_shards_of_a_model_no_longer_in_the_catalog_are_stopped():
     inventory = Inventory(grace_s=15)
     link = node(inventory, "n1", ready("gone-1", "gone"))
-    await Reconciler(catalog(), inventory).reconcile()
+    cfg = server_config()
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     ((kind, stop),) = sent(link)
     assert (kind, stop.shard_id, stop.reason) == ("stop", "gone-1", "gone is no longer in the catalog")
 
@@ -142,6 +152,7 @@ async def test_shards_of_a_model_no_longer_in_the_catalog_are_stopped():
 async def test_the_first_profile_some_node_can_run_is_used():
     inventory = Inventory(grace_s=15)
     link = node(inventory, "n1", engines=("sim",))
-    await Reconciler(catalog(model("sim-chat", 1, "llamacpp", "sim")), inventory).reconcile()
+    cfg = server_config(model("sim-chat", 1, "llamacpp", "sim"))
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     ((_, start),) = sent(link)
     assert start.engine == "sim"

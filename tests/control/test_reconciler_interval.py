@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import betterproto
 import pytest
 
+from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.reconciler import Reconciler
@@ -49,7 +50,8 @@ def kinds(link: Link) -> list[str]:
 
 async def test_passes_keep_coming_at_the_interval_with_no_change_to_wake_them(eventually: Eventually) -> None:
     inventory = Inventory(grace_s=15)
-    reconciler = CountingReconciler(ServerConfig(control=ControlConfig(interval_s=0.01)), inventory)
+    cfg = ServerConfig(control=ControlConfig(interval_s=0.01))
+    reconciler = CountingReconciler(cfg, inventory, Catalog(cfg), in_flight={})
     async with running(reconciler):
         await eventually(lambda: reconciler.passes >= 1)
         # Nothing in the catalog and no node: no pass has anything to change, so none sets the event.
@@ -73,7 +75,7 @@ async def test_a_model_backing_off_is_retried_by_a_timed_pass_once_its_wait_is_o
         models=[ModelConfig(name="sim-chat", replicas=1, profiles=[ProfileConfig(engine="sim")])],
         control=ControlConfig(interval_s=0.01, base_backoff_s=60.0),
     )
-    reconciler = Reconciler(cfg, inventory, clock=clock)
+    reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, clock=clock)
     async with running(reconciler):
         await eventually(lambda: "backing off" in inventory.why_no_ready("sim-chat"))
         # The pass that stopped the failed shard set the event, and the pass it woke found nothing to

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
@@ -21,7 +22,8 @@ async def test_a_start_shard_carries_the_models_source_and_sha256_pins() -> None
     link = inventory.attach(
         pb.Register(node_id="n1", engine_versions={"sim": "builtin"}, engines_probed=True)
     )
-    await Reconciler(ServerConfig(models=[model]), inventory).reconcile()
+    cfg = ServerConfig(models=[model])
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     start = link.outbox.get_nowait().start
     assert (start.model, start.source, start.sha256) == (
         "tiny",

@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
@@ -111,7 +112,9 @@ async def make_gateway(store: Store) -> AsyncIterator[GatewayFactory]:
         plaintext, _ = await create_key(store, "test")
         keys = KeyCache()
         await keys.refresh(store)
-        client = TestClient(TestServer(make_gateway_app(cfg, replicas, keys), host="127.0.0.1", port=0))
+        client = TestClient(
+            TestServer(make_gateway_app(cfg, Catalog(cfg), replicas, keys), host="127.0.0.1", port=0)
+        )
         await client.start_server()
         clients.append(client)
         return Gateway(client=client, replicas=replicas, keys=keys, store=store, key=plaintext)

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, PriceConfig, ServerConfig
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.admission import Admission, budget_warnings
@@ -88,7 +89,8 @@ async def rig(store: Store, sim: str) -> AsyncIterator[RigFactory]:
         recorder = UsageRecorder()
         quotas = Quotas(recorder, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm)
         await quotas.refresh(store)
-        app = make_gateway_app(cfg, _Replicas(sim), keys, Admission(cfg, quotas, recorder))
+        catalog = Catalog(cfg)
+        app = make_gateway_app(cfg, catalog, _Replicas(sim), keys, Admission(cfg, catalog, quotas, recorder))
         client = TestClient(TestServer(app, host="127.0.0.1", port=0))
         await client.start_server()
         clients.append(client)
@@ -279,12 +281,12 @@ class TestBudgets:
             pricing={"priced": PriceConfig(prompt_per_1k=1.0)},
         )
         budget = Budget(Scope("org", 1), 10.0, "month")
-        assert budget_warnings(cfg, [budget]) == [
+        assert budget_warnings(cfg, [budget], cfg.models) == [
             "budgets are set but no price applies to free: they never bind"
         ]
-        assert budget_warnings(cfg, []) == []
+        assert budget_warnings(cfg, [], cfg.models) == []
         with_default = attrs.evolve(cfg, default_price=PriceConfig(completion_per_1k=0.5))
-        assert budget_warnings(with_default, [budget]) == []
+        assert budget_warnings(with_default, [budget], cfg.models) == []
 
 
 class TestKeys:

@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, PriceConfig, ProfileConfig, ServerConfig
-from llmgw.control.catalog import Catalog
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.admission import Admission, price_of
 from llmgw.gateway.app import make_gateway_app
@@ -60,7 +60,7 @@ async def engines() -> AsyncIterator[dict[str, str]]:
 @pytest.fixture
 async def gateway() -> AsyncIterator[tuple[TestClient[web.Request, web.Application], Table]]:
     table = Table()
-    async with TestClient(TestServer(make_gateway_app(CFG, table, KeyCache()))) as client:
+    async with TestClient(TestServer(make_gateway_app(CFG, Catalog(CFG), table, KeyCache()))) as client:
         yield client, table
 
 
@@ -136,7 +136,7 @@ class TestPrices:
         plaintext, _ = await create_key(store, "k")
         await keys.refresh(store)
         table = Table({"priced": [f"http://127.0.0.1:{engine.port}"]})
-        app = make_gateway_app(cfg, table, keys, Admission(cfg, quotas, recorder, catalog), catalog)
+        app = make_gateway_app(cfg, catalog, table, keys, Admission(cfg, catalog, quotas, recorder))
         try:
             async with TestClient(TestServer(app)) as client:
                 reply = await client.post(

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import attrs
 import pytest
 
+from llmgw.catalog import Catalog
+from llmgw.config import ModelConfig, ServerConfig
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.router import Router
 
@@ -27,38 +29,44 @@ class FakeReplicas:
 
 
 def _router(*endpoints: str) -> Router:
-    return Router([MODEL], FakeReplicas(endpoints={MODEL: list(endpoints)}))
+    catalog = Catalog(ServerConfig(models=[ModelConfig(name=MODEL)]))
+    return Router(catalog, FakeReplicas(endpoints={MODEL: list(endpoints)}))
+
+
+def _choose(router: Router, model: str = MODEL) -> str:
+    """The endpoint the router picks for a request for model (and counts in flight)."""
+    return router.route(model)[1]
 
 
 class TestRouter:
     def test_the_replica_with_fewest_requests_in_flight_is_chosen(self) -> None:
         router = _router(A, B, C)
-        first, second, third = router.choose(MODEL), router.choose(MODEL), router.choose(MODEL)
+        first, second, third = _choose(router), _choose(router), _choose(router)
         assert {first, second, third} == {A, B, C}
         router.release(second)
-        assert router.choose(MODEL) == second
+        assert _choose(router) == second
 
     def test_replicas_tied_at_zero_take_turns(self) -> None:
         router = _router(A, B)
         chosen = []
         for _ in range(4):
-            endpoint = router.choose(MODEL)
+            endpoint = _choose(router)
             chosen.append(endpoint)
             router.release(endpoint)
         assert chosen.count(A) == chosen.count(B) == 2
 
     def test_a_finished_request_leaves_no_trace_in_the_table(self) -> None:
         router = _router(A)
-        router.release(router.choose(MODEL))
+        router.release(_choose(router))
         assert router.in_flight == {}
 
     def test_a_model_outside_the_catalog_is_404(self) -> None:
         with pytest.raises(ApiError) as caught:
-            _router(A).choose("nope")
+            _choose(_router(A), "nope")
         assert caught.value.status == 404 and caught.value.code == "model_not_found"
 
     def test_a_model_with_no_ready_replica_is_503_with_the_inventorys_reason(self) -> None:
         with pytest.raises(ApiError) as caught:
-            _router().choose(MODEL)
+            _choose(_router())
         assert caught.value.status == 503
         assert caught.value.message == WHY

@@ -10,9 +10,9 @@ import aiohttp
 from click.testing import CliRunner
 
 from llmgw import config
+from llmgw.catalog import load_server_config
 from llmgw.cli.keys import keys
 from llmgw.config import ServerConfig
-from llmgw.control.catalog import load_server_config
 from llmgw.install.controlplane import InitOptions, init_control_plane
 from llmgw.roles.server import server_role
 

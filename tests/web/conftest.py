@@ -11,6 +11,7 @@ import attrs
 import pytest
 from aiohttp.test_utils import TestServer
 
+from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
@@ -42,6 +43,8 @@ class Site:
     store: Store
     ctx: WebContext
     server: TestServer
+    # The gateway's live catalog, as `llmgw ctl model add` changes it.
+    catalog: Catalog
 
     @property
     def url(self) -> str:
@@ -69,13 +72,14 @@ async def site(store: Store, signup_open: bool) -> AsyncIterator[Site]:
     cfg = ServerConfig(
         auth=AuthConfig(enabled=True, signup_open=signup_open), models=[ModelConfig(name="sim-chat")]
     )
-    app = make_gateway_app(cfg, _NoReplicas(), KeyCache())
+    catalog = Catalog(cfg)
+    app = make_gateway_app(cfg, catalog, _NoReplicas(), KeyCache())
     ctx = WebContext(cfg=cfg, store=store)
     mount_pages(app, ctx)
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     try:
-        yield Site(store=store, ctx=ctx, server=server)
+        yield Site(store=store, ctx=ctx, server=server, catalog=catalog)
     finally:
         await server.close()
 

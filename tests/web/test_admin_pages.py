@@ -58,6 +58,17 @@ class TestQuotasPage:
         )
         assert "budgets are set but no price applies to sim-chat: they never bind" in await response.text()
 
+    async def test_a_model_added_with_ctl_that_no_price_applies_to_is_reported_too(
+        self, site: Site, client: aiohttp.ClientSession
+    ) -> None:
+        await site.catalog.add("name: sim-added\nprofiles:\n  - engine: sim\n", "added.yaml")
+        await site.user("root@example.com", admin=True)
+        csrf = await login(client, "root@example.com")
+        response = await client.post(
+            "/admin/quotas", data={"scope": "org:1", "budget": "5", "period": "month", "csrf": csrf}
+        )
+        assert "budgets are set but no price applies to sim-added: they never bind" in await response.text()
+
     async def test_a_value_that_is_not_a_number_is_refused_in_a_sentence(
         self, site: Site, client: aiohttp.ClientSession
     ) -> None:

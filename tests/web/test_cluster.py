@@ -13,6 +13,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from llmgw.agent.discovery.host import Host
+from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
@@ -77,12 +78,14 @@ async def sites(cluster_store: Store) -> AsyncIterator[Sites]:
     )
     inventory.attach(pb.Register(node_id="n2"))
     pages = WebContext(cfg=CFG, store=cluster_store)
-    gateway = make_gateway_app(CFG, inventory, KeyCache())
+    # One catalog, as the server role has: the admin listener's API changes what the gateway serves.
+    catalog = Catalog(CFG)
+    gateway = make_gateway_app(CFG, catalog, inventory, KeyCache())
     mount_pages(gateway, pages)
-    mount_on_client_port(gateway, CFG, inventory)
+    mount_on_client_port(gateway, CFG, inventory, catalog)
     answering = asyncio.create_task(answer_logs(inventory, "n1"))
     async with (
-        TestServer(make_admin_app(CFG, inventory, pages), host="127.0.0.1") as admin,
+        TestServer(make_admin_app(CFG, inventory, catalog, pages), host="127.0.0.1") as admin,
         TestServer(gateway, host="127.0.0.1") as client,
     ):
         yield Sites(
@@ -293,7 +296,7 @@ async def test_every_page_and_api_route_of_the_admin_listener_is_in_the_openapi_
 
     from llmgw.control.openapi import document
 
-    app = make_admin_app(CFG, Inventory(5.0), WebContext(cfg=CFG, store=cluster_store))
+    app = make_admin_app(CFG, Inventory(5.0), Catalog(CFG), WebContext(cfg=CFG, store=cluster_store))
     doc = document("test")
     validate(doc)  # type: ignore[arg-type]
     listed = {(path, method.upper()) for path, item in doc["paths"].items() for method in item}

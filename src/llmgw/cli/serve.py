@@ -18,9 +18,9 @@ import click
 import structlog
 
 from llmgw import config
+from llmgw.catalog import load_server_config
 from llmgw.cli.exit import EXIT_ERROR, EXIT_FORCED, EXIT_OK
 from llmgw.config import AgentConfig, MirrorConfig, ServerConfig
-from llmgw.control.catalog import load_server_config
 
 # Imported here, before the loop starts, never inside it: importing reads files.
 from llmgw.roles.agent import agent_role

@@ -23,8 +23,8 @@ import attrs
 from aiohttp import web
 
 import llmgw
+from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, ServerConfig
-from llmgw.control.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.control.engine_metrics import ScrapeError, scrape
 from llmgw.control.explain import explain_placement
 from llmgw.control.inventory import ADMIN_STATES, READY, UNREACHABLE, Inventory, Node, NodeNotConnected
@@ -206,25 +206,20 @@ def model_view(model: ModelConfig, inventory: Inventory) -> dict[str, Any]:
     }
 
 
-def models_view(
-    cfg: ServerConfig, inventory: Inventory, models: Sequence[ModelConfig] | None = None
-) -> list[dict[str, Any]]:
-    """Every model of the live catalog (models; cfg.models when None)."""
-    return [model_view(m, inventory) for m in (cfg.models if models is None else models)]
+def models_view(inventory: Inventory, models: Sequence[ModelConfig]) -> list[dict[str, Any]]:
+    """Every model of models, the live catalog's."""
+    return [model_view(m, inventory) for m in models]
 
 
-def status_view(
-    cfg: ServerConfig, inventory: Inventory, models: Sequence[ModelConfig] | None = None
-) -> dict[str, Any]:
+def status_view(inventory: Inventory, models: Sequence[ModelConfig]) -> dict[str, Any]:
     states = Counter(node_state(n) for n in inventory.nodes())
     replicas = inventory.replicas()
-    catalog = cfg.models if models is None else models
     return {
         "version": llmgw.__version__,
         "nodes": {"total": sum(states.values()), **{s: states.get(s, 0) for s in _NODE_STATES}},
         "models": {
-            "total": len(catalog),
-            "serving": sum(1 for m in catalog if inventory.ready_endpoints(m.name)),
+            "total": len(models),
+            "serving": sum(1 for m in models if inventory.ready_endpoints(m.name)),
         },
         "replicas": {"total": len(replicas), "ready": sum(1 for r in replicas if r.state == READY)},
     }
@@ -306,9 +301,7 @@ def _known_node(request: web.Request) -> Node | web.Response:
 
 async def get_status(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
-    return web.json_response(
-        status_view(request.config_dict[CONFIG_KEY], request.config_dict[INVENTORY_KEY], models)
-    )
+    return web.json_response(status_view(request.config_dict[INVENTORY_KEY], models))
 
 
 async def get_nodes(request: web.Request) -> web.Response:
@@ -348,9 +341,7 @@ async def set_node_state(request: web.Request) -> web.Response:
 
 async def get_models(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
-    return web.json_response(
-        models_view(request.config_dict[CONFIG_KEY], request.config_dict[INVENTORY_KEY], models)
-    )
+    return web.json_response(models_view(request.config_dict[INVENTORY_KEY], models))
 
 
 # JSON, or YAML under the names it goes by; none of them is one a page elsewhere may send without
@@ -476,16 +467,18 @@ def install(
     app: web.Application,
     cfg: ServerConfig,
     inventory: Inventory,
+    catalog: Catalog,
     *,
     prefix: str = "",
     guard: Callable[[Handler], Handler] | None = None,
 ) -> None:
-    """Add the admin API's routes under prefix to app, each wrapped in guard, and what they read."""
+    """Add the admin API's routes under prefix to app, each wrapped in guard, and what they read.
+
+    catalog is the server's live one, the one its gateway routes by: a model added here is served.
+    """
     app[CONFIG_KEY] = cfg
     app[INVENTORY_KEY] = inventory
-    # The gateway's app brings the server's live catalog; alone, the API shows server.yaml's.
-    if CATALOG_KEY not in app:
-        app[CATALOG_KEY] = Catalog(cfg)
+    app[CATALOG_KEY] = catalog
     for method, path, handler in ROUTES:
         app.router.add_route(method, prefix + path, guard(handler) if guard else handler)
 

@@ -30,18 +30,17 @@ def explain_placement(
     model: ModelConfig,
     inventory: Inventory,
     cfg: ServerConfig,
-    models: Sequence[ModelConfig] | None = None,
+    models: Sequence[ModelConfig],
     backoff: Mapping[tuple[str, str], placement.Backoff] | None = None,
 ) -> list[Candidate]:
     """For every profile of model in order, every node in id order: a candidate, or why it is not.
 
-    models is the live catalog (control/catalog.py); cfg.models when None. backoff is the
+    models is the live catalog's (llmgw/catalog.py). backoff is the
     reconciler's (`Reconciler.backoff`): without it a node the model keeps failing on would read
     "is a candidate" while placement passes it over.
     """
     nodes = sorted(inventory.nodes(), key=lambda n: n.id)
-    catalog = cfg.models if models is None else models
-    verdicts = placement.explain(model, nodes, inventory.replicas(), catalog, cfg.control.placement, backoff)
+    verdicts = placement.explain(model, nodes, inventory.replicas(), models, cfg.control.placement, backoff)
     return [
         Candidate(profile=v.profile, node=v.node, candidate=v.candidate, reason=v.reason or "is a candidate")
         for v in verdicts

@@ -227,12 +227,11 @@ class Scheduler:
         cls,
         inventory: Inventory,
         cfg: ServerConfig,
-        models: Sequence[ModelConfig] | None = None,
+        models: Sequence[ModelConfig],
         backoff: Mapping[tuple[str, str], Backoff] | None = None,
     ) -> Scheduler:
-        """A snapshot of the inventory; models is the live catalog (cfg.models when None)."""
-        catalog = cfg.models if models is None else models
-        return cls(inventory.nodes(), inventory.replicas(), catalog, cfg.control.placement, backoff)
+        """A snapshot of the inventory; models is the live catalog's."""
+        return cls(inventory.nodes(), inventory.replicas(), models, cfg.control.placement, backoff)
 
     def _hold(self, replica: Replica) -> None:
         st = self._states.get(replica.node_id)

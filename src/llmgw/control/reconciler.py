@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 import structlog
 
 from llmgw.backoff import ExponentialBackoff
+from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
-from llmgw.control.catalog import Catalog
 from llmgw.control.inventory import DRAINING, READY, Inventory, NodeNotConnected, Replica
 from llmgw.control.placement import Backoff, Scheduler
 from llmgw.proto.llmgw import v1 as pb
@@ -36,21 +36,23 @@ class Reconciler:
         self,
         cfg: ServerConfig,
         inventory: Inventory,
-        catalog: Catalog | None = None,
+        catalog: Catalog,
+        *,
+        in_flight: Mapping[str, int],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """in_flight is the gateway's table of requests in flight by endpoint (its router's)."""
         self._cfg = cfg
         self._inventory = inventory
-        # The live catalog: server.yaml's models and those added with ctl (cfg's alone when None).
-        self._catalog = catalog if catalog is not None else Catalog(cfg)
+        # The live catalog: server.yaml's models and those added with ctl.
+        self._catalog = catalog
         self._clock = clock
         # (model, node) -> (failures there in a row, clock time before which it is not placed there)
         self._backoff: dict[tuple[str, str], tuple[int, float]] = {}
         # Shards started where their model had failed: the backoff there ends once one is ready.
         self._retries: dict[str, tuple[str, str]] = {}
-        # The gateway's requests in flight by endpoint (its router's table): a draining replica is
-        # stopped once its count is zero. Empty until the server role wires the gateway in.
-        self.in_flight: Mapping[str, int] = {}
+        # A draining replica is stopped once its count here is zero.
+        self._in_flight = in_flight
         # replica (or shard) id -> clock time it was first seen draining, for control.drain_timeout_s.
         self._draining_since: dict[str, float] = {}
         self._scheduler: Scheduler | None = None
@@ -210,7 +212,7 @@ class Reconciler:
         timeout = self._cfg.control.drain_timeout_s
         for key, group in groups.items():
             since = self._draining_since.setdefault(key, now)
-            busy = sum(self.in_flight.get(r.endpoint, 0) for r in group if r.endpoint)
+            busy = sum(self._in_flight.get(r.endpoint, 0) for r in group if r.endpoint)
             last = any(r.state == READY for r in group) and not others_ready
             node = group[0].node_id
             if now - since >= timeout:

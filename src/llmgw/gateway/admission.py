@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
-from llmgw.control.catalog import Catalog
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 from llmgw.gateway.quotas import Quotas
@@ -53,10 +53,8 @@ def cost(price: PriceConfig | None, prompt_tokens: int, completion_tokens: int) 
     return (prompt_tokens * price.prompt_per_1k + completion_tokens * price.completion_per_1k) / 1000
 
 
-def budget_warnings(
-    cfg: ServerConfig, budgets: Sequence[Budget], models: Sequence[ModelConfig] | None = None
-) -> list[str]:
-    """A sentence for every catalog model no price applies to, when budgets are set.
+def budget_warnings(cfg: ServerConfig, budgets: Sequence[Budget], models: Sequence[ModelConfig]) -> list[str]:
+    """A sentence for every model of models (the live catalog's) no price applies to, when budgets are set.
 
     Logged at start; the quotas page shows them too.
     """
@@ -64,7 +62,7 @@ def budget_warnings(
         return []
     return [
         f"budgets are set but no price applies to {model.name}: they never bind"
-        for model in (cfg.models if models is None else models)
+        for model in models
         if price_of(cfg, model.name, model) is None
     ]
 
@@ -80,14 +78,12 @@ def _completion_tokens(payload: dict[str, object]) -> int:
 class Admission:
     """The pipeline stage; a call without a key (auth disabled) passes untouched."""
 
-    def __init__(
-        self, cfg: ServerConfig, quotas: Quotas, recorder: UsageRecorder, catalog: Catalog | None = None
-    ) -> None:
+    def __init__(self, cfg: ServerConfig, catalog: Catalog, quotas: Quotas, recorder: UsageRecorder) -> None:
         self._cfg = cfg
         self._quotas = quotas
         self._recorder = recorder
         # The live catalog: a model added with ctl brings its own price.
-        self._catalog = catalog if catalog is not None else Catalog(cfg)
+        self._catalog = catalog
         self._generation = -1
         self._prices: dict[str, PriceConfig | None] = {}
 

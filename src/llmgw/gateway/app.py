@@ -6,8 +6,8 @@ import json
 
 from aiohttp import web
 
+from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
-from llmgw.control.catalog import CATALOG_KEY, Catalog
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
 from llmgw.gateway.errors import openai_errors
@@ -25,19 +25,17 @@ _MAX_BODY = 64 * 1024 * 1024
 
 def make_gateway_app(
     cfg: ServerConfig,
+    catalog: Catalog,
     replicas: ReplicaTable,
     keys: KeyCache,
     admission: Admission | None = None,
-    catalog: Catalog | None = None,
 ) -> web.Application:
     """The gateway for the catalog, routing to replicas, checking keys when cfg.auth.enabled.
 
-    catalog is the server's live one (models added with ctl too); cfg's models alone when None.
+    catalog is the server's live one (models added with ctl too), the one its admin API changes.
     admission (limits, budgets, usage) applies to calls with a key, so only when auth is enabled.
     """
     app = web.Application(client_max_size=_MAX_BODY, middlewares=[openai_errors])
-    if catalog is None:
-        catalog = Catalog(cfg)
     router = Router(catalog, replicas)
     app[ROUTER_KEY] = router
     app[CATALOG_KEY] = catalog

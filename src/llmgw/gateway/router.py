@@ -8,13 +8,12 @@ to its own model's name, and the reply's x-llmgw-model header says so.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from aiohttp import web
 
-from llmgw.config import ModelConfig, ServerConfig
-from llmgw.control.catalog import Catalog
+from llmgw.catalog import Catalog
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 
@@ -34,10 +33,8 @@ class ReplicaTable(Protocol):
 class Router:
     """The pipeline stage that picks call.endpoint and counts the request in flight until it ends."""
 
-    def __init__(self, catalog: Iterable[str] | Catalog, replicas: ReplicaTable) -> None:
-        # The live catalog; a list of names (tests, a gateway without a control plane) is a fixed one.
-        if not isinstance(catalog, Catalog):
-            catalog = Catalog(ServerConfig(models=[ModelConfig(name=name) for name in catalog]))
+    def __init__(self, catalog: Catalog, replicas: ReplicaTable) -> None:
+        # The live one: a model added with ctl is routed to, one removed is a 404, without a restart.
         self._catalog = catalog
         self._replicas = replicas
         self._in_flight: dict[str, int] = {}
@@ -48,9 +45,6 @@ class Router:
     @property
     def in_flight(self) -> Mapping[str, int]:
         return self._in_flight
-
-    def choose(self, model: str) -> str:
-        return self.route(model)[1]
 
     def route(self, model: str) -> tuple[str, str]:
         """(the model that serves, its endpoint): model's own replica, else its first ready fallback's."""

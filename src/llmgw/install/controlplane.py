@@ -23,8 +23,8 @@ from pathlib import Path
 import attrs
 
 from llmgw import pki
+from llmgw.catalog import load_server_config
 from llmgw.config import ServerConfig
-from llmgw.control.catalog import load_server_config
 from llmgw.install.system import Account, InstallError, System
 from llmgw.listen import split_host_port
 from llmgw.store import Store, open_store

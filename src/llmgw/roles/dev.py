@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 
 from llmgw import config, pki
+from llmgw.catalog import load_server_config
 from llmgw.config import (
     AgentConfig,
     MirrorConfig,
@@ -20,7 +21,6 @@ from llmgw.config import (
     ServerConfig,
     TLSConfig,
 )
-from llmgw.control.catalog import load_server_config
 
 DEV_NODE = "dev-node"
 DEV_MODEL = "sim-chat"

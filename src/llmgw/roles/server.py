@@ -15,10 +15,10 @@ import attrs
 import structlog
 from aiohttp import web
 
+from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control.adminapi import BACKOFF_KEY
 from llmgw.control.agentsvc import serve_agents
-from llmgw.control.catalog import CATALOG_KEY, Catalog
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.admission import Admission, budget_warnings
@@ -105,7 +105,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         store = await stack.enter_async_context(open_store(cfg.database_path))
         keys = KeyCache()
         await keys.refresh(store)
-        # server.yaml's models and those added with `llmgw ctl model add`, which the store kept.
+        # server.yaml's models and those added with `llmgw ctl model add`, which the store kept. The
+        # one catalog: the gateway routes by it, the admin API changes it, the reconciler places it.
         catalog = await Catalog.open(cfg, store)
         inventory = Inventory(grace_s=cfg.control.grace_s)
         owned: list[asyncio.Task[None]] = []
@@ -124,23 +125,20 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         stack.callback(usage.stop)
         owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
         agent_port = await stack.enter_async_context(serve_agents(cfg, inventory))
-        reconciler = Reconciler(cfg, inventory, catalog) if cfg.control.enabled else None
-        if reconciler is not None:
-            owned.append(tasks.create_task(reconciler.run(), name="reconciler"))
-        app = make_gateway_app(cfg, inventory, keys, Admission(cfg, quotas, usage, catalog), catalog)
-        if reconciler is not None:
+        app = make_gateway_app(cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, usage))
+        reconciler = None
+        if cfg.control.enabled:
             # A draining node's replicas are stopped once the gateway has nothing in flight there.
-            reconciler.in_flight = app[ROUTER_KEY].in_flight
+            reconciler = Reconciler(cfg, inventory, catalog, in_flight=app[ROUTER_KEY].in_flight)
+            owned.append(tasks.create_task(reconciler.run(), name="reconciler"))
             # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
             app[BACKOFF_KEY] = reconciler.backoff
         # The pages (login, profile, /admin) on the same port; /v1/* never looks a session up.
         pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
         mount_pages(app, pages)
-        mount_on_client_port(app, cfg, inventory)
+        mount_on_client_port(app, cfg, inventory, catalog)
         url = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
-        admin_app = make_admin_app(cfg, inventory, pages)
-        # The admin API adds and removes models in the live catalog, the one the gateway routes by.
-        admin_app[CATALOG_KEY] = catalog
+        admin_app = make_admin_app(cfg, inventory, catalog, pages)
         if reconciler is not None:
             admin_app[BACKOFF_KEY] = reconciler.backoff
         admin_url = await stack.enter_async_context(

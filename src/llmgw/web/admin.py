@@ -9,6 +9,7 @@ from urllib.parse import urlencode
 import attrs
 from aiohttp import web
 
+from llmgw.catalog import CATALOG_KEY
 from llmgw.store.keys import list_keys
 from llmgw.store.quotas import (
     PERIODS,
@@ -177,7 +178,7 @@ async def _quotas_page(
         status=status,
         rows=rows,
         periods=PERIODS,
-        warnings=budget_warnings(ctx.cfg, list(budgets.values())),
+        warnings=budget_warnings(ctx.cfg, list(budgets.values()), request.config_dict[CATALOG_KEY].models()),
         default_rpm=ctx.cfg.auth.default_rpm,
         default_tpm=ctx.cfg.auth.default_tpm,
         flash=flash,

@@ -15,6 +15,7 @@ import hmac
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control.adminapi import admin_token_or_session
 from llmgw.control.inventory import Inventory
@@ -41,8 +42,13 @@ def _host_name(host: str) -> str:
     return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
-def make_admin_app(cfg: ServerConfig, inventory: Inventory, pages: WebContext) -> web.Application:
-    """The app admin_listen serves: /, /models, /nodes/{id}/logs and /api/v1/*."""
+def make_admin_app(
+    cfg: ServerConfig, inventory: Inventory, catalog: Catalog, pages: WebContext
+) -> web.Application:
+    """The app admin_listen serves: /, /models, /nodes/{id}/logs and /api/v1/*.
+
+    catalog is the server's live one, the one its gateway routes by: a model added here is served.
+    """
     listen_host, _ = split_host_port(cfg.admin_listen, "admin_listen")
     allowed = _LOCAL_NAMES | {listen_host}
 
@@ -75,7 +81,7 @@ def make_admin_app(cfg: ServerConfig, inventory: Inventory, pages: WebContext) -
         await load_templates(pages)
 
     app.on_startup.append(load)
-    mount_cluster_pages(app, cfg, inventory, on_admin_listener=True)
+    mount_cluster_pages(app, cfg, inventory, catalog, on_admin_listener=True)
 
     async def css(request: web.Request) -> web.StreamResponse:
         return web.Response(
@@ -99,7 +105,9 @@ async def _admin_session(request: web.Request) -> bool:
     return session is not None and bool(sent) and hmac.compare_digest(sent, session.csrf)
 
 
-def mount_on_client_port(app: web.Application, cfg: ServerConfig, inventory: Inventory) -> None:
+def mount_on_client_port(
+    app: web.Application, cfg: ServerConfig, inventory: Inventory, catalog: Catalog
+) -> None:
     """The same pages and API under /admin on the client port, for administrators only.
 
     Pages need an administrator's session; the API an admin token, or such a session (for a change,
@@ -109,6 +117,7 @@ def mount_on_client_port(app: web.Application, cfg: ServerConfig, inventory: Inv
         app,
         cfg,
         inventory,
+        catalog,
         on_admin_listener=False,
         guard_page=require_admin,
         guard_api=admin_token_or_session(cfg, _admin_session),

@@ -16,9 +16,9 @@ from urllib.parse import quote, urlencode
 import attrs
 from aiohttp import web
 
+from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import adminapi
-from llmgw.control.catalog import CATALOG_KEY
 from llmgw.control.inventory import Inventory
 from llmgw.web.render import ADMIN_LINKS, render
 
@@ -133,21 +133,21 @@ def node_row(view: dict[str, Any], paths: Paths) -> dict[str, Any]:
 
 
 async def cluster_page(request: web.Request) -> web.StreamResponse:
-    cfg, inventory = request.config_dict[adminapi.CONFIG_KEY], request.config_dict[adminapi.INVENTORY_KEY]
+    inventory = request.config_dict[adminapi.INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
     return await render(
         request,
         "admin_cluster.html",
         paths=paths,
-        summary=adminapi.status_view(cfg, inventory, request.config_dict[CATALOG_KEY].models()),
+        summary=adminapi.status_view(inventory, request.config_dict[CATALOG_KEY].models()),
         nodes=[node_row(v, paths) for v in adminapi.nodes_view(inventory)],
     )
 
 
 async def models_page(request: web.Request) -> web.StreamResponse:
-    cfg, inventory = request.config_dict[adminapi.CONFIG_KEY], request.config_dict[adminapi.INVENTORY_KEY]
+    inventory = request.config_dict[adminapi.INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
-    models = adminapi.models_view(cfg, inventory, request.config_dict[CATALOG_KEY].models())
+    models = adminapi.models_view(inventory, request.config_dict[CATALOG_KEY].models())
     for model in models:
         for replica in model["replicas"]:
             replica["logs"] = paths.logs(replica["node"], source=replica["shard_id"])
@@ -216,6 +216,7 @@ def mount_cluster_pages(
     app: web.Application,
     cfg: ServerConfig,
     inventory: Inventory,
+    catalog: Catalog,
     *,
     on_admin_listener: bool,
     guard_page: Callable[[Handler], Handler] | None = None,
@@ -232,7 +233,7 @@ def mount_cluster_pages(
     app[PATHS_KEY] = paths
     app[ASSETS_KEY] = {}
     app.on_startup.append(_load_assets)
-    adminapi.install(app, cfg, inventory, prefix=paths.base, guard=guard_api)
+    adminapi.install(app, cfg, inventory, catalog, prefix=paths.base, guard=guard_api)
 
     def page(handler: Handler) -> Handler:
         return guard_page(handler) if guard_page else handler

@@ -158,7 +158,7 @@ async def test_the_outcome_reaches_a_heartbeat(cluster: Cluster, release: Any) -
     await eventually(
         lambda: node.provision[0].detail.startswith("downloading llama-b1-bin-ubuntu-x64.tar.gz")
     )
-    (verdict,) = Scheduler.for_inventory(inventory, ServerConfig()).explain(llama_model())
+    (verdict,) = Scheduler.for_inventory(inventory, ServerConfig(), []).explain(llama_model())
     assert verdict.reason.startswith(
         "does not have llamacpp installed (installing: downloading llama-b1-bin-ubuntu-x64.tar.gz"
     )
@@ -169,5 +169,5 @@ async def test_the_outcome_reaches_a_heartbeat(cluster: Cluster, release: Any) -
     (status,) = node.provision
     assert (status.engine, status.version, status.variant) == ("llamacpp", "b1", "cpu")
     assert "this CPU lacks avx2" in status.detail
-    (verdict,) = Scheduler.for_inventory(inventory, ServerConfig()).explain(llama_model())
+    (verdict,) = Scheduler.for_inventory(inventory, ServerConfig(), []).explain(llama_model())
     assert verdict.candidate

@@ -6,10 +6,13 @@ version back and an operator would not know which one serves. Models added
 with `llmgw ctl model add` are kept in the store (store/catalog.py) and come
 back on the next start.
 
-The reconciler, placement, the gateway's /v1/models and its routing all read
-this one object, so a model added here is placed, listed and routed to
-without a restart; `subscribe` is how the reconciler hears of a change at once
-instead of at its next interval.
+The server role builds this one object and passes it down: the reconciler,
+placement, the admin API, the gateway's /v1/models, its prices and its routing
+all read it, so a model added here is placed, listed and routed to without a
+restart; `subscribe` is how the reconciler hears of a change at once instead
+of at its next interval. It sits below both the gateway and the control plane
+(with what a model definition must hold, and server.yaml's loading) so that
+the gateway needs nothing of the control plane's.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from llmgw.catalog import load_server_config
 from llmgw.cli.exit import EXIT_CONFIG
 from llmgw.cli.main import main
-from llmgw.control.catalog import load_server_config
 from llmgw.errors import ConfigError
 
 GOOD = """\

@@ -10,9 +10,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.catalog import Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control import adminapi
-from llmgw.control.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.reconciler import Reconciler
 from llmgw.errors import ConfigError
@@ -213,7 +213,7 @@ class TestTheReconcilerSeesIt:
         inventory = Inventory(grace_s=15)
         link = inventory.attach(pb.Register(node_id="n1", engine_versions={"sim": "1"}, engines_probed=True))
         catalog = Catalog(ServerConfig())
-        reconciler = Reconciler(ServerConfig(), inventory, catalog)
+        reconciler = Reconciler(ServerConfig(), inventory, catalog, in_flight={})
         inventory.changed.clear()
         await catalog.add("name: added\nprofiles:\n  - engine: sim\n", "added.yaml")
         # The reconciler's wait wakes at once rather than at its next interval.
@@ -236,8 +236,7 @@ async def admin(tmp_path: Path) -> AsyncIterator[tuple[TestClient[web.Request, w
     async with open_store(tmp_path / "llmgw.db") as store:
         catalog = await Catalog.open(CFG, store)
         app = web.Application()
-        app[CATALOG_KEY] = catalog
-        adminapi.install(app, CFG, Inventory(5.0))
+        adminapi.install(app, CFG, Inventory(5.0), catalog)
         async with TestClient(TestServer(app)) as client:
             yield client, catalog
 
@@ -310,7 +309,7 @@ class TestTheGatewaySeesIt:
                 return f"{model} has no ready replica: no replica has been placed yet"
 
         cfg = ServerConfig(models=[DECLARED], auth=CFG.auth.__class__(enabled=False))
-        app = make_gateway_app(cfg, NoReplicas(), KeyCache(), catalog=catalog)
+        app = make_gateway_app(cfg, catalog, NoReplicas(), KeyCache())
         async with TestClient(TestServer(app)) as client:
             ask = {"model": "sim-big", "messages": []}
             assert (await client.post("/v1/chat/completions", json=ask)).status == 404
