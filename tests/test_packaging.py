@@ -101,8 +101,8 @@ def test_the_wheel_install_md_builds_carries_the_pages_units_and_protocol(tmp_pa
     for expected in (
         "llmgw/web/templates/base.html",
         "llmgw/web/static/llmgw.css",
-        "llmgw/install/files/llmgw-server.service",
-        "llmgw/install/files/server.yaml",
+        "llmgw/serverinit/files/llmgw-server.service",
+        "llmgw/serverinit/files/server.yaml",
         "llmgw/proto/llmgw/v1/__init__.py",
         "llmgw/py.typed",
     ):

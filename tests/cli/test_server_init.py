@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.cli.server_init import InitSeam, server
-from llmgw.install.system import Account, CommandResult, HostSystem
+from llmgw.serverinit.system import Account, CommandResult, HostSystem
 
 
 def _machine(*, systemd: bool = False, answers: bool = True) -> HostSystem:

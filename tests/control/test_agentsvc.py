@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from llmgw.config import ControlConfig, ServerConfig, TLSConfig
 from llmgw.control.agentsvc import CONNECT, serve_agents
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory
+from llmgw.errors import LlmgwError
 from llmgw.pki import client_ssl_context
 from llmgw.proto.llmgw import v1 as pb
 
@@ -156,3 +158,30 @@ async def test_the_agent_service_listens_where_agent_listen_says(server_cfg: Ser
     inventory = Inventory(server_cfg.control.grace_s)
     async with serve_agents(server_cfg, inventory) as port:
         assert port > 0
+
+
+async def test_the_port_yielded_for_port_zero_is_the_one_it_listens_on_and_frees_on_leaving(
+    server_cfg: ServerConfig,
+):
+    """The port comes from the socket llmgw bound, not from grpclib's private server."""
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
+        await writer.wait_closed()
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+
+
+async def test_an_agent_port_another_program_holds_is_refused_in_a_sentence(server_cfg: ServerConfig):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = f"127.0.0.1:{holder.getsockname()[1]}"
+        cfg = attrs.evolve(server_cfg, agent_listen=taken)
+        with pytest.raises(LlmgwError) as refused:
+            async with serve_agents(cfg, Inventory(cfg.control.grace_s)):
+                pass
+    assert str(refused.value).startswith(f"cannot listen on {taken} (address already in use)")
+    assert str(refused.value).endswith("change 'agent_listen'")

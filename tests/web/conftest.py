@@ -114,3 +114,16 @@ async def login(client: aiohttp.ClientSession, email: str, password: str = PASSW
     )
     assert response.status == 200, await response.text()
     return csrf_of(await response.text())
+
+
+_NAV = re.compile(r"<nav>(.*?)</nav>", re.S)
+_NAV_LINK = re.compile(r'<a href="([^"]+)"[^>]*>([^<]+)</a>')
+
+
+async def nav_links(client: aiohttp.ClientSession, path: str) -> list[tuple[str, str]]:
+    """The (href, label) pairs of the navigation at the top of the page at path."""
+    page = await client.get(path)
+    assert page.status == 200, path
+    found = _NAV.search(await page.text())
+    assert found is not None, f"{path} has no navigation"
+    return _NAV_LINK.findall(found.group(1))

@@ -27,6 +27,8 @@ from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
 
+from .conftest import nav_links
+
 PASSWORD = "correct horse battery"
 CFG = ServerConfig(
     admin_listen="127.0.0.1:0",
@@ -228,6 +230,14 @@ class TestOnTheClientPort:
             )
             page = await browser.get("/admin/cluster")
             assert page.status == 200 and 'href="/admin/nodes/n1/logs"' in await page.text()
+            assert await nav_links(browser, "/admin/cluster") == [
+                ("/profile", "Profile"),
+                ("/admin/users", "Users"),
+                ("/admin/quotas", "Quotas"),
+                ("/admin/usage", "Usage"),
+                ("/admin/cluster", "Cluster"),
+                ("/admin/models", "Models"),
+            ]
             logs = await browser.get("/admin/nodes/n1/logs")
             assert "&lt;b&gt;llmgw" not in await logs.text() and "&lt;b&gt;llamacpp" in await logs.text()
 

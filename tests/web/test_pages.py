@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import importlib
 import re
 from datetime import UTC, datetime
 from http.cookies import SimpleCookie
@@ -19,10 +20,10 @@ from llmgw.store.sessions import lookup_session
 from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 from llmgw.store.users import authenticate, get_user, get_user_by_email
 from llmgw.web.app import mount_sign_in
+from llmgw.web.guards import require_admin
 from llmgw.web.render import render
-from llmgw.web.sessions import require_admin
 
-from .conftest import PASSWORD, Site, browser, csrf_of, login
+from .conftest import PASSWORD, Site, browser, csrf_of, login, nav_links
 
 Client = aiohttp.ClientSession
 
@@ -344,6 +345,21 @@ class TestAdmin:
         assert response.status == 403
         user = await get_user_by_email(site.store, "ann@example.com")
         assert user is not None and not user.is_admin
+
+    async def test_the_admin_navigation_lists_only_the_pages_this_app_mounted(
+        self, site: Site, client: Client
+    ) -> None:
+        """The cluster pages' module, once imported, no longer adds links to an app that lacks them."""
+        importlib.import_module("llmgw.web.cluster")
+        await site.user("root@example.com", admin=True)
+        await login(client, "root@example.com")
+        nav = await nav_links(client, "/admin/users")
+        assert nav == [
+            ("/profile", "Profile"),
+            ("/admin/users", "Users"),
+            ("/admin/quotas", "Quotas"),
+            ("/admin/usage", "Usage"),
+        ]
 
     async def test_an_admin_approves_promotes_and_disables_from_the_users_page(
         self, site: Site, client: Client

@@ -66,6 +66,13 @@ COMMANDS = {
 @click.option("--listen", help="Override the gateway's host:port (port 0 picks a free one).")
 @click.option("--admin-listen", help="Override the admin listener's host:port (port 0 picks a free one).")
 @click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Override the server's drain_timeout_s: how long the first SIGINT or SIGTERM lets "
+    "in-flight work finish (without a server role, drain_timeout_s's default).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["auto", "text", "json"]),
     default="auto",
@@ -89,6 +96,7 @@ def main(
     dev_dir: Path,
     listen: str | None,
     admin_listen: str | None,
+    drain_timeout: float | None,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -105,7 +113,13 @@ def main(
 
     try:
         code = serve(
-            roles=roles, configs=configs, dev=dev, dev_dir=dev_dir, listen=listen, admin_listen=admin_listen
+            roles=roles,
+            configs=configs,
+            dev=dev,
+            dev_dir=dev_dir,
+            listen=listen,
+            admin_listen=admin_listen,
+            drain_timeout=drain_timeout,
         )
     except (LlmgwError, BaseExceptionGroup) as exc:
         # A role that fails to start inside a task group arrives wrapped in a group;

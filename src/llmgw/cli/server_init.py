@@ -11,8 +11,8 @@ import click
 
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.errors import ConfigError, LlmgwError
-from llmgw.install.controlplane import HEALTH_TIMEOUT_S, InitOptions, init_control_plane, next_steps
-from llmgw.install.system import HostSystem, InstallError, System
+from llmgw.serverinit.controlplane import HEALTH_TIMEOUT_S, InitOptions, init_control_plane, next_steps
+from llmgw.serverinit.system import HostSystem, InstallError, System
 
 
 @click.group()

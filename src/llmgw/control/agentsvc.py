@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -161,12 +162,17 @@ async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator
     service = AgentService(inventory, provision=provision_message(cfg.engines, cfg.engine_mirror))
     server = Server([service])
     try:
-        await server.start(host, port, ssl=ssl_context)
+        # Bound here, not by grpclib, because grpclib does not say which port it bound, and
+        # agent_listen may ask for port 0 (tests, dev). The server owns the socket from start on.
+        sock = await asyncio.to_thread(_bind, host, port)
     except OSError as exc:
         raise cannot_listen(cfg.agent_listen, "agent_listen", exc) from None
-    # grpclib does not say which port it bound; asyncio's server does (agent_listen may use port 0).
-    sockets = server._server.sockets if isinstance(server._server, asyncio.Server) else ()
-    bound = int(sockets[0].getsockname()[1]) if sockets else int(port)
+    try:
+        await server.start(sock=sock, ssl=ssl_context)
+    except BaseException:
+        sock.close()
+        raise
+    bound = int(sock.getsockname()[1])
     log.info("agent service listening", address=f"{host}:{bound}")
     sweeper = asyncio.create_task(_expire_silent_nodes(inventory), name="agentsvc-expire")
     try:
@@ -176,6 +182,14 @@ async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator
         await service.close()
         server.close()
         await asyncio.gather(sweeper, server.wait_closed(), return_exceptions=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on the first address host:port resolves to (a name may need DNS)."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return socket.create_server(address, family=family, backlog=100)
 
 
 async def _expire_silent_nodes(inventory: Inventory) -> None:

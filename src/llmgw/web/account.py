@@ -25,6 +25,7 @@ from llmgw.store.users import (
     verify_password,
 )
 from llmgw.web.context import WEB_KEY
+from llmgw.web.guards import forbidden, require_login
 from llmgw.web.render import render
 from llmgw.web.sessions import (
     CSRF_COOKIE,
@@ -33,10 +34,8 @@ from llmgw.web.sessions import (
     clear_cookie,
     current_session,
     current_user,
-    forbidden,
     pre_session_csrf,
     remember_pre_session_csrf,
-    require_login,
     set_cookie,
 )
 

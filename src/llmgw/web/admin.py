@@ -27,8 +27,9 @@ from llmgw.store.usage import usage_by_day
 from llmgw.store.users import AccountError, approve_user, disable_user, get_user, list_users, promote_user
 from llmgw.web.chart import Series, colour, stacked_bars
 from llmgw.web.context import WEB_KEY
+from llmgw.web.guards import require_admin
 from llmgw.web.render import render
-from llmgw.web.sessions import current_user, require_admin
+from llmgw.web.sessions import current_user
 
 _DEFAULT_DAYS = 30
 _MAX_DAYS = 366

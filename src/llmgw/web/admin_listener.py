@@ -22,8 +22,9 @@ from llmgw.control.inventory import Inventory
 from llmgw.listen import split_host_port
 from llmgw.web.cluster import mount_cluster_pages
 from llmgw.web.context import ACCOUNTS_KEY, WEB_KEY, WebContext
+from llmgw.web.guards import require_admin
 from llmgw.web.render import load_templates
-from llmgw.web.sessions import current_session, current_user, require_admin
+from llmgw.web.sessions import current_session, current_user
 
 _LOCAL_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 # A model's definition may come as YAML (`llmgw ctl model add`); YAML's types, like JSON's, are not

@@ -10,7 +10,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmgw.web import account, admin
-from llmgw.web.context import WEB_KEY, WebContext
+from llmgw.web.context import WEB_KEY, AdminLink, WebContext, add_admin_links
 from llmgw.web.render import load_templates
 
 
@@ -58,3 +58,9 @@ def mount_pages(app: web.Application, ctx: WebContext) -> None:
     routes.add_get("/admin/quotas", admin.quotas_page)
     routes.add_post("/admin/quotas", admin.save_quota)
     routes.add_get("/admin/usage", admin.usage_page)
+    add_admin_links(
+        app,
+        AdminLink("/admin/users", "Users"),
+        AdminLink("/admin/quotas", "Quotas"),
+        AdminLink("/admin/usage", "Usage"),
+    )

@@ -20,7 +20,8 @@ from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
-from llmgw.web.render import ADMIN_LINKS, render
+from llmgw.web.context import AdminLink, add_admin_links
+from llmgw.web.render import render
 
 Handler = adminapi.Handler
 
@@ -28,8 +29,6 @@ DASH = "—"
 LINE_COUNTS = (100, 300, 1000, 2000)
 FOLLOW_S = 5
 _ASSETS = {"cluster.css": "text/css", "cluster.js": "text/javascript"}
-
-ADMIN_LINKS.extend([("/admin/cluster", "Cluster"), ("/admin/models", "Models")])
 
 
 @attrs.frozen
@@ -241,4 +240,5 @@ def mount_cluster_pages(
     app.router.add_get(paths.cluster, page(cluster_page))
     app.router.add_get(paths.models(), page(models_page))
     app.router.add_get(paths.base + "/nodes/{id}/logs", page(node_logs_page))
+    add_admin_links(app, AdminLink(paths.cluster, "Cluster"), AdminLink(paths.models(), "Models"))
     app.router.add_get("/static/{name:cluster\\.(?:css|js)}", asset)

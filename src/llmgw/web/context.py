@@ -29,3 +29,25 @@ WEB_KEY = web.AppKey("llmgw.web", WebContext)
 # False on an app with no accounts (the admin listener: reaching it is the credential), whose
 # pages must not offer a "Log in" or a profile that is not there.
 ACCOUNTS_KEY = web.AppKey("llmgw.web.accounts", bool)
+
+
+@attrs.frozen
+class AdminLink:
+    """An entry of the administrators' navigation on every page."""
+
+    href: str
+    label: str
+
+
+# The navigation an app's pages show an administrator, in the order the pages were mounted.
+ADMIN_LINKS_KEY = web.AppKey("llmgw.web.admin_links", tuple[AdminLink, ...])
+
+
+def add_admin_links(app: web.Application, *links: AdminLink) -> None:
+    """Put links in app's administrators' navigation, after those already there.
+
+    Called by whatever mounts the pages, so the navigation lists exactly the pages this
+    app serves: a list filled in as modules were imported showed the cluster pages on
+    an app that never mounted them, depending on what happened to be imported first.
+    """
+    app[ADMIN_LINKS_KEY] = (*app.get(ADMIN_LINKS_KEY, ()), *links)

@@ -14,16 +14,8 @@ import jinja2
 from aiohttp import web
 from markupsafe import Markup
 
-from llmgw.web.context import ACCOUNTS_KEY, WEB_KEY, WebContext
+from llmgw.web.context import ACCOUNTS_KEY, ADMIN_LINKS_KEY, WEB_KEY, WebContext
 from llmgw.web.sessions import PRE_SESSION_CSRF, current_session, current_user
-
-# (href, label) pairs of the admin navigation; another module's admin pages
-# append theirs at import time.
-ADMIN_LINKS: list[tuple[str, str]] = [
-    ("/admin/users", "Users"),
-    ("/admin/quotas", "Quotas"),
-    ("/admin/usage", "Usage"),
-]
 
 
 def _read_package_files() -> tuple[dict[str, str], bytes]:
@@ -66,7 +58,7 @@ async def render(request: web.Request, template: str, status: int = 200, **conte
     body = ctx.templates.get_template(template).render(
         user=user,
         csrf_field=csrf_field,
-        admin_links=ADMIN_LINKS,
+        admin_links=request.config_dict.get(ADMIN_LINKS_KEY, ()),
         signup_open=ctx.cfg.auth.signup_open,
         accounts=request.config_dict.get(ACCOUNTS_KEY, True),
         path=request.path,

@@ -1,6 +1,6 @@
-"""Who is signed in to the pages: the session cookie, CSRF checks, require_login and require_admin.
+"""Who is signed in to the pages: the session cookie and the CSRF tokens.
 
-Only page handlers call these; /v1/* never looks a session up, so the API
+Only page handlers call these (through guards.py, mostly); /v1/* never looks a session up, so the API
 path pays nothing for the pages.
 
 The cookies are HttpOnly (no script reads them) and SameSite=Lax (another
@@ -13,11 +13,8 @@ page elsewhere cannot sign a browser in to an account of the attacker's.
 
 from __future__ import annotations
 
-import functools
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable
-from urllib.parse import quote
 
 from aiohttp import web
 
@@ -27,8 +24,6 @@ from llmgw.web.context import WEB_KEY
 
 SESSION_COOKIE = "llmgw_session"
 CSRF_COOKIE = "llmgw_csrf"
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PRE_SESSION_CSRF = web.RequestKey("llmgw.web.pre_session_csrf", str)
 _SESSION = web.RequestKey("llmgw.web.session", object)
@@ -104,54 +99,3 @@ async def check_pre_session_csrf(request: web.Request) -> bool:
     cookie = request.cookies.get(CSRF_COOKIE, "")
     sent = (await request.post()).get("csrf", "")
     return bool(cookie) and isinstance(sent, str) and hmac.compare_digest(cookie, sent)
-
-
-async def _csrf_ok(request: web.Request, session: Session) -> bool:
-    if request.method in ("GET", "HEAD", "OPTIONS"):
-        return True
-    sent = (await request.post()).get("csrf", "")
-    return isinstance(sent, str) and hmac.compare_digest(sent, session.csrf)
-
-
-def _to_login(request: web.Request) -> web.StreamResponse:
-    target = request.path_qs if request.method == "GET" else request.path
-    return web.Response(status=303, headers={"Location": f"/login?next={quote(target, safe='/')}"})
-
-
-async def forbidden(request: web.Request, message: str) -> web.StreamResponse:
-    # Imported here: render imports this module to put the user on every page.
-    from llmgw.web.render import render
-
-    return await render(request, "message.html", status=403, title="Not allowed", message=message)
-
-
-def _require(admin: bool) -> Callable[[Handler], Handler]:
-    def decorate(handler: Handler) -> Handler:
-        @functools.wraps(handler)
-        async def checked(request: web.Request) -> web.StreamResponse:
-            found = await _lookup(request)
-            if found is None:
-                return _to_login(request)
-            session, user = found
-            if admin and not user.is_admin:
-                return await forbidden(
-                    request, f"{request.path} is for administrators, and {user.email} is not one."
-                )
-            if not await _csrf_ok(request, session):
-                return await forbidden(
-                    request,
-                    "This form was not sent from a page of this site in your session "
-                    "(its CSRF token is missing or stale). Reload the page and try again.",
-                )
-            return await handler(request)
-
-        return checked
-
-    return decorate
-
-
-require_login = _require(admin=False)
-"""Decorator: the handler runs for a signed-in active user (CSRF checked on POST); others go to /login."""
-
-require_admin = _require(admin=True)
-"""Decorator: as require_login, and a user who is not an administrator gets a 403 page."""

@@ -13,9 +13,9 @@ import pytest
 
 from llmgw import config, pki
 from llmgw.errors import ConfigError
-from llmgw.install.controlplane import InitOptions, InitResult, init_control_plane, unit_text
-from llmgw.install.system import InstallError, is_global_unicast
 from llmgw.roles.server import server_role
+from llmgw.serverinit.controlplane import InitOptions, InitResult, init_control_plane, unit_text
+from llmgw.serverinit.system import InstallError, is_global_unicast
 from llmgw.store import open_store
 from llmgw.store.scopes import DEFAULT_PROJECT_ID
 from llmgw.store.users import authenticate, create_user

@@ -13,8 +13,8 @@ from llmgw import config
 from llmgw.catalog import load_server_config
 from llmgw.cli.keys import keys
 from llmgw.config import ServerConfig
-from llmgw.install.controlplane import InitOptions, init_control_plane
 from llmgw.roles.server import server_role
+from llmgw.serverinit.controlplane import InitOptions, init_control_plane
 
 from .conftest import FakeSystem
 

@@ -25,8 +25,8 @@ import attrs
 from llmgw import pki
 from llmgw.catalog import load_server_config
 from llmgw.config import ServerConfig
-from llmgw.install.system import Account, InstallError, System
 from llmgw.listen import split_host_port
+from llmgw.serverinit.system import Account, InstallError, System
 from llmgw.store import Store, open_store
 from llmgw.store.scopes import DEFAULT_PROJECT_ID, Scope, load_hierarchy
 from llmgw.store.users import approve_user, ensure_admin, get_user_by_email, list_users, promote_user
@@ -40,11 +40,11 @@ Report = Callable[[str], None]
 
 def unit_text(name: str) -> str:
     """A systemd unit llmgw ships (llmgw-server.service, ...), as installed from the package."""
-    return resources.files("llmgw.install").joinpath("files", name).read_text(encoding="utf-8")
+    return resources.files("llmgw.serverinit").joinpath("files", name).read_text(encoding="utf-8")
 
 
 def _template() -> str:
-    return resources.files("llmgw.install").joinpath("files", "server.yaml").read_text(encoding="utf-8")
+    return resources.files("llmgw.serverinit").joinpath("files", "server.yaml").read_text(encoding="utf-8")
 
 
 def on_machine(root: Path, path: str | Path) -> Path:

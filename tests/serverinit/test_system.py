@@ -8,7 +8,7 @@ import ipaddress
 from aiohttp import web
 from aiohttp.test_utils import unused_port
 
-from llmgw.install.system import HostSystem, is_global_unicast
+from llmgw.serverinit.system import HostSystem, is_global_unicast
 
 
 async def test_the_addresses_it_reports_are_canonical_and_dialable_from_elsewhere() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from llmgw.install.controlplane import InitOptions
-from llmgw.install.system import Account, CommandResult
+from llmgw.serverinit.controlplane import InitOptions
+from llmgw.serverinit.system import Account, CommandResult
 
 
 @attrs.define
