@@ -138,9 +138,13 @@ def _read(data: Any, view: type[_View]) -> _View:
     """The reply as the view it is; a reply of another shape ends the command saying so."""
     try:
         return views.CONVERTER.structure(data, view)
-    except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
+    except cattrs.BaseValidationError as exc:
         # A server of another llmgw version, or something else listening on the admin port.
-        _fail(f"the admin API answered with a reply this ctl cannot read: {exc}", EXIT_ERROR)
+        what = "; ".join(cattrs.transform_error(exc)[:3])
+        _fail(
+            f"the admin API's reply is not one this ctl reads ({what}); is the server another llmgw version?",
+            EXIT_ERROR,
+        )
 
 
 def _print_json(data: Any) -> None:
