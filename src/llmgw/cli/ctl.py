@@ -39,7 +39,8 @@ from llmgw.cli.exit import (
 )
 from llmgw.config import ServerConfig
 from llmgw.control import views
-from llmgw.control.adminapi import MAX_LOG_LINES, hash_token
+from llmgw.control.adminapi import hash_token
+from llmgw.control.nodelogs import MAX_LINES
 from llmgw.control.present import DASH, node_row
 from llmgw.errors import ConfigError
 from llmgw.listen import split_host_port
@@ -369,7 +370,7 @@ def explain(ctx: click.Context, model: str, as_json: bool) -> None:
 @click.option(
     "-n",
     "--lines",
-    type=click.IntRange(1, MAX_LOG_LINES),
+    type=click.IntRange(1, MAX_LINES),
     default=200,
     show_default=True,
     help="How many of the newest lines.",

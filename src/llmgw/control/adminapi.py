@@ -28,21 +28,16 @@ from llmgw.control.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownMo
 from llmgw.control.engine_metrics import ScrapeError, scrape
 from llmgw.control.explain import explain_placement
 from llmgw.control.inventory import ADMIN_STATES, READY, UNREACHABLE, Inventory, Node, NodeNotConnected
-from llmgw.control.nodelogs import NoAnswer, NodeLog
+from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES, NoAnswer, NodeLog
 from llmgw.control.openapi import document
 from llmgw.control.placement import Backoff
 from llmgw.control.weights import collect_weights
 from llmgw.errors import ConfigError
-from llmgw.log import AGENT_RING_LINES
 
 CONFIG_KEY = web.AppKey("llmgw.admin.config", ServerConfig)
 INVENTORY_KEY = web.AppKey("llmgw.admin.inventory", Inventory)
 # The reconciler's backoff, (model, node) -> why not now, when a reconciler runs (roles/server.py).
 BACKOFF_KEY: web.AppKey[Callable[[], Mapping[tuple[str, str], Backoff]]] = web.AppKey("llmgw.admin.backoff")
-
-# What a log request without `lines` gets, and the most one may ask for: the agent keeps no more.
-DEFAULT_LOG_LINES = 300
-MAX_LOG_LINES = AGENT_RING_LINES
 
 
 # --- views ------------------------------------------------------------------------------------
@@ -268,13 +263,13 @@ async def fetch_log(inventory: Inventory, node_id: str, source: str, lines: int)
 def parse_lines(raw: str | None) -> int:
     """The `lines` query parameter, or ValueError saying what it may be."""
     if raw is None or raw == "":
-        return DEFAULT_LOG_LINES
+        return DEFAULT_LINES
     try:
         lines = int(raw)
     except ValueError:
-        raise ValueError(f"lines is {raw!r}; expected a whole number from 1 to {MAX_LOG_LINES}") from None
-    if not 1 <= lines <= MAX_LOG_LINES:
-        raise ValueError(f"lines is {lines}; expected a whole number from 1 to {MAX_LOG_LINES}")
+        raise ValueError(f"lines is {raw!r}; expected a whole number from 1 to {MAX_LINES}") from None
+    if not 1 <= lines <= MAX_LINES:
+        raise ValueError(f"lines is {lines}; expected a whole number from 1 to {MAX_LINES}")
     return lines
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from llmgw.control import views
+from llmgw.control.nodelogs import ANSWER_TIMEOUT_S, DEFAULT_LINES, MAX_LINES
+from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES
 from llmgw.control.schema import components, ref
 
 
@@ -92,7 +94,12 @@ def document(version: str) -> dict[str, Any]:
                             "name": "lines",
                             "in": "query",
                             "description": "How many of the newest lines.",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": 2000, "default": 300},
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": MAX_LINES,
+                                "default": DEFAULT_LINES,
+                            },
                         },
                     ],
                     "responses": {
@@ -100,7 +107,9 @@ def document(version: str) -> dict[str, Any]:
                         "400": _ERROR,
                         "404": _json(ref(views.Logs), "No such node, or no such source on it."),
                         "502": _json(ref(views.Logs), "The node is not connected."),
-                        "504": _json(ref(views.Logs), "The node did not answer within 10 s."),
+                        "504": _json(
+                            ref(views.Logs), f"The node did not answer within {ANSWER_TIMEOUT_S:g} s."
+                        ),
                     },
                 }
             },
@@ -222,14 +231,15 @@ def document(version: str) -> dict[str, Any]:
             "/models": _page("modelsPage", "Each model, its replicas, where they run and their state."),
             "/nodes/{id}/logs": _page(
                 "nodeLogsPage",
-                "One of a node's logs: a tab per source, 100 to 2000 lines, following every 5 s.",
+                f"One of a node's logs: a tab per source, {LOG_PAGE_LINES[0]} to {LOG_PAGE_LINES[-1]} lines, "
+                f"following every {LOG_PAGE_FOLLOW_S} s.",
                 [
                     _NODE_ID,
                     {"name": "source", "in": "query", "schema": {"type": "string", "default": "agent"}},
                     {
                         "name": "lines",
                         "in": "query",
-                        "schema": {"type": "integer", "enum": [100, 300, 1000, 2000]},
+                        "schema": {"type": "integer", "enum": list(LOG_PAGE_LINES)},
                     },
                     {"name": "follow", "in": "query", "schema": {"type": "string", "enum": ["1"]}},
                 ],

@@ -13,6 +13,9 @@ import attrs
 from llmgw.control import views
 
 DASH = "—"
+# The line counts a node's log page offers, and how often it reloads itself when following.
+LOG_PAGE_LINES = (100, 300, 1000, 2000)
+LOG_PAGE_FOLLOW_S = 5
 
 
 @attrs.frozen

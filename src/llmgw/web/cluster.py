@@ -18,13 +18,12 @@ from llmgw.config import ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.catalog import CATALOG_KEY
 from llmgw.control.inventory import Inventory
-from llmgw.control.present import node_row
+from llmgw.control.nodelogs import DEFAULT_LINES
+from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES, node_row
 from llmgw.web.render import ADMIN_LINKS, render
 
 Handler = adminapi.Handler
 
-LINE_COUNTS = (100, 300, 1000, 2000)
-FOLLOW_S = 5
 _ASSETS = {"cluster.css": "text/css", "cluster.js": "text/javascript"}
 
 ADMIN_LINKS.extend([("/admin/cluster", "Cluster"), ("/admin/models", "Models")])
@@ -79,7 +78,7 @@ async def node_logs_page(request: web.Request) -> web.StreamResponse:
     try:
         count = adminapi.parse_lines(request.query.get("lines"))
     except ValueError:
-        count = adminapi.DEFAULT_LOG_LINES
+        count = DEFAULT_LINES
     follow = request.query.get("follow", "") == "1"
     _, view = await adminapi.fetch_log(inventory, node, source, count)
 
@@ -99,15 +98,15 @@ async def node_logs_page(request: web.Request) -> web.StreamResponse:
         source=source,
         count=count,
         follow=follow,
-        follow_s=FOLLOW_S,
+        follow_s=LOG_PAGE_FOLLOW_S,
         view=view,
         tabs=[(s, here(source=s), s == source) for s in view.sources],
-        counts=[(n, here(lines=n), n == count) for n in LINE_COUNTS],
+        counts=[(n, here(lines=n), n == count) for n in LOG_PAGE_LINES],
         toggle=here(follow="") if follow else here(follow=1),
     )
     if follow:
         # The page reloads itself, without a script: the header works where scripts are refused.
-        response.headers["Refresh"] = str(FOLLOW_S)
+        response.headers["Refresh"] = str(LOG_PAGE_FOLLOW_S)
     return response
 
 
