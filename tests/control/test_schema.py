@@ -24,19 +24,21 @@ class _Machine:
     disk: _Disk | None
     load: dict[str, float]
     tags: list[str]
+    lines: Literal[100, 300]
 
 
 class TestComponents:
-    def test_a_fields_doc_becomes_its_description_and_a_literal_an_enum(self):
+    def test_a_fields_doc_becomes_its_description_and_a_literal_an_enum_of_its_values_type(self):
         machine = components([_Machine])["_Machine"]
         assert machine["properties"]["name"] == {"type": "string", "description": "Its host name."}
         assert machine["properties"]["state"] == {"type": "string", "enum": ["up", "down"]}
         assert machine["properties"]["load"] == {"type": "object", "additionalProperties": {"type": "number"}}
         assert machine["properties"]["tags"] == {"type": "array", "items": {"type": "string"}}
+        assert machine["properties"]["lines"] == {"type": "integer", "enum": [100, 300]}
 
     def test_a_field_that_may_be_none_is_required_and_nullable_since_null_says_not_reported(self):
         machine = components([_Machine])["_Machine"]
-        assert machine["required"] == ["name", "state", "disk", "load", "tags"]
+        assert machine["required"] == ["name", "state", "disk", "load", "tags", "lines"]
         assert machine["properties"]["disk"] == {
             "oneOf": [{"$ref": "#/components/schemas/_Disk"}, {"type": "null"}]
         }

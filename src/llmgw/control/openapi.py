@@ -60,7 +60,7 @@ def document(version: str) -> dict[str, Any]:
             "/admin on the client port, where it needs an admin token (`admin_tokens`) or session.",
         },
         "components": {
-            "schemas": components(views.REPLIES),
+            "schemas": components(views.SHAPES),
             "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
         },
         "paths": {

@@ -66,7 +66,8 @@ def _schema(hint: Any, pending: list[type]) -> dict[str, Any]:
         return ref(hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
-        return {"type": "string", "enum": list(args)}
+        (kind,) = {_SCALARS[type(a)]["type"] for a in args}
+        return {"type": kind, "enum": list(args)}
     if origin is list:
         return {"type": "array", "items": _schema(args[0], pending)}
     if origin is dict and args[0] is str:

@@ -278,8 +278,9 @@ class Error:
     error: str = attrs.field(metadata={"doc": "A sentence for a person."})
 
 
-# Every shape a reply of the admin API can have; the OpenAPI document's components (control/openapi.py).
-REPLIES: tuple[type, ...] = (
+# Every shape the admin API answers with, and the one body it takes (StateChange): the OpenAPI
+# document's components (control/openapi.py), with every class their fields hold.
+SHAPES: tuple[type, ...] = (
     Status,
     Node,
     Logs,
