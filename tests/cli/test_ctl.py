@@ -292,6 +292,21 @@ class TestExitCodes:
         code, _, _ = await run("--server", f"{server[0]}/port/admin", "--token", "s3cret", "status")
         assert code == 0
 
+    async def test_a_reply_of_another_shape_exits_1_naming_what_ctl_cannot_read(self):
+        async def status(request: web.Request) -> web.Response:
+            return web.json_response({"version": "0.1", "nodes": 3})
+
+        app = web.Application()
+        app.router.add_get("/api/v1/status", status)
+        async with TestServer(app) as other:
+            code, out, err = await run("--server", str(other.make_url("")).rstrip("/"), "status")
+        assert (code, out) == (EXIT_ERROR, "")
+        assert err == (
+            "llmgw ctl: the admin API's reply is not one this ctl reads (invalid value for type, "
+            "expected int @ $.nodes.total; invalid value for type, expected int @ $.nodes.ready; invalid "
+            "value for type, expected int @ $.nodes.cordoned); is the server another llmgw version?\n"
+        )
+
     async def test_a_line_count_out_of_range_is_a_usage_error(self, server: tuple[str, Inventory]):
         code, _, _ = await run("--server", server[0], "logs", "gpu-01", "-n", "5000")
         assert code == EXIT_USAGE
@@ -353,3 +368,11 @@ class TestMetrics:
             EXIT_NOT_FOUND,
             "llmgw ctl: there is no replica nope; `llmgw ctl replicas` lists them\n",
         )
+
+
+def test_the_cluster_page_and_ctl_show_a_node_through_one_presenter():
+    from llmgw.cli import ctl as ctl_module
+    from llmgw.control import present
+    from llmgw.web import cluster
+
+    assert cluster.node_row is ctl_module.node_row is present.node_row

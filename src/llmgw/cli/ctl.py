@@ -19,11 +19,12 @@ import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote
 
 import aiohttp
 import attrs
+import cattrs
 import click
 
 from llmgw import config
@@ -37,7 +38,10 @@ from llmgw.cli.exit import (
     EXIT_USAGE,
 )
 from llmgw.config import ServerConfig
-from llmgw.control.adminapi import MAX_LOG_LINES, hash_token
+from llmgw.control import views
+from llmgw.control.adminapi import hash_token
+from llmgw.control.nodelogs import MAX_LINES
+from llmgw.control.present import DASH, node_row
 from llmgw.errors import ConfigError
 from llmgw.listen import split_host_port
 
@@ -45,7 +49,8 @@ DEFAULT_CONFIG = Path("/etc/llmgw/server.yaml")
 # A log request waits up to 10 s for its node; the client waits a little longer, so that it is
 # the server's sentence ("node n1 did not answer") a person reads, not a bare timeout.
 _TIMEOUT_S = 15.0
-_DASH = "—"
+
+_View = TypeVar("_View")
 
 
 @attrs.frozen
@@ -130,6 +135,19 @@ def _request(target: _Target, method: str, path: str, body: Any = None, yaml_tex
     return data
 
 
+def _read(data: Any, view: type[_View]) -> _View:
+    """The reply as the view it is; a reply of another shape ends the command saying so."""
+    try:
+        return views.CONVERTER.structure(data, view)
+    except cattrs.BaseValidationError as exc:
+        # A server of another llmgw version, or something else listening on the admin port.
+        what = "; ".join(cattrs.transform_error(exc)[:3])
+        _fail(
+            f"the admin API's reply is not one this ctl reads ({what}); is the server another llmgw version?",
+            EXIT_ERROR,
+        )
+
+
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 
@@ -141,7 +159,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 
 def _cells(values: list[str] | None) -> str:
-    return ",".join(values) if values else _DASH
+    return ",".join(values) if values else DASH
 
 
 json_option = click.option(
@@ -200,12 +218,13 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if target.as_json:
         _print_json(data)
         return
-    nodes = data["nodes"]
-    states = ", ".join(f"{n} {s}" for s, n in nodes.items() if s != "total" and n)
-    click.echo(f"llmgw     {data['version']}")
-    click.echo(f"nodes     {nodes['total']}" + (f" ({states})" if states else ""))
-    click.echo(f"models    {data['models']['serving']} of {data['models']['total']} serving")
-    click.echo(f"replicas  {data['replicas']['ready']} of {data['replicas']['total']} ready")
+    view = _read(data, views.Status)
+    counts = attrs.asdict(view.nodes)
+    states = ", ".join(f"{n} {s}" for s, n in counts.items() if s != "total" and n)
+    click.echo(f"llmgw     {view.version}")
+    click.echo(f"nodes     {view.nodes.total}" + (f" ({states})" if states else ""))
+    click.echo(f"models    {view.models.serving} of {view.models.total} serving")
+    click.echo(f"replicas  {view.replicas.ready} of {view.replicas.total} ready")
 
 
 @ctl.command()
@@ -213,8 +232,6 @@ def status(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def nodes(ctx: click.Context, as_json: bool) -> None:
     """Every node: state, GPUs, memory, disk, engines, replicas; then what is wrong with each."""
-    from llmgw.web.cluster import Paths, node_row
-
     target = _target(ctx, as_json)
     data = _request(target, "GET", "/api/v1/nodes")
     if target.as_json:
@@ -223,7 +240,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
     if not data:
         click.echo("no node has registered yet", err=True)
         return
-    rows = [node_row(view, Paths(cluster="/", base="")) for view in data]
+    rows = [node_row(view) for view in _read(data, list[views.Node])]
     _table(
         [
             "NODE",
@@ -239,23 +256,23 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
         ],
         [
             [
-                r["id"],
-                r["state"],
-                r["gpus"],
-                r["ram"],
-                r["disk"],
-                r["engines"],
-                r["classes"],
-                r["models"],
-                str(r["replicas"]),
-                r["last_seen"],
+                r.id,
+                r.state,
+                r.gpus,
+                r.ram,
+                r.disk,
+                r.engines,
+                r.classes,
+                r.models,
+                str(r.replicas),
+                r.last_seen,
             ]
             for r in rows
         ],
     )
     # Beneath the table, what keeps a node from taking work: a person scanning for why a model
     # is not placed reads these first.
-    notes = [f"{r['id']}: {text}" for r in rows for _, text in r["notes"]]
+    notes = [f"{r.id}: {text}" for r in rows for _, text in r.notes]
     if notes:
         click.echo("")
         for note in notes:
@@ -278,8 +295,8 @@ def models(ctx: click.Context, as_json: bool) -> None:
     _table(
         ["MODEL", "READY", "ENGINES", "WHY NOT READY"],
         [
-            [m["name"], f"{m['ready']}/{m['wanted']}", _cells(m["engines"]), m["why_not_ready"] or ""]
-            for m in data
+            [m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), m.why_not_ready or ""]
+            for m in _read(data, list[views.Model])
         ],
     )
 
@@ -300,7 +317,10 @@ def replicas(ctx: click.Context, model: str | None, as_json: bool) -> None:
         return
     _table(
         ["REPLICA", "MODEL", "NODE", "STATE", "ENDPOINT OR DETAIL"],
-        [[r["shard_id"], r["model"], r["node"], r["state"], r["endpoint"] or r["detail"]] for r in data],
+        [
+            [r.shard_id, r.model, r.node, r.state, r.endpoint or r.detail]
+            for r in _read(data, list[views.Replica])
+        ],
     )
 
 
@@ -315,7 +335,7 @@ def metrics(ctx: click.Context, replica: str, as_json: bool) -> None:
     if target.as_json:
         _print_json(data)
         return
-    for name, value in data["metrics"].items():
+    for name, value in _read(data, views.ReplicaMetrics).metrics.items():
         click.echo(f"{name} {value:g}")
 
 
@@ -330,18 +350,16 @@ def explain(ctx: click.Context, model: str, as_json: bool) -> None:
     if target.as_json:
         _print_json(data)
         return
-    if not data["candidates"]:
+    placement = _read(data, views.Placement)
+    if not placement.candidates:
         click.echo("no node has registered yet", err=True)
     else:
         _table(
             ["PROFILE", "NODE", "CANDIDATE", "WHY"],
-            [
-                [c.get("profile", ""), c["node"], "yes" if c["candidate"] else "no", c["reason"]]
-                for c in data["candidates"]
-            ],
+            [[c.profile, c.node, "yes" if c.candidate else "no", c.reason] for c in placement.candidates],
         )
-    if data["why_not_ready"]:
-        click.echo(f"\n{data['why_not_ready']}")
+    if placement.why_not_ready:
+        click.echo(f"\n{placement.why_not_ready}")
 
 
 @ctl.command()
@@ -352,7 +370,7 @@ def explain(ctx: click.Context, model: str, as_json: bool) -> None:
 @click.option(
     "-n",
     "--lines",
-    type=click.IntRange(1, MAX_LOG_LINES),
+    type=click.IntRange(1, MAX_LINES),
     default=200,
     show_default=True,
     help="How many of the newest lines.",
@@ -373,15 +391,14 @@ def logs(ctx: click.Context, node: str, source: str, lines: int, as_json: bool) 
     if target.as_json:
         _print_json(data)
     else:
-        for line in data["lines"]:
+        log = _read(data, views.Logs)
+        for line in log.lines:
             click.echo(line)
         # Where else to look: a shard id is the one thing a person cannot guess.
-        others = [s for s in data["sources"] if s != data["source"]]
-        if data["error"]:
-            click.echo(f"llmgw ctl: {data['error']}", err=True)
-        click.echo(
-            f"-- {data['source']} on {data['node']}; other sources: {', '.join(others) or 'none'}", err=True
-        )
+        others = [s for s in log.sources if s != log.source]
+        if log.error:
+            click.echo(f"llmgw ctl: {log.error}", err=True)
+        click.echo(f"-- {log.source} on {log.node}; other sources: {', '.join(others) or 'none'}", err=True)
     if status >= 400:
         sys.exit(_exit_code(status))
 
@@ -415,7 +432,8 @@ def _state_command(verb: str) -> None:
         if target.as_json:
             _print_json(data)
             return
-        click.echo(f"{data['id']} is {data['admin_state']}: {meaning}")
+        changed = _read(data, views.Node)
+        click.echo(f"{changed.id} is {changed.admin_state}: {meaning}")
 
 
 for _verb in _STATES:
@@ -454,8 +472,9 @@ def model_add(ctx: click.Context, path: Path, as_json: bool) -> None:
     if target.as_json:
         _print_json(data)
         return
+    added = _read(data, views.Model)
     verb = "replaced" if status == 200 else "added"
-    click.echo(f"{verb} {data['name']}: {data['wanted']} replica(s) wanted, placed from now on")
+    click.echo(f"{verb} {added.name}: {added.wanted} replica(s) wanted, placed from now on")
 
 
 @model.command("remove")
@@ -469,7 +488,7 @@ def model_remove(ctx: click.Context, name: str, as_json: bool) -> None:
     if target.as_json:
         _print_json(data)
         return
-    click.echo(f"removed {data['name']}: its replicas are being stopped")
+    click.echo(f"removed {_read(data, views.Removed).name}: its replicas are being stopped")
 
 
 @ctl.group()
@@ -487,15 +506,14 @@ def weights_collect(ctx: click.Context, as_json: bool) -> None:
     if target.as_json:
         _print_json(data)
         return
-    for entry in data["nodes"]:
-        if entry["error"]:
-            click.echo(f"{entry['node']}: {entry['error']}")
+    for entry in _read(data, views.Collected).nodes:
+        if entry.error:
+            click.echo(f"{entry.node}: {entry.error}")
             continue
-        removing = entry["removing"]
-        click.echo(f"{entry['node']}: removing {len(removing)}, keeping {len(entry['kept'])}")
-        for source in removing:
+        click.echo(f"{entry.node}: removing {len(entry.removing)}, keeping {len(entry.kept)}")
+        for source in entry.removing:
             click.echo(f"  removing {source}")
-        for kept in entry["kept"]:
+        for kept in entry.kept:
             click.echo(f"  keeping {kept}")
 
 

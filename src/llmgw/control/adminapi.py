@@ -1,9 +1,9 @@
 """The admin API: what the control plane knows of nodes, models and replicas, and a node's logs.
 
 Served on the admin listener (this machine only) and under /admin on the
-client port for an administrator. The views here are plain JSON-ready dicts,
-and the admin pages render the very same ones, so `llmgw ctl nodes` and the
-cluster page can never disagree about a node.
+client port for an administrator. The functions here build the API's views
+(control/views.py) from the inventory, and the admin pages render the very same
+ones, so `llmgw ctl nodes` and the cluster page can never disagree about a node.
 
 Data other parts of llmgw have not reported yet (a node's disks, its installs,
 its warnings) is None here and "—" on the page: an agent that was never asked
@@ -17,44 +17,44 @@ import hashlib
 import hmac
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
-import attrs
 from aiohttp import web
 
 import llmgw
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, ServerConfig
+from llmgw.control import views
 from llmgw.control.engine_metrics import ScrapeError, scrape
 from llmgw.control.explain import explain_placement
 from llmgw.control.inventory import ADMIN_STATES, READY, UNREACHABLE, Inventory, Node, NodeNotConnected
-from llmgw.control.nodelogs import NoAnswer, NodeLog
+from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES, NoAnswer, NodeLog
 from llmgw.control.openapi import document
 from llmgw.control.placement import Backoff
 from llmgw.control.weights import collect_weights
 from llmgw.errors import ConfigError
-from llmgw.log import AGENT_RING_LINES
 
 CONFIG_KEY = web.AppKey("llmgw.admin.config", ServerConfig)
 INVENTORY_KEY = web.AppKey("llmgw.admin.inventory", Inventory)
 # The reconciler's backoff, (model, node) -> why not now, when a reconciler runs (roles/server.py).
 BACKOFF_KEY: web.AppKey[Callable[[], Mapping[tuple[str, str], Backoff]]] = web.AppKey("llmgw.admin.backoff")
 
-# What a log request without `lines` gets, and the most one may ask for: the agent keeps no more.
-DEFAULT_LOG_LINES = 300
-MAX_LOG_LINES = AGENT_RING_LINES
-
 
 # --- views ------------------------------------------------------------------------------------
 
 
-def node_state(node: Node) -> str:
+def node_state(node: Node) -> views.NodeState:
     """One word for a node: what is wrong with it first, then what an administrator said."""
     if node.state == UNREACHABLE:
-        return UNREACHABLE
+        return "unreachable"
     if not node.connected:
         return "disconnected"
-    return node.admin_state
+    return _admin_state(node)
+
+
+def _admin_state(node: Node) -> views.AdminState:
+    # The inventory refuses any other (Inventory.set_admin_state).
+    return cast(views.AdminState, node.admin_state)
 
 
 def _reported(node: Node, name: str) -> Any:
@@ -66,31 +66,32 @@ def _field(value: Any, name: str, default: Any = None) -> Any:
     return getattr(value, name, default)
 
 
-def _gpus(node: Node, gpus_in_use: set[int]) -> dict[str, int] | None:
+def _gpus(node: Node, gpus_in_use: set[int]) -> views.GpuCounts | None:
     gpus = list(node.gpus or [])
     if not gpus:
         return None
     healthy = [g for g in gpus if _field(g, "healthy", True)]
     free = [g for g in healthy if _field(g, "index", -1) not in gpus_in_use]
-    return {"total": len(gpus), "free": len(free), "healthy": len(healthy)}
+    return views.GpuCounts(total=len(gpus), free=len(free), healthy=len(healthy))
 
 
-def _memory(node: Node) -> dict[str, int] | None:
+def _memory(node: Node) -> views.Memory | None:
     memory = node.memory
     total = int(_field(memory, "total_mb", 0) or 0)
     if memory is None or total <= 0:
         return None
-    return {"total_mb": total, "available_mb": int(_field(memory, "available_mb", 0) or 0)}
+    return views.Memory(total_mb=total, available_mb=int(_field(memory, "available_mb", 0) or 0))
 
 
-def _disk(node: Node) -> dict[str, int] | None:
+def _disk(node: Node) -> views.Disk | None:
     storage = _reported(node, "storage")
     if not storage:
         return None
     total = sum(int(_field(s, "total_bytes", 0) or 0) for s in storage)
     if total <= 0:
         return None
-    return {"total_bytes": total, "free_bytes": sum(int(_field(s, "free_bytes", 0) or 0) for s in storage)}
+    free = sum(int(_field(s, "free_bytes", 0) or 0) for s in storage)
+    return views.Disk(total_bytes=total, free_bytes=free)
 
 
 def _names(items: Iterable[Any] | None, attribute: str) -> list[str] | None:
@@ -110,137 +111,137 @@ def _unhealthy(node: Node) -> list[str]:
     return problems
 
 
-def _installs(node: Node) -> list[dict[str, str]]:
+def _installs(node: Node) -> list[views.Install]:
     """Where each engine the node was asked to install stands, in the node's own words."""
     return [
-        {"engine": p.engine, "version": p.version, "variant": p.variant, "state": p.state, "detail": p.detail}
+        views.Install(
+            engine=p.engine,
+            version=p.version,
+            variant=p.variant,
+            # The agent's own words (agent/provision/installer.py); the document lists them.
+            state=cast(views.InstallState, p.state),
+            detail=p.detail,
+        )
         for p in node.provision
     ]
 
 
-def _host(node: Node) -> dict[str, Any] | None:
+def _host(node: Node) -> views.Host | None:
     host = node.host
     if host is None:
         return None
-    return {
-        "os_id": host.os_id,
-        "os_version": host.os_version,
-        "os_codename": host.os_codename,
-        "family": host.family,
-        "arch": host.arch,
-        "cpu_flags": sorted(host.cpu_flags),
-        # Empty when the node has no NVIDIA driver loaded; the CUDA build needs one.
-        "nvidia_driver": host.nvidia_driver,
-    }
+    return views.Host(
+        os_id=host.os_id,
+        os_version=host.os_version,
+        os_codename=host.os_codename,
+        family=host.family,
+        arch=host.arch,
+        cpu_flags=sorted(host.cpu_flags),
+        nvidia_driver=host.nvidia_driver,
+    )
 
 
-def node_view(node: Node, inventory: Inventory, now: float | None = None) -> dict[str, Any]:
+def node_view(node: Node, inventory: Inventory, now: float | None = None) -> views.Node:
     """One node as the API and the cluster page show it."""
     now = inventory.now() if now is None else now
     replicas = [r for r in inventory.replicas() if r.node_id == node.id]
     in_use = {int(i) for r in replicas for i in (_field(r, "gpu_indices", None) or ())}
     installs = _installs(node)
-    return {
-        "id": node.id,
-        "state": node_state(node),
-        "admin_state": node.admin_state,
-        "connected": node.connected,
-        "reachable": node.state != UNREACHABLE,
-        "address": node.address,
-        "agent_version": node.agent_version,
-        "gpus": _gpus(node, in_use),
-        "memory": _memory(node),
-        "disk": _disk(node),
+    return views.Node(
+        id=node.id,
+        state=node_state(node),
+        admin_state=_admin_state(node),
+        connected=node.connected,
+        reachable=node.state != UNREACHABLE,
+        address=node.address,
+        agent_version=node.agent_version,
+        gpus=_gpus(node, in_use),
+        memory=_memory(node),
+        disk=_disk(node),
         # None: the agent has not said which engines it has, which is not the same as having none.
-        "engines": sorted(node.engine_versions) if node.engines_probed else None,
-        "classes": _names(node.gpus, "gpu_class") or [],
-        "fabrics": _names(_reported(node, "fabrics"), "name"),
-        "models": sorted({r.model for r in replicas}),
-        "replicas": len(replicas),
-        "last_seen_s": round(max(0.0, now - node.last_seen), 1) if node.last_seen else None,
-        "unhealthy": _unhealthy(node),
+        engines=sorted(node.engine_versions) if node.engines_probed else None,
+        classes=_names(node.gpus, "gpu_class") or [],
+        fabrics=_names(_reported(node, "fabrics"), "name"),
+        models=sorted({r.model for r in replicas}),
+        replicas=len(replicas),
+        last_seen_s=round(max(0.0, now - node.last_seen), 1) if node.last_seen else None,
+        unhealthy=_unhealthy(node),
         # None: the agent has not said what it runs on (an agent older than host discovery).
-        "host": _host(node),
-        "provision": installs,
-        # What keeps an engine from running here yet; an operator's first stop.
-        "installs_not_ready": [i for i in installs if i["state"] != READY],
-        "warnings": list(node.warnings),
-    }
+        host=_host(node),
+        provision=installs,
+        installs_not_ready=[i for i in installs if i.state != READY],
+        warnings=list(node.warnings),
+    )
 
 
-def nodes_view(inventory: Inventory) -> list[dict[str, Any]]:
+def nodes_view(inventory: Inventory) -> list[views.Node]:
     now = inventory.now()
     return [node_view(n, inventory, now) for n in sorted(inventory.nodes(), key=lambda n: n.id)]
 
 
-def replicas_view(inventory: Inventory, model: str | None = None) -> list[dict[str, Any]]:
+def replicas_view(inventory: Inventory, model: str | None = None) -> list[views.Replica]:
     return [
-        {
-            "shard_id": r.shard_id,
-            "model": r.model,
-            "node": r.node_id,
-            "engine": r.engine,
-            "profile": r.profile,
-            "state": r.state,
-            "endpoint": r.endpoint,
-            "detail": r.detail,
-        }
+        views.Replica(
+            shard_id=r.shard_id,
+            model=r.model,
+            node=r.node_id,
+            engine=r.engine,
+            profile=r.profile,
+            state=r.state,
+            endpoint=r.endpoint,
+            detail=r.detail,
+        )
         for r in sorted(inventory.replicas(model), key=lambda r: (r.model, r.node_id, r.shard_id))
     ]
 
 
-def model_view(model: ModelConfig, inventory: Inventory) -> dict[str, Any]:
-    replicas = replicas_view(inventory, model.name)
-    # Ready and on a reachable node: what the gateway would route to.
-    ready = len(inventory.ready_endpoints(model.name))
-    return {
-        "name": model.name,
-        "wanted": model.replicas,
-        "ready": ready,
-        "engines": list(dict.fromkeys(p.engine for p in model.profiles)),
-        "replicas": replicas,
-        # Why it serves nothing, in the words a client's 503 carries.
-        "why_not_ready": None
-        if inventory.ready_endpoints(model.name)
-        else inventory.why_no_ready(model.name),
-    }
+def model_view(model: ModelConfig, inventory: Inventory) -> views.Model:
+    return views.Model(
+        name=model.name,
+        wanted=model.replicas,
+        # Ready and on a reachable node: what the gateway would route to.
+        ready=len(inventory.ready_endpoints(model.name)),
+        engines=list(dict.fromkeys(p.engine for p in model.profiles)),
+        replicas=replicas_view(inventory, model.name),
+        why_not_ready=_why_not_ready(inventory, model.name),
+    )
 
 
-def models_view(inventory: Inventory, models: Sequence[ModelConfig]) -> list[dict[str, Any]]:
+def _why_not_ready(inventory: Inventory, model: str) -> str | None:
+    """Why model serves nothing, in the words a client's 503 carries; None while it serves."""
+    return None if inventory.ready_endpoints(model) else inventory.why_no_ready(model)
+
+
+def models_view(inventory: Inventory, models: Sequence[ModelConfig]) -> list[views.Model]:
     """Every model of models, the live catalog's."""
     return [model_view(m, inventory) for m in models]
 
 
-def status_view(inventory: Inventory, models: Sequence[ModelConfig]) -> dict[str, Any]:
+def status_view(inventory: Inventory, models: Sequence[ModelConfig]) -> views.Status:
     states = Counter(node_state(n) for n in inventory.nodes())
     replicas = inventory.replicas()
-    return {
-        "version": llmgw.__version__,
-        "nodes": {"total": sum(states.values()), **{s: states.get(s, 0) for s in _NODE_STATES}},
-        "models": {
-            "total": len(models),
-            "serving": sum(1 for m in models if inventory.ready_endpoints(m.name)),
-        },
-        "replicas": {"total": len(replicas), "ready": sum(1 for r in replicas if r.state == READY)},
-    }
+    return views.Status(
+        version=llmgw.__version__,
+        nodes=views.NodeCounts(
+            total=sum(states.values()),
+            ready=states["ready"],
+            cordoned=states["cordoned"],
+            draining=states["draining"],
+            disconnected=states["disconnected"],
+            unreachable=states["unreachable"],
+        ),
+        models=views.ModelCounts(
+            total=len(models), serving=sum(1 for m in models if inventory.ready_endpoints(m.name))
+        ),
+        replicas=views.ReplicaCounts(total=len(replicas), ready=sum(1 for r in replicas if r.state == READY)),
+    )
 
 
-_NODE_STATES = (*ADMIN_STATES, "disconnected", UNREACHABLE)
+def log_view(log: NodeLog) -> views.Logs:
+    return views.Logs(node=log.node, source=log.source, lines=log.lines, sources=log.sources, error=log.error)
 
 
-def log_view(log: NodeLog) -> dict[str, Any]:
-    return {
-        "node": log.node,
-        "source": log.source,
-        "lines": log.lines,
-        "sources": log.sources,
-        "error": log.error,
-    }
-
-
-async def fetch_log(
-    inventory: Inventory, node_id: str, source: str, lines: int
-) -> tuple[int, dict[str, Any]]:
+async def fetch_log(inventory: Inventory, node_id: str, source: str, lines: int) -> tuple[int, views.Logs]:
     """A node's log for the API and the page: the HTTP status and the view, its error in words."""
     source = source or "agent"
     if inventory.node(node_id) is None:
@@ -257,13 +258,13 @@ async def fetch_log(
 def parse_lines(raw: str | None) -> int:
     """The `lines` query parameter, or ValueError saying what it may be."""
     if raw is None or raw == "":
-        return DEFAULT_LOG_LINES
+        return DEFAULT_LINES
     try:
         lines = int(raw)
     except ValueError:
-        raise ValueError(f"lines is {raw!r}; expected a whole number from 1 to {MAX_LOG_LINES}") from None
-    if not 1 <= lines <= MAX_LOG_LINES:
-        raise ValueError(f"lines is {lines}; expected a whole number from 1 to {MAX_LOG_LINES}")
+        raise ValueError(f"lines is {raw!r}; expected a whole number from 1 to {MAX_LINES}") from None
+    if not 1 <= lines <= MAX_LINES:
+        raise ValueError(f"lines is {lines}; expected a whole number from 1 to {MAX_LINES}")
     return lines
 
 
@@ -287,8 +288,13 @@ def token_allowed(authorization: str | None, hashes: Sequence[str]) -> bool:
 # --- routes ---------------------------------------------------------------------------------
 
 
-def error(status: int, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": message, **extra}, status=status)
+def reply(view: Any, status: int = 200) -> web.Response:
+    """A view, or a list of them, as the JSON the API answers with."""
+    return web.json_response(views.CONVERTER.unstructure(view), status=status)
+
+
+def error(status: int, message: str) -> web.Response:
+    return reply(views.Error(error=message), status)
 
 
 def _known_node(request: web.Request) -> Node | web.Response:
@@ -301,11 +307,11 @@ def _known_node(request: web.Request) -> Node | web.Response:
 
 async def get_status(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
-    return web.json_response(status_view(request.config_dict[INVENTORY_KEY], models))
+    return reply(status_view(request.config_dict[INVENTORY_KEY], models))
 
 
 async def get_nodes(request: web.Request) -> web.Response:
-    return web.json_response(nodes_view(request.config_dict[INVENTORY_KEY]))
+    return reply(nodes_view(request.config_dict[INVENTORY_KEY]))
 
 
 async def get_node_logs(request: web.Request) -> web.Response:
@@ -316,7 +322,7 @@ async def get_node_logs(request: web.Request) -> web.Response:
     status, view = await fetch_log(
         request.config_dict[INVENTORY_KEY], request.match_info["id"], request.query.get("source", ""), lines
     )
-    return web.json_response(view, status=status)
+    return reply(view, status)
 
 
 async def set_node_state(request: web.Request) -> web.Response:
@@ -336,12 +342,12 @@ async def set_node_state(request: web.Request) -> web.Response:
         return error(400, f"state is {state!r}; expected one of {', '.join(ADMIN_STATES)}")
     inventory = request.config_dict[INVENTORY_KEY]
     inventory.set_admin_state(node.id, state)
-    return web.json_response(node_view(node, inventory))
+    return reply(node_view(node, inventory))
 
 
 async def get_models(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
-    return web.json_response(models_view(request.config_dict[INVENTORY_KEY], models))
+    return reply(models_view(request.config_dict[INVENTORY_KEY], models))
 
 
 # JSON, or YAML under the names it goes by; none of them is one a page elsewhere may send without
@@ -366,7 +372,7 @@ async def post_model(request: web.Request) -> web.Response:
         return error(400, str(exc))
     except DeclaredModel as exc:
         return error(409, str(exc))
-    return web.json_response(model_view(model, inventory), status=200 if replaced else 201)
+    return reply(model_view(model, inventory), 200 if replaced else 201)
 
 
 async def delete_model(request: web.Request) -> web.Response:
@@ -379,11 +385,11 @@ async def delete_model(request: web.Request) -> web.Response:
         return error(404, str(exc))
     except DeclaredModel as exc:
         return error(409, str(exc))
-    return web.json_response({"name": model.name, "removed": True})
+    return reply(views.Removed(name=model.name, removed=True))
 
 
 async def get_replicas(request: web.Request) -> web.Response:
-    return web.json_response(replicas_view(request.config_dict[INVENTORY_KEY], request.query.get("model")))
+    return reply(replicas_view(request.config_dict[INVENTORY_KEY], request.query.get("model")))
 
 
 async def get_replica_metrics(request: web.Request) -> web.Response:
@@ -396,15 +402,15 @@ async def get_replica_metrics(request: web.Request) -> web.Response:
         got = await scrape(replica)
     except ScrapeError as exc:
         return error(502, str(exc))
-    return web.json_response(
-        {
-            "shard_id": replica.shard_id,
-            "model": replica.model,
-            "node": replica.node_id,
-            "engine": replica.engine,
-            "url": got.url,
-            "metrics": got.samples,
-        }
+    return reply(
+        views.ReplicaMetrics(
+            shard_id=replica.shard_id,
+            model=replica.model,
+            node=replica.node_id,
+            engine=replica.engine,
+            url=got.url,
+            metrics=got.samples,
+        )
     )
 
 
@@ -420,15 +426,8 @@ async def get_explain_placement(request: web.Request) -> web.Response:
         return error(404, f"no model {name} in the catalog; it has {known}")
     backoff = request.config_dict.get(BACKOFF_KEY)
     candidates = explain_placement(model, inventory, cfg, catalog.models(), backoff() if backoff else None)
-    return web.json_response(
-        {
-            "model": name,
-            "candidates": [
-                {"profile": c.profile, "node": c.node, "candidate": c.candidate, "reason": c.reason}
-                for c in candidates
-            ],
-            "why_not_ready": None if inventory.ready_endpoints(name) else inventory.why_no_ready(name),
-        }
+    return reply(
+        views.Placement(model=name, candidates=candidates, why_not_ready=_why_not_ready(inventory, name))
     )
 
 
@@ -437,7 +436,7 @@ async def post_weights_collect(request: web.Request) -> web.Response:
     inventory = request.config_dict[INVENTORY_KEY]
     models = request.config_dict[CATALOG_KEY].models()
     done = await collect_weights(inventory, {m.source for m in models if m.source})
-    return web.json_response({"nodes": [attrs.asdict(c) for c in done]})
+    return reply(views.Collected(nodes=done))
 
 
 async def get_openapi(request: web.Request) -> web.Response:

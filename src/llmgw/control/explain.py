@@ -8,22 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import attrs
-
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.control import placement
 from llmgw.control.inventory import Inventory
-
-
-@attrs.frozen
-class Candidate:
-    """One node judged for one profile of a model."""
-
-    profile: str
-    node: str
-    candidate: bool
-    # A phrase that follows the node's name: "is unreachable", "is a candidate".
-    reason: str
+from llmgw.control.views import Candidate
 
 
 def explain_placement(

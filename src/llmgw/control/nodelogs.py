@@ -17,12 +17,16 @@ import attrs
 import structlog
 
 from llmgw.errors import LlmgwError
+from llmgw.log import AGENT_RING_LINES
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
 
 # A page is waiting on the answer, and an agent that does not know LogsRequest never sends one.
 ANSWER_TIMEOUT_S = 10.0
+# What a request without a line count gets, and the most one may ask for: the agent keeps no more.
+DEFAULT_LINES = 300
+MAX_LINES = AGENT_RING_LINES
 
 Send = Callable[[str, pb.ControlMessage], Awaitable[None]]
 

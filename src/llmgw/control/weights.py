@@ -15,21 +15,10 @@ import attrs
 import structlog
 
 from llmgw.control.inventory import Inventory, NodeNotConnected
+from llmgw.control.views import Collection
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
-
-
-@attrs.frozen
-class Collection:
-    """What one node was asked to remove, and what it keeps."""
-
-    node: str
-    removing: list[str]
-    # "SOURCE (why)" for weights that stay.
-    kept: list[str]
-    # Why the node was not asked at all, when it was not.
-    error: str = ""
 
 
 def plan_collection(inventory: Inventory, wanted: Iterable[str]) -> list[Collection]:

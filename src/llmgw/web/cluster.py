@@ -1,8 +1,7 @@
 """The cluster, models and node-logs pages, on the admin listener and under /admin on the client port.
 
-They render the admin API's own views (control/adminapi.py), so a page and
-`llmgw ctl` never disagree. What a node has not reported shows as "—", never
-as a zero: a node that was never asked about its disk must not look full.
+They render the admin API's own views (control/views.py) through the presenter
+`llmgw ctl` uses too (control/present.py), so a page and ctl never disagree.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from importlib import resources
-from typing import Any
 from urllib.parse import quote, urlencode
 
 import attrs
@@ -20,14 +18,13 @@ from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
+from llmgw.control.nodelogs import DEFAULT_LINES
+from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES, node_row
 from llmgw.web.context import AdminLink, add_admin_links
 from llmgw.web.render import render
 
 Handler = adminapi.Handler
 
-DASH = "—"
-LINE_COUNTS = (100, 300, 1000, 2000)
-FOLLOW_S = 5
 _ASSETS = {"cluster.css": "text/css", "cluster.js": "text/javascript"}
 
 
@@ -50,84 +47,6 @@ PATHS_KEY = web.AppKey("llmgw.web.cluster.paths", Paths)
 ASSETS_KEY = web.AppKey("llmgw.web.cluster.assets", dict[str, bytes])
 
 
-# --- formatting -------------------------------------------------------------------------------
-
-
-def _gib(mb: int) -> str:
-    return f"{mb / 1024:.1f}"
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return DASH
-    if seconds < 90:
-        return f"{seconds:.0f} s ago"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
-
-
-def _join(items: list[str] | None) -> str:
-    return ", ".join(items) if items else DASH
-
-
-def _os(host: dict[str, Any] | None) -> str:
-    """ "ubuntu 24.04 (noble) amd64, NVIDIA 570.86.15": what an operator checks a build against."""
-    if not host or not host["os_id"]:
-        return ""
-    text = " ".join(v for v in (host["os_id"], host["os_version"]) if v)
-    if host["os_codename"]:
-        text += f" ({host['os_codename']})"
-    if host["arch"]:
-        text += f" {host['arch']}"
-    if host["nvidia_driver"]:
-        text += f", NVIDIA {host['nvidia_driver']}"
-    return text
-
-
-def node_row(view: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """A node's view, as the cluster page's cells read: "—" where nothing was reported."""
-    gpus, memory, disk = view["gpus"], view["memory"], view["disk"]
-    # In the order a person works through them: what the node cannot run yet, what makes it slow,
-    # then the hardware placement leaves out.
-    notes: list[tuple[str, str]] = []
-    for install in view["installs_not_ready"] or []:
-        variant = f" ({install['variant']})" if install["variant"] else ""
-        kind = "bad" if install["state"] in ("failed", "unsupported") else "note"
-        notes.append(
-            (
-                kind,
-                f"{install['engine']} {install['version']}{variant} {install['state']}: {install['detail']}",
-            )
-        )
-    notes.extend(("bad", warning) for warning in view["warnings"] or [])
-    notes.extend(("bad", problem) for problem in view["unhealthy"])
-    return {
-        "id": view["id"],
-        "state": view["state"],
-        "address": view["address"],
-        "os": _os(view.get("host")),
-        "gpus": f"{gpus['free']}/{gpus['total']}" if gpus else DASH,
-        "ram": f"{_gib(memory['available_mb'])}/{_gib(memory['total_mb'])} GiB" if memory else DASH,
-        "disk": f"{_bytes(disk['free_bytes'])}/{_bytes(disk['total_bytes'])}" if disk else DASH,
-        "engines": ", ".join(view["engines"]) if view["engines"] else "none yet",
-        "classes": _join(view["classes"]),
-        "fabrics": _join(view["fabrics"]),
-        "models": _join(view["models"]),
-        "replicas": view["replicas"],
-        "last_seen": _ago(view["last_seen_s"]),
-        "logs": paths.logs(view["id"]),
-        "notes": notes,
-    }
-
-
 # --- pages ------------------------------------------------------------------------------------
 
 
@@ -139,7 +58,7 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         "admin_cluster.html",
         paths=paths,
         summary=adminapi.status_view(inventory, request.config_dict[CATALOG_KEY].models()),
-        nodes=[node_row(v, paths) for v in adminapi.nodes_view(inventory)],
+        nodes=[node_row(v) for v in adminapi.nodes_view(inventory)],
     )
 
 
@@ -147,9 +66,6 @@ async def models_page(request: web.Request) -> web.StreamResponse:
     inventory = request.config_dict[adminapi.INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
     models = adminapi.models_view(inventory, request.config_dict[CATALOG_KEY].models())
-    for model in models:
-        for replica in model["replicas"]:
-            replica["logs"] = paths.logs(replica["node"], source=replica["shard_id"])
     return await render(request, "admin_models.html", paths=paths, models=models)
 
 
@@ -161,7 +77,7 @@ async def node_logs_page(request: web.Request) -> web.StreamResponse:
     try:
         count = adminapi.parse_lines(request.query.get("lines"))
     except ValueError:
-        count = adminapi.DEFAULT_LOG_LINES
+        count = DEFAULT_LINES
     follow = request.query.get("follow", "") == "1"
     _, view = await adminapi.fetch_log(inventory, node, source, count)
 
@@ -181,15 +97,15 @@ async def node_logs_page(request: web.Request) -> web.StreamResponse:
         source=source,
         count=count,
         follow=follow,
-        follow_s=FOLLOW_S,
+        follow_s=LOG_PAGE_FOLLOW_S,
         view=view,
-        tabs=[(s, here(source=s), s == source) for s in view["sources"]],
-        counts=[(n, here(lines=n), n == count) for n in LINE_COUNTS],
+        tabs=[(s, here(source=s), s == source) for s in view.sources],
+        counts=[(n, here(lines=n), n == count) for n in LOG_PAGE_LINES],
         toggle=here(follow="") if follow else here(follow=1),
     )
     if follow:
         # The page reloads itself, without a script: the header works where scripts are refused.
-        response.headers["Refresh"] = str(FOLLOW_S)
+        response.headers["Refresh"] = str(LOG_PAGE_FOLLOW_S)
     return response
 
 
