@@ -19,6 +19,7 @@ from llmgw.errors import ConfigError
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.proto.llmgw import v1 as pb
+from llmgw.routes import EngineRoute
 from llmgw.store import open_store
 from llmgw.store.catalog import put_model
 
@@ -307,6 +308,9 @@ class TestTheGatewaySeesIt:
 
             def why_no_ready(self, model: str) -> str:
                 return f"{model} has no ready replica: no replica has been placed yet"
+
+            def route(self, endpoint: str) -> EngineRoute | None:
+                return None
 
         cfg = ServerConfig(models=[DECLARED], auth=CFG.auth.__class__(enabled=False))
         app = make_gateway_app(cfg, catalog, NoReplicas(), KeyCache())

@@ -16,6 +16,7 @@ from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.routes import EngineRoute
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 
@@ -28,12 +29,17 @@ class FakeReplicas:
 
     endpoints: dict[str, list[str]] = attrs.field(factory=dict)
     why: str = f"{MODEL} has no ready replica: 1 starting on node n1"
+    # Endpoint -> its node, secret and lost signal; none by default (a gateway without a control plane).
+    routes: dict[str, EngineRoute] = attrs.field(factory=dict)
 
     def ready_endpoints(self, model: str) -> Sequence[str]:
         return self.endpoints.get(model, [])
 
     def why_no_ready(self, model: str) -> str:
         return self.why
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return self.routes.get(endpoint)
 
 
 @attrs.define

@@ -23,6 +23,7 @@ from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder, find_usage
+from llmgw.routes import EngineRoute
 from llmgw.store import Store
 from llmgw.store.keys import KeyRecord, create_key
 from llmgw.store.quotas import Budget, set_budget, set_limits
@@ -43,6 +44,9 @@ class _Replicas:
 
     def why_no_ready(self, model: str) -> str:
         return "none"
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
 
 
 @attrs.define

@@ -17,6 +17,7 @@ from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
+from llmgw.routes import EngineRoute
 from llmgw.store import Store
 from llmgw.store.keys import create_key
 
@@ -41,6 +42,9 @@ class Table:
 
     def why_no_ready(self, model: str) -> str:
         return f"{model} has no ready replica: 1 starting on node n1"
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
 
 
 async def _sim(model: str) -> TestServer:

@@ -11,6 +11,7 @@ from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.router import Router
+from llmgw.routes import EngineRoute
 
 MODEL = "sim-chat"
 WHY = "sim-chat has no ready replica: no node can run it (no node has the sim engine)"
@@ -26,6 +27,9 @@ class FakeReplicas:
 
     def why_no_ready(self, model: str) -> str:
         return WHY
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
 
 
 def _router(*endpoints: str) -> Router:

@@ -15,6 +15,7 @@ from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.routes import EngineRoute
 from llmgw.store import Store, open_store
 from llmgw.store.scopes import DEFAULT_PROJECT_ID
 from llmgw.store.users import User, create_user
@@ -30,6 +31,9 @@ class _NoReplicas:
 
     def why_no_ready(self, model: str) -> str:
         return f"{model} has no ready replica"
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
 
 
 @pytest.fixture

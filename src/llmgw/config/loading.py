@@ -113,6 +113,13 @@ class _Refused(ValueError):
         return f"'{key}' is {self.value!r}; expected {self.expected}"
 
 
+class _Unusable(_Refused):
+    """A value of the right kind that a field's own check refuses, saying why."""
+
+    def say(self, key: str) -> str:
+        return f"'{key}' is {self.value!r}; {self.expected}"
+
+
 class _NotAMapping(_Refused):
     def say(self, key: str) -> str:
         return f"{key or 'the file'} must be a mapping"
@@ -205,8 +212,8 @@ def _as_text(value: Any) -> Any:
     return str(value) if isinstance(value, (int, float)) else value
 
 
-def _field_hook(tp: Any) -> Callable[[Any, Any], Any]:
-    """How one field is structured: absent said out loud, the container's kind, then cattrs."""
+def _field_hook(tp: Any, check: Callable[[Any], str] | None) -> Callable[[Any, Any], Any]:
+    """How one field is structured: absent said out loud, the container's kind, cattrs, its own check."""
     optional = type(None) in typing.get_args(tp)
     inner = unwrap_optional(tp)
     origin = typing.get_origin(inner)
@@ -223,7 +230,10 @@ def _field_hook(tp: Any) -> Callable[[Any, Any], Any]:
             value = [_as_text(v) for v in value]
         elif texts:
             value = {k: _as_text(v) for k, v in value.items()}
-        return _converter.structure(value, inner)
+        result = _converter.structure(value, inner)
+        if check is not None and (problem := check(result)):
+            raise _Unusable(result, problem)
+        return result
 
     return structure
 
@@ -231,7 +241,8 @@ def _field_hook(tp: Any) -> Callable[[Any, Any], Any]:
 def _class_hook(cls: type) -> Callable[[Any, Any], Any]:
     hints = typing.get_type_hints(cls)
     fields: dict[str, Any] = {
-        f.name: override(struct_hook=_field_hook(hints[f.name])) for f in attrs.fields(cls)
+        f.name: override(struct_hook=_field_hook(hints[f.name], f.metadata.get("check")))
+        for f in attrs.fields(cls)
     }
     structure_fields: Callable[[Any, Any], Any] = make_dict_structure_fn(cls, _converter, **fields)
 

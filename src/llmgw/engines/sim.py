@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from llmgw.engines.base import LaunchSpec
+from llmgw.engines.sim_server import API_KEY_ENV
 
 
 class SimEngine:
@@ -35,8 +36,11 @@ class SimEngine:
         ]
 
     def environment(self, spec: LaunchSpec) -> dict[str, str]:
-        """spec.env, and unbuffered output so the supervisor sees lines as they are written."""
-        return {"PYTHONUNBUFFERED": "1", **dict(spec.env)}
+        """spec.env, unbuffered output so the supervisor sees lines as they are written, and the secret."""
+        env = {"PYTHONUNBUFFERED": "1", **dict(spec.env)}
+        if spec.secret:
+            env[API_KEY_ENV] = spec.secret
+        return env
 
     def probe_command(self, binary: str) -> list[str]:
         """The argv that prints the sim's version (binary is a Python interpreter)."""
