@@ -12,6 +12,7 @@ import copy
 import difflib
 import io
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -22,16 +23,21 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
+from llmgw import addresses
 from llmgw.errors import ConfigError
 
 T = TypeVar("T")
 
 
-def _field(default: Any, help: str) -> Any:
-    """An attrs field with its help text; mutable and nested defaults are copied per instance."""
+def _field(default: Any, help: str, check: Callable[[object], str] | None = None) -> Any:
+    """An attrs field with its help text; mutable and nested defaults are copied per instance.
+
+    check, when given, says why a value read from a file cannot be used (empty: it can).
+    """
+    metadata = {"help": help, "check": check} if check is not None else {"help": help}
     if isinstance(default, (list, dict)) or attrs.has(type(default)):
-        return attrs.field(factory=lambda: copy.deepcopy(default), metadata={"help": help})
-    return attrs.field(default=default, metadata={"help": help})
+        return attrs.field(factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return attrs.field(default=default, metadata=metadata)
 
 
 @attrs.frozen
@@ -236,6 +242,31 @@ class AgentConfig:
         True,
         "Leave engines running when the agent stops, for the next agent to adopt; `--dev` always stops them.",
     )
+    advertise_address: str = _field(
+        "",
+        "The address of this node the control plane's gateway reaches its engines at: the endpoint of "
+        "every replica here. Empty: the local address of the agent's own connection to the control "
+        "plane (on a single host, 127.0.0.1). Must be an IP address of this machine.",
+        check=addresses.own_address_problem,
+    )
+    engine_bind: str = _field(
+        "",
+        "The address engines listen on. Empty: the advertised address; `0.0.0.0` or `::` for every "
+        "address of the machine. Otherwise an IP address of this machine.",
+        check=addresses.bind_address_problem,
+    )
+    engine_ports: str = _field(
+        addresses.DEFAULT_ENGINE_PORTS,
+        "The ports engines listen on, `FIRST-LAST`, so a firewall can name them: only the control plane's "
+        "gateway hosts need to reach them. A replica that finds no free port there fails, saying so.",
+        check=addresses.port_range_problem,
+    )
+    fabric_address: str = _field(
+        "",
+        "This node's address on its fabric's management network, where the other nodes of a multi-node "
+        "replica reach its rank 0. Empty: the advertised address. Must be an IP address of this machine.",
+        check=addresses.own_address_problem,
+    )
 
     @property
     def engines_dir(self) -> Path:
@@ -336,6 +367,10 @@ def _check_keys(cls: type, node: Any, path: list[Any], source: str, root: Any) -
         if typing.get_origin(tp) in (list, dict) and not isinstance(value, typing.get_origin(tp)):
             line, dotted = _location(root, [*path, key])
             raise ConfigError(f"{source}:{line}: '{dotted}' is {value!r}; expected {_type_name(tp)}")
+        check = attrs.fields_dict(cls)[key].metadata.get("check")
+        if check is not None and (problem := check(value)):
+            line, dotted = _location(root, [*path, key])
+            raise ConfigError(f"{source}:{line}: '{dotted}' is {value!r}; {problem}")
 
 
 def _first_error_path(exc: BaseException) -> list[Any]:

@@ -59,6 +59,10 @@ class FakeSupervisor:
         self.stopped: list[str] = []
         self._statuses = {s.shard_id: s for s in running}
         self._refuse = refuse
+        self.advertised: list[str] = []
+
+    def advertise(self, address: str) -> None:
+        self.advertised.append(address)
 
     async def start(self, req: pb.StartShard) -> None:
         if self._refuse is not None:

@@ -86,13 +86,21 @@ async def _settle(inventory: Inventory, cfg: ServerConfig, passes: int = 5) -> N
         await asyncio.sleep(cfg.control.interval_s)
 
 
-async def _chat(endpoint: str) -> int:
+async def _chat(endpoint: str, secret: str) -> int:
+    """A chat completion straight to an engine, presenting secret as the gateway does."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "still there?"}]}
+    headers = {"Authorization": f"Bearer {secret}"}
     async with (
         aiohttp.ClientSession() as session,
-        session.post(endpoint + "/v1/chat/completions", json=body) as reply,
+        session.post(endpoint + "/v1/chat/completions", json=body, headers=headers) as reply,
     ):
         return reply.status
+
+
+def _routed_secret(inventory: Inventory, replica: Replica) -> str:
+    """The secret the gateway would present to replica's engine (empty when it is not routed)."""
+    route = inventory.route(replica.endpoint)
+    return route.secret if route is not None else ""
 
 
 async def _agent_process(config_path: Path) -> asyncio.subprocess.Process:
@@ -124,10 +132,15 @@ async def test_an_agent_killed_while_its_engine_serves_leaves_it_serving_and_no_
             await eventually(lambda: _one_ready(inventory), WAIT_S)
             before = _one_ready(inventory)
             assert before is not None
+            secret = _routed_secret(inventory, before)
+            assert secret
+            assert await _chat(before.endpoint, "not-the-secret") == 401
 
             agents[0].send_signal(signal.SIGKILL)
             await agents[0].wait()
-            assert await _chat(before.endpoint) == 200, "the engine must keep serving while no agent runs"
+            assert await _chat(before.endpoint, secret) == 200, (
+                "the engine must keep serving while no agent runs"
+            )
             await eventually(lambda: not inventory.node("n1").connected, WAIT_S)  # type: ignore[union-attr]
 
             agents.append(await _agent_process(path))
@@ -138,7 +151,9 @@ async def test_an_agent_killed_while_its_engine_serves_leaves_it_serving_and_no_
             assert (after.shard_id, after.endpoint) == (before.shard_id, before.endpoint)
             await _settle(inventory, cfg)
             assert [r.shard_id for r in inventory.replicas(MODEL)] == [before.shard_id]
-            assert await _chat(after.endpoint) == 200
+            # The new agent read the secret back from its state file and reported it again.
+            assert _routed_secret(inventory, after) == secret
+            assert await _chat(after.endpoint, secret) == 200
     finally:
         for agent in agents:
             if agent.returncode is None:
@@ -164,6 +179,8 @@ async def test_replicas_are_adopted_by_a_restarted_server_and_never_duplicated(
             await eventually(lambda: _one_ready(inventory), WAIT_S)
             before = _one_ready(inventory)
             assert before is not None
+            secret = _routed_secret(inventory, before)
+            assert secret
         finally:
             await first.__aexit__(None, None, None)
 
@@ -177,6 +194,9 @@ async def test_replicas_are_adopted_by_a_restarted_server_and_never_duplicated(
             await _settle(inventory, cfg)
             assert [r.shard_id for r in inventory.replicas(MODEL)] == [before.shard_id]
             assert [s.shard_id for s in supervisor.statuses()] == [before.shard_id]
+            # The restarted server knew no secret: the node's Register brought it back.
+            assert _routed_secret(inventory, after) == secret
+            assert await _chat(after.endpoint, secret) == 200
 
 
 async def test_a_lost_node_has_its_replica_replaced_on_another(

@@ -15,6 +15,7 @@ from llmgw.control import adminapi
 from llmgw.control.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.routes import EngineRoute
 from llmgw.errors import ConfigError
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
@@ -308,6 +309,9 @@ class TestTheGatewaySeesIt:
 
             def why_no_ready(self, model: str) -> str:
                 return f"{model} has no ready replica: no replica has been placed yet"
+
+            def route(self, endpoint: str) -> EngineRoute | None:
+                return None
 
         cfg = ServerConfig(models=[DECLARED], auth=CFG.auth.__class__(enabled=False))
         app = make_gateway_app(cfg, NoReplicas(), KeyCache(), catalog=catalog)

@@ -27,6 +27,9 @@ class Engines:
         self.on_status: Callable[[pb.ShardStatus], None] | None = None
         self._outputs = outputs
 
+    def advertise(self, address: str) -> None:
+        pass
+
     async def start(self, req: pb.StartShard) -> None:
         raise AssertionError("nothing is started here")
 

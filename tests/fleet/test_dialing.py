@@ -18,9 +18,13 @@ def test_an_agent_whose_first_server_has_no_route_connects_to_the_second(fleet: 
     fleet.wait_connected("n1")
 
     def registered() -> list[str]:
-        return [e["server"] for e in log_events(agent) if e.get("event") == "registered with the control plane"]
+        return [
+            e["server"] for e in log_events(agent) if e.get("event") == "registered with the control plane"
+        ]
 
-    assert wait_until(registered, 30, "the agent to log its registration") == [f"{fleet.cp.address}:{AGENT_PORT}"]
+    assert wait_until(registered, 30, "the agent to log its registration") == [
+        f"{fleet.cp.address}:{AGENT_PORT}"
+    ]
     failures = [e for e in log_events(agent) if e.get("server") == f"{UNROUTED}:{AGENT_PORT}"]
     assert failures, "the agent did not say why the first server failed"
     assert "unreachable" in failures[0]["error"].lower(), failures[0]

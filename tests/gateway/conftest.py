@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
+from llmgw.control.routes import EngineRoute
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.store import Store, open_store
@@ -33,6 +34,9 @@ class FakeReplicas:
 
     def why_no_ready(self, model: str) -> str:
         return self.why
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
 
 
 @attrs.define

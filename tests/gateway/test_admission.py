@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.config import AuthConfig, ModelConfig, PriceConfig, ServerConfig
+from llmgw.control.routes import EngineRoute
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import make_gateway_app
@@ -42,6 +43,9 @@ class _Replicas:
 
     def why_no_ready(self, model: str) -> str:
         return "none"
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
 
 
 @attrs.define

@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.config import AuthConfig, ModelConfig, PriceConfig, ProfileConfig, ServerConfig
 from llmgw.control.catalog import Catalog
+from llmgw.control.routes import EngineRoute
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.admission import Admission, price_of
 from llmgw.gateway.app import make_gateway_app
@@ -41,6 +42,9 @@ class Table:
 
     def why_no_ready(self, model: str) -> str:
         return f"{model} has no ready replica: 1 starting on node n1"
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
 
 
 async def _sim(model: str) -> TestServer:

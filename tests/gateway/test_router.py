@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import attrs
 import pytest
 
+from llmgw.control.routes import EngineRoute
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.router import Router
 
@@ -24,6 +25,9 @@ class FakeReplicas:
 
     def why_no_ready(self, model: str) -> str:
         return WHY
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
 
 
 def _router(*endpoints: str) -> Router:

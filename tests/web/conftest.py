@@ -12,6 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
+from llmgw.control.routes import EngineRoute
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.store import Store, open_store
@@ -29,6 +30,9 @@ class _NoReplicas:
 
     def why_no_ready(self, model: str) -> str:
         return f"{model} has no ready replica"
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
 
 
 @pytest.fixture

@@ -5,12 +5,19 @@ for as long as it runs: a control plane that restarts, or a fleet that
 restarts all at once, must not find its nodes waiting in lockstep or gone.
 Engines keep running while the stream is down; the next Register lists them
 so the control plane adopts them instead of starting them again.
+
+The node's address, the one its engines are advertised at, is agent.yaml's
+`advertise_address` or else the local address of this very connection: the
+address on the network the node shares with the control plane, which is the
+one the gateway (on the control plane's host) can reach. On one host that is
+127.0.0.1, so a single machine stays on loopback without a word of config.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import random
 import ssl
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +51,8 @@ class ShardSupervisor(Protocol):
 
     # Where the supervisor reports each shard's new state; the client sets it to its own on_status.
     on_status: Callable[[pb.ShardStatus], None] | None
+
+    def advertise(self, address: str) -> None: ...
 
     async def start(self, req: pb.StartShard) -> None: ...
 
@@ -192,7 +201,12 @@ class AgentClient:
         # The outbox exists before statuses() is read, so a status that changes in between is sent after.
         outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         self._outbox = outbox
-        register = self._register()
+        # Connected first, so the connection's own local address is known before Register says it,
+        # and before any StartShard (which can only come down this stream) needs it.
+        await stream.send_request()
+        advertised = self._cfg.advertise_address or _local_address(stream)
+        self._supervisor.advertise(advertised)
+        register = self._register(advertised)
         if self._report is not None:
             self._report.fill_register(register)
         await stream.send_message(pb.AgentMessage(register=register))
@@ -220,7 +234,7 @@ class AgentClient:
             return dict(self._engine_versions)
         return {**self._engine_versions, **self._provision.engine_versions()}
 
-    def _register(self) -> pb.Register:
+    def _register(self, address: str) -> pb.Register:
         provision = self._provision
         if provision is not None:
             # Register carries everything as of now; only what changes after it needs a heartbeat.
@@ -236,6 +250,8 @@ class AgentClient:
             running=self._supervisor.statuses(),
             labels=dict(self._cfg.labels),
             heartbeat_interval_ms=int(self._cfg.heartbeat_interval_s * 1000),
+            advertise_address=address,
+            fabric_address=self._cfg.fabric_address,
         )
 
     async def _send(self, stream: _ServerStream, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
@@ -344,6 +360,23 @@ async def _names_presented(host: str, port: int, tls: TLSConfig) -> list[str]:
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return [str(value) for kind, value in cert.get("subjectAltName", ()) if kind in ("DNS", "IP Address")]
+
+
+def _local_address(stream: _ServerStream) -> str:
+    """This end's address of the stream's connection; empty when the transport does not say."""
+    # grpclib's Peer tells only the far end's address (addr()); the near end is on its transport.
+    transport = getattr(stream.peer, "_transport", None)
+    sockname = transport.get_extra_info("sockname") if transport is not None else None
+    if not sockname:
+        return ""
+    try:
+        address = ipaddress.ip_address(str(sockname[0]).partition("%")[0])
+    except ValueError:
+        return ""
+    # A dual-stack socket names an IPv4 peer's connection ::ffff:10.0.0.5; the gateway dials 10.0.0.5.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
 
 
 def _explain(exc: BaseException, address: str) -> str:

@@ -6,7 +6,8 @@ outage nobody asked for. So each engine runs in its own session, writes its
 output to a file rather than to a pipe the agent holds (a pipe whose reader
 is gone kills the writer with SIGPIPE at its next line), and the agent keeps
 `<state_dir>/shards.json` current with every engine it runs: the request it
-was started for, its pid and the pid's start time, its endpoint.
+was started for, its pid and the pid's start time, its endpoint. The request
+holds the replica's secret, so the file is the agent's user's alone (0600).
 
 The next agent reads that file and adopts every engine whose pid is still the
 same process (the start time tells a reused pid apart); it then reports them
@@ -102,7 +103,12 @@ def write_state(state_dir: Path, records: list[EngineRecord]) -> None:
         ]
     }
     tmp = state_dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    # Only the agent's user may read it: each request carries its replica's secret.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        # Also for a .tmp an older agent left readable: O_CREAT keeps an existing file's mode.
+        os.fchmod(out.fileno(), 0o600)
+        out.write(json.dumps(data, indent=1))
     # Renamed into place: an agent killed mid-write leaves the previous file, never half of one.
     os.replace(tmp, state_dir / STATE_FILE)
 

@@ -2,7 +2,10 @@
 
 Each shard is one engine process in its own session (so its process group can
 be signalled as a whole: engines fork workers, and a worker left behind holds
-the GPU), on a free loopback port. Its output, stdout and stderr merged, is
+the GPU), on a free port of agent.yaml's `engine_ports`, listening on
+`engine_bind` and advertised at the node's address (the one the control plane
+reaches it at: agent/client.py tells the supervisor once connected), and
+requiring the replica's secret of its callers. Its output, stdout and stderr merged, is
 kept in a ring of the last 500 lines. The supervisor polls the engine's health
 path until it answers or `ready_timeout_s` passes, and reports every change
 of state through `on_status`:
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import time
@@ -32,6 +36,7 @@ from types import TracebackType
 import aiohttp
 import structlog
 
+from llmgw.addresses import DEFAULT_ENGINE_PORTS, parse_port_range, url_host
 from llmgw.agent import state as engine_state
 from llmgw.agent.weights import WeightsCache, WeightsError
 from llmgw.engines.base import Engine, LaunchSpec
@@ -48,13 +53,45 @@ _MAX_LINE_CHARS = 4000
 _OUTPUT_DRAIN_S = 1.0
 
 
-def _free_port(host: str) -> int:
-    """A port nothing listens on now. The engine binds it a moment later; another process
-    could take it in between, and then the engine fails to start and is reported."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+_DEFAULT_PORTS = parse_port_range(DEFAULT_ENGINE_PORTS)
+
+
+class NoFreePort(LlmgwError):
+    """Every port of engine_ports is taken on the bind address."""
+
+
+def _free_port(host: str, ports: range, taken: set[int]) -> int:
+    """A port of ports nothing listens on now on host, nor handed to another shard here.
+
+    The engine binds it a moment later; another process could take it in between, and
+    then the engine fails to start and is reported.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # From a random place in the range: an engine restarted at once does not retry the port
+    # its predecessor may still hold in TIME_WAIT, and two agents on one host rarely collide.
+    start = random.randrange(len(ports))
+    last_error = ""
+    for i in range(len(ports)):
+        port = ports[(start + i) % len(ports)]
+        if port in taken:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                last_error = exc.strerror or str(exc)
+                continue
+            return port
+    span = f"{ports.start}-{ports.stop - 1}"
+    why = f"all {len(ports)} are taken" + (f" (the last said: {last_error})" if last_error else "")
+    raise NoFreePort(f"no free port in engine_ports {span} on {host}: {why}")
+
+
+def _redacted(lines: list[str], secret: str) -> list[str]:
+    """lines with the replica's secret blotted out, for a log or a page."""
+    if not secret:
+        return lines
+    return [line.replace(secret, "[secret]") for line in lines]
 
 
 def _exit_reason(returncode: int) -> str:
@@ -86,6 +123,8 @@ class _Shard:
         self.reader: asyncio.Task[None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.endpoint = ""
+        # The port handed to this shard's engine, so no other shard is given it while it starts.
+        self.port = 0
         self.status = pb.ShardStatus()
 
     @property
@@ -104,6 +143,8 @@ class Supervisor:
         *,
         stop_grace_s: float = 10.0,
         host: str = "127.0.0.1",
+        bind: str = "",
+        ports: range = _DEFAULT_PORTS,
         health_interval_s: float = 0.1,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
@@ -131,7 +172,11 @@ class Supervisor:
         self.on_status = on_status
         self._ready_timeout_s = ready_timeout_s
         self._stop_grace_s = stop_grace_s
+        # The address engines are advertised at (their endpoints' host), until advertise() says
+        # otherwise; bind is where they listen, the advertised address when empty.
         self._host = host
+        self._bind = bind
+        self._ports = ports
         self._health_interval_s = health_interval_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
@@ -226,6 +271,16 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(shard.process.pid, signal.SIGKILL)
 
+    def advertise(self, address: str) -> None:
+        """Advertise engines started from now on at address: the node's, as the control plane reaches it.
+
+        Engines already running keep their endpoint: an agent that reconnects through another
+        server address may see another local address, and a serving engine must not move.
+        """
+        if address and address != self._host:
+            log.info("engines are advertised at a new address", address=address, previous=self._host)
+            self._host = address
+
     def statuses(self) -> list[pb.ShardStatus]:
         """The last reported status of every shard this supervisor runs."""
         return [shard.status for shard in self._shards.values()]
@@ -244,11 +299,20 @@ class Supervisor:
     async def _spawn(self, shard: _Shard, *, restarting: bool) -> bool:
         """Start shard's process and report starting; on failure report failed and say False."""
         req = shard.req
-        port = _free_port(self._host)
+        bind = self._bind or self._host
+        taken = {other.port for other in self._shards.values() if other is not shard}
+        try:
+            port = await asyncio.to_thread(_free_port, bind, self._ports, taken)
+        except NoFreePort as exc:
+            status = self._status(shard, "failed")
+            status.detail = str(exc)
+            self._report(status)
+            return False
+        shard.port = port
         spec = LaunchSpec(
             model=req.model,
             port=port,
-            host=self._host,
+            host=bind,
             args=tuple(req.args),
             env=tuple(req.env.items()),
             gpu_indices=tuple(req.gpu_indices),
@@ -260,6 +324,7 @@ class Supervisor:
             master_port=req.master_port,
             model_path=shard.model_path,
             binary=self._binaries(req.engine) if self._binaries is not None else "",
+            secret=req.engine_secret,
         )
         try:
             argv = shard.engine.command(spec)
@@ -287,13 +352,19 @@ class Supervisor:
             return False
         shard.process = process
         shard.reader = asyncio.create_task(self._read_output(shard, process), name=f"output {req.shard_id}")
-        shard.endpoint = f"http://{self._host}:{port}"
+        shard.endpoint = f"http://{url_host(self._host)}:{port}"
         status = self._status(shard, "starting")
         status.pid = process.pid
         again = "restarting" if restarting else "starting"
         status.detail = f"{again} {shard.engine.name} (pid {process.pid}) on port {port}"
         self._report(status)
-        log.info("engine starting", shard=req.shard_id, engine=shard.engine.name, pid=process.pid, argv=argv)
+        log.info(
+            "engine starting",
+            shard=req.shard_id,
+            engine=shard.engine.name,
+            pid=process.pid,
+            argv=_redacted(argv, req.engine_secret),
+        )
         return True
 
     # --- engines that outlive the agent (agent/state.py), and their weights ---------------
@@ -396,13 +467,19 @@ class Supervisor:
         shard.reader = asyncio.create_task(
             self._follow(shard, path, process.pid), name=f"output {req.shard_id}"
         )
-        shard.endpoint = f"http://{self._host}:{port}"
+        shard.endpoint = f"http://{url_host(self._host)}:{port}"
         status = self._status(shard, "starting")
         status.pid = process.pid
         again = "restarting" if restarting else "starting"
         status.detail = f"{again} {shard.engine.name} (pid {process.pid}) on port {port}"
         self._report(status)
-        log.info("engine starting", shard=req.shard_id, engine=shard.engine.name, pid=process.pid, argv=argv)
+        log.info(
+            "engine starting",
+            shard=req.shard_id,
+            engine=shard.engine.name,
+            pid=process.pid,
+            argv=_redacted(argv, req.engine_secret),
+        )
         await self._save_state()
         return True
 
@@ -545,9 +622,17 @@ class Supervisor:
                 lines.append(pending)
                 pending = b""
             for line in lines:
-                shard.output.append(line[:_MAX_LINE_CHARS].decode(errors="replace").rstrip("\r"))
+                shard.output.append(self._line(shard, line))
         if pending:
-            shard.output.append(pending[:_MAX_LINE_CHARS].decode(errors="replace").rstrip("\r"))
+            shard.output.append(self._line(shard, pending))
+
+    @staticmethod
+    def _line(shard: _Shard, raw: bytes) -> str:
+        text = raw[:_MAX_LINE_CHARS].decode(errors="replace").rstrip("\r")
+        # An engine that prints its arguments (SGLang does, at start) prints the secret too; these
+        # lines reach `ctl logs`, the pages and a failed shard's report.
+        secret = shard.req.engine_secret
+        return text.replace(secret, "[secret]") if secret else text
 
     async def _drain_output(self, shard: _Shard) -> None:
         """Let the reader take the last lines of an exited process, then end it."""
@@ -595,6 +680,8 @@ class Supervisor:
             profile=req.profile,
             replica_id=req.replica_id,
             rank=req.rank,
+            # Back to the control plane on every report, so a server that restarted still holds it.
+            engine_secret=req.engine_secret,
         )
 
     def _report_spawn_failure(self, shard: _Shard, argv: list[str], error: OSError) -> None:

@@ -402,7 +402,7 @@ async def get_replica_metrics(request: web.Request) -> web.Response:
     if replica is None:
         return error(404, f"there is no replica {shard_id}; `llmgw ctl replicas` lists them")
     try:
-        got = await scrape(replica)
+        got = await scrape(replica, secret=request.config_dict[INVENTORY_KEY].engine_secret(shard_id))
     except ScrapeError as exc:
         return error(502, str(exc))
     return web.json_response(

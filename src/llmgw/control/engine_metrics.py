@@ -40,8 +40,11 @@ class Scrape:
     samples: dict[str, float]
 
 
-async def scrape(replica: Replica, *, timeout_s: float = SCRAPE_TIMEOUT_S) -> Scrape:
-    """Fetch and parse the metrics page of replica's engine, or raise ScrapeError."""
+async def scrape(replica: Replica, *, secret: str = "", timeout_s: float = SCRAPE_TIMEOUT_S) -> Scrape:
+    """Fetch and parse the metrics page of replica's engine, or raise ScrapeError.
+
+    secret is the replica's (Inventory.engine_secret): llama-server wants it on /metrics too.
+    """
     engine = ENGINES.get(replica.engine)
     what = f"replica {replica.shard_id} ({replica.engine} on {replica.node_id})"
     if engine is None:
@@ -56,7 +59,11 @@ async def scrape(replica: Replica, *, timeout_s: float = SCRAPE_TIMEOUT_S) -> Sc
     where = urlsplit(replica.endpoint).netloc or replica.endpoint
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(url, headers=headers) as resp,
+        ):
             if resp.status != 200:
                 # llama-server answers 501 on /metrics when it was started without --metrics.
                 raise ScrapeError(

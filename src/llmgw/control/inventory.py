@@ -20,6 +20,7 @@ import betterproto
 import structlog
 
 from llmgw.control.nodelogs import LogRequests
+from llmgw.control.routes import EngineRoute, Routes
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 
@@ -47,7 +48,12 @@ class Node:
     # time.monotonic() of the last message on the node's stream.
     last_seen: float = 0.0
     connected: bool = True
+    # The peer address of the node's stream (host:port), as this side saw it.
     address: str = ""
+    # Where the node's engines are reached (Register.advertise_address), and its address on its
+    # fabric's management network (Register.fabric_address); empty when the agent did not say.
+    advertise_address: str = ""
+    fabric_address: str = ""
     agent_version: str = ""
     host: pb.Host | None = None
     # Meaningful only when engines_probed: an agent that has not probed says nothing.
@@ -120,6 +126,10 @@ class Inventory:
         self._ready: dict[str, tuple[str, ...]] = {}
         self._unplaced: dict[str, str] = {}
         self._admin_states: dict[str, str] = {}
+        # Secrets, endpoints the gateway found dead, lost-node signals: never shown (control/routes.py).
+        self._routing = Routes(clock, retry_s=grace_s)
+        # Ready endpoint -> its replica, for route().
+        self._by_endpoint: dict[str, Replica] = {}
         # Log requests waiting for their node's reply; the agent service resolves them.
         self.logs = LogRequests(self.send)
         # Set whenever placement may have something new to do; the reconciler clears it.
@@ -139,6 +149,8 @@ class Inventory:
             id=node_id,
             last_seen=self._clock(),
             address=address,
+            advertise_address=register.advertise_address,
+            fabric_address=register.fabric_address,
             agent_version=register.agent_version,
             host=register.host if betterproto.serialized_on_wire(register.host) else None,
             engine_versions=dict(register.engine_versions),
@@ -158,6 +170,10 @@ class Inventory:
             del self._replicas[shard_id]
         for status in register.running:
             self._replicas[status.shard_id] = _replica(node_id, status)
+            # How a control plane that restarted learns the secrets of the engines it adopts.
+            self._routing.remember(status.shard_id, status.engine_secret)
+            if status.state == READY:
+                self._routing.ready_again(status.shard_id)
         log.info(
             "node registered",
             node=node_id,
@@ -208,6 +224,9 @@ class Inventory:
             self._replicas.pop(status.shard_id, None)
         else:
             self._replicas[status.shard_id] = _replica(node_id, status)
+            self._routing.remember(status.shard_id, status.engine_secret)
+            if status.state == READY:
+                self._routing.ready_again(status.shard_id)
         log.info(
             "shard status",
             node=node_id,
@@ -229,14 +248,25 @@ class Inventory:
         gone = [n for n in self._nodes.values() if n.state == READY and now - n.last_seen > self.grace_s]
         for node in gone:
             node.state = UNREACHABLE
+            silent_s = now - node.last_seen
             log.warning(
                 "node is unreachable; its replicas leave the routing table",
                 node=node.id,
-                silent_s=round(now - node.last_seen, 1),
+                silent_s=round(silent_s, 1),
             )
-        if gone:
+            self._routing.lose(
+                node.id,
+                f"node {node.id} is unreachable (nothing from its agent for {silent_s:.0f} s, "
+                f"control.grace_s is {self.grace_s:g} s)",
+            )
+        if self._routing.retry(self._agent_connected) or gone:
             self._rebuild()
         return [n.id for n in gone]
+
+    def _agent_connected(self, shard_id: str) -> bool:
+        replica = self._replicas.get(shard_id)
+        node = self._nodes.get(replica.node_id) if replica is not None else None
+        return node is not None and node.connected and node.state == READY
 
     async def send(self, node_id: str, message: pb.ControlMessage) -> None:
         """Queue a message down the node's current stream."""
@@ -264,6 +294,7 @@ class Inventory:
 
     def expect(self, node_id: str, start: pb.StartShard) -> Replica:
         """Record a StartShard just sent, so the next pass does not ask again before the node answers."""
+        self._routing.remember(start.shard_id, start.engine_secret)
         replica = Replica(
             shard_id=start.shard_id,
             model=start.model,
@@ -305,6 +336,39 @@ class Inventory:
     def ready_endpoints(self, model: str) -> Sequence[str]:
         return self._ready.get(model, ())
 
+    def route(self, endpoint: str) -> EngineRoute | None:
+        """The node, secret and lost signal of a ready endpoint; None for one no longer ready."""
+        replica = self._by_endpoint.get(endpoint)
+        if replica is None:
+            return None
+        shard_id = replica.shard_id
+        return EngineRoute(
+            node_id=replica.node_id,
+            shard_id=shard_id,
+            secret=self._routing.secret(shard_id),
+            lost=self._routing.lost(replica.node_id),
+            refused=lambda reason: self.engine_refused(shard_id, reason),
+        )
+
+    def engine_secret(self, shard_id: str) -> str:
+        """The secret replica shard_id's engine requires; for the control plane's own reads of it."""
+        return self._routing.secret(shard_id)
+
+    def engine_refused(self, shard_id: str, reason: str) -> None:
+        """The gateway could not connect to the shard's engine: no more requests until it is ready again."""
+        replica = self._replicas.get(shard_id)
+        if replica is None or not self._routing.routable(shard_id):
+            return
+        self._routing.refuse(shard_id)
+        log.warning(
+            "an engine refused the gateway; it leaves the routing table until its node says it is ready",
+            node=replica.node_id,
+            shard=shard_id,
+            endpoint=replica.endpoint,
+            reason=reason,
+        )
+        self._rebuild()
+
     def why_no_ready(self, model: str) -> str:
         """A sentence for a 503: what the replicas of model are doing instead of serving."""
         replicas = self.replicas(model)
@@ -338,11 +402,21 @@ class Inventory:
         # Replicas of draining nodes get no new requests while another replica serves their model;
         # when none does, they go on serving until their replacement is ready.
         leaving: dict[str, list[str]] = {}
+        self._routing.keep_only(self._replicas)
+        by_endpoint: dict[str, Replica] = {}
         for r in self._replicas.values():
             node = self._nodes.get(r.node_id)
-            if r.state == READY and r.endpoint and node is not None and node.state == READY:
+            if (
+                r.state == READY
+                and r.endpoint
+                and node is not None
+                and node.state == READY
+                and self._routing.routable(r.shard_id)
+            ):
                 table = leaving if node.admin_state == DRAINING else ready
                 table.setdefault(r.model, []).append(r.endpoint)
+                by_endpoint[r.endpoint] = r
+        self._by_endpoint = by_endpoint
         for model, endpoints in leaving.items():
             ready.setdefault(model, endpoints)
         self._ready = {model: tuple(endpoints) for model, endpoints in ready.items()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ import structlog
 
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.control.catalog import Catalog
-from llmgw.control.inventory import DRAINING, READY, Inventory, NodeNotConnected, Replica
+from llmgw.control.inventory import DRAINING, READY, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.placement import Backoff, Scheduler
 from llmgw.proto.llmgw import v1 as pb
 
@@ -141,6 +142,9 @@ class Reconciler:
         replica_id = f"{model.name}-{uuid.uuid4().hex[:8]}"
         multi = len(ranks) > 1
         master = self._inventory.node(ranks[0].node)
+        # One per replica: every rank of it is one engine as far as its callers go, and only the
+        # gateway (and the control plane reading its metrics) holds it.
+        secret = secrets.token_urlsafe(32)
         for number, rank in enumerate(ranks):
             start = pb.StartShard(
                 shard_id=f"{replica_id}-{number}" if multi else replica_id,
@@ -152,10 +156,11 @@ class Reconciler:
                 source=model.source,
                 sha256=dict(model.sha256),
                 gpu_indices=list(rank.gpu_indices),
+                engine_secret=secret,
             )
             if multi:
                 start.replica_id, start.rank, start.world_size = replica_id, number, len(ranks)
-                start.master_addr = master.address.rpartition(":")[0] if master is not None else ""
+                start.master_addr = master_address(master) if master is not None else ""
                 start.master_port = MASTER_PORT
             try:
                 await self._inventory.send(rank.node, pb.ControlMessage(start=start))
@@ -238,3 +243,19 @@ class Reconciler:
                 pb.ControlMessage(stop=pb.StopShard(shard_id=replica.shard_id, reason=reason)),
             )
         self._inventory.forget(replica.shard_id)
+
+
+def master_address(node: Node) -> str:
+    """Where the other ranks of a multi-node replica reach its rank 0 on node.
+
+    The node's fabric_address (its management interface on the fabric) when it has one,
+    else the address it advertises its engines at: both are addresses the node says are its
+    own and reachable. The peer address of its stream is the last resort only (an agent too
+    old to say): behind NAT, or through a proxy, that is not an address of the node at all.
+    """
+    if node.fabric_address:
+        return node.fabric_address
+    if node.advertise_address:
+        return node.advertise_address
+    host = node.address.rpartition(":")[0]
+    return host.strip("[]")

@@ -32,6 +32,9 @@ class LaunchSpec:
     master_port: int = 0
     # The binary to run, when the installer or agent.yaml named one.
     binary: str = ""
+    # The replica's secret (StartShard.engine_secret): the engine refuses callers without it.
+    # Given through the environment where the engine reads it there: argv is world-readable.
+    secret: str = attrs.field(default="", repr=False)
 
 
 class Engine(Protocol):

@@ -18,6 +18,9 @@ DEFAULT_PARALLEL = 4
 # "all", because builds older than the word take only numbers.
 ALL_LAYERS = "999"
 
+# What llama-server reads its --api-key from when the flag is absent.
+API_KEY_ENV = "LLAMA_API_KEY"
+
 
 class LlamaCppEngine:
     """llama.cpp's llama-server, as installed from its release archives or named in agent.yaml."""
@@ -63,6 +66,9 @@ class LlamaCppEngine:
         """The GPUs the replica was given, and spec.env over them."""
         env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices)}
         env.update(spec.env)
+        if spec.secret:
+            # llama-server reads --api-key from LLAMA_API_KEY (common/arg.cpp's set_env); /health stays open.
+            env[API_KEY_ENV] = spec.secret
         return env
 
     def probe_command(self, binary: str) -> list[str]:

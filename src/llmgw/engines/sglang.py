@@ -47,6 +47,10 @@ class SglangEngine:
             argv += ["--context-length", str(spec.context_size)]
         if spec.parallel > 0:
             argv += ["--max-running-requests", str(spec.parallel)]
+        if spec.secret:
+            # On the command line, because SGLang reads its key nowhere else (ServerArgs.api_key);
+            # docs/engines.md says what that exposes. It leaves /health and /metrics open.
+            argv += ["--api-key", spec.secret]
         if spec.world_size > 1:
             if not spec.master_addr or spec.master_port <= 0:
                 raise LlmgwError(

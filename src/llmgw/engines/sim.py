@@ -11,6 +11,9 @@ import sys
 
 from llmgw.engines.base import LaunchSpec
 
+# The secret the sim requires of callers, when set (engines/sim_server.py).
+API_KEY_ENV = "LLMGW_ENGINE_API_KEY"
+
 
 class SimEngine:
     """Runs the sim with the agent's own interpreter: nothing to install."""
@@ -35,8 +38,11 @@ class SimEngine:
         ]
 
     def environment(self, spec: LaunchSpec) -> dict[str, str]:
-        """spec.env, and unbuffered output so the supervisor sees lines as they are written."""
-        return {"PYTHONUNBUFFERED": "1", **dict(spec.env)}
+        """spec.env, unbuffered output so the supervisor sees lines as they are written, and the secret."""
+        env = {"PYTHONUNBUFFERED": "1", **dict(spec.env)}
+        if spec.secret:
+            env[API_KEY_ENV] = spec.secret
+        return env
 
     def probe_command(self, binary: str) -> list[str]:
         """The argv that prints the sim's version (binary is a Python interpreter)."""

@@ -16,14 +16,19 @@ What it says, so tests can rely on it:
   the words of the reply.
 - ``ttft_ms`` delays the first token and ``tokens_per_s`` paces the rest; zero
   means no delay at all, not a zero-length sleep.
+- With LLMGW_ENGINE_API_KEY set, every path but /health wants
+  ``Authorization: Bearer <that secret>`` and answers 401 otherwise, as
+  llama-server does with its --api-key.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import itertools
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -33,6 +38,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw import __version__
+from llmgw.engines.sim import API_KEY_ENV
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -329,14 +335,36 @@ class _SimServer:
         return response
 
 
-def make_sim_app(model: str, ttft_ms: float = 0, tokens_per_s: float = 0) -> web.Application:
+def _require_secret(secret: str) -> Any:
+    expected = f"Bearer {secret}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        # /health stays open, as llama-server leaves it: the agent's readiness check carries no secret.
+        given = request.headers.get("Authorization", "").encode()
+        if request.path != "/health" and not hmac.compare_digest(given, expected):
+            return _error_response(
+                _BadRequest(401, "this engine serves only callers holding its secret", code="invalid_api_key")
+            )
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return check
+
+
+def make_sim_app(
+    model: str, ttft_ms: float = 0, tokens_per_s: float = 0, secret: str = ""
+) -> web.Application:
     """The sim engine as an aiohttp application serving model.
 
     ttft_ms delays the first token; tokens_per_s paces the following ones (0: no delay).
+    secret, when set, is required as `Authorization: Bearer` on every path but /health.
     """
     sim = _SimServer(model, ttft_ms, tokens_per_s)
     # Benchmarks and tests send long prompts; aiohttp's 1 MiB default would refuse them.
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(
+        client_max_size=64 * 1024 * 1024, middlewares=[_require_secret(secret)] if secret else []
+    )
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)
     app.router.add_post("/v1/chat/completions", sim.chat)
@@ -364,7 +392,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Serve the sim engine until SIGINT or SIGTERM."""
     args = _arguments(argv)
-    app = make_sim_app(args.model, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s)
+    # From the environment, not an option: argv is readable by every user of the machine.
+    secret = os.environ.get(API_KEY_ENV, "")
+    app = make_sim_app(args.model, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s, secret=secret)
 
     def announce(_: str) -> None:
         # The supervisor keeps this process's output; one line says it came up and where.

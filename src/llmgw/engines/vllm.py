@@ -12,6 +12,8 @@ from __future__ import annotations
 from llmgw.engines.base import LaunchSpec
 from llmgw.errors import LlmgwError
 
+API_KEY_ENV = "VLLM_API_KEY"
+
 
 class VllmEngine:
     """vLLM's OpenAI-compatible server; installed by hand and named in agent.yaml."""
@@ -50,8 +52,12 @@ class VllmEngine:
         return argv
 
     def environment(self, spec: LaunchSpec) -> dict[str, str]:
-        """The replica's GPUs on this node, and spec.env over them."""
-        return _gpu_environment(spec)
+        """The replica's GPUs on this node, spec.env over them, and the replica's secret."""
+        env = _gpu_environment(spec)
+        if spec.secret:
+            # vLLM's --api-key falls back to VLLM_API_KEY; it guards /v1/*, leaving /health and /metrics open.
+            env[API_KEY_ENV] = spec.secret
+        return env
 
     def probe_command(self, binary: str) -> list[str]:
         """`vllm --version` prints the bare version, e.g. 0.11.0."""

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 from aiohttp import web
 
+from llmgw.control.routes import EngineRoute
 from llmgw.gateway.errors import ApiError
 from llmgw.store.keys import KeyRecord
 
@@ -37,6 +38,8 @@ class Call:
     usage: tuple[int, int] | None = None
     # The model whose replica serves the call: `model`, or one of its fallbacks (set by the router).
     served_model: str = ""
+    # The endpoint's node, secret and lost signal (set by the router); None when the table has none.
+    route: EngineRoute | None = attrs.field(default=None, repr=False)
 
 
 Handler = Callable[[Call], Awaitable[web.StreamResponse]]

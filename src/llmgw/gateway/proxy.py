@@ -1,7 +1,16 @@
-"""Forwarding a request to its engine and its answer back, byte for byte, as the bytes arrive."""
+"""Forwarding a request to its engine and its answer back, byte for byte, as the bytes arrive.
+
+The engine is on a node, usually another host: the request carries the
+replica's secret in place of whatever Authorization the client sent (the
+client's llmgw key never leaves the gateway). A request whose node is
+declared unreachable while it is in flight is abandoned with a 502 naming the
+node, rather than left waiting on a connection a dead host will never close;
+an engine that does not accept the connection leaves the routing table.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -47,8 +56,13 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
+def _where(call: Call) -> str:
     where = urlsplit(call.endpoint).netloc or call.endpoint
+    return f"{where} on node {call.route.node_id}" if call.route is not None else where
+
+
+def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
+    where = _where(call)
     if isinstance(exc, aiohttp.ClientConnectorError):
         reason = exc.os_error.strerror or str(exc.os_error)
     elif isinstance(exc, aiohttp.ServerDisconnectedError):
@@ -67,11 +81,61 @@ def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
 
 async def proxy(call: Call) -> web.StreamResponse:
     """The last stage: send call.body to call.endpoint and stream the answer to the client."""
+    route = call.route
+    if route is None:
+        return await _forward(call, [])
+    task = asyncio.current_task()
+    assert task is not None
+
+    def abandon(_: object) -> None:
+        task.cancel()
+
+    # Like asyncio.timeout: the node's loss cancels this task, and only that cancel becomes a 502.
+    started: list[web.StreamResponse] = []
+    route.lost.add_done_callback(abandon)
+    try:
+        return await _forward(call, started)
+    except asyncio.CancelledError:
+        if not route.lost.done() or task.uncancel() > 0:
+            raise
+        reason = route.lost.result()
+        log.warning(
+            "abandoned a request to a node that became unreachable",
+            model=call.model,
+            endpoint=call.endpoint,
+            node=route.node_id,
+        )
+        if started:
+            # The client already has part of the reply; it sees it cut, not complete.
+            return started[0]
+        raise ApiError(
+            502,
+            f"the engine for {call.model} at {_where(call)} was abandoned mid-request: {reason}",
+            type="server_error",
+            code="engine_unavailable",
+        ) from None
+    finally:
+        route.lost.remove_done_callback(abandon)
+
+
+def _headers(call: Call) -> dict[istr, str]:
+    # Built fresh: the client's own Authorization (its llmgw key) is never among them.
+    if call.route is None or not call.route.secret:
+        return _UPSTREAM_HEADERS
+    return {**_UPSTREAM_HEADERS, hdrs.AUTHORIZATION: f"Bearer {call.route.secret}"}
+
+
+async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamResponse:
+    """Send the request, stream the reply; started gets the client's response once it is under way."""
     session = call.request.app[SESSION_KEY]
     url = call.endpoint + call.request.path_qs
     try:
-        upstream = await session.post(url, data=call.body, headers=_UPSTREAM_HEADERS)
+        upstream = await session.post(url, data=call.body, headers=_headers(call))
     except (aiohttp.ClientError, TimeoutError) as exc:
+        if call.route is not None and isinstance(exc, (aiohttp.ClientConnectorError, TimeoutError)):
+            # It did not take the connection: a dead engine, or a node whose agent is down and whose
+            # engines went with it. Nothing more goes there until its agent says it is ready.
+            call.route.refused(_did_not_answer(call, exc).message)
         raise _did_not_answer(call, exc) from None
     async with upstream:
         headers = {name: upstream.headers[name] for name in _COPIED_HEADERS if name in upstream.headers}
@@ -92,6 +156,7 @@ async def proxy(call: Call) -> web.StreamResponse:
         # client as they come, only the last few KB are kept.
         tail = bytearray() if call.count_usage else None
         try:
+            started.append(response)
             await response.prepare(call.request)
             while chunk:
                 await response.write(chunk)
@@ -115,6 +180,11 @@ async def proxy(call: Call) -> web.StreamResponse:
             # No write_eof: the client must see a cut reply, not a complete one.
             if call.request.transport is not None:
                 call.request.transport.close()
+        except asyncio.CancelledError:
+            # Abandoned (its node was lost) or the server is stopping: cut, never made to look whole.
+            if call.request.transport is not None:
+                call.request.transport.close()
+            raise
         finally:
             if tail is not None:
                 call.usage = find_usage(tail)

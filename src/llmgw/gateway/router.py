@@ -15,6 +15,7 @@ from aiohttp import web
 
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.control.catalog import Catalog
+from llmgw.control.routes import EngineRoute
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 
@@ -28,6 +29,10 @@ class ReplicaTable(Protocol):
 
     def why_no_ready(self, model: str) -> str:
         """A sentence saying why the model has no ready replica."""
+        ...
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        """The node, secret and lost signal of a ready endpoint; None when the table knows none."""
         ...
 
 
@@ -99,6 +104,7 @@ class Router:
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
         call.served_model, call.endpoint = self.route(call.model)
+        call.route = self._replicas.route(call.endpoint)
         if call.served_model != call.model:
             # The fallback's engine answers only to its own name.
             call.payload["model"] = call.served_model

@@ -63,6 +63,9 @@ class IdleSupervisor:
     def __init__(self) -> None:
         self.on_status: Callable[[pb.ShardStatus], None] | None = None
 
+    def advertise(self, address: str) -> None:
+        pass
+
     async def start(self, req: pb.StartShard) -> None:
         raise AssertionError("nothing should be started")
 

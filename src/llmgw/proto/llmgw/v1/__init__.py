@@ -86,6 +86,17 @@ class Register(betterproto.Message):
     engines_probed: bool = betterproto.bool_field(14)
     provision: List["ProvisionStatus"] = betterproto.message_field(15)
     warnings: List[str] = betterproto.string_field(16)
+    advertise_address: str = betterproto.string_field(17)
+    """
+    The address engines on this node are reached at (agent.yaml `advertise_address`, or else the
+     local address of this very stream's connection): the endpoints in ShardStatus use it.
+    """
+
+    fabric_address: str = betterproto.string_field(18)
+    """
+    The address of this node on its fabric's management network (agent.yaml `fabric_address`):
+     rank 0 of a multi-node replica is reached there; empty means advertise_address.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -231,7 +242,9 @@ class ShardStatus(betterproto.Message):
     """starting", "downloading", "ready", "draining", "stopped", "failed"."""
 
     endpoint: str = betterproto.string_field(5)
-    """Where the engine listens, once ready: "http://127.0.0.1:PORT"."""
+    """
+    Where the engine listens, once ready: "http://ADVERTISE_ADDRESS:PORT".
+    """
 
     detail: str = betterproto.string_field(6)
     last_output: List[str] = betterproto.string_field(7)
@@ -242,6 +255,11 @@ class ShardStatus(betterproto.Message):
     profile: str = betterproto.string_field(10)
     replica_id: str = betterproto.string_field(11)
     rank: int = betterproto.int32_field(12)
+    engine_secret: str = betterproto.string_field(13)
+    """
+    The secret the engine requires (StartShard.engine_secret), reported back so a control plane
+     that restarted can still reach the engines it adopts. Routing data only: never shown.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -270,6 +288,11 @@ class StartShard(betterproto.Message):
     master_port: int = betterproto.int32_field(14)
     context_size: int = betterproto.int32_field(15)
     parallel: int = betterproto.int32_field(16)
+    engine_secret: str = betterproto.string_field(17)
+    """
+    The secret the engine requires of every caller (`Authorization: Bearer`), made by the
+     control plane for this replica; only the gateway presents it.
+    """
 
 
 @dataclass(eq=False, repr=False)

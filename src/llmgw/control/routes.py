@@ -1,0 +1,100 @@
+"""The inventory's private routing data: what the gateway needs of a ready endpoint beyond its URL.
+
+Each replica's engine admits only callers holding the replica's secret, made
+here when the replica is placed, sent in its StartShard and reported back by
+the agent with every status (so a control plane that restarted learns it from
+the Register of an agent whose engines kept running). The secret lives in this
+module's maps and in the EngineRoute handed to the gateway, never on a Replica:
+Replica is what the admin API, `ctl` and the pages show.
+
+A request in flight to a node that is declared unreachable is abandoned with
+a 502 naming the node, rather than left waiting on a connection nobody will
+ever close: each node has a `lost` future the proxy listens to. An endpoint
+the gateway could not connect to leaves the routing table until its agent
+reports it ready again (or, on a node whose agent is connected and says
+nothing new, until a grace has passed, so a passing fault does not cost a
+replica for good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+import attrs
+
+
+@attrs.frozen
+class EngineRoute:
+    """Where a ready endpoint leads, for the gateway alone: it holds the engine's secret."""
+
+    node_id: str
+    shard_id: str
+    secret: str = attrs.field(repr=False)
+    # Resolves, with a sentence, when the node is declared unreachable.
+    lost: asyncio.Future[str] = attrs.field(repr=False, eq=False)
+    # Tell the inventory the engine did not accept a connection (with the reason).
+    refused: Callable[[str], None] = attrs.field(repr=False, eq=False)
+
+
+class Routes:
+    """Secrets by shard, endpoints the gateway found dead, and each node's `lost` signal."""
+
+    def __init__(self, clock: Callable[[], float], retry_s: float) -> None:
+        self._clock = clock
+        self._retry_s = retry_s
+        self._secrets: dict[str, str] = {}
+        # shard id -> clock time the gateway last failed to connect to its engine.
+        self._refused: dict[str, float] = {}
+        self._lost: dict[str, asyncio.Future[str]] = {}
+
+    def remember(self, shard_id: str, secret: str) -> None:
+        """Keep a replica's secret; an empty one (a report that did not carry it) changes nothing."""
+        if secret:
+            self._secrets[shard_id] = secret
+
+    def secret(self, shard_id: str) -> str:
+        return self._secrets.get(shard_id, "")
+
+    def keep_only(self, shard_ids: Iterable[str]) -> None:
+        """Forget what belongs to replicas no longer known."""
+        live = set(shard_ids)
+        self._secrets = {k: v for k, v in self._secrets.items() if k in live}
+        self._refused = {k: v for k, v in self._refused.items() if k in live}
+
+    def refuse(self, shard_id: str) -> None:
+        self._refused[shard_id] = self._clock()
+
+    def ready_again(self, shard_id: str) -> None:
+        """The agent says the engine is ready: route to it again."""
+        self._refused.pop(shard_id, None)
+
+    def routable(self, shard_id: str) -> bool:
+        """False for an engine the gateway could not reach, until its agent says it is ready (or retry)."""
+        return shard_id not in self._refused
+
+    def retry(self, agent_connected: Callable[[str], bool]) -> bool:
+        """Route again to engines refused retry_s ago on nodes whose agent is connected; whether any.
+
+        While the agent is down nobody will say the engine is back, and it stays out. While it
+        is connected it reports an engine that died at once, so a refusal it did not follow
+        with a report was a passing fault (or a firewall): worth one more request now and then.
+        """
+        now = self._clock()
+        due = [s for s, since in self._refused.items() if now - since >= self._retry_s and agent_connected(s)]
+        for shard_id in due:
+            del self._refused[shard_id]
+        return bool(due)
+
+    def lost(self, node_id: str) -> asyncio.Future[str]:
+        """The future that resolves when node_id is declared unreachable; needs a running loop."""
+        future = self._lost.get(node_id)
+        if future is None or future.done():
+            future = self._lost[node_id] = asyncio.get_running_loop().create_future()
+        return future
+
+    def lose(self, node_id: str, reason: str) -> None:
+        """Abandon every request in flight to node_id's engines, saying reason."""
+        future = self._lost.pop(node_id, None)
+        if future is not None and not future.done():
+            future.set_result(reason)
