@@ -240,6 +240,37 @@ class Fleet:
 
     # --- what the control plane says, asked from its own host ---------------------------
 
+    def add_model(self, model: Mapping[str, Any]) -> None:
+        """Add model to the live catalog (as `llmgw ctl model add` does), placed over the nodes connected now."""
+        reply = self.cp.call(
+            http,
+            "POST",
+            f"{self.gateway}/admin/api/v1/models",
+            dict(model),
+            {"Authorization": f"Bearer {self.admin_token}"},
+        )
+        assert reply.status in (200, 201), f"adding {model['name']}: {reply.status} {reply.body}"
+
+    def start(
+        self,
+        nodes: Sequence[str],
+        models: Sequence[Mapping[str, Any]],
+        server: Mapping[str, Any] | None = None,
+        **agent: Any,
+    ) -> list[dict[str, Any]]:
+        """A server, an agent on each of nodes, and models added once all are connected.
+
+        Added only then, so that placement spreads them over every node rather than
+        over whichever connected first. The ready replicas of the first model.
+        """
+        self.start_server([], **(server or {}))
+        for name in nodes:
+            self.start_agent(self.network.hosts[name], **agent)
+        self.wait_connected(*nodes)
+        for model in models:
+            self.add_model(model)
+        return self.wait_ready(models[0]["name"], int(models[0]["replicas"]))
+
     def admin(self, path: str) -> Any:
         reply = self.cp.call(
             http,
