@@ -70,3 +70,36 @@ class TestReference:
     @pytest.mark.parametrize("cls", [ServerConfig, AgentConfig, MirrorConfig])
     def test_every_key_carries_help(self, cls: type) -> None:
         assert [key for key, help in config.documented_keys(cls) if not help] == []
+
+
+class TestAcrossHosts:
+    def test_an_advertise_address_that_is_not_this_machines_is_refused_with_file_line_and_key(self) -> None:
+        with pytest.raises(ConfigError) as err:
+            config.parse(AgentConfig, "node_id: n1\nadvertise_address: 203.0.113.77\n", "agent.yaml")
+        assert str(err.value).startswith(
+            "agent.yaml:2: 'advertise_address' is '203.0.113.77'; it is not an address of this machine "
+            "(its addresses: "
+        )
+
+    def test_a_fabric_address_and_an_engine_bind_are_held_to_the_same(self) -> None:
+        with pytest.raises(ConfigError, match=r"^agent.yaml:1: 'fabric_address' is 'ib0';"):
+            config.parse(AgentConfig, "fabric_address: ib0\n", "agent.yaml")
+        with pytest.raises(ConfigError, match=r"^agent.yaml:1: 'engine_bind' is '203.0.113.77'; it is not"):
+            config.parse(AgentConfig, "engine_bind: 203.0.113.77\n", "agent.yaml")
+
+    @pytest.mark.parametrize("bind", ["0.0.0.0", "::", "127.0.0.1"])
+    def test_engines_may_listen_on_every_address_or_one_of_this_machines(self, bind: str) -> None:
+        cfg = config.parse(AgentConfig, f"engine_bind: '{bind}'\nadvertise_address: 127.0.0.1\n")
+        assert (cfg.engine_bind, cfg.advertise_address) == (bind, "127.0.0.1")
+
+    @pytest.mark.parametrize("ports", ["20000-19999", "twenty", "20000-70000", "0-10"])
+    def test_an_engine_port_range_that_is_not_one_is_refused_with_its_line(self, ports: str) -> None:
+        with pytest.raises(ConfigError) as err:
+            config.parse(AgentConfig, f"node_id: n1\nengine_ports: '{ports}'\n", "agent.yaml")
+        assert str(err.value).startswith(
+            f"agent.yaml:2: 'engine_ports' is '{ports}'; expected a range of ports"
+        )
+
+    def test_by_default_engines_take_ports_a_firewall_can_name(self) -> None:
+        assert AgentConfig().engine_ports == "20000-20999"
+        assert config.parse(AgentConfig, "engine_ports: '30000'\n").engine_ports == "30000"

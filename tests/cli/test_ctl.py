@@ -39,6 +39,10 @@ def golden(name: str, text: str) -> None:
     assert text == path.read_text(encoding="utf-8"), f"ctl's output differs from {path}"
 
 
+# The secret gpu-01's replica requires of its callers: no command ever prints it.
+ENGINE_SECRET = "engine-secret-that-must-stay-hidden"
+
+
 def fleet() -> Inventory:
     """Two nodes as they would register: one busy H100 node with a sick GPU, one that said nothing yet."""
     inventory = Inventory(5.0, clock=lambda: 1000.0)
@@ -65,6 +69,7 @@ def fleet() -> Inventory:
                     engine="sim",
                     state="ready",
                     endpoint="http://x:1",
+                    engine_secret=ENGINE_SECRET,
                 )
             ],
         ),
@@ -234,6 +239,14 @@ class TestTables:
             json.loads(out)
         code, out, _ = await run("--server", server[0], "--json", "logs", "gpu-01")
         assert json.loads(out)["lines"][-1] == "2026-11-30 starting a shard <b>sim-chat</b>"
+
+    async def test_no_command_prints_a_replicas_engine_secret(self, server: tuple[str, Inventory]):
+        assert server[1].engine_secret("sim-chat-1a2b") == ENGINE_SECRET
+        for command in (["status"], ["nodes"], ["models"], ["replicas"], ["explain", "sim-chat"]):
+            for json_flag in ([], ["--json"]):
+                code, out, err = await run("--server", server[0], *json_flag, *command)
+                assert code == 0, command
+                assert ENGINE_SECRET not in out + err, command
 
     async def test_cordoning_a_node_says_what_it_means(self, server: tuple[str, Inventory]):
         code, out, _ = await run("--server", server[0], "node", "cordon", "cpu-02")

@@ -126,3 +126,29 @@ async def test_an_unknown_replica_is_a_404(client: TestClient) -> None:
 def test_labelled_samples_keep_their_labels_in_the_name() -> None:
     text = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 2\n'
     assert parse(text) == {'vllm:num_requests_running{model_name="m"}': 2.0}
+
+
+async def test_an_engine_that_wants_its_replicas_secret_gets_it_on_the_metrics_read() -> None:
+    seen: list[str] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        if request.headers.get("Authorization") != "Bearer replica-secret":
+            return web.Response(status=401)
+        return web.Response(text=LLAMA_METRICS, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    async with TestServer(app, host="127.0.0.1") as server:
+        endpoint = str(server.make_url("")).rstrip("/")
+        inventory = Inventory(5.0)
+        status = _replica("tiny-a", "ready", endpoint)
+        status.engine_secret = "replica-secret"
+        inventory.attach(pb.Register(node_id="n1", running=[status]), "127.0.0.1:5000")
+        admin = web.Application()
+        adminapi.install(admin, ServerConfig(), inventory)
+        async with TestClient(TestServer(admin)) as client:
+            reply = await client.get("/api/v1/replicas/tiny-a/metrics")
+            assert reply.status == 200
+            assert "replica-secret" not in await reply.text()
+    assert seen == ["Bearer replica-secret"]

@@ -97,3 +97,14 @@ def test_without_a_named_binary_the_one_on_path_is_run_and_probed() -> None:
     assert engine.probe_command("") == ["llama-server", "--version"]
     assert engine.probe_command("/opt/llama/llama-server") == ["/opt/llama/llama-server", "--version"]
     assert (engine.name, engine.health_path, engine.metrics_path) == ("llamacpp", "/health", "/metrics")
+
+
+async def test_the_replicas_secret_reaches_llama_server_in_its_environment_not_its_command_line(
+    tmp_path: Path,
+) -> None:
+    spec = LaunchSpec(model="tiny", port=20001, model_path="/w/tiny.gguf", secret="replica-secret")
+    argv, env = await recorded(spec, tmp_path)
+    # llama-server reads --api-key from LLAMA_API_KEY (common/arg.cpp); argv is readable by every user.
+    assert env["LLAMA_API_KEY"] == "replica-secret"
+    assert "replica-secret" not in argv and "--api-key" not in argv
+    assert "replica-secret" not in repr(spec)

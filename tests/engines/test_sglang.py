@@ -103,3 +103,11 @@ def test_without_a_named_interpreter_python3_runs_and_probes_it() -> None:
         "-c",
         "import sglang; print(sglang.__version__)",
     ]
+
+
+async def test_the_replicas_secret_reaches_sglang_on_its_command_line_the_only_place_it_reads_it(
+    tmp_path: Path,
+) -> None:
+    spec = LaunchSpec(model="qwen-7b", port=20001, model_path="/w/qwen", secret="replica-secret")
+    argv, _ = await recorded(spec, tmp_path)
+    assert argv[argv.index("--api-key") + 1] == "replica-secret"

@@ -229,3 +229,23 @@ class TestServing:
     def test_two_sim_apps_in_one_process_do_not_collide_on_metric_names(self) -> None:
         assert isinstance(make_sim_app("a"), web.Application)
         assert isinstance(make_sim_app("a"), web.Application)
+
+
+class TestSecret:
+    async def test_with_a_secret_every_path_but_health_wants_it_and_says_so_in_openais_shape(
+        self, aiohttp_client: MakeClient
+    ) -> None:
+        guarded = await aiohttp_client(make_sim_app("sim-chat", secret="replica-secret"))
+        assert (await guarded.get("/health")).status == 200
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"), ("GET", "/metrics")):
+            refused = await guarded.request(method, path, json=_chat("hi"))
+            assert refused.status == 401, path
+            error = (await refused.json())["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+        wrong = await guarded.post(
+            "/v1/chat/completions", json=_chat("hi"), headers={"Authorization": "Bearer x"}
+        )
+        assert wrong.status == 401
+        right = {"Authorization": "Bearer replica-secret"}
+        assert (await guarded.post("/v1/chat/completions", json=_chat("hi"), headers=right)).status == 200
+        assert (await guarded.get("/metrics", headers=right)).status == 200

@@ -107,3 +107,12 @@ def test_without_a_named_binary_vllm_on_path_is_run_and_probed() -> None:
     assert engine.command(LaunchSpec(model="m", port=1, model_path="/w"))[:2] == ["vllm", "serve"]
     assert engine.probe_command("") == ["vllm", "--version"]
     assert engine.environment(LaunchSpec(model="m", port=1)) == {}
+
+
+async def test_the_replicas_secret_reaches_vllm_in_its_environment_not_its_command_line(
+    tmp_path: Path,
+) -> None:
+    spec = LaunchSpec(model="qwen-7b", port=20001, model_path="/w/qwen", secret="replica-secret")
+    argv, env = await recorded(spec, tmp_path)
+    assert env["VLLM_API_KEY"] == "replica-secret"
+    assert "replica-secret" not in argv

@@ -28,6 +28,8 @@ class FakeReplicas:
 
     endpoints: dict[str, list[str]] = attrs.field(factory=dict)
     why: str = f"{MODEL} has no ready replica: 1 starting on node n1"
+    # Endpoint -> its node, secret and lost signal; none by default (a gateway without a control plane).
+    routes: dict[str, EngineRoute] = attrs.field(factory=dict)
 
     def ready_endpoints(self, model: str) -> Sequence[str]:
         return self.endpoints.get(model, [])
@@ -36,7 +38,7 @@ class FakeReplicas:
         return self.why
 
     def route(self, endpoint: str) -> EngineRoute | None:
-        return None
+        return self.routes.get(endpoint)
 
 
 @attrs.define

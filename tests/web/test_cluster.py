@@ -11,6 +11,7 @@ import aiohttp
 import attrs
 import pytest
 from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
 
 from llmgw.agent.discovery.host import Host
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
@@ -306,3 +307,42 @@ async def test_every_page_and_api_route_of_the_admin_listener_is_in_the_openapi_
         and not route.resource.canonical.startswith("/static")
     }
     assert served - listed == set()
+
+
+class TestTheEngineSecret:
+    async def test_a_replicas_secret_is_on_no_page_and_in_no_admin_api_answer(self, sites: Sites):
+        secret = "engine-secret-that-must-stay-hidden"
+        with capture_logs() as logs:
+            sites.inventory.attach(
+                pb.Register(
+                    node_id="n4",
+                    engine_versions={"sim": "builtin"},
+                    engines_probed=True,
+                    running=[
+                        pb.ShardStatus(
+                            shard_id="sim-chat-9f",
+                            model="sim-chat",
+                            engine="sim",
+                            state="ready",
+                            endpoint="http://10.0.0.24:20001",
+                            engine_secret=secret,
+                        )
+                    ],
+                )
+            )
+        assert sites.inventory.engine_secret("sim-chat-9f") == secret
+        assert secret not in repr(logs)
+        for path in (
+            "/",
+            "/models",
+            "/api/v1/status",
+            "/api/v1/nodes",
+            "/api/v1/models",
+            "/api/v1/replicas",
+            "/api/v1/explain-placement?model=sim-chat",
+        ):
+            status, body = await get(f"{sites.admin}{path}")
+            assert status == 200, path
+            assert secret not in body, path
+        # The replica is there, so its absence is not for want of showing it.
+        assert "http://10.0.0.24:20001" in (await get(f"{sites.admin}/api/v1/replicas"))[1]

@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import structlog
 
+from llmgw.addresses import parse_port_range
 from llmgw.agent.client import AgentClient
 from llmgw.agent.discovery.host import discover_host
 from llmgw.agent.discovery.node import NodeReport
@@ -57,6 +58,11 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
             weights=weights,
             state_dir=Path(cfg.state_dir),
             keep_on_close=cfg.keep_engines_on_stop,
+            # Where engines listen, and on which ports; the address they are advertised at is the
+            # client's to find once connected (agent/client.py), unless agent.yaml names it.
+            host=cfg.advertise_address or "127.0.0.1",
+            bind=cfg.engine_bind,
+            ports=parse_port_range(cfg.engine_ports),
         )
         await stack.enter_async_context(supervisor)
         # Before the first Register, so it lists the engines the previous agent left running.

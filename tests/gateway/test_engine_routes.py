@@ -1,0 +1,187 @@
+"""Across hosts, the gateway side: the engine's secret instead of the client's key, a node lost mid-request.
+
+Engines here are real HTTP servers on loopback ports (the fake engine of
+conftest.py, or the sim itself); the routing table is the fake one, or the
+real inventory where what matters is how it reacts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from llmgw.config import AuthConfig, ModelConfig, ServerConfig
+from llmgw.control.inventory import Inventory
+from llmgw.control.routes import EngineRoute
+from llmgw.engines.sim_server import make_sim_app
+from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
+from llmgw.gateway.auth import KeyCache
+from llmgw.proto.llmgw import v1 as pb
+
+from .conftest import MODEL, FakeEngine, GatewayFactory
+
+CHAT = "/v1/chat/completions"
+SECRET = "the-replicas-own-secret"
+
+
+def _route(lost: asyncio.Future[str], refusals: list[str] | None = None) -> EngineRoute:
+    return EngineRoute(
+        node_id="n1",
+        shard_id="s1",
+        secret=SECRET,
+        lost=lost,
+        refused=(refusals if refusals is not None else []).append,
+    )
+
+
+@pytest.fixture
+async def hanging_engine() -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """An engine that takes the request and never answers, as one on a host that died would."""
+    arrived = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        arrived.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    app = web.Application()
+    app.router.add_post(CHAT, hang)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}", arrived
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def sim_engine() -> AsyncIterator[str]:
+    """The sim, requiring SECRET as the agent would start it."""
+    server = TestServer(make_sim_app(MODEL, secret=SECRET), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        await server.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TestTheSecret:
+    async def test_the_engine_gets_the_replicas_secret_in_place_of_the_clients_key(
+        self, make_gateway: GatewayFactory, engine: tuple[FakeEngine, str]
+    ) -> None:
+        fake, url = engine
+        gw = await make_gateway()
+        gw.replicas.endpoints[MODEL] = [url]
+        gw.replicas.routes[url] = _route(asyncio.get_running_loop().create_future())
+        resp = await gw.client.post(CHAT, json={"model": MODEL}, headers=gw.auth)
+        assert resp.status == 200
+        ((_, headers),) = fake.received
+        assert headers["Authorization"] == f"Bearer {SECRET}"
+        assert all(gw.key not in value for value in headers.values())
+
+    async def test_an_engine_refuses_a_caller_without_its_secret_and_serves_the_gateway(
+        self, make_gateway: GatewayFactory, sim_engine: str
+    ) -> None:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(sim_engine + CHAT, json=body) as direct:
+                assert direct.status == 401
+                assert (await direct.json())["error"]["code"] == "invalid_api_key"
+            # The client's own llmgw key is no secret of the engine's either.
+            gw = await make_gateway()
+            async with session.post(sim_engine + CHAT, json=body, headers=gw.auth) as with_key:
+                assert with_key.status == 401
+            async with session.get(sim_engine + "/health") as health:
+                assert health.status == 200
+        gw.replicas.endpoints[MODEL] = [sim_engine]
+        gw.replicas.routes[sim_engine] = _route(asyncio.get_running_loop().create_future())
+        resp = await gw.client.post(CHAT, json=body, headers=gw.auth)
+        assert resp.status == 200
+        assert (await resp.json())["choices"][0]["message"]["content"] == "hi"
+
+
+class TestLosingANode:
+    async def test_a_request_in_flight_to_a_node_declared_unreachable_is_a_502_naming_the_node(
+        self, make_gateway: GatewayFactory, hanging_engine: tuple[str, asyncio.Event]
+    ) -> None:
+        url, arrived = hanging_engine
+        gw = await make_gateway()
+        lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        gw.replicas.endpoints[MODEL] = [url]
+        gw.replicas.routes[url] = _route(lost)
+        request = asyncio.create_task(gw.client.post(CHAT, json={"model": MODEL}, headers=gw.auth))
+        await arrived.wait()
+        lost.set_result("node n1 is unreachable (nothing from its agent for 16 s, control.grace_s is 15 s)")
+        resp = await asyncio.wait_for(request, 5.0)
+        assert resp.status == 502
+        error = (await resp.json())["error"]
+        assert error["code"] == "engine_unavailable"
+        assert "on node n1 was abandoned mid-request: node n1 is unreachable" in error["message"]
+        assert gw.client.app[ROUTER_KEY].in_flight == {}
+
+    async def test_a_stream_under_way_when_its_node_is_lost_is_cut_short_for_the_client(
+        self, make_gateway: GatewayFactory, engine: tuple[FakeEngine, str]
+    ) -> None:
+        _, url = engine
+        gw = await make_gateway()
+        lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        gw.replicas.endpoints[MODEL] = [url]
+        gw.replicas.routes[url] = _route(lost)
+        resp = await gw.client.post(CHAT, json={"model": MODEL, "stream": True}, headers=gw.auth)
+        assert resp.status == 200
+        assert await resp.content.readuntil(b"\n\n") == b'data: {"n": 1}\n\n'
+        lost.set_result("node n1 is unreachable")
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await asyncio.wait_for(resp.read(), 5.0)
+
+    async def test_an_engine_that_refuses_the_connection_is_a_502_naming_its_node_and_leaves_the_table(
+        self,
+    ) -> None:
+        port = _closed_port()
+        endpoint = f"http://127.0.0.1:{port}"
+        inventory = Inventory(grace_s=15)
+        link = inventory.attach(
+            pb.Register(
+                node_id="n1",
+                running=[
+                    pb.ShardStatus(
+                        shard_id="s1",
+                        model=MODEL,
+                        engine="sim",
+                        state="ready",
+                        endpoint=endpoint,
+                        engine_secret=SECRET,
+                    )
+                ],
+            )
+        )
+        # Its agent is away (restarting): the gateway is the first to learn the engine went with it.
+        inventory.detach(link)
+        cfg = ServerConfig(models=[ModelConfig(name=MODEL)], auth=AuthConfig(enabled=False))
+        client = TestClient(
+            TestServer(make_gateway_app(cfg, inventory, KeyCache()), host="127.0.0.1", port=0)
+        )
+        await client.start_server()
+        try:
+            resp = await client.post(CHAT, json={"model": MODEL})
+            assert resp.status == 502
+            message = (await resp.json())["error"]["message"]
+            assert message.startswith(f"the engine for {MODEL} at 127.0.0.1:{port} on node n1 did not answer")
+            assert inventory.ready_endpoints(MODEL) == ()
+            again = await client.post(CHAT, json={"model": MODEL})
+            assert again.status == 503
+        finally:
+            await client.close()
