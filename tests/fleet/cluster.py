@@ -128,6 +128,12 @@ def http(
     return Reply(status, got, parsed)
 
 
+def _run_role(host: Host, role: str, config: Path, log: Path) -> Process:
+    """`llmgw --role=ROLE --config CONFIG` inside host, its JSON log lines in log."""
+    argv = llmgw_argv("--log-format=json", f"--role={role}", "--config", str(config))
+    return host.run(argv, log=log, env=_env(), name=role)
+
+
 class Fleet:
     """The llmgw processes of one test on a Network's hosts; stop() ends them all."""
 
@@ -169,11 +175,7 @@ class Fleet:
         path = self.server_config(models, **overrides)
         if not self.key:
             self.key = llmgw_command("keys", "create", "fleet", "--config", str(path)).strip()
-        self.server = self.cp.run(
-            llmgw_argv("--log-format=json", "--role=server", "--config", str(path)),
-            log=self.workdir / "logs" / "server.log",
-            env=_env(),
-        )
+        self.server = _run_role(self.cp, "server", path, self.workdir / "logs" / "server.log")
         server = self.server
         wait_until(
             lambda: self.cp.call(http, "GET", f"{self.gateway}/health").status == 200 or not server.alive(),
@@ -201,22 +203,15 @@ class Fleet:
     def start_agent(self, host: Host, servers: Sequence[str] | None = None, **overrides: Any) -> Process:
         """The agent role on host, node id = host name; returns at once (see wait_connected)."""
         path = self.agent_config(host, servers, **overrides)
-        process = host.run(
-            llmgw_argv("--log-format=json", "--role=agent", "--config", str(path)),
-            log=self.workdir / "logs" / f"{host.name}.log",
-            env=_env(),
-        )
+        process = _run_role(host, "agent", path, self.workdir / "logs" / f"{host.name}.log")
         self.agents[host.name] = process
         return process
 
     def restart_agent(self, host: Host) -> Process:
-        """Start host's agent again with the configuration it had."""
+        """Start host's agent again with the configuration it had; its log is a file of its own."""
         path = self.workdir / f"{host.name}.yaml"
-        process = host.run(
-            llmgw_argv("--log-format=json", "--role=agent", "--config", str(path)),
-            log=self.workdir / "logs" / f"{host.name}.log",
-            env=_env(),
-        )
+        runs = len([p for p in host.processes if p.name.endswith("agent")])
+        process = _run_role(host, "agent", path, self.workdir / "logs" / f"{host.name}-{runs + 1}.log")
         self.agents[host.name] = process
         return process
 
@@ -224,11 +219,7 @@ class Fleet:
         path = _write_yaml(
             self.workdir / "mirror.yaml", {"listen": f"{host.address}:{MIRROR_PORT}", "root": str(root)}
         )
-        process = host.run(
-            llmgw_argv("--log-format=json", "--role=mirror", "--config", str(path)),
-            log=self.workdir / "logs" / "mirror.log",
-            env=_env(),
-        )
+        process = _run_role(host, "mirror", path, self.workdir / "logs" / "mirror.log")
         url = f"http://{host.address}:{MIRROR_PORT}/health"
         wait_until(
             lambda: host.call(http, "GET", url).status == 200 or not process.alive(),
@@ -241,7 +232,7 @@ class Fleet:
     # --- what the control plane says, asked from its own host ---------------------------
 
     def add_model(self, model: Mapping[str, Any]) -> None:
-        """Add model to the live catalog (as `llmgw ctl model add` does), placed over the nodes connected now."""
+        """Add model to the live catalog (as `llmgw ctl model add` does); placed over the nodes there now."""
         reply = self.cp.call(
             http,
             "POST",

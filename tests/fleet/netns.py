@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +104,10 @@ def remove_leftovers() -> list[str]:
     return removed
 
 
+# The namespace the current thread was moved into by _enter; absent on threads never moved.
+_here = threading.local()
+
+
 def _enter(netns: str) -> None:
     """Move the calling thread (only it) into netns: sockets it opens then live there."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -113,6 +118,7 @@ def _enter(netns: str) -> None:
             raise OSError(errno, f"setns into {netns}: {os.strerror(errno)}")
     finally:
         os.close(fd)
+    _here.netns = netns
 
 
 @attrs.define
@@ -161,7 +167,12 @@ class Host:
     _thread: ThreadPoolExecutor | None = None
 
     def run(
-        self, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+        self,
+        argv: Sequence[str],
+        log: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        name: str = "",
     ) -> Process:
         """Start argv inside this host, output to log, in a new session (its own process group)."""
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +186,7 @@ class Host:
                 cwd=cwd,
                 start_new_session=True,
             )
-        process = Process(name=f"{self.name}:{Path(argv[0]).name}", popen=popen, log=log)
+        process = Process(name=f"{self.name}:{name or Path(argv[0]).name}", popen=popen, log=log)
         self.processes.append(process)
         return process
 
@@ -195,6 +206,9 @@ class Host:
 
     def call(self, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
         """fn(*args, **kwargs) on a thread that lives in this host: its sockets are this host's."""
+        if getattr(_here, "netns", None) == self.netns:
+            # Already on this host's thread: waiting for it to run fn would wait forever.
+            return fn(*args, **kwargs)
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, self.name, initializer=_enter, initargs=(self.netns,))
         return self._thread.submit(fn, *args, **kwargs).result()

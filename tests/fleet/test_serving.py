@@ -38,7 +38,9 @@ def _ask(gateway: str, key: str) -> tuple[str, str, str, int]:
 def _served(fleet: Fleet, shard_id: str) -> float:
     """How many requests the replica's engine says it answered (its own metrics, read by the server)."""
     samples = fleet.admin(f"replicas/{shard_id}/metrics")["metrics"]
-    return sum(v for k, v in samples.items() if k.startswith(_REQUESTS) and not k.startswith(f"{_REQUESTS}_created"))
+    return sum(
+        v for k, v in samples.items() if k.startswith(_REQUESTS) and not k.startswith(f"{_REQUESTS}_created")
+    )
 
 
 def test_a_chat_and_a_stream_from_the_control_plane_host_are_served_by_replicas_on_both_nodes(
