@@ -128,9 +128,21 @@ def http(
     return Reply(status, got, parsed)
 
 
-def _run_role(host: Host, role: str, config: Path, log: Path) -> Process:
+# An InfiniBand HCA with a port up, as the agent's fabric discovery reads it, on a tmpfs that
+# only this process tree sees (`ip netns exec` gives each command its own mount namespace and /sys).
+_FAKE_HCA = (
+    "mount -t tmpfs fake-hca /sys/class"
+    " && mkdir -p /sys/class/infiniband/mlx5_0/ports/1"
+    " && echo '4: ACTIVE' > /sys/class/infiniband/mlx5_0/ports/1/state"
+    ' && exec "$@"'
+)
+
+
+def _run_role(host: Host, role: str, config: Path, log: Path, fake_hca: bool = False) -> Process:
     """`llmgw --role=ROLE --config CONFIG` inside host, its JSON log lines in log."""
     argv = llmgw_argv("--log-format=json", f"--role={role}", "--config", str(config))
+    if fake_hca:
+        argv = ["sh", "-c", _FAKE_HCA, "sh", *argv]
     return host.run(argv, log=log, env=_env(), name=role)
 
 
@@ -200,10 +212,16 @@ class Fleet:
         }
         return _write_yaml(self.workdir / f"{host.name}.yaml", data)
 
-    def start_agent(self, host: Host, servers: Sequence[str] | None = None, **overrides: Any) -> Process:
-        """The agent role on host, node id = host name; returns at once (see wait_connected)."""
+    def start_agent(
+        self, host: Host, servers: Sequence[str] | None = None, fake_hca: bool = False, **overrides: Any
+    ) -> Process:
+        """The agent role on host, node id = host name; returns at once (see wait_connected).
+
+        fake_hca: the agent sees an InfiniBand HCA with a port up, so that a `fabric`
+        in overrides is reported and the node can host part of a multi-node replica.
+        """
         path = self.agent_config(host, servers, **overrides)
-        process = _run_role(host, "agent", path, self.workdir / "logs" / f"{host.name}.log")
+        process = _run_role(host, "agent", path, self.workdir / "logs" / f"{host.name}.log", fake_hca)
         self.agents[host.name] = process
         return process
 
