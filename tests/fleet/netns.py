@@ -213,6 +213,11 @@ class Host:
             self._thread = ThreadPoolExecutor(1, self.name, initializer=_enter, initargs=(self.netns,))
         return self._thread.submit(fn, *args, **kwargs).result()
 
+    def call_here(self, fn: Callable[[], _T]) -> _T:
+        """fn() on the calling thread, moved into this host for good: for a thread of its own."""
+        _enter(self.netns)
+        return fn()
+
     def add_address(self, address: str) -> None:
         _ip("-n", self.netns, "addr", "add", f"{address}/{PREFIX_LENGTH}", "dev", "eth0")
 
