@@ -205,6 +205,12 @@ class AgentClient:
         # and before any StartShard (which can only come down this stream) needs it.
         await stream.send_request()
         advertised = self._cfg.advertise_address or _local_address(stream)
+        if not advertised:
+            log.warning(
+                "cannot tell this end's address of the connection to the control plane; engines keep the "
+                "address they had (127.0.0.1 at first): set advertise_address in agent.yaml",
+                server=address,
+            )
         self._supervisor.advertise(advertised)
         register = self._register(advertised)
         if self._report is not None:

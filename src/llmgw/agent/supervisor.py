@@ -606,7 +606,8 @@ class Supervisor:
 
     def _health_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            # Engines answer on loopback only; a proxy from the environment must not get in the way.
+            # The engine is on this machine, whatever address it is advertised at: a proxy from the
+            # environment must not get in the way.
             self._session = aiohttp.ClientSession(trust_env=False)
         return self._session
 

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw import __version__
@@ -335,19 +336,18 @@ class _SimServer:
         return response
 
 
-def _require_secret(secret: str) -> Any:
+def _require_secret(secret: str) -> Middleware:
     expected = f"Bearer {secret}".encode()
 
     @web.middleware
-    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         # /health stays open, as llama-server leaves it: the agent's readiness check carries no secret.
         given = request.headers.get("Authorization", "").encode()
         if request.path != "/health" and not hmac.compare_digest(given, expected):
             return _error_response(
                 _BadRequest(401, "this engine serves only callers holding its secret", code="invalid_api_key")
             )
-        response: web.StreamResponse = await handler(request)
-        return response
+        return await handler(request)
 
     return check
 

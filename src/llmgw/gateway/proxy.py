@@ -86,9 +86,13 @@ async def proxy(call: Call) -> web.StreamResponse:
         return await _forward(call, [])
     task = asyncio.current_task()
     assert task is not None
+    done = False
 
     def abandon(_: object) -> None:
-        task.cancel()
+        # A future runs its callbacks soon after, not at, its result: by then the request may be over,
+        # and cancelling the task would cut the next thing it does.
+        if not done:
+            task.cancel()
 
     # Like asyncio.timeout: the node's loss cancels this task, and only that cancel becomes a 502.
     started: list[web.StreamResponse] = []
@@ -115,6 +119,7 @@ async def proxy(call: Call) -> web.StreamResponse:
             code="engine_unavailable",
         ) from None
     finally:
+        done = True
         route.lost.remove_done_callback(abandon)
 
 
@@ -132,11 +137,12 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
     try:
         upstream = await session.post(url, data=call.body, headers=_headers(call))
     except (aiohttp.ClientError, TimeoutError) as exc:
+        error = _did_not_answer(call, exc)
         if call.route is not None and isinstance(exc, (aiohttp.ClientConnectorError, TimeoutError)):
             # It did not take the connection: a dead engine, or a node whose agent is down and whose
             # engines went with it. Nothing more goes there until its agent says it is ready.
-            call.route.refused(_did_not_answer(call, exc).message)
-        raise _did_not_answer(call, exc) from None
+            call.route.refused(error.message)
+        raise error from None
     async with upstream:
         headers = {name: upstream.headers[name] for name in _COPIED_HEADERS if name in upstream.headers}
         headers[MODEL_HEADER] = call.served_model or call.model
