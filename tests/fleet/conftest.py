@@ -28,7 +28,7 @@ CP_UNNAMED = "198.18.0.2"
 def network() -> Iterator[Network]:
     why = unavailable()
     if why:
-        pytest.skip(f"fleet tests {why}")
+        pytest.skip(f"the fleet {why}")
     # Namespaces of an earlier session that crashed before its teardown ran.
     remove_leftovers()
     net = Network()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from .cluster import AGENT_PORT, Fleet, log_events
 from .conftest import CP_UNNAMED
 from .netns import UNROUTED, wait_until
+
+# Each role a real llmgw process on hosts made of network namespaces (conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 _HANDSHAKE_FAILED = "a TLS handshake on the agent service failed"
 SIM = {"name": "sim-chat", "replicas": 1, "profiles": [{"engine": "sim"}]}

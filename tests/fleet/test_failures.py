@@ -6,8 +6,13 @@ import signal
 import threading
 from typing import Any
 
+import pytest
+
 from .cluster import Fleet, log_events
 from .netns import wait_until
+
+# Each role a real llmgw process on hosts made of network namespaces (conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SIM = {"name": "sim-chat", "replicas": 1, "profiles": [{"engine": "sim"}]}
 

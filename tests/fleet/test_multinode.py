@@ -5,9 +5,14 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from llmgw.agent.state import read_state
 
 from .cluster import Fleet
+
+# Each role a real llmgw process on hosts made of network namespaces (conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TWO_NODES = {"name": "sim-2n", "replicas": 1, "profiles": [{"engine": "sim", "nodes": 2}]}
 

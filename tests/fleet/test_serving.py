@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import openai
+import pytest
 
 from .cluster import Fleet, http
 from .netns import Host
+
+# Each role a real llmgw process on hosts made of network namespaces (conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SIM = {"name": "sim-chat", "replicas": 2, "profiles": [{"engine": "sim"}]}
 _REQUESTS = "llmgw_sim_requests"

@@ -6,7 +6,12 @@ import hashlib
 import os
 from pathlib import Path
 
+import pytest
+
 from .cluster import MIRROR_PORT, Fleet
+
+# Each role a real llmgw process on hosts made of network namespaces (conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_both_nodes_fetch_a_models_weights_from_a_mirror_on_its_own_host(
