@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from .cluster import Fleet, log_events
+from .cluster import Fleet, Reply, log_events
 from .netns import wait_until
 
 # Each role a real llmgw process on hosts made of network namespaces (conftest.py).
@@ -20,6 +20,13 @@ SIM = {"name": "sim-chat", "replicas": 1, "profiles": [{"engine": "sim"}]}
 def _started(fleet: Fleet, node: str) -> list[str]:
     """The shards node's agents started an engine for (adopted ones are not started)."""
     return [e["shard"] for e in log_events(fleet.agents[node]) if e.get("event") == "engine starting"]
+
+
+def _in_flight(fleet: Fleet, shard_id: str) -> bool:
+    samples = fleet.admin(f"replicas/{shard_id}/metrics")["metrics"]
+    return any(
+        k.startswith("llmgw_sim_requests") and "created" not in k and v > 0 for k, v in samples.items()
+    )
 
 
 def _cut_the_replicas_node(fleet: Fleet) -> tuple[str, str, str]:
@@ -45,11 +52,34 @@ def _cut_the_replicas_node(fleet: Fleet) -> tuple[str, str, str]:
 def test_a_node_whose_link_is_cut_leaves_the_routing_table_and_its_replicas_start_elsewhere(
     fleet: Fleet,
 ) -> None:
-    lost, shard, _ = _cut_the_replicas_node(fleet)
+    lost, shard, other = _cut_the_replicas_node(fleet)
 
-    routed = [r for r in fleet.replicas("sim-chat") if r["node"] == lost and r["state"] == "ready"]
-    # Listed while its node is only unreachable, perhaps, but never routed to: routed() counted one.
-    assert all(r["shard_id"] == shard for r in routed)
+    assert not fleet.nodes()[lost]["reachable"]
+    # Its replica may still be listed, but the one replica routed to is the replacement.
+    assert fleet.routed("sim-chat") == 1
+    assert shard not in [r["shard_id"] for r in fleet.replicas("sim-chat") if r["node"] == other]
+
+
+def test_a_request_in_flight_to_a_node_whose_link_is_cut_ends_with_a_502_naming_the_node(
+    fleet: Fleet,
+) -> None:
+    # An engine slow enough that the request is still waiting for its first token when the link goes.
+    slow = {**SIM, "profiles": [{"engine": "sim", "args": ["--ttft-ms", "60000"]}]}
+    [replica] = fleet.start(["n1", "n2"], [slow])
+    replies: list[Reply] = []
+    asking = threading.Thread(
+        target=lambda: fleet.cp.call_here(lambda: replies.append(fleet.chat("sim-chat", 90)))
+    )
+    asking.start()
+    wait_until(lambda: _in_flight(fleet, replica["shard_id"]), 30, "the request to reach the engine")
+
+    fleet.network.hosts[replica["node"]].cut_link()
+    asking.join(90)
+
+    [reply] = replies
+    assert reply.status == 502
+    message = reply.body["error"]["message"]
+    assert replica["node"] in message, message
 
 
 def test_a_node_whose_link_is_restored_has_its_engines_adopted_not_duplicated(fleet: Fleet) -> None:
