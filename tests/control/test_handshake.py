@@ -47,7 +47,8 @@ async def test_a_client_that_refuses_the_servers_certificate_is_told_which_names
     n1 = fleet.agents["n1"]
     context = await asyncio.to_thread(client_ssl_context, TLSConfig(ca=other_ca, cert=n1.cert, key=n1.key))
     failure = await _failure_for(server_cfg, eventually, context)
-    assert "does not accept this server's certificate: it names localhost, 127.0.0.1" in failure
+    assert "does not accept this server's certificate" in failure
+    assert "this server's certificate names localhost, 127.0.0.1" in failure
 
 
 async def test_a_client_whose_certificate_another_authority_signed_is_told_so(server_cfg, fleet, eventually):

@@ -143,14 +143,19 @@ class _Held(asyncio.Protocol):
 def handshake_failure(exc: BaseException, peer: str, names: Sequence[str]) -> str:
     """Why the handshake with the client at peer failed, for the person reading this server's log."""
     named = ", ".join(names) or "no name"
-    refused = (
-        f"the client at {peer} does not accept this server's certificate: it names {named}, and a node must "
-        "dial one of those in its servers: and trust the authority that signed it (tls.ca); "
-        "add a name with `llmgw server init --host NAME`"
+    advice = (
+        f"this server's certificate names {named}: a node must dial one of those in its servers: and "
+        "trust the authority that signed it (tls.ca); add a name with `llmgw server init --host NAME`"
     )
-    if isinstance(exc, ConnectionResetError) or (isinstance(exc, ssl.SSLError) and "alert" in str(exc)):
-        # A node hangs up, or sends an alert, when this certificate fails its checks.
-        return f"{refused} ({exc or 'it hung up during the handshake'})"
+    if isinstance(exc, ssl.SSLError) and "alert" in str(exc):
+        return f"the client at {peer} does not accept this server's certificate ({exc.reason}); {advice}"
+    if isinstance(exc, ConnectionResetError):
+        # What a node refusing the certificate looks like from here: asyncio does not send its
+        # alert. A health check that only opens the port looks the same, hence "as".
+        return (
+            f"the client at {peer} hung up during the TLS handshake, as a node does when it does not "
+            f"accept this server's certificate; {advice}"
+        )
     if isinstance(exc, ssl.SSLError) and "peer did not return a certificate" in str(exc):
         return (
             f"the client at {peer} presented no certificate; "
