@@ -16,6 +16,7 @@ one the gateway (on the control plane's host) can reach. On one host that is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import ssl
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ import llmgw
 from llmgw.agent import logs as agent_logs
 from llmgw.agent.discovery.node import NodeReport
 from llmgw.backoff import ExponentialBackoff
-from llmgw.config import AgentConfig
+from llmgw.config import AgentConfig, TLSConfig
 from llmgw.log import RING, LogRing
 from llmgw.pki import certificate_problem, client_ssl_context
 from llmgw.proto.llmgw import v1 as pb
@@ -159,6 +160,8 @@ class AgentClient:
             raise
         except Exception as exc:
             why = _explain(exc, address)
+            if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_code in _NAME_MISMATCH:
+                why = await self._name_mismatch(host.strip("[]"), int(port), address)
             if isinstance(exc, StreamTerminatedError) and not self.connected.is_set():
                 # A server that refuses a client certificate drops the connection without a word
                 # this side can read (asyncio does not flush the TLS alert), so look at it here.
@@ -179,6 +182,16 @@ class AgentClient:
             self.server = None
             channel.close()
         return was_connected
+
+    async def _name_mismatch(self, host: str, port: int, address: str) -> str:
+        """Say which names the server's certificate has, when it lacks the one this node dialled."""
+        names = await _names_presented(host, port, self._cfg.tls)
+        has = f"it names {', '.join(names)}" if names else "its names could not be read"
+        return (
+            f"the server at {address} presented a certificate that does not name {host} ({has}): "
+            f"dial a name it has in servers:, or add {host} to it on the control plane "
+            f"(`llmgw server init --host {host}`)"
+        )
 
     async def _session(self, address: str, stream: _ServerStream) -> None:
         # The outbox exists before statuses() is read, so a status that changes in between is sent after.
@@ -325,6 +338,30 @@ class AgentClient:
                     profile=req.profile,
                 )
             )
+
+
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
+_NAME_MISMATCH = (62, 64)
+
+
+async def _names_presented(host: str, port: int, tls: TLSConfig) -> list[str]:
+    """The names in the certificate the server at host:port presents, read without checking them.
+
+    The chain is still checked against tls.ca, and this node's own certificate is
+    presented, so the server sees an ordinary connection that closes at once.
+    """
+    context = await asyncio.to_thread(client_ssl_context, tls)
+    context.check_hostname = False
+    try:
+        async with asyncio.timeout(5):
+            _, writer = await asyncio.open_connection(host, port, ssl=context)
+    except (OSError, TimeoutError):
+        return []
+    cert = writer.get_extra_info("peercert") or {}
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return [str(value) for kind, value in cert.get("subjectAltName", ()) if kind in ("DNS", "IP Address")]
 
 
 def _local_address(stream: _ServerStream) -> str:

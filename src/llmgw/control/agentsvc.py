@@ -12,6 +12,7 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import betterproto
@@ -21,10 +22,11 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from llmgw.config import ServerConfig
+from llmgw.control.handshake import Handshakes
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.provision import provision_message
 from llmgw.listen import cannot_listen, split_host_port
-from llmgw.pki import server_ssl_context
+from llmgw.pki import certificate_names, server_ssl_context
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.tasks import first_to_finish
 
@@ -158,9 +160,11 @@ class AgentService:
 async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator[int]:
     """Listen on cfg.agent_listen with mutual TLS and expire silent nodes; yields the bound port."""
     ssl_context = await asyncio.to_thread(server_ssl_context, cfg.tls)
+    names = await asyncio.to_thread(certificate_names, Path(cfg.tls.cert))
+    handshakes = Handshakes(ssl_context, names)
     host, port = split_host_port(cfg.agent_listen, "agent_listen")
     service = AgentService(inventory, provision=provision_message(cfg.engines, cfg.engine_mirror))
-    server = Server([service])
+    server = _TLSServer([service], handshakes)
     try:
         # Bound here, not by grpclib, because grpclib does not say which port it bound, and
         # agent_listen may ask for port 0 (tests, dev). The server owns the socket from start on.
@@ -168,7 +172,8 @@ async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator
     except OSError as exc:
         raise cannot_listen(cfg.agent_listen, "agent_listen", exc) from None
     try:
-        await server.start(sock=sock, ssl=ssl_context)
+        # No ssl here: each connection's handshake is made by `handshakes`, which reports its failures.
+        await server.start(sock=sock)
     except BaseException:
         sock.close()
         raise
@@ -181,6 +186,7 @@ async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator
         sweeper.cancel()
         await service.close()
         server.close()
+        await handshakes.close()
         await asyncio.gather(sweeper, server.wait_closed(), return_exceptions=True)
 
 
@@ -190,6 +196,17 @@ def _bind(host: str, port: int) -> socket.socket:
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
     return socket.create_server(address, family=family, backlog=100)
+
+
+class _TLSServer(Server):
+    """grpclib's server, its connections upgraded to TLS by Handshakes (control/handshake.py)."""
+
+    def __init__(self, handlers: list[Any], handshakes: Handshakes) -> None:
+        super().__init__(handlers)
+        self._handshakes = handshakes
+
+    def _protocol_factory(self) -> asyncio.Protocol:  # type: ignore[override]
+        return self._handshakes.wrap(super()._protocol_factory)
 
 
 async def _expire_silent_nodes(inventory: Inventory) -> None:

@@ -1,0 +1,63 @@
+"""The agent service's own TLS handshakes: each failure logged in words, with the client's address."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from typing import Any
+
+from structlog.testing import capture_logs
+
+from llmgw.config import TLSConfig
+from llmgw.control.agentsvc import serve_agents
+from llmgw.control.handshake import EVENT
+from llmgw.control.inventory import Inventory
+from llmgw.pki import client_ssl_context
+
+
+async def _handshake(port: int, context: ssl.SSLContext) -> None:
+    with contextlib.suppress(OSError):
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost")
+        writer.close()
+        await writer.wait_closed()
+
+
+def _failures(logs: list[dict[str, Any]]) -> list[str]:
+    return [entry["error"] for entry in logs if entry["event"] == EVENT]
+
+
+async def _failure_for(server_cfg, eventually, context: ssl.SSLContext) -> str:
+    inventory = Inventory(server_cfg.control.grace_s)
+    with capture_logs() as logs:
+        async with serve_agents(server_cfg, inventory) as port:
+            await _handshake(port, context)
+            await eventually(lambda: _failures(logs))
+    assert inventory.nodes() == []
+    [failure] = _failures(logs)
+    assert "the client at 127.0.0.1:" in failure
+    return failure
+
+
+async def test_a_client_that_refuses_the_servers_certificate_is_told_which_names_it_has(
+    server_cfg, fleet, eventually
+):
+    # A node trusting another authority refuses this server's certificate and hangs up.
+    other_ca = fleet.server.ca.replace("/ca/ca.pem", "/other-ca/ca.pem")
+    n1 = fleet.agents["n1"]
+    context = await asyncio.to_thread(client_ssl_context, TLSConfig(ca=other_ca, cert=n1.cert, key=n1.key))
+    failure = await _failure_for(server_cfg, eventually, context)
+    assert "does not accept this server's certificate" in failure
+    assert "this server's certificate names localhost, 127.0.0.1" in failure
+
+
+async def test_a_client_whose_certificate_another_authority_signed_is_told_so(server_cfg, fleet, eventually):
+    context = await asyncio.to_thread(client_ssl_context, fleet.stranger)
+    failure = await _failure_for(server_cfg, eventually, context)
+    assert "presented a certificate this server does not trust" in failure
+
+
+async def test_a_client_without_a_certificate_is_told_to_get_one(server_cfg, fleet, eventually):
+    context = await asyncio.to_thread(ssl.create_default_context, cafile=fleet.server.ca)
+    failure = await _failure_for(server_cfg, eventually, context)
+    assert "presented no certificate" in failure
