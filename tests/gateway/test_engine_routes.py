@@ -22,6 +22,7 @@ from llmgw.control.inventory import Inventory
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.proxy import SESSION_KEY
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.routes import EngineRoute
 
@@ -29,6 +30,7 @@ from .conftest import MODEL, FakeEngine, GatewayFactory
 
 CHAT = "/v1/chat/completions"
 SECRET = "the-replicas-own-secret"
+HELLO = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 
 
 def _route(lost: asyncio.Future[str], refusals: list[str] | None = None) -> EngineRoute:
@@ -184,5 +186,72 @@ class TestLosingANode:
             assert inventory.ready_endpoints(MODEL) == ()
             again = await client.post(CHAT, json={"model": MODEL})
             assert again.status == 503
+        finally:
+            await client.close()
+
+
+def _ready(shard_id: str, endpoint: str) -> pb.ShardStatus:
+    return pb.ShardStatus(
+        shard_id=shard_id, model=MODEL, engine="sim", state="ready", endpoint=endpoint, engine_secret=SECRET
+    )
+
+
+class TestAnotherReplicaTakesOver:
+    async def test_a_request_an_engine_refuses_is_served_by_another_ready_replica(
+        self, sim_engine: str
+    ) -> None:
+        dead = f"http://127.0.0.1:{_closed_port()}"
+        inventory = Inventory(grace_s=15)
+        inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", dead)]))
+        inventory.attach(pb.Register(node_id="n2", running=[_ready("s2", sim_engine)]))
+        cfg = ServerConfig(models=[ModelConfig(name=MODEL)], auth=AuthConfig(enabled=False))
+        client = TestClient(
+            TestServer(make_gateway_app(cfg, Catalog(cfg), inventory, KeyCache()), host="127.0.0.1", port=0)
+        )
+        await client.start_server()
+        try:
+            # One at a time, the router takes the two tied replicas in turn: one of the first two
+            # requests is sent to the dead engine first.
+            statuses = [(await client.post(CHAT, json=HELLO)).status for _ in range(2)]
+            assert statuses == [200, 200]
+            assert inventory.ready_endpoints(MODEL) == (sim_engine,)
+        finally:
+            await client.close()
+
+    async def test_with_no_other_replica_the_refusal_is_the_answer(self) -> None:
+        port = _closed_port()
+        inventory = Inventory(grace_s=15)
+        inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", f"http://127.0.0.1:{port}")]))
+        cfg = ServerConfig(models=[ModelConfig(name=MODEL)], auth=AuthConfig(enabled=False))
+        client = TestClient(
+            TestServer(make_gateway_app(cfg, Catalog(cfg), inventory, KeyCache()), host="127.0.0.1", port=0)
+        )
+        await client.start_server()
+        try:
+            resp = await client.post(CHAT, json=HELLO)
+            assert resp.status == 502
+            assert "on node n1 did not answer" in (await resp.json())["error"]["message"]
+        finally:
+            await client.close()
+
+    async def test_a_request_the_engine_never_acknowledges_is_given_up_by_the_kernel_not_after_minutes(
+        self, sim_engine: str
+    ) -> None:
+        """The gateway's connections to engines carry TCP_USER_TIMEOUT: a cut link fails the request."""
+        cfg = ServerConfig(models=[ModelConfig(name=MODEL)], auth=AuthConfig(enabled=False))
+        inventory = Inventory(grace_s=15)
+        inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", sim_engine)]))
+        app = make_gateway_app(cfg, Catalog(cfg), inventory, KeyCache())
+        client = TestClient(TestServer(app, host="127.0.0.1", port=0))
+        await client.start_server()
+        try:
+            assert (await client.post(CHAT, json=HELLO)).status == 200
+            session = app[SESSION_KEY]
+            connector = session.connector
+            assert isinstance(connector, aiohttp.TCPConnector)
+            # The pooled connection the request used.
+            (protocols,) = connector._conns.values()
+            sock = protocols[0][0].transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 5000
         finally:
             await client.close()

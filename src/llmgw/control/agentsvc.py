@@ -166,18 +166,13 @@ async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator
     service = AgentService(inventory, provision=provision_message(cfg.engines, cfg.engine_mirror))
     server = _TLSServer([service], handshakes)
     try:
-        # Bound here, not by grpclib, because grpclib does not say which port it bound, and
-        # agent_listen may ask for port 0 (tests, dev). The server owns the socket from start on.
-        sock = await asyncio.to_thread(_bind, host, port)
+        # grpclib does not say which port it bound, and agent_listen may ask for port 0 (tests,
+        # dev): such a port is chosen here first. No ssl either: each connection's handshake is
+        # made by `handshakes`, which reports its failures.
+        bound = port or await asyncio.to_thread(_free_port, host)
+        await server.start(host, bound)
     except OSError as exc:
         raise cannot_listen(cfg.agent_listen, "agent_listen", exc) from None
-    try:
-        # No ssl here: each connection's handshake is made by `handshakes`, which reports its failures.
-        await server.start(sock=sock)
-    except BaseException:
-        sock.close()
-        raise
-    bound = int(sock.getsockname()[1])
     log.info("agent service listening", address=f"{host}:{bound}")
     sweeper = asyncio.create_task(_expire_silent_nodes(inventory), name="agentsvc-expire")
     try:
@@ -190,12 +185,14 @@ async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator
         await asyncio.gather(sweeper, server.wait_closed(), return_exceptions=True)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """A listening socket on the first address host:port resolves to (a name may need DNS)."""
-    family, _, _, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    return socket.create_server(address, family=family, backlog=100)
+def _free_port(host: str) -> int:
+    """A port nothing listens on now at host (the service binds it a moment later)."""
+    family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind(address)
+        return int(probe.getsockname()[1])
 
 
 class _TLSServer(Server):

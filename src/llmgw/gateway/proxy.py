@@ -11,11 +11,14 @@ an engine that does not accept the connection leaves the routing table.
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
+from aiohappyeyeballs import AddrInfoType
 from aiohttp import hdrs, web
 from multidict import istr
 
@@ -30,6 +33,11 @@ SESSION_KEY = web.AppKey("llmgw.gateway.session", aiohttp.ClientSession)
 # An engine that does not accept a connection within this long is down; one
 # that is slow to answer is not (a long prompt may take minutes to prefill).
 _CONNECT_TIMEOUT_S = 10.0
+# A request written to an engine whose node's link is gone is never acknowledged,
+# and the kernel would retransmit it for some fifteen minutes while the client
+# waits. Only unacknowledged data counts: a long prefill or a slow stream leaves
+# the gateway nothing unacknowledged, so neither is cut by this.
+_UNACKNOWLEDGED_S = 5.0
 # Identity, so that the bytes are JSON and server-sent events that usage
 # accounting can read; the client session never decompresses either, so
 # whatever an engine sends anyway reaches the client unchanged.
@@ -39,6 +47,17 @@ _COPIED_HEADERS = (hdrs.CONTENT_TYPE, hdrs.CONTENT_ENCODING, hdrs.CONTENT_LENGTH
 MODEL_HEADER = istr("x-llmgw-model")
 
 
+class EngineRefused(ApiError):
+    """The engine did not take the connection: nothing of the request reached it, so another replica may."""
+
+
+def _upstream_socket(addr_info: AddrInfoType) -> socket.socket:
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(_UNACKNOWLEDGED_S * 1000))
+    return sock
+
+
 async def client_session(app: web.Application) -> AsyncIterator[None]:
     """cleanup_ctx: the one pooled session every proxied request goes through."""
     connector = aiohttp.TCPConnector(
@@ -46,6 +65,7 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
         limit=4096,
         limit_per_host=0,
         keepalive_timeout=60,
+        socket_factory=_upstream_socket,
     )
     async with aiohttp.ClientSession(
         connector=connector,
@@ -69,14 +89,23 @@ def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
         reason = "it closed the connection without replying"
     elif isinstance(exc, TimeoutError):
         reason = f"no connection within {_CONNECT_TIMEOUT_S:g} s"
+    elif _unacknowledged(exc):
+        reason = f"it acknowledged nothing of the request for {_UNACKNOWLEDGED_S:g} s"
     else:
         reason = str(exc) or type(exc).__name__
-    return ApiError(
+    kind = EngineRefused if isinstance(exc, (aiohttp.ClientConnectorError, TimeoutError)) else ApiError
+    return kind(
         502,
         f"the engine for {call.model} at {where} did not answer: {reason}",
         type="server_error",
         code="engine_unavailable",
     )
+
+
+def _unacknowledged(exc: BaseException) -> bool:
+    """Whether exc is the kernel giving up on a request its engine never acknowledged (a lost link)."""
+    cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
+    return isinstance(cause, OSError) and cause.errno == errno.ETIMEDOUT
 
 
 async def proxy(call: Call) -> web.StreamResponse:
@@ -138,9 +167,10 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
         upstream = await session.post(url, data=call.body, headers=_headers(call))
     except (aiohttp.ClientError, TimeoutError) as exc:
         error = _did_not_answer(call, exc)
-        if call.route is not None and isinstance(exc, (aiohttp.ClientConnectorError, TimeoutError)):
-            # It did not take the connection: a dead engine, or a node whose agent is down and whose
-            # engines went with it. Nothing more goes there until its agent says it is ready.
+        if call.route is not None and (isinstance(error, EngineRefused) or _unacknowledged(exc)):
+            # It did not take the connection, or the request: a dead engine, a node whose agent is
+            # down and whose engines went with it, a cut link. Nothing more goes there until its
+            # agent says it is ready.
             call.route.refused(error.message)
         raise error from None
     async with upstream:

@@ -16,7 +16,12 @@ from aiohttp import web
 from llmgw.catalog import Catalog
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
+from llmgw.gateway.proxy import EngineRefused
 from llmgw.routes import EngineRoute
+
+# How many replicas one request tries when engines refuse it: enough to step past a lost
+# node or two, not a walk through a whole fleet while the client waits.
+_MAX_TRIES = 3
 
 
 class ReplicaTable(Protocol):
@@ -97,13 +102,29 @@ class Router:
             del self._in_flight[endpoint]
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
-        call.served_model, call.endpoint = self.route(call.model)
-        call.route = self._replicas.route(call.endpoint)
-        if call.served_model != call.model:
-            # The fallback's engine answers only to its own name.
-            call.payload["model"] = call.served_model
-            call.body = json.dumps(call.payload).encode()
-        try:
-            return await rest(call)
-        finally:
-            self.release(call.endpoint)
+        body, tried = call.body, set[str]()
+        while True:
+            call.served_model, call.endpoint = self.route(call.model)
+            call.route = self._replicas.route(call.endpoint)
+            call.body = body
+            if call.served_model != call.model:
+                # The fallback's engine answers only to its own name.
+                call.body = json.dumps({**call.payload, "model": call.served_model}).encode()
+            try:
+                return await rest(call)
+            except EngineRefused:
+                # Nothing reached that engine, and it has left the table (proxy.py): another ready
+                # replica takes the request, so a lost node costs its clients a wait, not an error.
+                # Each endpoint is tried once; with none left, the engine's own 502 is the answer.
+                tried.add(call.endpoint)
+                if call.route is None or len(tried) >= _MAX_TRIES or not self._untried(call.model, tried):
+                    raise
+            finally:
+                self.release(call.endpoint)
+
+    def _untried(self, model: str, tried: set[str]) -> bool:
+        """Whether model (or a fallback it would be served by) has a ready endpoint not yet tried."""
+        definition = self._catalog.get(model)
+        names = [model, *(definition.fallbacks if definition is not None else ())]
+        ready = [e for name in names for e in self._replicas.ready_endpoints(name)]
+        return bool(ready) and not set(ready) <= tried
