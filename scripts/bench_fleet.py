@@ -4,11 +4,12 @@
 Run as root (it makes network namespaces, with the fleet tests' own helpers in
 tests/fleet/). Two measurements:
 
-1. Failover. sim-chat has one replica, on n1; n2 is connected and idle. A
-   client on the control plane's host sends a steady 20 requests a second
-   (`--rps`) while n1's link is cut. Reported: the time from the cut to n1
-   leaving the routing table, and to a replacement being ready on n2, and how
-   many requests failed in between (by status).
+1. Failover. sim-chat has one replica, on n1 (`--replicas 2`: two, on n1
+   and n2); one more node is connected and idle. A client on the control
+   plane's host sends a steady 20 requests a second (`--rps`) while n1's link
+   is cut. Reported: the time from the cut to n1 leaving the routing table,
+   and to a replacement being ready on the idle node, and how many requests
+   failed in between (by status).
 2. The gateway's added p50 at concurrency 1, non-streamed: the gateway's p50
    minus the engine's own (asked directly, with its secret) when the engine is
    on another host (n1), and when it is on the control plane's own host,
@@ -80,15 +81,18 @@ async def _steady(
         await asyncio.gather(*tasks)
 
 
-def failover(fleet: Fleet, rps: float, server: dict[str, Any]) -> dict[str, Any]:
-    model = {"name": "sim-chat", "replicas": 1, "profiles": [{"engine": "sim", "args": ZERO_DELAY}]}
+def failover(fleet: Fleet, rps: float, server: dict[str, Any], replicas: int) -> dict[str, Any]:
+    model = {"name": "sim-chat", "replicas": replicas, "profiles": [{"engine": "sim", "args": ZERO_DELAY}]}
+    serving = [f"n{i}" for i in range(1, replicas + 1)]
+    idle = f"n{replicas + 1}"
     fleet.start_server([], **server)
-    fleet.start_agent(fleet.network.hosts["n1"])
-    fleet.wait_connected("n1")
+    for name in serving:
+        fleet.start_agent(fleet.network.hosts[name])
+    fleet.wait_connected(*serving)
     fleet.add_model(model)
-    fleet.wait_ready("sim-chat", 1)
-    fleet.start_agent(fleet.network.hosts["n2"])
-    fleet.wait_connected("n2")
+    fleet.wait_ready("sim-chat", replicas)
+    fleet.start_agent(fleet.network.hosts[idle])
+    fleet.wait_connected(idle)
 
     log: list[tuple[float, int]] = []
     stop = threading.Event()
@@ -99,9 +103,9 @@ def failover(fleet: Fleet, rps: float, server: dict[str, Any]) -> dict[str, Any]
     wait_until(lambda: not fleet.nodes()["n1"]["reachable"], 120, "n1 to leave", every_s=0.05)
     left = time.monotonic()
     wait_until(
-        lambda: any(r["node"] == "n2" and r["state"] == "ready" for r in fleet.replicas("sim-chat")),
+        lambda: any(r["node"] == idle and r["state"] == "ready" for r in fleet.replicas("sim-chat")),
         120,
-        "a replacement on n2",
+        f"a replacement on {idle}",
         every_s=0.05,
     )
     ready = time.monotonic()
@@ -117,6 +121,7 @@ def failover(fleet: Fleet, rps: float, server: dict[str, Any]) -> dict[str, Any]
         "failed": sum(failed.values()),
         "by_status": dict(failed),
         "grace_s": server["control"]["grace_s"],
+        "idle": idle,
     }
 
 
@@ -164,6 +169,7 @@ def main() -> None:
     parser.add_argument("--rps", type=float, default=20.0, help="steady request rate during the cut")
     parser.add_argument("--grace-s", type=float, default=15.0, help="server.yaml control.grace_s")
     parser.add_argument("--interval-s", type=float, default=2.0, help="server.yaml control.interval_s")
+    parser.add_argument("--replicas", type=int, choices=(1, 2), default=1, help="sim-chat's replicas")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each latency cell")
     args = parser.parse_args()
     why = unavailable()
@@ -173,13 +179,13 @@ def main() -> None:
     server = {"control": {"interval_s": args.interval_s, "grace_s": args.grace_s, "base_backoff_s": 5.0}}
     network = Network()
     try:
-        for name, octet in (("cp", 1), ("n1", 11), ("n2", 12)):
+        for name, octet in (("cp", 1), ("n1", 11), ("n2", 12), ("n3", 13)):
             network.add_host(name, octet)
         with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
             certificates = Certificates.create(Path(tmp) / "pki")
             fleet = Fleet(network, certificates, Path(tmp) / "failover")
             try:
-                cut = failover(fleet, args.rps, server)
+                cut = failover(fleet, args.rps, server, args.replicas)
             finally:
                 fleet.stop()
                 network.hosts["n1"].restore_link()
@@ -191,9 +197,10 @@ def main() -> None:
     finally:
         network.close()
     print(
-        f"failover (grace_s {cut['grace_s']:g}, interval_s {args.interval_s:g}, {args.rps:g} requests/s): "
+        f"failover ({args.replicas} replicas, grace_s {cut['grace_s']:g}, "
+        f"interval_s {args.interval_s:g}, {args.rps:g} requests/s): "
         f"n1 left the routing table {cut['left_s']:.1f} s after its link was cut; "
-        f"a replacement was ready on n2 after {cut['ready_s']:.1f} s; "
+        f"a replacement was ready on {cut['idle']} after {cut['ready_s']:.1f} s; "
         f"{cut['failed']} of {cut['sent']} requests sent from the cut on failed {cut['by_status']}"
     )
     for name, f in latency.items():
