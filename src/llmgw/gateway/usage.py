@@ -87,8 +87,10 @@ class UsageRecorder:
         completion_tokens: int,
         cost: float,
         latency_ms: float,
+        *,
+        admitted: bool = True,
     ) -> None:
-        """Add one request; no I/O."""
+        """Add one request; no I/O. admitted: it passed admission (a refusal did not)."""
         key = UsageKey(self._today(), key_id, project_id, model, status)
         totals = self._pending.get(key)
         if totals is None:
