@@ -136,6 +136,7 @@ class Admission:
                 param="model",
             )
         started = time.perf_counter()
+        admitted_at = time.time()
         limit = self._max_tokens(model)
         payload = call.payload
         asked = _asked(payload, _MAX_NAMES[0]) or _asked(payload, _MAX_NAMES[1])
@@ -190,8 +191,9 @@ class Admission:
                 used = (prompt, completion)
             spent = cost(price, *used)
             self._quotas.settle(ticket, sum(used), spent)
+            latency_ms = (time.perf_counter() - started) * 1000
             self._recorder.record(
-                key.id, key.project_id, model, status, *used, spent, (time.perf_counter() - started) * 1000
+                key.id, key.project_id, model, status, *used, spent, latency_ms, at=admitted_at
             )
 
         call.done = done

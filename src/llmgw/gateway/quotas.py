@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 
 import attrs
 
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.journal import Entry
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store.db import Store
 from llmgw.store.keys import KeyRecord
@@ -206,6 +207,25 @@ class Quotas:
         for scope, state in self._budgets.items():
             state.starts, state.ends_at = _period(state.period, now)
             state.spent = spent[scope]
+
+    def restore(self, entries: Iterable[Entry]) -> None:
+        """Put the requests of the last minute back in their scopes' windows, after a restart.
+
+        From the usage journal: with what they used, on every scope of their chain, as admit() and
+        settle() left them; refresh() first, for the chains.
+        """
+        now, wall = time.monotonic(), time.time()
+        for entry in sorted(entries, key=lambda e: e.t):
+            if not entry.admitted or entry.t <= wall - WINDOW_S:
+                continue
+            reservation = _Reservation(now - (wall - entry.t), entry.prompt_tokens + entry.completion_tokens)
+            for scope in (Scope("key", entry.key_id), *self._chains.get(entry.project_id, ())):
+                window = self._windows.get(scope)
+                if window is None:
+                    window = self._windows[scope] = _Window()
+                window.events.append(reservation)
+                window.requests += 1
+                window.tokens += reservation.tokens
 
     def chain(self, key: KeyRecord) -> Chain | None:
         if key.project_id in self._hierarchy.projects:
