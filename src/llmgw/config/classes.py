@@ -188,9 +188,10 @@ class ServerConfig:
     )
     usage_sync_s: float = _field(
         1.0,
-        "How often the usage journal (`<state_dir>/usage-journal/`) is synced to disk, in seconds. A "
-        "request's usage reaches the journal before its last bytes reach the client, so a killed server "
-        "loses none; a power loss may lose what the last interval journaled. See docs/gateway.md.",
+        "How often the usage journal (`usage-journal/` beside the store's database) is synced to disk, "
+        "in seconds. A request's usage reaches the journal before its last bytes reach the client, so a "
+        "killed server loses none; a power loss may lose what the last interval journaled. "
+        "See docs/gateway.md.",
         lambda v: "" if isinstance(v, (int, float)) and v > 0 else f"must be more than 0, not {v!r}",
     )
 
