@@ -129,8 +129,9 @@ class TestAcrossARestart:
             await quotas.refresh(store)
             assert quotas.spent(Scope("key", 1)) == pytest.approx(0.75)
 
+    @pytest.mark.parametrize("clean", [False, True], ids=["killed", "stopped"])
     async def test_rate_limit_windows_do_not_reset_to_empty_after_a_restart(
-        self, store: Store, tmp_path: Path
+        self, store: Store, tmp_path: Path, clean: bool
     ) -> None:
         _, key = await create_key(store, "k")
         await set_limits(store, Scope("project", 1), rpm=3, tpm=None)
@@ -142,7 +143,13 @@ class TestAcrossARestart:
                 ticket = quotas.admit(key, 15, 0.0)
                 quotas.settle(ticket, 15, 0.0)
                 recorder.record(key.id, 1, "m", 200, 10, 5, 0.0, 1.0)
-            _die(journal)
+            if clean:
+                # A clean stop: everything written to the store, the journal synced and closed.
+                await recorder.flush(store)
+                journal.stop()
+                await journal.run()
+            else:
+                _die(journal)
         async with open_journal(tmp_path / "j", store, 1.0) as (journal, recent):
             quotas = Quotas(UsageRecorder(journal=journal))
             await quotas.refresh(store)
