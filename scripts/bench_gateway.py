@@ -30,6 +30,7 @@ import psutil
 
 from llmgw import config
 from llmgw.config import PriceConfig, ProfileConfig, ServerConfig
+from llmgw.engines.sim_server import API_KEY_ENV
 from llmgw.roles.dev import DEV_MODEL, prepare_dev
 from llmgw.store import open_store
 from llmgw.store.quotas import set_budget, set_limits
@@ -54,8 +55,8 @@ async def _limit_everything(server: ServerConfig) -> None:
 
 
 @contextmanager
-def running_llmgw(workdir: Path, auth: bool) -> Iterator[tuple[str, str, str]]:
-    """(gateway URL, API key, the engine's direct URL) of a dev system with a zero-delay sim engine."""
+def running_llmgw(workdir: Path, auth: bool) -> Iterator[tuple[str, str, str, str]]:
+    """(gateway URL, API key, the engine's direct URL, its secret) of a dev system with a zero-delay sim."""
     dev_dir = workdir / ".llmgw-dev"
     setup = prepare_dev(dev_dir, ("server",))
     assert setup.server is not None
@@ -104,16 +105,18 @@ def running_llmgw(workdir: Path, auth: bool) -> Iterator[tuple[str, str, str]]:
                 key = found[1]
                 break
         deadline = time.monotonic() + 60
-        direct = ""
+        direct = secret = ""
         while not direct and time.monotonic() < deadline:
             for child in psutil.Process(process.pid).children(recursive=True):
                 cmd = child.cmdline()
                 if "llmgw.engines.sim" in " ".join(cmd) and "--port" in cmd:
                     direct = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
+                    # The engine answers only its replica's secret (from its environment, never argv).
+                    secret = child.environ().get(API_KEY_ENV, "")
             time.sleep(0.2)
         if not (url and key and direct):
             raise SystemExit("llmgw did not start its sim engine within 60 s")
-        yield url, key, direct
+        yield url, key, direct, secret
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
@@ -213,11 +216,11 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
         for auth in modes:
-            with running_llmgw(Path(tmp) / f"auth-{auth}", auth) as (url, key, direct):
+            with running_llmgw(Path(tmp) / f"auth-{auth}", auth) as (url, key, direct, secret):
                 asyncio.run(_wait_ready(url, key))
                 for concurrency in args.concurrency:
                     for stream in (False, True):
-                        d = _measure(direct, key, concurrency, stream, args.seconds)
+                        d = _measure(direct, secret, concurrency, stream, args.seconds)
                         g = _measure(url, key, concurrency, stream, args.seconds)
                         rows.append((auth, concurrency, stream, d, g))
     print(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,11 +19,23 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import attrs
 import pytest
 import pytest_asyncio
+from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.catalog import Catalog
+from llmgw.config import ModelConfig, ServerConfig
 from llmgw.engines.base import LaunchSpec
 from llmgw.engines.llamacpp import LlamaCppEngine
+from llmgw.gateway.admission import Admission
+from llmgw.gateway.app import make_gateway_app
+from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.quotas import Quotas
+from llmgw.gateway.usage import UsageRecorder, find_usage
+from llmgw.store import open_store
+from llmgw.store.keys import create_key
+from llmgw.store.usage import usage_by_day
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("LLMGW_BUILD_CACHE", Path.home() / ".cache" / "llmgw" / "llama-server"))
@@ -205,3 +218,75 @@ async def test_a_streamed_chat_completion_ends_with_a_usage_chunk(server: str) -
     assert usage["prompt_tokens"] > 0
     assert 1 <= usage["completion_tokens"] <= 8
     assert any(c["choices"] and c["choices"][0]["delta"].get("content") for c in chunks[:-1])
+
+
+# What differs between two calls to llama-server: the id, the time, and its timings (how long it took).
+_PER_CALL = re.compile(rb'"(id|created)":("[^"]*"|\d+)|"timings":\{[^{}]*\}')
+
+
+def _normalised(stream: bytes) -> bytes:
+    return _PER_CALL.sub(lambda m: m[0].split(b":", 1)[0] + b':"-"', stream)
+
+
+async def test_a_stream_through_the_gateway_without_usage_is_the_engines_bytes_and_charged_its_count(
+    server: str, tmp_path: Path
+) -> None:
+    body = {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": "Hello there, how are you?"}],
+        "max_tokens": 6,
+        "temperature": 0,
+        "seed": 1,
+        "stream": True,
+    }
+    recorder = UsageRecorder()
+    async with open_store(tmp_path / "llmgw.db") as store:
+        plaintext, _ = await create_key(store, "k")
+        keys = KeyCache()
+        await keys.refresh(store)
+        cfg = ServerConfig(models=[ModelConfig(name="tiny-chat")])
+        catalog = Catalog(cfg)
+        quotas = Quotas(recorder)
+        await quotas.refresh(store)
+        app = make_gateway_app(
+            cfg, catalog, _OneEngine(server), keys, Admission(cfg, catalog, quotas, recorder)
+        )
+        async with (
+            TestClient(TestServer(app, host="127.0.0.1", port=0)) as gateway,
+            _fresh_connections() as s,
+        ):
+            async with gateway.post(
+                "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {plaintext}"}
+            ) as resp:
+                assert resp.status == 200
+                through = await resp.read()
+            async with s.post(server + "/v1/chat/completions", json=body) as resp:
+                direct = await resp.read()
+            asked = {**body, "stream_options": {"include_usage": True}}
+            async with s.post(server + "/v1/chat/completions", json=asked) as resp:
+                counted = find_usage(await resp.read())
+        await recorder.flush(store)
+        (row,) = await usage_by_day(store)
+    # The client's bytes are the engine's, ids, times and timings aside; timings stay in the finish chunk.
+    assert _normalised(through) == _normalised(direct)
+    assert b'"usage"' not in through and b'"timings"' in through
+    assert counted is not None and (row.prompt_tokens, row.completion_tokens) == counted
+
+
+def _fresh_connections() -> aiohttp.ClientSession:
+    # llama-server may close a connection after a stream; a pooled one would then fail the next call.
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
+@attrs.define
+class _OneEngine:
+    endpoint: str
+
+    def ready_endpoints(self, model: str) -> list[str]:
+        return [self.endpoint]
+
+    def why_no_ready(self, model: str) -> str:
+        return "none"
+
+    def route(self, endpoint: str) -> None:
+        return None

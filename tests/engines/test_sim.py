@@ -106,9 +106,23 @@ class TestChat:
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
         assert text == 'quote " back\\slash % ünï'
         assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
-        assert all(c["usage"] is None for c in chunks[:-1])
+        # The other chunks are the bytes they would be without usage, as vLLM and llama-server send them.
+        assert all("usage" not in c for c in chunks[:-1])
         assert chunks[-1]["choices"] == []
-        assert chunks[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+        # "ünï": a token per character outside ASCII, as a real tokenizer roughly counts it.
+        assert chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 7, "total_tokens": 14}
+
+    @pytest.mark.parametrize(
+        ("text", "tokens"),
+        [("a " * 1000, 1000), ("汉字很难" * 100, 400), ("🙂🎉" * 50, 100), ("well, hello", 2)],
+    )
+    async def test_a_token_is_an_ascii_run_or_one_character_outside_ascii_never_more_than_its_bytes(
+        self, sim: Client, text: str, tokens: int
+    ) -> None:
+        response = await sim.post("/v1/chat/completions", json=_chat(text, max_tokens=1))
+        usage = (await response.json())["usage"]
+        assert usage["prompt_tokens"] == tokens
+        assert tokens <= len(text.encode())
 
     async def test_a_streamed_reply_has_no_usage_unless_asked(self, sim: Client) -> None:
         response = await sim.post(

@@ -116,6 +116,14 @@ class ModelConfig:
         "This model's price (`prompt_per_1k`, `completion_per_1k`); before server.yaml's `pricing` entry "
         "and `default_price`. How a model added with `llmgw ctl model add` carries its price.",
     )
+    max_tokens: int = _field(
+        4096,
+        "The most completion tokens one request for this model may ask for (`max_tokens` or "
+        "`max_completion_tokens`, times `n`): a request that names none is sent to the engine with this "
+        "many, and one that asks for more is refused with 400. What a request reserves against tpm "
+        "limits and budgets until its real usage is known. See docs/gateway.md.",
+        lambda v: "" if isinstance(v, int) and v >= 1 else f"must be a whole number of at least 1, not {v!r}",
+    )
 
 
 @attrs.frozen
@@ -177,6 +185,14 @@ class ServerConfig:
     )
     default_price: PriceConfig = _field(
         PriceConfig(), "Price of a model `pricing` does not name; both 0 means such a model has no price."
+    )
+    usage_sync_s: float = _field(
+        1.0,
+        "How often the usage journal (`usage-journal/` beside the store's database) is synced to disk, "
+        "in seconds. A request's usage reaches the journal before its last bytes reach the client, so a "
+        "killed server loses none; a power loss may lose what the last interval journaled. "
+        "See docs/gateway.md.",
+        lambda v: "" if isinstance(v, (int, float)) and v > 0 else f"must be more than 0, not {v!r}",
     )
 
     @property

@@ -7,15 +7,23 @@ so the gateway benchmark has a baseline that costs next to nothing.
 
 What it says, so tests can rely on it:
 
-- The reply echoes the words of the prompt (the last message for chat, the
+- The reply echoes the tokens of the prompt (the last message for chat, the
   prompt for completions), at most ``max_tokens`` of them (default 16;
   ``max_completion_tokens`` wins for chat). ``finish_reason`` is "length" when
-  the prompt had more words than that, "stop" otherwise.
-- A token is a whitespace-separated word: ``prompt_tokens`` counts the words of
-  every message (text parts of list contents included), ``completion_tokens``
-  the words of the reply.
+  the prompt had more tokens than that, "stop" otherwise.
+- A token is a run of ASCII characters between whitespace, or a single
+  character outside ASCII (each CJK character, each emoji code point is one),
+  as a real tokenizer counts such text: never more tokens than the text has
+  UTF-8 bytes, and many more than a byte count over four for prompts of
+  one-letter words or CJK. ``prompt_tokens`` counts the tokens of every message
+  (text parts of list contents included), ``completion_tokens`` those of the
+  reply. The reply echoes the prompt's tokens, with a space where it had whitespace.
 - ``ttft_ms`` delays the first token and ``tokens_per_s`` paces the rest; zero
   means no delay at all, not a zero-length sleep.
+- A stream with ``stream_options.include_usage`` has one more chunk before
+  ``data: [DONE]``: no choices, the usage of the whole request. The other
+  chunks are the same bytes as without it (no ``"usage":null``), as vLLM and
+  llama-server send them.
 - With LLMGW_ENGINE_API_KEY set, every path but /health wants
   ``Authorization: Bearer <that secret>`` and answers 401 otherwise, as
   llama-server does with its --api-key.
@@ -29,6 +37,7 @@ import hmac
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -53,6 +62,19 @@ _CHAT_TOKEN = '{"index":0,"delta":{"content":"%s"},"logprobs":null,"finish_reaso
 _CHAT_FINISH = '{"index":0,"delta":{},"logprobs":null,"finish_reason":"%s"'
 _TEXT_TOKEN = '{"index":0,"text":"%s","logprobs":null,"finish_reason":null'
 _TEXT_FINISH = '{"index":0,"text":"","logprobs":null,"finish_reason":"%s"'
+# A run of ASCII that is not whitespace, or one character outside ASCII: the gateway's prompt
+# reservation must hold for prompts a byte-count-over-four estimate undercounts (one-letter words,
+# CJK, emoji), so the sim counts them the way a real tokenizer roughly does.
+# Each match keeps the whitespace before it, so that the echo puts a space only where the prompt had one.
+_TOKEN = re.compile(r"\s*(?:[^\s\x80-\U0010ffff]+|\S)")
+
+
+def _tokens(text: str) -> list[str]:
+    """The text's tokens, each with one space before it where the text had whitespace (none first)."""
+    pieces = [" " + t.lstrip() if t[0].isspace() else t for t in _TOKEN.findall(text)]
+    if pieces:
+        pieces[0] = pieces[0].lstrip()
+    return pieces
 
 
 class _BadRequest(Exception):
@@ -142,7 +164,7 @@ def _parse_chat(body: dict[str, Any]) -> _Request:
     for message in messages:
         if not isinstance(message, dict):
             raise _BadRequest(400, "every message must be an object with role and content", param="messages")
-        last = _text_of(message.get("content")).split()
+        last = _tokens(_text_of(message.get("content")))
         prompt_tokens += len(last)
     return _Request(prompt_tokens, last, _max_tokens(body, ("max_completion_tokens", "max_tokens")), body)
 
@@ -150,11 +172,11 @@ def _parse_chat(body: dict[str, Any]) -> _Request:
 def _parse_completion(body: dict[str, Any]) -> _Request:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        words = prompt.split()
+        words = _tokens(prompt)
         prompt_tokens = len(words)
     elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        words = prompt[-1].split() if prompt else []
-        prompt_tokens = sum(len(p.split()) for p in prompt)
+        words = _tokens(prompt[-1]) if prompt else []
+        prompt_tokens = sum(len(_tokens(p)) for p in prompt)
     else:
         raise _BadRequest(400, "prompt must be a string or a list of strings", param="prompt")
     return _Request(prompt_tokens, words, _max_tokens(body, ("max_tokens",)), body)
@@ -184,10 +206,10 @@ class _SimServer:
         self.chat_requests = requests.labels("chat")
         self.completion_requests = requests.labels("completions")
         self.prompt_tokens = Counter(
-            "llmgw_sim_prompt_tokens", "Prompt tokens (words) received.", registry=self.registry
+            "llmgw_sim_prompt_tokens", "Prompt tokens received.", registry=self.registry
         )
         self.completion_tokens = Counter(
-            "llmgw_sim_completion_tokens", "Completion tokens (words) sent.", registry=self.registry
+            "llmgw_sim_completion_tokens", "Completion tokens sent.", registry=self.registry
         )
         models = {
             "object": "list",
@@ -239,7 +261,7 @@ class _SimServer:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": " ".join(parsed.reply)},
+                        "message": {"role": "assistant", "content": "".join(parsed.reply)},
                         "logprobs": None,
                         "finish_reason": parsed.finish_reason,
                     }
@@ -269,7 +291,7 @@ class _SimServer:
                 "choices": [
                     {
                         "index": 0,
-                        "text": " ".join(parsed.reply),
+                        "text": "".join(parsed.reply),
                         "logprobs": None,
                         "finish_reason": parsed.finish_reason,
                     }
@@ -310,11 +332,13 @@ class _SimServer:
 
     @staticmethod
     def _chunks(parsed: _Request, head: str, role: str, token: str, finish: str) -> Iterator[str]:
-        end = '}],"usage":null}\n\n' if parsed.include_usage else "}]}\n\n"
+        # No `"usage":null` on the other chunks, as vLLM and llama-server send them: asked for usage
+        # or not, a stream differs only by its last chunk, the one the gateway hides when it asked.
+        end = "}]}\n\n"
         # The role event (chat only) goes out with the first token, as one write.
         pending = head + role + end if role else ""
-        for i, word in enumerate(_escaped(parsed.reply)):
-            yield pending + head + token % (word if i == 0 else " " + word) + end
+        for word in _escaped(parsed.reply):
+            yield pending + head + token % word + end
             pending = ""
         tail = pending + head + finish % parsed.finish_reason + end
         if parsed.include_usage:

@@ -1,16 +1,21 @@
 """The admission stage: model allow-list, rate limits and budgets before routing; settlement and usage after.
 
-Between read_request and route. Tokens are reserved at admission (an
-estimate of the prompt from its size, plus max_tokens, capped) and settled
-to the usage the engine reports once the reply has been sent; the request's
-usage is recorded in memory for the writer.
+Between read_request and route. What a request reserves is an upper bound of
+what it can cost: its prompt at one token per byte of the request plus the
+chat template's overhead, its completion at max_tokens (the model's
+`max_tokens` when it names none, which the engine is then sent) times `n`. It
+is settled to the usage the engine reports: the gateway asks for it on every
+stream, and the proxy hides what the client did not ask for. The request's
+usage is recorded (and journaled) before its last bytes go to the client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -22,15 +27,16 @@ from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store.quotas import Budget
 
-# A request that names no max_tokens is assumed to want this many: enough that
-# tpm bites, not so many that one request fills a small tpm on its own.
-_DEFAULT_COMPLETION = 1024
-# No reservation above this, whatever max_tokens says (some clients send the
-# model's whole context length); settlement corrects it afterwards.
-_RESERVE_CAP = 32768
-# JSON of chat messages runs to about four bytes a token; an overestimate is
-# corrected at settlement, an underestimate would let a burst through.
-_BYTES_PER_TOKEN = 4
+# A token is at least one byte of the text it stands for with every tokenizer
+# the engines use (byte-level BPE, SentencePiece with byte fallback), so the
+# request's length in bytes bounds its prompt's tokens; what the chat template
+# adds per message (role markers) is under the JSON the message costs in the
+# request, and this covers what it adds once (BOS, a default system prompt,
+# the assistant's header). An estimate below the truth would let concurrent
+# requests through a budget together; settlement corrects the excess.
+TEMPLATE_OVERHEAD = 128
+_MAX_NAMES = ("max_completion_tokens", "max_tokens")
+_DEFAULT_MAX_TOKENS = ModelConfig().max_tokens
 
 
 def price_of(cfg: ServerConfig, model: str, definition: ModelConfig | None = None) -> PriceConfig | None:
@@ -67,12 +73,23 @@ def budget_warnings(cfg: ServerConfig, budgets: Sequence[Budget], models: Sequen
     ]
 
 
-def _completion_tokens(payload: dict[str, object]) -> int:
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = payload.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return _DEFAULT_COMPLETION
+def _asked(payload: dict[str, Any], name: str) -> int | None:
+    value = payload.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(400, f"{name} must be a whole number of at least 1, not {value!r}", param=name)
+    return value
+
+
+def _choices(payload: dict[str, Any]) -> int:
+    """How many completions the engine generates: n, or best_of (legacy completions) when larger."""
+    return max(_asked(payload, "n") or 1, _asked(payload, "best_of") or 1)
+
+
+def _wants_usage(payload: dict[str, Any]) -> bool:
+    options = payload.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 class Admission:
@@ -86,12 +103,23 @@ class Admission:
         self._catalog = catalog
         self._generation = -1
         self._prices: dict[str, PriceConfig | None] = {}
+        self._limits: dict[str, int] = {}
+
+    def _reload(self) -> None:
+        if self._generation != self._catalog.generation:
+            models = self._catalog.models()
+            self._prices = {m.name: price_of(self._cfg, m.name, m) for m in models}
+            self._limits = {m.name: m.max_tokens for m in models}
+            self._generation = self._catalog.generation
 
     def _price(self, model: str) -> PriceConfig | None:
-        if self._generation != self._catalog.generation:
-            self._prices = {m.name: price_of(self._cfg, m.name, m) for m in self._catalog.models()}
-            self._generation = self._catalog.generation
+        self._reload()
         return self._prices[model] if model in self._prices else price_of(self._cfg, model)
+
+    def _max_tokens(self, model: str) -> int:
+        """The model's `max_tokens`; a model not in the catalog (the router refuses it) the default's."""
+        self._reload()
+        return self._limits.get(model, _DEFAULT_MAX_TOKENS)
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
         key = call.key
@@ -108,17 +136,67 @@ class Admission:
                 param="model",
             )
         started = time.perf_counter()
-        prompt = len(call.body) // _BYTES_PER_TOKEN
-        completion = _completion_tokens(call.payload)
+        admitted_at = time.time()
+        limit = self._max_tokens(model)
+        payload = call.payload
+        asked = _asked(payload, _MAX_NAMES[0]) or _asked(payload, _MAX_NAMES[1])
+        completion = (asked or limit) * _choices(payload)
+        if completion > limit:
+            raise ApiError(
+                400,
+                f"this request asks for up to {completion} completion tokens; {model} allows at most {limit} "
+                "per request (max_tokens times n): ask for fewer",
+                param="max_tokens",
+                code="max_tokens_too_large",
+            )
+        prompt = len(call.body) + TEMPLATE_OVERHEAD
         price = self._price(model)
         try:
-            ticket = self._quotas.admit(
-                key, min(prompt + completion, _RESERVE_CAP), cost(price, prompt, completion)
-            )
+            ticket = self._quotas.admit(key, prompt + completion, cost(price, prompt, completion))
         except ApiError as refusal:
-            self._recorder.record(key.id, key.project_id, model, refusal.status, 0, 0, 0.0, 0.0)
+            self._recorder.record(
+                key.id, key.project_id, model, refusal.status, 0, 0, 0.0, 0.0, admitted=False
+            )
             raise
+        changes: dict[str, Any] = {}
+        if asked is None:
+            # The engine's own default may be far longer (to the end of its context): it must stop
+            # where the reservation does.
+            changes["max_tokens"] = limit
+        if payload.get("stream") is True and not _wants_usage(payload):
+            # Most clients stream without asking for usage; the engine's count is the only true one.
+            options = payload.get("stream_options")
+            changes["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
+            call.hide_usage = True
+        if changes:
+            call.body = json.dumps({**payload, **changes}, ensure_ascii=False).encode()
         call.count_usage = True
+        charged = False
+
+        def done(status: int) -> None:
+            nonlocal charged
+            if charged:
+                return
+            charged = True
+            if call.usage is not None:
+                used = call.usage
+            elif status >= 400 and status != 499:
+                used = (0, 0)
+            else:
+                # A reply that reports no usage (a client that left before the engine reported it) is
+                # charged what was reserved, so that leaving early saves nothing.
+                used = (prompt, completion)
+            spent = cost(price, *used)
+            self._quotas.settle(ticket, sum(used), spent)
+            latency_ms = (time.perf_counter() - started) * 1000
+            self._recorder.record(
+                key.id, key.project_id, model, status, *used, spent, latency_ms, at=admitted_at
+            )
+
+        call.done = done
         status = 500
         try:
             response = await rest(call)
@@ -132,22 +210,4 @@ class Admission:
             status = 499
             raise
         finally:
-            if call.usage is not None:
-                prompt, completion = call.usage
-            elif status >= 400 and status != 499:
-                prompt = completion = 0
-            # else: a reply that reports no usage (a stream without
-            # stream_options.include_usage, or one the client left early) is
-            # charged what was reserved, so that leaving early saves nothing.
-            spent = cost(price, prompt, completion)
-            self._quotas.settle(ticket, prompt + completion, spent)
-            self._recorder.record(
-                key.id,
-                key.project_id,
-                model,
-                status,
-                prompt,
-                completion,
-                spent,
-                (time.perf_counter() - started) * 1000,
-            )
+            done(status)

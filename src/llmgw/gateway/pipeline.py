@@ -36,6 +36,12 @@ class Call:
     # (prompt_tokens, completion_tokens), into `usage` as the reply passes.
     count_usage: bool = False
     usage: tuple[int, int] | None = None
+    # Set by admission when it asked the engine for a stream's usage on the client's behalf: the
+    # proxy hides the usage chunk the client did not ask for.
+    hide_usage: bool = False
+    # Set by admission: the proxy calls it with the reply's status once the whole reply is read,
+    # before its last bytes go to the client, so that its usage is journaled first.
+    done: Callable[[int], None] | None = None
     # The model whose replica serves the call: `model`, or one of its fallbacks (set by the router).
     served_model: str = ""
     # The endpoint's node, secret and lost signal (set by the router); None when the table has none.

@@ -24,6 +24,7 @@ from multidict import istr
 
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call
+from llmgw.gateway.streams import StreamTap
 from llmgw.gateway.usage import STREAM_TAIL, find_usage
 
 log = structlog.get_logger(__name__)
@@ -176,6 +177,11 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
     async with upstream:
         headers = {name: upstream.headers[name] for name in _COPIED_HEADERS if name in upstream.headers}
         headers[MODEL_HEADER] = call.served_model or call.model
+        events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
+        tap = StreamTap(call.hide_usage) if call.count_usage and events else None
+        if tap is not None and call.hide_usage:
+            # Its length is the engine's, with the chunk the client did not ask for.
+            headers.pop(hdrs.CONTENT_LENGTH, None)
         try:
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -184,23 +190,46 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
             # The whole reply is already here (a non-streamed completion, most
             # often): a plain Response sends headers and body in one write,
             # where a StreamResponse sends its headers on their own first.
-            if call.count_usage:
+            if tap is not None:
+                chunk = tap.feed(chunk) + tap.end()
+                call.usage = tap.usage
+            elif call.count_usage:
                 call.usage = find_usage(chunk)
+            if call.done is not None:
+                # Before the response exists: aiohttp sends it only once this handler has returned.
+                call.done(upstream.status)
             return web.Response(body=chunk, status=upstream.status, reason=upstream.reason, headers=headers)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-        # The end of the reply, where the usage is: the bytes go on to the
-        # client as they come, only the last few KB are kept.
-        tail = bytearray() if call.count_usage else None
+        # A reply that is not a stream of events (a long non-streamed one) goes one read behind, so that
+        # its last bytes wait for its usage to be journaled; only its last few KB are kept to find it in.
+        tail = bytearray() if call.count_usage and tap is None else None
+        behind = b""
         try:
             started.append(response)
             await response.prepare(call.request)
             while chunk:
-                await response.write(chunk)
-                if tail is not None:
+                if tap is not None:
+                    if ready := tap.feed(chunk):
+                        await response.write(ready)
+                elif tail is not None:
+                    if behind:
+                        await response.write(behind)
+                    behind = chunk
                     tail += chunk
                     if len(tail) > 2 * STREAM_TAIL:
                         del tail[:-STREAM_TAIL]
+                else:
+                    await response.write(chunk)
                 chunk = await upstream.content.readany()
+            if tap is not None:
+                behind = tap.end()
+                call.usage = tap.usage
+            elif tail is not None:
+                call.usage = find_usage(tail)
+            if call.done is not None:
+                call.done(upstream.status)
+            if behind:
+                await response.write(behind)
             await response.write_eof()
         except ConnectionResetError:
             # The client went away; leaving the block closes the engine's
@@ -222,6 +251,7 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
                 call.request.transport.close()
             raise
         finally:
-            if tail is not None:
-                call.usage = find_usage(tail)
+            if call.usage is None:
+                # Cut short: the last usage the engine reported on the way, if it reports any mid-stream.
+                call.usage = tap.usage if tap is not None else None
         return response

@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 
 import attrs
 
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.journal import Entry
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store.db import Store
 from llmgw.store.keys import KeyRecord
@@ -73,7 +74,9 @@ class _Window:
         held = self.tokens
         if tpm <= 0:
             return WINDOW_S
-        if not held or held + tokens <= tpm:
+        if tokens > tpm:
+            return math.inf
+        if held + tokens <= tpm:
             return 0.0
         for event in self.events:
             held -= event.tokens
@@ -127,7 +130,7 @@ class Ticket:
 
 def _over(window: _Window, tpm: int, tokens: int) -> bool:
     """Whether tokens more would pass tpm: a tpm of 0 refuses everything."""
-    return tpm <= 0 or (window.tokens > 0 and window.tokens + tokens > tpm)
+    return window.tokens + tokens > tpm
 
 
 def _seconds(value: float) -> str:
@@ -205,6 +208,25 @@ class Quotas:
             state.starts, state.ends_at = _period(state.period, now)
             state.spent = spent[scope]
 
+    def restore(self, entries: Iterable[Entry]) -> None:
+        """Put the requests of the last minute back in their scopes' windows, after a restart.
+
+        From the usage journal: with what they used, on every scope of their chain, as admit() and
+        settle() left them; refresh() first, for the chains.
+        """
+        now, wall = time.monotonic(), time.time()
+        for entry in sorted(entries, key=lambda e: e.t):
+            if not entry.admitted or entry.t <= wall - WINDOW_S:
+                continue
+            reservation = _Reservation(now - (wall - entry.t), entry.prompt_tokens + entry.completion_tokens)
+            for scope in (Scope("key", entry.key_id), *self._chains.get(entry.project_id, ())):
+                window = self._windows.get(scope)
+                if window is None:
+                    window = self._windows[scope] = _Window()
+                window.events.append(reservation)
+                window.requests += 1
+                window.tokens += reservation.tokens
+
     def chain(self, key: KeyRecord) -> Chain | None:
         if key.project_id in self._hierarchy.projects:
             return self._hierarchy.chain(key.project_id)
@@ -248,8 +270,8 @@ class Quotas:
             if window is None:
                 window = self._windows[scope] = _Window()
             window.prune(now)
-            # A request larger than the whole minute's allowance still gets an
-            # empty window; otherwise it could never be served.
+            # A request that may use more than the whole minute's allowance is refused even on an
+            # empty window: admitted, it could take the window past its limit.
             if (rpm is not None and window.requests >= rpm) or (
                 tpm is not None and _over(window, tpm, tokens)
             ):
@@ -260,8 +282,8 @@ class Quotas:
             state = self._budgets.get(scope)
             if state is not None:
                 state.roll(time.time())
-                if state.spent + state.reserved >= state.amount:
-                    raise self._budget_spent(scope, key, state)
+                if state.spent + state.reserved + cost > state.amount:
+                    raise self._budget_spent(scope, key, state, cost)
                 budgets.append(state)
         reservation = _Reservation(now, tokens)
         for window in windows:
@@ -322,30 +344,49 @@ class Quotas:
                     f"{tpm} tokens per minute (this request reserves {tokens}: its prompt and max_tokens)"
                 )
         wait = max(waits)
-        headers["Retry-After"] = str(max(math.ceil(wait), 1))
-        headers["retry-after-ms"] = str(max(math.ceil(wait * 1000), 1))
+        if math.isinf(wait):
+            # More than the whole minute's allowance: no wait helps.
+            del headers["x-ratelimit-reset-tokens"]
+            advice = "no retry will help: ask for fewer max_tokens or send a shorter prompt"
+        else:
+            headers["Retry-After"] = str(max(math.ceil(wait), 1))
+            headers["retry-after-ms"] = str(max(math.ceil(wait * 1000), 1))
+            advice = f"try again in {max(math.ceil(wait), 1)} s"
         return ApiError(
             429,
-            f"rate limit reached for {self._name(scope, key)}: {' and '.join(said)}; "
-            f"try again in {max(math.ceil(wait), 1)} s",
+            f"rate limit reached for {self._name(scope, key)}: {' and '.join(said)}; {advice}",
             type="requests" if rpm is not None and window.requests >= rpm else "tokens",
             code="rate_limit_exceeded",
             headers=headers,
         )
 
-    def _budget_spent(self, scope: Scope, key: KeyRecord, state: _BudgetState) -> ApiError:
+    def _budget_spent(self, scope: Scope, key: KeyRecord, state: _BudgetState, cost: float) -> ApiError:
         period = "in total" if state.period == "total" else f"this {state.period} (since {state.starts})"
-        headers = None
-        until = ""
+        name = self._name(scope, key)
+        if state.spent >= state.amount:
+            said = f"the budget of {name} is spent: {state.spent:.4g} of {state.amount:g} {period}"
+        else:
+            held = f", {state.reserved:.4g} held by requests in flight" if state.reserved else ""
+            said = (
+                f"the budget of {name} has too little left for this request: {state.spent:.4g} of "
+                f"{state.amount:g} spent {period}{held}, and this request may cost up to {cost:.4g} "
+                "(its prompt and max_tokens)"
+            )
+        headers: dict[str, str] | None = None
         if math.isfinite(state.ends_at):
             wait = max(math.ceil(state.ends_at - time.time()), 1)
             headers = {"Retry-After": str(wait)}
             until = f"; it renews on {datetime.fromtimestamp(state.ends_at, UTC):%Y-%m-%d} (UTC)"
-        in_flight = f", {state.reserved:.4g} more held by requests in flight" if state.reserved else ""
+        elif state.spent + cost > state.amount:
+            # A total budget never renews: only an administrator raising it helps.
+            until = "; a total budget does not renew, so no retry will help until it is raised"
+        else:
+            # Only what requests in flight hold stands in the way; they settle to what they use.
+            headers = {"Retry-After": "1"}
+            until = "; try again when requests in flight have finished"
         return ApiError(
             429,
-            f"the budget of {self._name(scope, key)} is spent: {state.spent:.4g} of {state.amount:g} "
-            f"{period}{in_flight}{until}",
+            said + until,
             type="insufficient_quota",
             code="insufficient_quota",
             headers=headers,

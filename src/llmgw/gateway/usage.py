@@ -1,8 +1,9 @@
 """Usage: read from the engine's reply as it passes, added up in memory, written in batches.
 
-No request writes to the database: `UsageRecorder.record` adds to a dict and
-one writer task moves the totals into the store every second, and once more
-when the server stops.
+No request writes to the database: `UsageRecorder.record` adds to a dict (and
+copies a record into the usage journal, journal.py, which survives the
+process) and one writer task moves the totals into the store every second, and
+once more when the server stops.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import structlog
 
+from llmgw.gateway.journal import Entry, Journal
 from llmgw.store.db import Store
 from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 
@@ -58,8 +60,11 @@ def find_usage(data: bytes | bytearray) -> tuple[int, int] | None:
 class UsageRecorder:
     """Totals per day, key, project, model and status, waiting for the writer."""
 
-    def __init__(self, interval_s: float = 1.0) -> None:
+    def __init__(self, interval_s: float = 1.0, journal: Journal | None = None) -> None:
         self._interval_s = interval_s
+        # None: nothing survives the process (tests of what is counted, not of what is kept).
+        self._journal = journal
+        self._seq = 0  # the last journal record among the pending totals
         self._pending: dict[UsageKey, UsageTotals] = {}
         self._stopping = asyncio.Event()
         self._day = ""
@@ -87,9 +92,32 @@ class UsageRecorder:
         completion_tokens: int,
         cost: float,
         latency_ms: float,
+        *,
+        admitted: bool = True,
+        at: float | None = None,
     ) -> None:
-        """Add one request; no I/O."""
-        key = UsageKey(self._today(), key_id, project_id, model, status)
+        """Add one request; no I/O. admitted: it passed admission (a refusal did not), at the wall-clock
+        second at (now when None)."""
+        day = self._today()
+        if self._journal is not None:
+            self._seq = self._journal.next_seq
+            self._journal.append(
+                Entry(
+                    self._seq,
+                    time.time() if at is None else at,
+                    day,
+                    key_id,
+                    project_id,
+                    model,
+                    status,
+                    prompt_tokens,
+                    completion_tokens,
+                    cost,
+                    latency_ms,
+                    admitted,
+                )
+            )
+        key = UsageKey(day, key_id, project_id, model, status)
         totals = self._pending.get(key)
         if totals is None:
             totals = self._pending[key] = UsageTotals()
@@ -109,8 +137,9 @@ class UsageRecorder:
             if not self._pending:
                 return
             batch, self._pending = self._pending, {}
+            seq = self._seq if self._journal is not None else None
             try:
-                await add_usage(store, batch.items())
+                await add_usage(store, batch.items(), journal_seq=seq)
             except BaseException:
                 # Back into pending, so that the next flush tries again and
                 # the gateway's budgets keep counting it.
@@ -122,6 +151,8 @@ class UsageRecorder:
                     into.cost += totals.cost
                     into.latency_ms += totals.latency_ms
                 raise
+            if self._journal is not None and seq is not None:
+                self._journal.applied(seq)
 
     def stop(self) -> None:
         """Ask the writer to flush once more and return."""

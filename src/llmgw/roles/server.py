@@ -24,6 +24,7 @@ from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.journal import open_journal
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.listen import cannot_listen, split_host_port
@@ -109,19 +110,28 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         # one catalog: the gateway routes by it, the admin API changes it, the reconciler places it.
         catalog = await Catalog.open(cfg, store)
         inventory = Inventory(grace_s=cfg.control.grace_s)
+        # What the last run journaled but did not write to the store is replayed into it first, so that
+        # budgets count everything spent before this start, and the last minute refills the windows.
+        # Entered before the task group, so that its segments close after the journal's task has ended.
+        journal, recent = await stack.enter_async_context(
+            open_journal(cfg.database_path.parent / "usage-journal", store, cfg.usage_sync_s)
+        )
         owned: list[asyncio.Task[None]] = []
         tasks = await stack.enter_async_context(asyncio.TaskGroup())
         # Registered after the group, so it runs before the group waits for them.
         stack.callback(_cancel_all, owned)
         owned.append(tasks.create_task(_refresh_keys(store, keys), name="key-cache-refresh"))
-        usage = UsageRecorder()
+        usage = UsageRecorder(journal=journal)
         quotas = Quotas(usage, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm)
         await quotas.refresh(store)
+        quotas.restore(recent)
         for warning in budget_warnings(cfg, quotas.budgets, catalog.models()):
             log.warning(warning)
         # Not cancelled but stopped (registered after the group, so before it
         # waits): the writer flushes once more after the gateway has drained.
         tasks.create_task(usage.run(store), name="usage-writer")
+        tasks.create_task(journal.run(), name="usage-journal")
+        stack.callback(journal.stop)
         stack.callback(usage.stop)
         owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
         agent_port = await stack.enter_async_context(serve_agents(cfg, inventory))

@@ -54,8 +54,11 @@ class UsageDay:
         return self.prompt_tokens + self.completion_tokens
 
 
-async def add_usage(store: Store, batch: Iterable[tuple[UsageKey, UsageTotals]]) -> None:
-    """Add a batch of totals to the day's rows, in one transaction."""
+async def add_usage(
+    store: Store, batch: Iterable[tuple[UsageKey, UsageTotals]], journal_seq: int | None = None
+) -> None:
+    """Add a batch of totals to the day's rows, in one transaction; with journal_seq, the highest usage
+    journal record the batch covers (gateway/journal.py), in the same one."""
     rows = [
         (
             k.day,
@@ -74,6 +77,10 @@ async def add_usage(store: Store, batch: Iterable[tuple[UsageKey, UsageTotals]])
     if not rows:
         return
     async with store.transaction() as db:
+        if journal_seq is not None:
+            await db.execute(
+                "UPDATE usage_journal SET applied_seq = MAX(applied_seq, ?) WHERE id = 1", (journal_seq,)
+            )
         await db.executemany(
             "INSERT INTO usage_daily (day, key_id, project_id, model, status, requests, prompt_tokens,"
             " completion_tokens, cost, latency_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -85,6 +92,13 @@ async def add_usage(store: Store, batch: Iterable[tuple[UsageKey, UsageTotals]])
             " latency_ms = latency_ms + excluded.latency_ms",
             rows,
         )
+
+
+async def journal_applied(store: Store) -> int:
+    """The highest usage journal record the usage table has."""
+    async with store.db.execute("SELECT applied_seq FROM usage_journal WHERE id = 1") as cursor:
+        row = await cursor.fetchone()
+    return int(row["applied_seq"]) if row is not None else 0
 
 
 _SCOPE_FILTER = {

@@ -1,0 +1,296 @@
+"""The usage journal: every recorded request on local disk before its last bytes reach the client.
+
+Usage waits in memory for the writer (usage.py) for up to a second; a server
+killed then lost it, though its clients had their replies. Each request's
+record is now also copied into a memory-mapped segment file, before the
+reply's end goes out: a copy into the page cache, no system call, nothing on
+the event loop that waits for the disk. The kernel keeps those pages whatever
+happens to the process, so SIGKILL loses nothing; a task fsyncs them every
+`usage_sync_s` from a thread, so a power loss loses at most that interval.
+
+Every record has a sequence number, and the writer's transaction stores the
+highest one it has added to the store; at start, what the journal has beyond
+that is replayed into the store, and the last minute of it rebuilds the rate
+limits' windows. A segment is deleted once the store has all of it and its
+newest request has left the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import mmap
+import os
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+import attrs
+import structlog
+
+from llmgw.store.db import Store
+from llmgw.store.usage import UsageKey, UsageTotals, add_usage, journal_applied
+
+log = structlog.get_logger(__name__)
+
+# About 100,000 records; preallocated, so that a page fault never has to find a block.
+SEGMENT_BYTES = 16 * 1024 * 1024
+_PREFIX, _SUFFIX = "usage-", ".journal"
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+# How long a record stays useful to the rate limits after it is in the store.
+_WINDOW_S = 60.0
+
+
+@attrs.frozen
+class Entry:
+    """One recorded request."""
+
+    seq: int
+    t: float  # wall-clock second it was admitted (or refused) at
+    day: str  # the UTC day its usage counts on
+    key_id: int
+    project_id: int
+    model: str
+    status: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    latency_ms: float
+    admitted: bool  # it passed admission: it holds a place in its scopes' windows
+
+    def encode(self) -> bytes:
+        # By hand, not attrs.astuple: it is on every request's path, and astuple costs as much again.
+        fields = (
+            self.seq,
+            self.t,
+            self.day,
+            self.key_id,
+            self.project_id,
+            self.model,
+            self.status,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cost,
+            self.latency_ms,
+            self.admitted,
+        )
+        return (_ENCODER.encode(fields) + "\n").encode()
+
+    @classmethod
+    def decode(cls, line: bytes) -> Entry | None:
+        """The entry of one line; None for one cut short (its server died while writing it)."""
+        try:
+            fields = json.loads(line)
+            return cls(*fields)
+        except (ValueError, TypeError):
+            return None
+
+
+@attrs.define
+class _Segment:
+    path: Path
+    fd: int
+    mm: mmap.mmap
+    used: int = 0
+    synced: int = 0
+    last_seq: int = 0
+    last_t: float = 0.0
+
+
+def _create(path: Path) -> _Segment:
+    """A new, preallocated segment, its name already on disk. In a thread: it waits for the disk."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, SEGMENT_BYTES)
+        mm = mmap.mmap(fd, SEGMENT_BYTES)
+        _sync_directory(path.parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    return _Segment(path, fd, mm)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read(directory: Path) -> list[tuple[Path, list[Entry]]]:
+    """Every segment, oldest first, with the whole entries in it. In a thread."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = sorted(p for p in directory.iterdir() if p.name.startswith(_PREFIX) and p.name.endswith(_SUFFIX))
+    segments: list[tuple[Path, list[Entry]]] = []
+    for path in paths:
+        data = path.read_bytes()
+        end = data.find(b"\0")
+        entries = [
+            entry
+            for line in (data if end < 0 else data[:end]).split(b"\n")
+            if line and (entry := Entry.decode(line)) is not None
+        ]
+        segments.append((path, entries))
+    return segments
+
+
+def _new_path(directory: Path) -> Path:
+    # Named by when it was made: a segment is always made before the one that follows it is used.
+    return directory / f"{_PREFIX}{time.time_ns():020d}{_SUFFIX}"
+
+
+class Journal:
+    """Appends records to the current segment; its task syncs, rotates and deletes segments."""
+
+    def __init__(
+        self,
+        directory: Path,
+        sync_s: float,
+        current: _Segment,
+        old: list[tuple[Path, int, float]],
+        next_seq: int,
+    ) -> None:
+        self._directory = directory
+        self._sync_s = sync_s
+        # Segments of earlier runs: (path, last seq, last wall time), deleted when no longer needed.
+        self._old = old
+        self._next_seq = next_seq
+        self._current = current
+        self._spare: _Segment | None = None
+        self._full: list[_Segment] = []  # retired, to be synced, closed and later deleted
+        self._applied = 0
+        self._stopping = asyncio.Event()
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def append(self, entry: Entry) -> None:
+        """Copy one record into the current segment; no system call (but when a segment fills without
+        a spare ready, which the sync task prevents at any rate a server reaches)."""
+        data = entry.encode()
+        segment = self._current
+        if segment.used + len(data) > SEGMENT_BYTES:
+            segment = self._rotate()
+        segment.mm[segment.used : segment.used + len(data)] = data
+        segment.used += len(data)
+        segment.last_seq = entry.seq
+        segment.last_t = entry.t
+        self._next_seq = entry.seq + 1
+
+    def applied(self, seq: int) -> None:
+        """The store has every record up to seq."""
+        self._applied = max(self._applied, seq)
+
+    def _rotate(self) -> _Segment:
+        self._full.append(self._current)
+        spare, self._spare = self._spare, None
+        if spare is None:
+            # Blocks the loop for a moment; the sync task keeps a spare, so only a burst of more than
+            # a segment's worth of requests within one sync interval comes here.
+            spare = _create(_new_path(self._directory))
+        self._current = spare
+        return spare
+
+    def stop(self) -> None:
+        """Ask the task to sync once more and close."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Sync every interval, keep a spare segment, delete what is no longer needed; until stop()."""
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._sync_s):
+                        await self._stopping.wait()
+                last = self._stopping.is_set()
+                try:
+                    await self._sync()
+                    if not last:
+                        await self._tidy()
+                except OSError as exc:
+                    log.error("could not sync the usage journal to disk; trying again", error=str(exc))
+                if last:
+                    return
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Unmap and close every segment; what was copied stays in the page cache for the kernel."""
+        segments = [*self._full, self._current, self._spare]
+        self._full, self._spare = [], None
+        for segment in segments:
+            if segment is not None and not segment.mm.closed:
+                segment.mm.close()
+                os.close(segment.fd)
+
+    async def _sync(self) -> None:
+        for segment in [*self._full, self._current]:
+            if segment.synced < segment.used:
+                used = segment.used
+                await asyncio.to_thread(os.fsync, segment.fd)
+                segment.synced = used
+
+    async def _tidy(self) -> None:
+        if self._spare is None:
+            self._spare = await asyncio.to_thread(_create, _new_path(self._directory))
+        edge = time.time() - _WINDOW_S
+        for path, last_seq, last_t in list(self._old):
+            if last_seq <= self._applied and last_t < edge:
+                await asyncio.to_thread(path.unlink, missing_ok=True)
+                self._old.remove((path, last_seq, last_t))
+        for segment in list(self._full):
+            if segment.synced == segment.used and segment.last_seq <= self._applied and segment.last_t < edge:
+                self._full.remove(segment)
+                segment.mm.close()
+                os.close(segment.fd)
+                await asyncio.to_thread(segment.path.unlink, missing_ok=True)
+
+
+def _totals(entries: Iterable[Entry]) -> dict[UsageKey, UsageTotals]:
+    batch: dict[UsageKey, UsageTotals] = {}
+    for e in entries:
+        totals = batch.setdefault(UsageKey(e.day, e.key_id, e.project_id, e.model, e.status), UsageTotals())
+        totals.requests += 1
+        totals.prompt_tokens += e.prompt_tokens
+        totals.completion_tokens += e.completion_tokens
+        totals.cost += e.cost
+        totals.latency_ms += e.latency_ms
+    return batch
+
+
+@contextlib.asynccontextmanager
+async def open_journal(
+    directory: Path, store: Store, sync_s: float
+) -> AsyncIterator[tuple[Journal, list[Entry]]]:
+    """The journal in directory, with what it held replayed into the store; yields it and the entries of
+    the last minute (for the rate limits' windows). Run journal.run() while it is open."""
+    segments = await asyncio.to_thread(_read, directory)
+    entries = [e for _, found in segments for e in found]
+    applied = await journal_applied(store)
+    missing = [e for e in entries if e.seq > applied]
+    if missing:
+        # One transaction with the new high mark: replayed once, even if this start dies too.
+        last = max(e.seq for e in missing)
+        await add_usage(store, _totals(missing).items(), journal_seq=last)
+        log.warning(
+            "replayed usage the store did not have yet from the journal (the server stopped before "
+            "writing it there)",
+            requests=len(missing),
+        )
+        applied = last
+    old = [
+        (path, max((e.seq for e in found), default=0), max((e.t for e in found), default=0.0))
+        for path, found in segments
+    ]
+    next_seq = max([applied, *(e.seq for e in entries)]) + 1
+    current = await asyncio.to_thread(_create, _new_path(directory))
+    journal = Journal(directory, sync_s, current, old, next_seq)
+    journal.applied(applied)
+    edge = time.time() - _WINDOW_S
+    try:
+        yield journal, [e for e in entries if e.t > edge]
+    finally:
+        journal.close()

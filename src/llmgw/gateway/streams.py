@@ -1,0 +1,107 @@
+"""A streamed reply on its way to the client: its usage read, what it did not ask for hidden, its end held.
+
+Server-sent events, as every engine llmgw runs sends them (`data: {...}` and a
+blank line). The tap passes whole events on as they complete, so that the
+client gets each token when the engine sends it, and keeps back three things:
+
+- `data: [DONE]` and whatever follows it, until the gateway has journaled the
+  request's usage: a client that has the end of its reply has been counted.
+- When the gateway asked for usage on the client's behalf, the usage chunk
+  (`"choices":[]` and the usage). llama-server moves its `timings` from the
+  finish chunk into that chunk when usage is asked for; they are put back where
+  the client would have had them, so its bytes are the engine's own.
+- For the same reason, while hiding, the finish chunk waits for the next event.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from llmgw.gateway.usage import find_usage
+
+_END = b"\n\n"
+_DONE = b"data: [DONE]"
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+_TIMINGS = re.compile(rb',\s*"timings"\s*:\s*')
+
+
+class StreamTap:
+    """Feed it the engine's bytes as they come; write what it returns; at the end, write end()."""
+
+    __slots__ = ("_finish", "_held", "_hide", "_partial", "usage")
+
+    def __init__(self, hide_usage: bool) -> None:
+        self._hide = hide_usage
+        self._partial = b""  # the start of an event not yet complete
+        self._held = b""  # from `data: [DONE]` on
+        self._finish = b""  # while hiding: the finish event, waiting for the usage chunk's timings
+        # The last usage the engine reported: (prompt_tokens, completion_tokens).
+        self.usage: tuple[int, int] | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of the reply the client may have now: the whole events before the end."""
+        data = self._partial + chunk if self._partial else chunk
+        cut = data.rfind(_END)
+        if cut < 0:
+            self._partial = data
+            return b""
+        cut += len(_END)
+        ready, self._partial = data[:cut], data[cut:]
+        if self._held:
+            self._held += ready
+            return b""
+        if (found := find_usage(ready)) is not None:
+            self.usage = found
+        if self._hide:
+            return self._hidden(ready)
+        done = ready.find(_DONE)
+        if done < 0:
+            return ready
+        self._held = ready[done:]
+        return ready[:done]
+
+    def end(self) -> bytes:
+        """What is left once the engine's reply is over: the end of the stream, as the engine sent it."""
+        rest = self._finish + self._held + self._partial
+        self._finish = self._held = self._partial = b""
+        return rest
+
+    def _hidden(self, ready: bytes) -> bytes:
+        out: list[bytes] = []
+        for event in ready.split(_END)[:-1]:
+            event += _END
+            if self._held:
+                self._held += event
+            elif event.startswith(_DONE):
+                self._held = self._finish + event
+                self._finish = b""
+            elif b'"usage"' in event and _NO_CHOICES.search(event):
+                self._finish = _with_timings(self._finish, event)
+            else:
+                if self._finish:
+                    out.append(self._finish)
+                    self._finish = b""
+                if _FINISHED.search(event):
+                    self._finish = event
+                else:
+                    out.append(event)
+        return b"".join(out)
+
+
+def _with_timings(finish: bytes, usage_event: bytes) -> bytes:
+    """The finish event with the usage chunk's `timings` put back as its last member, where llama-server
+    puts them when not asked for usage."""
+    found = _TIMINGS.search(usage_event)
+    close = finish.rfind(b"}")
+    if found is None or close < 0 or b'"timings"' in finish:
+        return finish
+    last = usage_event.rfind(b"}")
+    value = usage_event[found.end() : last]
+    try:
+        json.loads(value)
+    except ValueError:
+        # Not the last member after all: the finish event stays as it came.
+        return finish
+    return finish[:close] + usage_event[found.start() : last] + finish[close:]

@@ -1,0 +1,173 @@
+"""The usage journal: what a dead server journaled reaches the store once, and refills the windows."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from llmgw.gateway.errors import ApiError
+from llmgw.gateway.journal import Entry, Journal, open_journal
+from llmgw.gateway.quotas import Quotas
+from llmgw.gateway.usage import UsageRecorder
+from llmgw.store import Store
+from llmgw.store.keys import create_key
+from llmgw.store.quotas import set_budget, set_limits
+from llmgw.store.scopes import Scope
+from llmgw.store.usage import usage_by_day
+
+
+async def _totals(store: Store) -> tuple[int, int, int, float]:
+    rows = await usage_by_day(store)
+    return (
+        sum(r.requests for r in rows),
+        sum(r.prompt_tokens for r in rows),
+        sum(r.completion_tokens for r in rows),
+        sum(r.cost for r in rows),
+    )
+
+
+async def eventually(predicate: Callable[[], object], within_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("the condition did not become true within the deadline")
+        await asyncio.sleep(0.01)
+
+
+def _record(recorder: UsageRecorder, n: int, *, key_id: int = 1, status: int = 200) -> None:
+    for _ in range(n):
+        recorder.record(key_id, 1, "m", status, 10, 5, 0.25, 3.0)
+
+
+def _die(journal: Journal) -> None:
+    """What SIGKILL leaves: the journal's pages, nothing of the process's memory, no last flush."""
+    del journal
+
+
+class TestReplay:
+    async def test_usage_journaled_but_never_written_is_replayed_into_the_store_once(
+        self, store: Store, tmp_path: Path
+    ) -> None:
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 7)
+            _die(journal)
+        assert await _totals(store) == (0, 0, 0, 0.0)
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            pass
+        assert await _totals(store) == (7, 70, 35, pytest.approx(1.75))
+        # A third start replays nothing again.
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            pass
+        assert await _totals(store) == (7, 70, 35, pytest.approx(1.75))
+
+    async def test_what_the_writer_already_wrote_is_not_replayed_again(
+        self, store: Store, tmp_path: Path
+    ) -> None:
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 3)
+            await recorder.flush(store)
+            _record(recorder, 2)
+            _die(journal)
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 1)
+            await recorder.flush(store)
+        assert (await _totals(store))[0] == 6
+
+    async def test_a_record_cut_short_by_the_crash_is_skipped(self, store: Store, tmp_path: Path) -> None:
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 2)
+        (segment,) = sorted((tmp_path / "j").iterdir())[-1:]
+        data = bytearray(segment.read_bytes())
+        end = data.index(b"\0")
+        torn = Entry(99, time.time(), "2026-01-01", 1, 1, "m", 200, 1, 1, 0.0, 1.0, True).encode()
+        data[end : end + 20] = torn[:20]
+        segment.write_bytes(bytes(data))
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            assert journal.next_seq == 3
+        assert (await _totals(store))[0] == 2
+
+    async def test_the_sync_task_rotates_segments_and_deletes_those_the_store_has(
+        self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr("llmgw.gateway.journal.SEGMENT_BYTES", 4096)
+        monkeypatch.setattr("llmgw.gateway.journal._WINDOW_S", 0.0)
+        directory = tmp_path / "j"
+        async with open_journal(directory, store, 0.01) as (journal, _), asyncio.TaskGroup() as tasks:
+            tasks.create_task(journal.run())
+            recorder = UsageRecorder(journal=journal)
+            # About 30 records to a 4 KiB segment.
+            _record(recorder, 200)
+            assert len(list(directory.iterdir())) > 3
+            await recorder.flush(store)
+            # What is left: the segment in use and a spare.
+            await eventually(lambda: len(list(directory.iterdir())) <= 2)
+            journal.stop()
+        async with open_journal(directory, store, 1.0) as (journal, _):
+            assert journal.next_seq == 201
+        assert (await _totals(store))[0] == 200
+
+
+class TestAcrossARestart:
+    async def test_a_budget_counts_what_was_spent_before_a_crash(self, store: Store, tmp_path: Path) -> None:
+        await set_budget(store, Scope("key", 1), 1.0, "total")
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 3)
+            _die(journal)
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            quotas = Quotas(recorder)
+            await quotas.refresh(store)
+            assert quotas.spent(Scope("key", 1)) == pytest.approx(0.75)
+
+    @pytest.mark.parametrize("clean", [False, True], ids=["killed", "stopped"])
+    async def test_rate_limit_windows_do_not_reset_to_empty_after_a_restart(
+        self, store: Store, tmp_path: Path, clean: bool
+    ) -> None:
+        _, key = await create_key(store, "k")
+        await set_limits(store, Scope("project", 1), rpm=3, tpm=None)
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            quotas = Quotas(recorder)
+            await quotas.refresh(store)
+            for _ in range(3):
+                ticket = quotas.admit(key, 15, 0.0)
+                quotas.settle(ticket, 15, 0.0)
+                recorder.record(key.id, 1, "m", 200, 10, 5, 0.0, 1.0)
+            if clean:
+                # A clean stop: everything written to the store, the journal synced and closed.
+                await recorder.flush(store)
+                journal.stop()
+                await journal.run()
+            else:
+                _die(journal)
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, recent):
+            quotas = Quotas(UsageRecorder(journal=journal))
+            await quotas.refresh(store)
+            quotas.restore(recent)
+            with pytest.raises(ApiError) as refused:
+                quotas.admit(key, 15, 0.0)
+        assert refused.value.status == 429 and "3 requests per minute" in refused.value.message
+
+    async def test_a_refusal_holds_no_place_in_the_window_after_a_restart(
+        self, store: Store, tmp_path: Path
+    ) -> None:
+        _, key = await create_key(store, "k")
+        await set_limits(store, Scope("key", key.id), rpm=1, tpm=None)
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            recorder.record(key.id, 1, "m", 429, 0, 0, 0.0, 0.0, admitted=False)
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, recent):
+            quotas = Quotas(UsageRecorder(journal=journal))
+            await quotas.refresh(store)
+            quotas.restore(recent)
+            quotas.admit(key, 1, 0.0)

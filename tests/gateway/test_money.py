@@ -1,0 +1,288 @@
+"""Money that adds up: true usage for every stream, reservations that are upper bounds, refusals that help."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+import attrs
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from llmgw.catalog import Catalog
+from llmgw.config import ModelConfig, PriceConfig, ServerConfig
+from llmgw.engines.sim_server import make_sim_app
+from llmgw.gateway.admission import Admission
+from llmgw.gateway.app import make_gateway_app
+from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.quotas import Quotas
+from llmgw.gateway.usage import UsageRecorder, find_usage
+from llmgw.routes import EngineRoute
+from llmgw.store import Store
+from llmgw.store.keys import create_key
+from llmgw.store.quotas import set_budget, set_limits
+from llmgw.store.scopes import Scope
+from llmgw.store.usage import usage_by_day
+
+MODEL = "sim-chat"
+CHAT = "/v1/chat/completions"
+# What differs between two calls to the same engine: the completion's id and its creation time.
+_PER_CALL = re.compile(rb'"(id|created)":("[^"]*"|\d+)')
+
+
+def normalised(stream: bytes) -> bytes:
+    return _PER_CALL.sub(rb'"\1":"-"', stream)
+
+
+@attrs.define
+class _Replicas:
+    endpoint: str
+
+    def ready_endpoints(self, model: str) -> Sequence[str]:
+        return [self.endpoint]
+
+    def why_no_ready(self, model: str) -> str:
+        return "none"
+
+    def route(self, endpoint: str) -> EngineRoute | None:
+        return None
+
+
+@attrs.define
+class Money:
+    """A gateway with admission in front of one engine, and the engine's own URL."""
+
+    client: TestClient[web.Request, web.Application]
+    engine: str
+    store: Store
+    keys: KeyCache
+    quotas: Quotas
+    recorder: UsageRecorder
+
+    async def key(self, name: str = "k", **kwargs: Any) -> str:
+        plaintext, _ = await create_key(self.store, name, **kwargs)
+        await self.keys.refresh(self.store)
+        await self.quotas.refresh(self.store)
+        return plaintext
+
+    async def post(self, key: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+        async with self.client.post(CHAT, data=_json(body), headers={"Authorization": f"Bearer {key}"}) as r:
+            return r.status, dict(r.headers), await r.read()
+
+    async def direct(self, body: dict[str, Any]) -> bytes:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.engine + CHAT, data=_json(body)) as r,
+        ):
+            assert r.status == 200
+            return await r.read()
+
+    async def usage(self) -> tuple[int, int, int, float]:
+        """(requests, prompt tokens, completion tokens, cost) of everything recorded, once in the store."""
+        await self.recorder.flush(self.store)
+        rows = await usage_by_day(self.store)
+        return (
+            sum(r.requests for r in rows),
+            sum(r.prompt_tokens for r in rows),
+            sum(r.completion_tokens for r in rows),
+            sum(r.cost for r in rows),
+        )
+
+
+MoneyFactory = Callable[..., Awaitable[Money]]
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    # UTF-8 as it is, not \u escapes: the request's bytes are what its prompt is bounded by.
+    return json.dumps(body, ensure_ascii=False).encode()
+
+
+@pytest.fixture
+async def money(store: Store) -> AsyncIterator[MoneyFactory]:
+    servers: list[TestServer] = []
+    clients: list[TestClient[web.Request, web.Application]] = []
+
+    async def make(*, engine: str = "", ttft_ms: float = 0, tokens_per_s: float = 0, **cfg: Any) -> Money:
+        if not engine:
+            sim = TestServer(make_sim_app(MODEL, ttft_ms, tokens_per_s), host="127.0.0.1", port=0)
+            await sim.start_server()
+            servers.append(sim)
+            engine = f"http://127.0.0.1:{sim.port}"
+        model = ModelConfig(name=MODEL, max_tokens=cfg.pop("max_tokens", 4096))
+        config = ServerConfig(models=[model], **cfg)
+        keys = KeyCache()
+        recorder = UsageRecorder()
+        quotas = Quotas(recorder)
+        catalog = Catalog(config)
+        admission = Admission(config, catalog, quotas, recorder)
+        app = make_gateway_app(config, catalog, _Replicas(engine), keys, admission)
+        client = TestClient(TestServer(app, host="127.0.0.1", port=0))
+        await client.start_server()
+        clients.append(client)
+        return Money(client, engine, store, keys, quotas, recorder)
+
+    yield make
+    for client in clients:
+        await client.close()
+    for server in servers:
+        await server.close()
+
+
+async def eventually(predicate: Callable[[], object], within_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("the condition did not become true within the deadline")
+        await asyncio.sleep(0.01)
+
+
+def _chat(text: str, **fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], **fields}
+
+
+class TestStreamUsage:
+    @pytest.mark.parametrize("paced", [False, True], ids=["whole", "paced"])
+    async def test_a_stream_that_did_not_ask_for_usage_is_charged_the_engines_count_and_sees_no_usage(
+        self, money: MoneyFactory, paced: bool
+    ) -> None:
+        # Paced, the sim streams token by token; unpaced, its reply arrives in one read.
+        gw = await money(ttft_ms=5 if paced else 0, tokens_per_s=500 if paced else 0)
+        key = await gw.key()
+        body = _chat("one two three four five six seven", stream=True, max_tokens=50)
+        status, _, through = await gw.post(key, body)
+        assert status == 200
+        direct = await gw.direct(body)
+        # Byte for byte what the engine sends a call without usage, ids and timestamps aside.
+        assert normalised(through) == normalised(direct)
+        assert b'"usage"' not in through
+        asked = await gw.direct({**body, "stream_options": {"include_usage": True}})
+        engine_count = find_usage(asked)
+        assert engine_count == (7, 7)
+        assert await gw.usage() == (1, 7, 7, 0.0)
+
+    async def test_a_stream_that_asked_for_usage_keeps_its_usage_chunk(self, money: MoneyFactory) -> None:
+        gw = await money(ttft_ms=5, tokens_per_s=500)
+        key = await gw.key()
+        body = _chat("one two three", stream=True, max_tokens=50, stream_options={"include_usage": True})
+        _, _, through = await gw.post(key, body)
+        assert normalised(through) == normalised(await gw.direct(body))
+        assert find_usage(through) == (3, 3)
+        assert (await gw.usage())[1:3] == (3, 3)
+
+    async def test_a_client_that_leaves_early_is_charged_its_reservation_when_the_engine_reported_nothing(
+        self, money: MoneyFactory
+    ) -> None:
+        gw = await money(ttft_ms=1, tokens_per_s=20, max_tokens=64)
+        key = await gw.key()
+        body = _chat(" ".join(["w"] * 40), stream=True)
+        async with gw.client.post(CHAT, data=_json(body), headers={"Authorization": f"Bearer {key}"}) as r:
+            await r.content.readuntil(b"\n\n")
+            r.close()
+        await eventually(lambda: gw.recorder.pending())
+        # The sim reports usage only at the end: what was reserved, prompt bound and max_tokens.
+        requests, prompt, completion, _ = await gw.usage()
+        assert (requests, completion) == (1, 64)
+        assert prompt >= len(_json(body))
+
+
+class TestReservations:
+    async def test_a_request_without_max_tokens_is_sent_with_the_models_limit(
+        self, money: MoneyFactory
+    ) -> None:
+        gw = await money(max_tokens=4)
+        key = await gw.key()
+        status, _, body = await gw.post(key, _chat("one two three four five six"))
+        assert status == 200
+        reply = json.loads(body)
+        assert reply["choices"][0]["message"]["content"] == "one two three four"
+        assert reply["usage"]["completion_tokens"] == 4
+
+    async def test_a_request_asking_more_than_the_models_limit_is_refused_with_400(
+        self, money: MoneyFactory
+    ) -> None:
+        gw = await money(max_tokens=100)
+        key = await gw.key()
+        for fields in ({"max_tokens": 101}, {"max_completion_tokens": 60, "n": 2}):
+            status, _, body = await gw.post(key, _chat("hi", **fields))
+            error = json.loads(body)["error"]
+            assert status == 400 and error["code"] == "max_tokens_too_large"
+            assert "sim-chat allows at most 100" in error["message"]
+        assert (await gw.usage())[0] == 0
+
+    # Every time: the same burst on fresh gateways, three times over.
+    @pytest.mark.parametrize("round_", range(3))
+    async def test_200_concurrent_adversarial_prompts_never_take_a_budget_or_a_tpm_window_past_its_limit(
+        self, money: MoneyFactory, store: Store, round_: int
+    ) -> None:
+        # Prompts that tokenize to more than a byte count over four: one-letter words, CJK, emoji.
+        prompts = ["a " * 3000, "汉字" * 1000, "☀" * 2000, "🙂👍🏽" * 500, "x" * 100]
+        price = PriceConfig(prompt_per_1k=1.0, completion_per_1k=2.0)
+        gw = await money(pricing={MODEL: price}, max_tokens=64)
+        key = await gw.key()
+        budget, tpm = 40.0, 30_000
+        await set_budget(store, Scope("project", 1), budget, "total")
+        await set_limits(store, Scope("project", 1), rpm=None, tpm=tpm)
+        await gw.quotas.refresh(store)
+        bodies = [
+            _chat(prompts[i % len(prompts)], **({"max_tokens": 1 + i % 64} if i % 3 else {}))
+            for i in range(200)
+        ]
+        results = await asyncio.gather(*(gw.post(key, body) for body in bodies))
+        used = [json.loads(raw)["usage"] for status, _, raw in results if status == 200]
+        assert used and len(used) < 200
+        _, prompt, completion, spent = await gw.usage()
+        assert sum(u["prompt_tokens"] + u["completion_tokens"] for u in used) == prompt + completion
+        assert prompt + completion <= tpm
+        assert spent <= budget
+        # What the engine counted is what was charged, and it is more than a byte count over four.
+        admitted = [b for (status, _, _), b in zip(results, bodies, strict=True) if status == 200]
+        assert prompt > sum(len(_json(b)) // 4 for b in admitted)
+
+
+class TestRefusals:
+    async def test_a_total_budget_refusal_says_no_retry_will_help_and_sends_no_retry_after(
+        self, money: MoneyFactory, store: Store
+    ) -> None:
+        gw = await money(pricing={MODEL: PriceConfig(prompt_per_1k=1000.0, completion_per_1k=1000.0)})
+        key = await gw.key()
+        await set_budget(store, Scope("org", 1), 100.0, "total")
+        await gw.quotas.refresh(store)
+        status, headers, body = await gw.post(key, _chat("hi", max_tokens=8))
+        error = json.loads(body)["error"]
+        assert status == 429 and error["code"] == "insufficient_quota"
+        assert "Retry-After" not in headers
+        assert error["message"].startswith("the budget of org 'default' has too little left for this request")
+        assert "a total budget does not renew, so no retry will help" in error["message"]
+
+    async def test_a_period_budget_refusal_says_when_it_renews(
+        self, money: MoneyFactory, store: Store
+    ) -> None:
+        gw = await money(pricing={MODEL: PriceConfig(prompt_per_1k=1000.0, completion_per_1k=1000.0)})
+        key = await gw.key()
+        await set_budget(store, Scope("team", 1), 100.0, "week")
+        await gw.quotas.refresh(store)
+        status, headers, body = await gw.post(key, _chat("hi", max_tokens=8))
+        error = json.loads(body)["error"]
+        assert status == 429 and error["code"] == "insufficient_quota"
+        assert "the budget of team 'default' (org 'default')" in error["message"]
+        assert re.search(r"it renews on \d{4}-\d\d-\d\d \(UTC\)$", error["message"])
+        assert 1 <= int(headers["Retry-After"]) <= 7 * 86400
+
+    async def test_a_request_larger_than_a_whole_tpm_is_refused_saying_no_retry_will_help(
+        self, money: MoneyFactory, store: Store
+    ) -> None:
+        gw = await money()
+        key = await gw.key()
+        await set_limits(store, Scope("project", 1), rpm=None, tpm=500)
+        await gw.quotas.refresh(store)
+        status, headers, body = await gw.post(key, _chat("hi", max_tokens=1000))
+        error = json.loads(body)["error"]
+        assert status == 429 and error["code"] == "rate_limit_exceeded"
+        assert "Retry-After" not in headers and headers["x-ratelimit-limit-tokens"] == "500"
+        assert "project 'default'" in error["message"] and "no retry will help" in error["message"]
