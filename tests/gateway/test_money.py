@@ -286,3 +286,53 @@ class TestRefusals:
         assert status == 429 and error["code"] == "rate_limit_exceeded"
         assert "Retry-After" not in headers and headers["x-ratelimit-limit-tokens"] == "500"
         assert "project 'default'" in error["message"] and "no retry will help" in error["message"]
+
+
+class TestFallbackStreams:
+    async def test_a_stream_served_by_a_fallback_is_still_charged_the_engines_count_and_sees_no_usage(
+        self, store: Store
+    ) -> None:
+        sim = TestServer(make_sim_app("small"), host="127.0.0.1", port=0)
+        await sim.start_server()
+        config = ServerConfig(
+            models=[ModelConfig(name="big", fallbacks=["small"]), ModelConfig(name="small")]
+        )
+
+        @attrs.define
+        class OnlySmall:
+            def ready_endpoints(self, model: str) -> Sequence[str]:
+                return [f"http://127.0.0.1:{sim.port}"] if model == "small" else []
+
+            def why_no_ready(self, model: str) -> str:
+                return "none"
+
+            def route(self, endpoint: str) -> EngineRoute | None:
+                return None
+
+        keys, recorder = KeyCache(), UsageRecorder()
+        quotas = Quotas(recorder)
+        catalog = Catalog(config)
+        app = make_gateway_app(
+            config, catalog, OnlySmall(), keys, Admission(config, catalog, quotas, recorder)
+        )
+        async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as client:
+            plaintext, _ = await create_key(store, "k")
+            await keys.refresh(store)
+            await quotas.refresh(store)
+            body = {
+                "model": "big",
+                "messages": [{"role": "user", "content": "one two three"}],
+                "stream": True,
+            }
+            async with client.post(
+                CHAT, data=_json(body), headers={"Authorization": f"Bearer {plaintext}"}
+            ) as r:
+                assert r.status == 200
+                assert r.headers["x-llmgw-model"] == "small"
+                through = await r.read()
+        await sim.close()
+        # The usage the admission asked of the engine for the fallback too, and hid from the client.
+        assert b'"usage"' not in through
+        await recorder.flush(store)
+        rows = await usage_by_day(store)
+        assert (sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)) == (3, 3)

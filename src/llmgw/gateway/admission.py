@@ -172,7 +172,9 @@ class Admission:
             }
             call.hide_usage = True
         if changes:
-            call.body = json.dumps({**payload, **changes}, ensure_ascii=False).encode()
+            # The payload too: the router rewrites the body from it for a fallback model.
+            call.payload = {**payload, **changes}
+            call.body = json.dumps(call.payload, ensure_ascii=False).encode()
         call.count_usage = True
         charged = False
 

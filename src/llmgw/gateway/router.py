@@ -109,7 +109,9 @@ class Router:
             call.body = body
             if call.served_model != call.model:
                 # The fallback's engine answers only to its own name.
-                call.body = json.dumps({**call.payload, "model": call.served_model}).encode()
+                call.body = json.dumps(
+                    {**call.payload, "model": call.served_model}, ensure_ascii=False
+                ).encode()
             try:
                 return await rest(call)
             except EngineRefused:
