@@ -52,7 +52,7 @@ MESSAGE_SET = {
         "storage",
         "fabrics",
         "provision",
-        # Across hosts (issue 12): where the node's engines are reached, and rank 0 on its fabric.
+        # Across hosts: where the node's engines are reached, and rank 0 on its fabric.
         "advertise_address",
         "fabric_address",
     },

@@ -145,7 +145,7 @@ MIGRATIONS: Sequence[Migration] = (
         )
         """,
     ),
-    # 5 (issue 13): the highest usage-journal record the usage table has, written in the same
+    # 5: the highest usage-journal record the usage table has, written in the same
     # transaction as the usage it covers, so a record is replayed at start only if it is missing.
     (
         "CREATE TABLE usage_journal (id INTEGER PRIMARY KEY CHECK (id = 1), applied_seq INTEGER NOT NULL)",
