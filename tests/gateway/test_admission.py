@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,30 +23,16 @@ from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder, find_usage
-from llmgw.routes import EngineRoute
 from llmgw.store import Store
 from llmgw.store.keys import KeyRecord, create_key
 from llmgw.store.quotas import Budget, set_budget, set_limits
 from llmgw.store.scopes import Scope, create_project
 from llmgw.store.usage import usage_by_day
 
-MODEL = "sim-chat"
+from .conftest import MODEL, FakeReplicas
+
 CHAT = "/v1/chat/completions"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 8}
-
-
-@attrs.define
-class _Replicas:
-    endpoint: str
-
-    def ready_endpoints(self, model: str) -> Sequence[str]:
-        return [self.endpoint]
-
-    def why_no_ready(self, model: str) -> str:
-        return "none"
-
-    def route(self, endpoint: str) -> EngineRoute | None:
-        return None
 
 
 @attrs.define
@@ -94,7 +80,13 @@ async def rig(store: Store, sim: str) -> AsyncIterator[RigFactory]:
         quotas = Quotas(recorder, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm)
         await quotas.refresh(store)
         catalog = Catalog(cfg)
-        app = make_gateway_app(cfg, catalog, _Replicas(sim), keys, Admission(cfg, catalog, quotas, recorder))
+        app = make_gateway_app(
+            cfg,
+            catalog,
+            FakeReplicas(endpoints={MODEL: [sim]}),
+            keys,
+            Admission(cfg, catalog, quotas, recorder),
+        )
         client = TestClient(TestServer(app, host="127.0.0.1", port=0))
         await client.start_server()
         clients.append(client)

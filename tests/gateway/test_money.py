@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -22,14 +22,14 @@ from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder, find_usage
-from llmgw.routes import EngineRoute
 from llmgw.store import Store
 from llmgw.store.keys import create_key
 from llmgw.store.quotas import set_budget, set_limits
 from llmgw.store.scopes import Scope
 from llmgw.store.usage import usage_by_day
 
-MODEL = "sim-chat"
+from .conftest import MODEL, FakeReplicas
+
 CHAT = "/v1/chat/completions"
 # What differs between two calls to the same engine: the completion's id and its creation time.
 _PER_CALL = re.compile(rb'"(id|created)":("[^"]*"|\d+)')
@@ -37,20 +37,6 @@ _PER_CALL = re.compile(rb'"(id|created)":("[^"]*"|\d+)')
 
 def normalised(stream: bytes) -> bytes:
     return _PER_CALL.sub(rb'"\1":"-"', stream)
-
-
-@attrs.define
-class _Replicas:
-    endpoint: str
-
-    def ready_endpoints(self, model: str) -> Sequence[str]:
-        return [self.endpoint]
-
-    def why_no_ready(self, model: str) -> str:
-        return "none"
-
-    def route(self, endpoint: str) -> EngineRoute | None:
-        return None
 
 
 @attrs.define
@@ -120,7 +106,7 @@ async def money(store: Store) -> AsyncIterator[MoneyFactory]:
         quotas = Quotas(recorder)
         catalog = Catalog(config)
         admission = Admission(config, catalog, quotas, recorder)
-        app = make_gateway_app(config, catalog, _Replicas(engine), keys, admission)
+        app = make_gateway_app(config, catalog, FakeReplicas(endpoints={MODEL: [engine]}), keys, admission)
         client = TestClient(TestServer(app, host="127.0.0.1", port=0))
         await client.start_server()
         clients.append(client)
@@ -298,22 +284,15 @@ class TestFallbackStreams:
             models=[ModelConfig(name="big", fallbacks=["small"]), ModelConfig(name="small")]
         )
 
-        @attrs.define
-        class OnlySmall:
-            def ready_endpoints(self, model: str) -> Sequence[str]:
-                return [f"http://127.0.0.1:{sim.port}"] if model == "small" else []
-
-            def why_no_ready(self, model: str) -> str:
-                return "none"
-
-            def route(self, endpoint: str) -> EngineRoute | None:
-                return None
-
         keys, recorder = KeyCache(), UsageRecorder()
         quotas = Quotas(recorder)
         catalog = Catalog(config)
         app = make_gateway_app(
-            config, catalog, OnlySmall(), keys, Admission(config, catalog, quotas, recorder)
+            config,
+            catalog,
+            FakeReplicas(endpoints={"small": [f"http://127.0.0.1:{sim.port}"]}),
+            keys,
+            Admission(config, catalog, quotas, recorder),
         )
         async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as client:
             plaintext, _ = await create_key(store, "k")
