@@ -23,6 +23,8 @@ from llmgw.control.reconciler import Reconciler
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 
+from ..waiting import eventually
+
 
 @attrs.frozen
 class Certs:
@@ -120,15 +122,6 @@ async def running(client: AgentClient) -> AsyncIterator[AgentClient]:
 
 def agent(cfg: AgentConfig, supervisor: FakeSupervisor) -> AgentClient:
     return AgentClient(cfg, supervisor, {"sim": "1"}, backoff_base_s=0.02, backoff_max_s=0.1)
-
-
-async def eventually(predicate: Callable[[], object], within_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("the condition did not become true within the deadline")
-        await asyncio.sleep(0.01)
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,8 @@ from llmgw.store.quotas import set_budget, set_limits
 from llmgw.store.scopes import Scope
 from llmgw.store.usage import usage_by_day
 
+from ..waiting import eventually
+
 
 async def _totals(store: Store) -> tuple[int, int, int, float]:
     rows = await usage_by_day(store)
@@ -28,15 +29,6 @@ async def _totals(store: Store) -> tuple[int, int, int, float]:
         sum(r.completion_tokens for r in rows),
         sum(r.cost for r in rows),
     )
-
-
-async def eventually(predicate: Callable[[], object], within_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("the condition did not become true within the deadline")
-        await asyncio.sleep(0.01)
 
 
 def _record(recorder: UsageRecorder, n: int, *, key_id: int = 1, status: int = 200) -> None:

@@ -28,6 +28,7 @@ from llmgw.store.quotas import set_budget, set_limits
 from llmgw.store.scopes import Scope
 from llmgw.store.usage import usage_by_day
 
+from ..waiting import eventually
 from .conftest import MODEL, FakeReplicas
 
 CHAT = "/v1/chat/completions"
@@ -117,15 +118,6 @@ async def money(store: Store) -> AsyncIterator[MoneyFactory]:
         await client.close()
     for server in servers:
         await server.close()
-
-
-async def eventually(predicate: Callable[[], object], within_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("the condition did not become true within the deadline")
-        await asyncio.sleep(0.01)
 
 
 def _chat(text: str, **fields: Any) -> dict[str, Any]:

@@ -34,6 +34,8 @@ from llmgw.control.inventory import Inventory
 from llmgw.control.placement import Scheduler
 from llmgw.proto.llmgw import v1 as pb
 
+from ...waiting import eventually
+
 # x64 without AVX2: a VM on QEMU's default CPU model.
 SLOW_VM = Host(os_id="ubuntu", os_version="24.04", id_like=("debian",), arch="amd64", cpu_flags=("avx",))
 
@@ -80,15 +82,6 @@ class IdleSupervisor:
 
     def sources(self) -> list[str]:
         return []
-
-
-async def eventually(predicate: Callable[[], object], within_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("the condition did not become true within the deadline")
-        await asyncio.sleep(0.01)
 
 
 @attrs.define
