@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 import attrs
@@ -10,6 +9,8 @@ import pytest
 
 from llmgw import pki
 from llmgw.config import ControlConfig, ServerConfig, TLSConfig
+
+from .. import waiting
 
 Eventually = Callable[[Callable[[], object]], Awaitable[None]]
 
@@ -57,11 +58,6 @@ def eventually() -> Eventually:
     """Wait until predicate() is true, polling, for at most five seconds."""
 
     async def wait(predicate: Callable[[], object], within_s: float = 5.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within_s
-        while not predicate():
-            if loop.time() > deadline:
-                raise AssertionError("the condition did not become true within the deadline")
-            await asyncio.sleep(0.01)
+        await waiting.eventually(predicate, within_s)
 
     return wait
