@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import attrs
 import pytest
 from aiohttp import web
 
-from llmgw.agent.weights import PART, WeightsCache, WeightsError, cache_key, human_bytes
+from llmgw.agent.weights import MARKER, PART, WeightsCache, WeightsError, cache_key, human_bytes
 from llmgw.roles.mirror import make_mirror_app
 
 BLOB = bytes(range(256)) * 4096  # 1 MiB, every byte position distinguishable
@@ -147,8 +148,11 @@ class TestFetch:
         self, origin: Origin, cache: WeightsCache
     ) -> None:
         source = origin.url + "model.gguf"
-        with pytest.raises(WeightsError, match="does not match its pinned sha256"):
+        with pytest.raises(WeightsError) as refused:
             await cache.fetch(source, {"model.gguf": "0" * 64})
+        assert str(refused.value).startswith(
+            f"weights model.gguf: sha256 does not match the pin (expected {'0' * 64}, got {DIGEST})"
+        )
         assert cache.present() == []
         assert cache.path_of(source) is None
         assert not list((cache.root / cache_key(source)).iterdir())
@@ -164,8 +168,117 @@ class TestFetch:
     async def test_a_missing_file_fails_with_the_servers_answer(
         self, origin: Origin, cache: WeightsCache
     ) -> None:
-        with pytest.raises(WeightsError, match="answered 404"):
+        with pytest.raises(WeightsError) as refused:
             await cache.fetch(origin.url + "nope.gguf", {})
+        assert str(refused.value) == f"weights nope.gguf: HTTP 404 at {origin.url}nope.gguf"
+
+
+class TestPins:
+    """A copy already on disk serves a model only if it matches that model's own pins."""
+
+    async def test_a_wrong_pin_is_refused_even_when_the_url_is_already_cached_unpinned(
+        self, origin: Origin, cache: WeightsCache
+    ) -> None:
+        source = origin.url + "model.gguf"
+        unpinned = await cache.fetch(source, {})
+        with pytest.raises(WeightsError) as refused:
+            await cache.fetch(source, {"model.gguf": "0" * 64})
+        assert str(refused.value).startswith(
+            f"weights model.gguf: sha256 does not match the pin (expected {'0' * 64}, got {DIGEST})"
+        )
+        # The unpinned model's copy is untouched, and still serves it.
+        assert await cache.fetch(source, {}) == unpinned
+        assert unpinned.read_bytes() == BLOB
+        assert cache.path_of(source, {"model.gguf": "0" * 64}) is None
+
+    async def test_a_right_pin_after_an_unpinned_fetch_uses_the_cached_copy_without_downloading(
+        self, origin: Origin, cache: WeightsCache
+    ) -> None:
+        source = origin.url + "model.gguf"
+        unpinned = await cache.fetch(source, {})
+        assert await cache.fetch(source, {"model.gguf": "sha256:" + DIGEST.upper()}) == unpinned
+        assert origin.ranges == [None]
+
+    async def test_a_pin_matching_what_the_url_serves_now_is_fetched_into_its_own_path(
+        self, origin: Origin, cache: WeightsCache
+    ) -> None:
+        """The file behind the URL changed since it was cached: each model gets the bytes it pinned."""
+        source = origin.url + "model.gguf"
+        old = await cache.fetch(source, {})
+        newer = BLOB[::-1]
+        origin.files["model.gguf"] = newer
+        new = await cache.fetch(source, {"model.gguf": hashlib.sha256(newer).hexdigest()})
+        assert new != old
+        assert (old.read_bytes(), new.read_bytes()) == (BLOB, newer)
+        assert sorted((w.source, w.sha256) for w in cache.present()) == sorted(
+            [(source, DIGEST), (source, hashlib.sha256(newer).hexdigest())]
+        )
+        # Pinned to the old bytes, a third model is given the first copy.
+        assert await cache.fetch(source, {"": DIGEST}) == old
+
+    async def test_unpinned_after_pinned_uses_the_pinned_copy(
+        self, origin: Origin, cache: WeightsCache
+    ) -> None:
+        source = origin.url + "model.gguf"
+        pinned = await cache.fetch(source, {"model.gguf": DIGEST})
+        assert await cache.fetch(source, {}) == pinned
+        assert origin.ranges == [None]
+
+    async def test_two_models_with_different_pins_for_one_url_each_get_their_own_verdict(
+        self, origin: Origin, cache: WeightsCache
+    ) -> None:
+        source = origin.url + "model.gguf"
+        right, wrong = {"model.gguf": DIGEST}, {"model.gguf": "1" * 64}
+        # Started together: the wrong pin's download must not be shared with, nor fail, the right one.
+        results = await asyncio.gather(
+            cache.fetch(source, wrong), cache.fetch(source, right), return_exceptions=True
+        )
+        assert isinstance(results[0], WeightsError)
+        assert "sha256 does not match the pin" in str(results[0])
+        assert isinstance(results[1], Path) and results[1].read_bytes() == BLOB
+        # And once the right one is cached, the wrong one is still refused, not handed that copy.
+        with pytest.raises(WeightsError, match=f"expected {'1' * 64}, got {DIGEST}"):
+            await cache.fetch(source, wrong)
+        assert await cache.fetch(source, right) == results[1]
+
+    async def test_pins_are_checked_against_copies_found_on_disk_at_start(
+        self, origin: Origin, tmp_path: Path
+    ) -> None:
+        source = origin.url + "model.gguf"
+        async with WeightsCache(tmp_path / "w") as first:
+            await first.fetch(source, {})
+        async with WeightsCache(tmp_path / "w") as second:
+            with pytest.raises(WeightsError, match="sha256 does not match the pin"):
+                await second.fetch(source, {"model.gguf": "2" * 64})
+            assert await second.fetch(source, {"model.gguf": DIGEST}) == second.path_of(source)
+        assert len(origin.ranges) == 2
+
+    async def test_a_copy_whose_marker_kept_no_digest_is_hashed_once_and_the_digest_kept(
+        self, origin: Origin, tmp_path: Path
+    ) -> None:
+        source = origin.url + "model.gguf"
+        async with WeightsCache(tmp_path / "w") as first:
+            await first.fetch(source, {})
+        marker = tmp_path / "w" / cache_key(source) / MARKER
+        old = json.loads(marker.read_text())
+        for f in old["files"]:
+            del f["sha256"]
+        marker.write_text(json.dumps(old))
+        async with WeightsCache(tmp_path / "w") as second:
+            with pytest.raises(WeightsError, match=f"got {DIGEST}"):
+                await second.fetch(source, {"model.gguf": "3" * 64})
+        assert json.loads(marker.read_text())["files"][0]["sha256"] == DIGEST
+
+    async def test_a_pin_that_names_no_file_of_the_source_is_refused(
+        self, origin: Origin, cache: WeightsCache
+    ) -> None:
+        source = origin.url + "model.gguf"
+        with pytest.raises(WeightsError) as refused:
+            await cache.fetch(source, {"modle.gguf": DIGEST})
+        assert str(refused.value) == (
+            f"weights model.gguf: the sha256 pin for 'modle.gguf' names no file of {source} (it has: model.gguf)"
+        )
+        assert cache.present() == []
 
 
 class TestDirectories:
@@ -200,8 +313,9 @@ class TestDirectories:
     async def test_a_directory_the_mirror_does_not_have_is_refused(
         self, mirror: str, cache: WeightsCache
     ) -> None:
-        with pytest.raises(WeightsError, match="answered 404"):
+        with pytest.raises(WeightsError) as refused:
             await cache.fetch(mirror + "nothing/", {})
+        assert str(refused.value) == f"weights nothing/: HTTP 404 at {mirror}nothing/"
 
 
 class TestCollect:

@@ -402,7 +402,7 @@ class Supervisor:
             shard = _Shard(req, engine)
             shard.process = launcher.adopt(record.pid)
             shard.endpoint = shard.local_url = record.endpoint
-            source_path = self._weights.path_of(req.source) if self._weights is not None else None
+            source_path = self._weights.path_of(req.source, req.sha256) if self._weights is not None else None
             shard.model_path = str(source_path) if source_path is not None else ""
             self._shards[req.shard_id] = shard
             shard.reader = asyncio.create_task(
@@ -447,7 +447,7 @@ class Supervisor:
         except (WeightsError, OSError) as exc:
             failed = self._status(shard, "failed")
             if isinstance(exc, OSError):
-                failed.detail = f"writing the weights of {req.source} failed: {exc.strerror or exc}"
+                failed.detail = f"weights {req.source}: writing them failed: {exc.strerror or exc}"
             else:
                 failed.detail = str(exc)
             self._report(failed)

@@ -8,7 +8,11 @@ directory is listed by asking for its URL: the answer is JSON,
 
 which is what the mirror role serves (roles/mirror.py); `size` is optional.
 
-Each source gets its own directory under the cache, named after the URL. Files
+Each source gets its own directory under the cache, named after the URL. A
+copy there serves a model only if it matches that model's sha256 pins (the
+digests are kept in the marker, so a file is hashed once); pins it does not
+match are fetched again into a directory of their own, named after the URL
+and the pins, and refused if that copy does not match them either. Files
 are downloaded to `NAME.part` and renamed when complete, and the source counts
 as present only once its `.complete.json` marker is written, after every file
 is in place and every pinned sha256 has matched. A download cut off midway
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -92,17 +97,24 @@ class WeightsCache:
         attempts: int = 5,
         retry_base_s: float = 1.0,
         session: aiohttp.ClientSession | None = None,
+        on_disk_full: Callable[[], None] | None = None,
     ) -> None:
         self.root = root
+        # Told when a download fills the disk, so the node's free space is read and sent at once.
+        self._on_disk_full = on_disk_full
         self._attempts = attempts
         # No cap: `attempts` bounds the waits (1 + 2 + 4 + 8 s by default).
         self._backoff = ExponentialBackoff(base_s=retry_base_s)
         self._session = session
         self._own_session = session is None
-        # source -> the marker's contents, for every source completely on disk.
+        # directory name -> the marker's contents (source, files and their sha256), for every copy
+        # completely on disk: a source has its plain directory, and one per set of pins that the
+        # copy there did not match.
         self._present: dict[str, dict[str, Any]] = {}
-        # source -> the download in flight, shared by every shard that needs it.
+        # directory name -> the download in flight, shared by every shard that needs it; its pins and source.
         self._inflight: dict[str, asyncio.Task[Path]] = {}
+        self._inflight_pins: dict[str, dict[str, str]] = {}
+        self._sources: dict[str, str] = {}
         self._listeners: dict[str, list[Progress]] = {}
         self._waiters: dict[str, int] = {}
 
@@ -127,84 +139,139 @@ class WeightsCache:
 
     # --- what the supervisor and the report call -----------------------------------------
 
-    def path_of(self, source: str) -> Path | None:
-        """The local path of a source completely on disk: the file, or the directory; else None."""
-        marker = self._present.get(source)
-        if marker is None:
-            return None
-        base = self.root / cache_key(source)
-        return base if source.endswith("/") else base / marker["files"][0]["path"]
+    def path_of(self, source: str, sha256: Mapping[str, str] | None = None) -> Path | None:
+        """The local path of a copy of source completely on disk that matches sha256's pins; else None."""
+        pins = _pins(sha256 or {})
+        for name, marker in self._copies(source):
+            if _mismatch(marker, pins) is None:
+                return self._path(name, marker)
+        return None
 
     def present(self, in_use: Collection[str] = ()) -> list[pb.Weights]:
-        """Every source completely on disk, for the heartbeat; in_use marks those an engine has open."""
+        """Every copy completely on disk, for the heartbeat; in_use marks those an engine has open."""
         out = []
-        for source, marker in sorted(self._present.items()):
-            path = self.path_of(source)
+        for name, marker in sorted(self._present.items()):
+            source = marker["source"]
             files = marker["files"]
             out.append(
                 pb.Weights(
                     source=source,
-                    path=str(path),
+                    path=str(self._path(name, marker)),
                     size_bytes=sum(int(f["size"]) for f in files),
-                    sha256=files[0]["sha256"] if len(files) == 1 else "",
-                    in_use=source in in_use or source in self._inflight,
+                    sha256=files[0].get("sha256", "") if len(files) == 1 else "",
+                    in_use=source in in_use or any(self._sources.get(n) == source for n in self._inflight),
                 )
             )
         return out
 
     async def fetch(self, source: str, sha256: Mapping[str, str], progress: Progress | None = None) -> Path:
-        """The local path of source, downloading what is missing first; WeightsError when it cannot be had."""
-        have = self.path_of(source)
-        if have is not None:
-            return have
-        listeners = self._listeners.setdefault(source, [])
+        """The local path of source, downloading what is missing first; WeightsError when it cannot be had.
+
+        A copy already on disk is used only if it matches these pins: another model may name
+        the same URL with other pins, or none, and a pin skipped because the URL was cached
+        let a model with a wrong pin be served whatever file was there.
+        """
+        pins = _pins(sha256)
+        while True:
+            have = await self._copy_for(source, pins)
+            if have is not None:
+                return have
+            # The first copy of a source goes to its plain directory; pins the copy there does not
+            # match get a directory of their own, so neither model's file replaces the other's.
+            primary = cache_key(source)
+            name = primary if primary not in self._present else _pinned_key(source, pins)
+            theirs = name in self._inflight and self._inflight_pins.get(name) != pins
+            try:
+                path = await self._join(name, source, pins, progress)
+            except WeightsError:
+                if theirs:
+                    # Another model's download, with other pins, failed (on its own pin, say): that
+                    # says nothing of these pins, which are tried on their own next.
+                    continue
+                raise
+            if not theirs:
+                return path
+            # Another model's download finished: whether its copy fits these pins is checked on the
+            # next turn, never assumed.
+
+    async def remove(self, sources: Collection[str], in_use: Collection[str]) -> tuple[list[str], list[str]]:
+        """Delete every copy of the sources no engine has open; (removed, kept with the reason)."""
+        removed: list[str] = []
+        kept: list[str] = []
+        for source in dict.fromkeys(sources):
+            if source in in_use or any(self._sources.get(n) == source for n in self._inflight):
+                kept.append(f"{source} (an engine on this node uses it)")
+                continue
+            for name in await asyncio.to_thread(_directories_of, self.root, source):
+                directory = self.root / name
+                self._present.pop(name, None)
+                await asyncio.to_thread(shutil.rmtree, directory, True)
+                log.info("removed weights no model uses", source=source, path=str(directory))
+            removed.append(source)
+        return removed, kept
+
+    # --- the copies on disk ---------------------------------------------------------------
+
+    def _copies(self, source: str) -> list[tuple[str, dict[str, Any]]]:
+        """(directory name, marker) of every complete copy of source, its plain directory first."""
+        primary = cache_key(source)
+        found = [(n, m) for n, m in self._present.items() if m["source"] == source]
+        return sorted(found, key=lambda item: (item[0] != primary, item[0]))
+
+    def _path(self, name: str, marker: dict[str, Any]) -> Path:
+        base = self.root / name
+        return base if marker["source"].endswith("/") else base / marker["files"][0]["path"]
+
+    async def _copy_for(self, source: str, pins: dict[str, str]) -> Path | None:
+        """A complete copy of source that matches pins; a file is hashed at most once, ever."""
+        for name, marker in self._copies(source):
+            if pins and any("sha256" not in f for f in marker["files"]):
+                # A marker that kept no digest: hash now, once, and keep the digest beside the file.
+                marker = await asyncio.to_thread(_hash_marker, self.root / name, marker)
+                self._present[name] = marker
+            if _mismatch(marker, pins) is None:
+                return self._path(name, marker)
+        return None
+
+    async def _join(self, name: str, source: str, pins: dict[str, str], progress: Progress | None) -> Path:
+        """Wait for the download into directory name, starting one for pins when none is in flight."""
+        listeners = self._listeners.setdefault(name, [])
         if progress is not None:
             listeners.append(progress)
-        self._waiters[source] = self._waiters.get(source, 0) + 1
-        task = self._inflight.get(source)
+        self._waiters[name] = self._waiters.get(name, 0) + 1
+        task = self._inflight.get(name)
         if task is None:
-            # One download per source: a second shard of the same model waits on the first's.
-            task = asyncio.create_task(self._download(source, dict(sha256)), name=f"weights {source}")
-            self._inflight[source] = task
-            task.add_done_callback(lambda _: self._finished(source))
+            # One download per directory: a second shard of the same model waits on the first's.
+            task = asyncio.create_task(self._download(name, source, pins), name=f"weights {source}")
+            self._inflight[name] = task
+            self._inflight_pins[name] = pins
+            self._sources[name] = source
+            task.add_done_callback(lambda _: self._finished(name))
         try:
             # Shielded: a shard stopped while waiting must not cancel the download another waits on.
             return await asyncio.shield(task)
         finally:
             if progress is not None and progress in listeners:
                 listeners.remove(progress)
-            waiting = self._waiters.get(source, 1) - 1
+            waiting = self._waiters.get(name, 1) - 1
             if waiting > 0:
-                self._waiters[source] = waiting
+                self._waiters[name] = waiting
             else:
-                self._waiters.pop(source, None)
+                self._waiters.pop(name, None)
             if not waiting and not task.done():
                 # Nobody wants it any more; the .part file stays for the next try to resume.
                 task.cancel()
 
-    async def remove(self, sources: Collection[str], in_use: Collection[str]) -> tuple[list[str], list[str]]:
-        """Delete the sources no engine has open; (removed, kept with the reason)."""
-        removed: list[str] = []
-        kept: list[str] = []
-        for source in sources:
-            if source in in_use or source in self._inflight:
-                kept.append(f"{source} (an engine on this node uses it)")
-                continue
-            directory = self.root / cache_key(source)
-            self._present.pop(source, None)
-            await asyncio.to_thread(shutil.rmtree, directory, True)
-            removed.append(source)
-            log.info("removed weights no model uses", source=source, path=str(directory))
-        return removed, kept
-
     # --- one download ---------------------------------------------------------------------
 
-    def _finished(self, source: str) -> None:
-        self._inflight.pop(source, None)
-        self._listeners.pop(source, None)
+    def _finished(self, name: str) -> None:
+        self._inflight.pop(name, None)
+        self._inflight_pins.pop(name, None)
+        self._sources.pop(name, None)
+        self._listeners.pop(name, None)
 
-    def _report(self, source: str, text: str) -> None:
-        for listener in list(self._listeners.get(source, ())):
+    def _report(self, name: str, text: str) -> None:
+        for listener in list(self._listeners.get(name, ())):
             listener(text)
 
     def _http(self) -> aiohttp.ClientSession:
@@ -213,14 +280,14 @@ class WeightsCache:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=60))
         return self._session
 
-    async def _download(self, source: str, sha256: dict[str, str]) -> Path:
-        base = self.root / cache_key(source)
+    async def _download(self, name: str, source: str, pins: dict[str, str]) -> Path:
+        base = self.root / name
         await asyncio.to_thread(base.mkdir, parents=True, exist_ok=True)
         files = await self._list(source)
+        _check_pins_name_files(source, files, pins)
         total = sum(f.size for f in files if f.size is not None) if all(f.size for f in files) else None
         if total is not None:
             await self._check_space(base, files, total)
-        pins = {_pin_key(k): _pin_value(v) for k, v in sha256.items()}
         done_before = 0
         recorded = []
         for number, f in enumerate(files, 1):
@@ -229,31 +296,33 @@ class WeightsCache:
                 if len(files) == 1
                 else f"{PurePosixPath(source.rstrip('/')).name}/ ({number} of {len(files)} files)"
             )
-            digest, size = await self._fetch_file(source, f, base, label, done_before, total)
-            pin = (
-                pins.get(f.path)
-                or pins.get(PurePosixPath(f.path).name)
-                or (pins.get("") if len(files) == 1 else None)
-            )
+            part = base / (f.path + PART)
+            try:
+                digest, size = await self._fetch_file(name, f, base, label, done_before, total)
+            except _DiskFull as full:
+                # A partial file on a full disk is what keeps it full: every other write there (the
+                # engine's logs, the next download) fails until someone finds and removes it.
+                await asyncio.to_thread(_unlink, part)
+                later = [full.size, *(g.size for g in files[number:])]
+                raise await self._no_space(base, f.path, later) from None
+            pin = _pin_for(f.path, pins, single=len(files) == 1)
             if pin is not None and pin != digest:
-                await asyncio.to_thread(_unlink, base / (f.path + PART))
+                await asyncio.to_thread(_unlink, part)
                 raise WeightsError(
-                    f"{f.path} from {source} does not match its pinned sha256 "
-                    f"(expected {pin}, got {digest}); the download was removed"
+                    f"weights {f.path}: sha256 does not match the pin (expected {pin}, got {digest}); "
+                    f"the file downloaded from {f.url} was removed"
                 )
-            await asyncio.to_thread(os.replace, base / (f.path + PART), base / f.path)
+            await asyncio.to_thread(os.replace, part, base / f.path)
             recorded.append({"path": f.path, "size": size, "sha256": digest})
             done_before += size
         marker = {"source": source, "files": recorded}
         await asyncio.to_thread(_write_marker, base, marker)
-        self._present[source] = marker
+        self._present[name] = marker
         self._report(
-            source, f"downloaded {PurePosixPath(source.rstrip('/')).name}: {human_bytes(done_before, None)}"
+            name, f"downloaded {PurePosixPath(source.rstrip('/')).name}: {human_bytes(done_before, None)}"
         )
         log.info("weights downloaded", source=source, bytes=done_before, path=str(base))
-        path = self.path_of(source)
-        assert path is not None
-        return path
+        return self._path(name, marker)
 
     async def _list(self, source: str) -> list[_File]:
         if not source.endswith("/"):
@@ -261,13 +330,14 @@ class WeightsCache:
             if not name:
                 raise WeightsError(f"{source} names no file; a directory's URL must end in '/'")
             return [_File(path=name, url=source, size=None)]
+        label = f"weights {PurePosixPath(urllib.parse.urlsplit(source).path).name}/"
         try:
             async with self._http().get(source) as response:
                 if response.status != 200:
-                    raise WeightsError(f"listing {source} failed: the server answered {response.status}")
+                    raise WeightsError(f"{label}: HTTP {response.status} at {source}")
                 listing = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise WeightsError(f"listing {source} failed: {exc or type(exc).__name__}") from None
+            raise WeightsError(f"{label}: listing {source} failed: {exc or type(exc).__name__}") from None
         try:
             entries = listing["files"]
             files = [_File(path=str(e["path"]), url="", size=e.get("size")) for e in entries]
@@ -291,14 +361,36 @@ class WeightsCache:
         have = await asyncio.to_thread(_part_bytes, base, [f.path for f in files])
         free = (await asyncio.to_thread(shutil.disk_usage, base)).free
         if total - have > free:
+            label = files[0].path if len(files) == 1 else f"{len(files)} files"
+            mount = await asyncio.to_thread(_mount_point, base)
             raise WeightsError(
-                f"{base} has {human_bytes(free, None)} free and the weights need "
-                f"{human_bytes(total - have, None)} more; "
+                f"weights {label}: no space left on {mount} (needs {human_bytes(total - have - free, None)} "
+                f"more, {human_bytes(free, None)} free); "
                 "`llmgw ctl weights collect` removes weights no model uses"
             )
 
+    async def _no_space(self, base: Path, label: str, sizes: list[int | None]) -> WeightsError:
+        """The error for a download the disk filled up under, with the free space as it is now."""
+        if self._on_disk_full is not None:
+            # The node's free space changed a lot and at once: the control plane hears it now, not
+            # at the next registration.
+            self._on_disk_full()
+        free = (await asyncio.to_thread(shutil.disk_usage, base)).free
+        mount = await asyncio.to_thread(_mount_point, base)
+        hint = "`llmgw ctl weights collect` removes weights no model uses"
+        if any(size is None for size in sizes):
+            return WeightsError(
+                f"weights {label}: no space left on {mount} ({human_bytes(free, None)} free, less than "
+                f"the download needs); the partial file was removed; {hint}"
+            )
+        more = sum(size for size in sizes if size is not None) - free
+        needs = f"needs {human_bytes(more, None)} more" if more > 0 else f"{human_bytes(free, None)} free now"
+        return WeightsError(
+            f"weights {label}: no space left on {mount} ({needs}); the partial file was removed; {hint}"
+        )
+
     async def _fetch_file(
-        self, source: str, f: _File, base: Path, label: str, done_before: int, total: int | None
+        self, name: str, f: _File, base: Path, label: str, done_before: int, total: int | None
     ) -> tuple[str, int]:
         """Download one file to its .part, resuming; its sha256 and size."""
         part = base / (f.path + PART)
@@ -306,13 +398,13 @@ class WeightsCache:
         failures = 0
         while True:
             try:
-                return await self._attempt(f, part, label, done_before, total, source)
+                return await self._attempt(f, part, label, done_before, total, name)
             except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
                 failures += 1
                 have = await asyncio.to_thread(_size, part)
                 if failures >= self._attempts:
                     raise WeightsError(
-                        f"downloading {f.url} failed {failures} times, the last at "
+                        f"weights {f.path}: downloading {f.url} failed {failures} times, the last at "
                         f"{human_bytes(have, None)}: {exc or type(exc).__name__}; "
                         "the next try resumes from there"
                     ) from None
@@ -322,44 +414,62 @@ class WeightsCache:
                 await asyncio.sleep(self._backoff.delay(failures))
 
     async def _attempt(
-        self, f: _File, part: Path, label: str, done_before: int, total: int | None, source: str
+        self, f: _File, part: Path, label: str, done_before: int, total: int | None, name: str
     ) -> tuple[str, int]:
-        hasher = hashlib.sha256()
-        offset = await asyncio.to_thread(_hash_prefix, part, hasher)
-        headers = {"Range": f"bytes={offset}-"} if offset else {}
-        async with self._http().get(f.url, headers=headers) as response:
-            if response.status == 416 and offset:
-                # The server has nothing past what we hold; start over rather than trust it is whole.
-                await asyncio.to_thread(_unlink, part)
-                raise aiohttp.ClientPayloadError(f"{f.url} refused to resume at byte {offset}")
-            if response.status not in (200, 206):
-                raise WeightsError(f"downloading {f.url} failed: the server answered {response.status}")
-            if response.status == 200 and offset:
-                # The server ignored the Range: what it sends is the whole file again.
-                hasher = hashlib.sha256()
-                offset = 0
-            size = _total_size(response, offset)
-            file_total = total if total is not None else (size if f.size is None else f.size)
-            mode = "ab" if offset else "wb"
-            fh = await asyncio.to_thread(open, part, mode)
-            try:
-                written = offset
-                step = max((file_total or 0) // _PROGRESS_STEPS, 64 * _CHUNK)
-                self._report(source, f"downloading {label}: {human_bytes(done_before + written, file_total)}")
-                next_report = written + step
-                async for chunk in response.content.iter_chunked(_CHUNK):
-                    await to_thread_to_the_end(_write, fh, hasher, chunk)
-                    written += len(chunk)
-                    if written >= next_report:
-                        self._report(
-                            source, f"downloading {label}: {human_bytes(done_before + written, file_total)}"
-                        )
-                        next_report = written + step
-            finally:
-                await to_thread_to_the_end(fh.close)
+        # The file's whole size once the server has said it: what a full disk would have needed.
+        file_size = f.size
+        try:
+            hasher = hashlib.sha256()
+            offset = await asyncio.to_thread(_hash_prefix, part, hasher)
+            headers = {"Range": f"bytes={offset}-"} if offset else {}
+            async with self._http().get(f.url, headers=headers) as response:
+                if response.status == 416 and offset:
+                    # The server has nothing past what we hold; start over rather than trust it is whole.
+                    await asyncio.to_thread(_unlink, part)
+                    raise aiohttp.ClientPayloadError(f"{f.url} refused to resume at byte {offset}")
+                if response.status not in (200, 206):
+                    raise WeightsError(f"weights {f.path}: HTTP {response.status} at {f.url}")
+                if response.status == 200 and offset:
+                    # The server ignored the Range: what it sends is the whole file again.
+                    hasher = hashlib.sha256()
+                    offset = 0
+                size = _total_size(response, offset)
+                file_size = size if size is not None else file_size
+                file_total = total if total is not None else (size if f.size is None else f.size)
+                mode = "ab" if offset else "wb"
+                fh = await asyncio.to_thread(open, part, mode)
+                try:
+                    written = offset
+                    step = max((file_total or 0) // _PROGRESS_STEPS, 64 * _CHUNK)
+                    self._report(
+                        name, f"downloading {label}: {human_bytes(done_before + written, file_total)}"
+                    )
+                    next_report = written + step
+                    async for chunk in response.content.iter_chunked(_CHUNK):
+                        await to_thread_to_the_end(_write, fh, hasher, chunk)
+                        written += len(chunk)
+                        if written >= next_report:
+                            self._report(
+                                name, f"downloading {label}: {human_bytes(done_before + written, file_total)}"
+                            )
+                            next_report = written + step
+                finally:
+                    await to_thread_to_the_end(fh.close)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise _DiskFull(file_size) from exc
+            raise
         if size is not None and written != size:
             raise aiohttp.ClientPayloadError(f"{f.url} ended at byte {written} of {size}")
         return hasher.hexdigest(), written
+
+
+class _DiskFull(Exception):
+    """The disk filled up under a download; size is the whole file's, when the server said it."""
+
+    def __init__(self, size: int | None) -> None:
+        super().__init__(size)
+        self.size = size
 
 
 def _total_size(response: aiohttp.ClientResponse, offset: int) -> int | None:
@@ -373,12 +483,83 @@ def _total_size(response: aiohttp.ClientResponse, offset: int) -> int | None:
     return None
 
 
-def _pin_key(key: str) -> str:
-    return key.lstrip("/")
+def _pins(sha256: Mapping[str, str]) -> dict[str, str]:
+    """A model's pins as compared: keys without a leading "/", digests bare and lower case."""
+    return {key.lstrip("/"): value.removeprefix("sha256:").strip().lower() for key, value in sha256.items()}
 
 
-def _pin_value(value: str) -> str:
-    return value.removeprefix("sha256:").strip().lower()
+def _pinned_key(source: str, pins: Mapping[str, str]) -> str:
+    """The directory of a copy of source fetched for pins the plain directory's copy does not match."""
+    digest = hashlib.sha256(json.dumps(sorted(pins.items())).encode()).hexdigest()[:12]
+    return f"{cache_key(source)}-pin-{digest}"
+
+
+def _pin_for(path: str, pins: Mapping[str, str], *, single: bool) -> str | None:
+    """The pin for the file at path: by its path, its name, or "" for a source of one file."""
+    return pins.get(path) or pins.get(PurePosixPath(path).name) or (pins.get("") if single else None)
+
+
+def _pin_names(key: str, paths: Collection[str], *, single: bool) -> bool:
+    return (key == "" and single) or any(key in (p, PurePosixPath(p).name) for p in paths)
+
+
+def _check_pins_name_files(source: str, files: list[_File], pins: Mapping[str, str]) -> None:
+    # A pin naming no file (a typo, a file renamed upstream) would otherwise pin nothing at all.
+    paths = [f.path for f in files]
+    for key in pins:
+        if not _pin_names(key, paths, single=len(files) == 1):
+            has = ", ".join(paths[:5]) + (", …" if len(paths) > 5 else "")
+            raise WeightsError(
+                f"weights {PurePosixPath(source.rstrip('/')).name}: the sha256 pin for {key!r} names no "
+                f"file of {source} (it has: {has})"
+            )
+
+
+def _mismatch(marker: Mapping[str, Any], pins: Mapping[str, str]) -> str | None:
+    """Why a copy on disk does not satisfy pins, or None when it does (no pins: any copy does)."""
+    if not pins:
+        return None
+    files = marker.get("files") or []
+    paths = [str(f["path"]) for f in files]
+    single = len(files) == 1
+    for key in pins:
+        if not _pin_names(key, paths, single=single):
+            return f"the pin for {key!r} names no file of it"
+    for f in files:
+        pin = _pin_for(str(f["path"]), pins, single=single)
+        if pin is not None and pin != f.get("sha256"):
+            return (
+                f"weights {f['path']}: sha256 does not match the pin (expected {pin}, got {f.get('sha256')})"
+            )
+    return None
+
+
+def _hash_marker(base: Path, marker: dict[str, Any]) -> dict[str, Any]:
+    """marker with every file's sha256, hashing those it lacks, written back so it is done once."""
+    files = []
+    for f in marker["files"]:
+        if "sha256" not in f:
+            hasher = hashlib.sha256()
+            _hash_prefix(base / f["path"], hasher)
+            f = {**f, "sha256": hasher.hexdigest()}
+        files.append(f)
+    updated = {**marker, "files": files}
+    _write_marker(base, updated)
+    return updated
+
+
+def _directories_of(root: Path, source: str) -> list[str]:
+    """Every directory of source under root, complete or not: its plain one and its pinned ones."""
+    primary = cache_key(source)
+    return [primary, *sorted(p.name for p in root.glob(f"{primary}-pin-*") if p.is_dir())]
+
+
+def _mount_point(path: Path) -> Path:
+    """The mount point of the filesystem path is on: what an operator knows the disk by."""
+    path = path.resolve()
+    while not path.is_mount() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _write(fh: IO[bytes], hasher: Any, chunk: bytes) -> None:
@@ -423,6 +604,7 @@ def _write_marker(base: Path, marker: dict[str, Any]) -> None:
 
 
 def _scan(root: Path) -> dict[str, dict[str, Any]]:
+    """directory name -> marker, for every copy completely on disk."""
     present: dict[str, dict[str, Any]] = {}
     if not root.is_dir():
         return present
@@ -434,9 +616,12 @@ def _scan(root: Path) -> dict[str, dict[str, Any]]:
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("ignoring an unreadable weights marker", path=str(marker_path))
             continue
-        if marker_path.parent.name != cache_key(source):
+        name = marker_path.parent.name
+        if name != cache_key(source) and not re.fullmatch(
+            re.escape(cache_key(source)) + r"-pin-[0-9a-f]{12}", name
+        ):
             continue
         # A file removed by hand since makes the source absent, not present and broken.
         if all((marker_path.parent / f["path"]).is_file() for f in files):
-            present[source] = marker
+            present[name] = marker
     return present
