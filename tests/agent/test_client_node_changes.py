@@ -21,6 +21,7 @@ from aiohttp import web
 from llmgw import pki
 from llmgw.agent.client import AgentClient
 from llmgw.agent.discovery.node import NodeReport
+from llmgw.agent.discovery.storage import Statvfs
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.weights import WeightsCache
 from llmgw.config import AgentConfig, ControlConfig, ServerConfig, TLSConfig
@@ -119,8 +120,10 @@ class Agent:
 
 
 @asynccontextmanager
-async def connected_agent(certs: Certs, tmp_path: Path, disk: FakeDisk) -> AsyncIterator[Agent]:
-    """Server and agent wired as the roles wire them, the agent registered."""
+async def connected_agent(
+    certs: Certs, tmp_path: Path, disk: Statvfs, state_dir: Path | None = None
+) -> AsyncIterator[Agent]:
+    """Server and agent wired as the roles wire them, the agent registered; its state under state_dir."""
     server_cfg = ServerConfig(
         agent_listen="127.0.0.1:0", tls=certs.server, control=ControlConfig(interval_s=0.05, grace_s=5.0)
     )
@@ -131,10 +134,11 @@ async def connected_agent(certs: Certs, tmp_path: Path, disk: FakeDisk) -> Async
             node_id="n1",
             servers=[f"127.0.0.1:{port}"],
             tls=certs.n1,
-            state_dir=str(tmp_path / "agent"),
+            state_dir=str(state_dir or tmp_path / "agent"),
             heartbeat_interval_s=0.05,
         )
-        cache = await stack.enter_async_context(WeightsCache(cfg.weights_dir))
+        disk_changed = asyncio.Event()
+        cache = await stack.enter_async_context(WeightsCache(cfg.weights_dir, on_disk_full=disk_changed.set))
         supervisor = await stack.enter_async_context(
             Supervisor(ENGINES, ready_timeout_s=WAIT_S, weights=cache, state_dir=Path(cfg.state_dir))
         )
@@ -143,6 +147,7 @@ async def connected_agent(certs: Certs, tmp_path: Path, disk: FakeDisk) -> Async
             weights=lambda: cache.present(supervisor.weights_in_use()),
             infiniband=tmp_path / "no-infiniband",
             statvfs=disk,
+            disk_changed=disk_changed,
         )
         await report.refresh()
         client = AgentClient(

@@ -276,7 +276,8 @@ class TestPins:
         with pytest.raises(WeightsError) as refused:
             await cache.fetch(source, {"modle.gguf": DIGEST})
         assert str(refused.value) == (
-            f"weights model.gguf: the sha256 pin for 'modle.gguf' names no file of {source} (it has: model.gguf)"
+            f"weights model.gguf: the sha256 pin for 'modle.gguf' names no file of {source} "
+            "(it has: model.gguf)"
         )
         assert cache.present() == []
 

@@ -229,6 +229,8 @@ class AgentClient:
         jobs = [self._receive(stream), self._send(stream, outbox)]
         if self._provision is not None:
             jobs.append(self._report_provision(self._provision, outbox))
+        if self._report is not None:
+            jobs.append(self._report_node(self._report, outbox))
         await first_to_finish(*jobs)
 
     def _engines(self) -> dict[str, str]:
@@ -288,6 +290,15 @@ class AgentClient:
                 engine_versions=self._engines(),
             )
             outbox.put_nowait(pb.AgentMessage(heartbeat=beat))
+
+    async def _report_node(self, report: NodeReport, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
+        """A heartbeat as soon as a refresh finds the node changed (a disk filled by a download, say)."""
+        while True:
+            await report.changed.wait()
+            report.changed.clear()
+            beat = report.fill_heartbeat(pb.Heartbeat())
+            if beat.storage_changed or beat.gpus_changed or beat.fabrics_changed or beat.weights_changed:
+                outbox.put_nowait(pb.AgentMessage(heartbeat=beat))
 
     async def _receive(self, stream: _ServerStream) -> None:
         async for message in stream:

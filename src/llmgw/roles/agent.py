@@ -49,7 +49,11 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
         provision = ProvisionLoop(cfg, host, SubprocessRunner(), releases)
         # Before the first Register, so it says which engines agent.yaml names instead of "not probed".
         await provision.probe_configured()
-        weights = await stack.enter_async_context(WeightsCache(cfg.weights_dir))
+        # A download that fills the disk has the node's free space read and sent at once.
+        disk_changed = asyncio.Event()
+        weights = await stack.enter_async_context(
+            WeightsCache(cfg.weights_dir, on_disk_full=disk_changed.set)
+        )
         supervisor = Supervisor(
             ENGINES,
             ready_timeout_s=cfg.ready_timeout_s,
@@ -67,7 +71,9 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
         await stack.enter_async_context(supervisor)
         # Before the first Register, so it lists the engines the previous agent left running.
         await supervisor.adopt()
-        report = NodeReport(cfg, weights=lambda: weights.present(supervisor.weights_in_use()))
+        report = NodeReport(
+            cfg, weights=lambda: weights.present(supervisor.weights_in_use()), disk_changed=disk_changed
+        )
         await report.refresh()
         client = AgentClient(
             cfg,

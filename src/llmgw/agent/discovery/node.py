@@ -1,7 +1,8 @@
 """What the node tells the control plane about itself: GPUs, memory, fabrics, storage, labels, weights.
 
 Everything is read in threads by `refresh` (the agent runs `run`, which
-refreshes every heartbeat interval), and kept here, so building a Register or a
+refreshes every heartbeat interval, and at once when `disk_changed` is set: a
+download that filled the disk), and kept here, so building a Register or a
 Heartbeat never waits on NVML or a disk. Register carries all of it; a
 Heartbeat carries memory always and each list only when it changed since the
 stream last heard it, with its *_changed flag set, so an empty list there
@@ -11,6 +12,7 @@ means "none" and never "nothing to say".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,8 +43,15 @@ class NodeReport:
         weights: Callable[[], list[pb.Weights]] = list,
         infiniband: Path = INFINIBAND,
         statvfs: Statvfs = os.statvfs,
+        disk_changed: asyncio.Event | None = None,
     ) -> None:
         self._cfg = cfg
+        # Set by whoever changed a disk a lot at once (the weights cache, when a download filled
+        # it): read again now, rather than at the next interval.
+        self._disk_changed = disk_changed if disk_changed is not None else asyncio.Event()
+        # Set when a refresh finds something the stream has not heard: the agent's client sends a
+        # heartbeat at once rather than at its next tick.
+        self.changed = asyncio.Event()
         self._gpu_discovery = gpus if gpus is not None else GpuDiscovery()
         self._weights = weights
         self._infiniband = infiniband
@@ -80,11 +89,16 @@ class NodeReport:
                 log.warning(warning)
         self.gpus, self.memory, self.fabrics, self.storage = gpus, memory, fabrics.fabrics, storage
         self.warnings = fabrics.warnings
+        if _storage_print(storage) != self._sent.get("storage"):
+            self.changed.set()
 
     async def run(self, interval_s: float) -> None:
-        """Refresh every interval_s until cancelled."""
+        """Refresh every interval_s, or sooner when a disk changed, until cancelled."""
         while True:
-            await asyncio.sleep(interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await self._disk_changed.wait()
+            self._disk_changed.clear()
             try:
                 await self.refresh()
             except Exception:
@@ -108,6 +122,8 @@ class NodeReport:
             "storage": _storage_print(self.storage),
             "weights": _print(weights),
         }
+        # The new stream has heard everything: nothing is left to send at once.
+        self.changed.clear()
         return register
 
     def fill_heartbeat(self, heartbeat: pb.Heartbeat) -> pb.Heartbeat:
@@ -146,5 +162,10 @@ def _gpu_print(gpus: Sequence[pb.Gpu]) -> tuple[tuple[object, ...], ...]:
 
 
 def _storage_print(storage: Sequence[pb.Storage]) -> tuple[tuple[object, ...], ...]:
-    # Free space in whole GB: a heartbeat for every log line written would be noise.
-    return tuple((s.path, s.total_bytes, s.free_bytes // 10**9) for s in storage)
+    # Free space in steps of 1 GB, or of 1% on a disk under 100 GB: a heartbeat for every log line
+    # written would be noise, and with whole GB only a small disk filling up was never told.
+    return tuple((s.path, s.total_bytes, s.free_bytes // _storage_step(s.total_bytes)) for s in storage)
+
+
+def _storage_step(total_bytes: int) -> int:
+    return max(1, min(10**9, total_bytes // 100))
