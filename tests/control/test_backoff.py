@@ -134,6 +134,28 @@ class TestBackoff:
             ("start", "other"),
         ]
 
+    async def test_the_first_retry_waits_on_the_node_even_when_another_model_was_placed_first_in_the_pass(
+        self,
+    ) -> None:
+        """The pass's placement snapshot, taken for an earlier model, must see the later one's failure."""
+        clock = Clock()
+        inventory = Inventory(grace_s=15)
+        n1 = _node(inventory, "n1")
+        inventory.shard_status("n1", _status("s1", "failed"))
+        cfg = _cfg(OTHER, SIM)
+        reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, clock=clock)
+        await reconciler.reconcile()
+        assert [(kind, getattr(m, "model", "")) for kind, m in _sent(n1)] == [
+            ("stop", ""),
+            ("start", "other"),
+        ]
+        clock.now += 4.9
+        await reconciler.reconcile()
+        assert _sent(n1) == []
+        clock.now += 0.1
+        await reconciler.reconcile()
+        assert _started(n1).model == "sim-chat"
+
 
 class TestPlacementSkipsABackingOffNode:
     def test_the_node_is_rejected_for_the_model_with_the_reason_and_others_remain(self):

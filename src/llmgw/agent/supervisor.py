@@ -15,11 +15,15 @@ by the next one); the supervisor follows the file and keeps a ring of its last
 
 - starting -> ready (with the endpoint), or
 - starting -> failed (with the last output lines) when the engine exits or
-  never answers; a shard that never became ready is not restarted, so the
-  control plane can place it elsewhere;
-- ready -> failed -> starting -> ready when an engine that served crashes:
-  it is restarted after a backoff (1 s doubling to 30 s);
+  never answers;
+- ready -> failed (with the last output lines) when an engine that served
+  exits;
 - stopped, once `stop` has ended the whole process group.
+
+A failed shard is not restarted here: the control plane stops it and places
+its replica again, elsewhere at once and on this node after
+`control.base_backoff_s` (doubling). An agent restarting it as well would race
+that decision, on a node the model is meant to stay off for a while.
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ from llmgw import launcher
 from llmgw.addresses import DEFAULT_ENGINE_PORTS, parse_port_range, url_host
 from llmgw.agent import state as engine_state
 from llmgw.agent.weights import WeightsCache, WeightsError
-from llmgw.backoff import ExponentialBackoff
 from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
@@ -160,8 +163,6 @@ class Supervisor:
         bind: str = "",
         ports: range = _DEFAULT_PORTS,
         health_interval_s: float = 0.1,
-        backoff_initial_s: float = 1.0,
-        backoff_max_s: float = 30.0,
         binaries: Callable[[str], str] | None = None,
         parallel: Callable[[str], int] | None = None,
         weights: WeightsCache | None = None,
@@ -191,8 +192,6 @@ class Supervisor:
         self._bind = bind
         self._ports = ports
         self._health_interval_s = health_interval_s
-        # No jitter: engines restart on their own node, not a fleet at once.
-        self._backoff = ExponentialBackoff(base_s=backoff_initial_s, cap_s=backoff_max_s)
         self._shards: dict[str, _Shard] = {}
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -239,7 +238,7 @@ class Supervisor:
             # request must stay free for the next one (the StopShard that cancels it, say).
             shard.task = asyncio.create_task(self._fetch_and_run(shard), name=f"supervise {req.shard_id}")
             return
-        if not await self._spawn(shard, restarting=False):
+        if not await self._spawn(shard):
             return
         if self._shards.get(req.shard_id) is not shard:
             # Stopped (or the supervisor closed) while it was being spawned: it must not outlive that.
@@ -308,7 +307,7 @@ class Supervisor:
 
     # --- one shard's life -----------------------------------------------------------------
 
-    async def _spawn(self, shard: _Shard, *, restarting: bool) -> bool:
+    async def _spawn(self, shard: _Shard) -> bool:
         """Start shard's process and report starting; on failure report failed and say False."""
         req = shard.req
         bind = self._bind or self._host
@@ -367,8 +366,7 @@ class Supervisor:
         shard.local_url = f"http://{url_host(_on_this_machine(bind))}:{port}"
         status = self._status(shard, "starting")
         status.pid = process.pid
-        again = "restarting" if restarting else "starting"
-        status.detail = f"{again} {shard.engine.name} (pid {process.pid}) on port {port}"
+        status.detail = f"starting {shard.engine.name} (pid {process.pid}) on port {port}"
         self._report(status)
         log.info(
             "engine starting",
@@ -454,7 +452,7 @@ class Supervisor:
             log.warning("weights could not be fetched", shard=req.shard_id, detail=failed.detail)
             return
         shard.model_path = str(path)
-        if not await self._spawn(shard, restarting=False):
+        if not await self._spawn(shard):
             return
         await self._watch(shard)
 
@@ -508,52 +506,39 @@ class Supervisor:
         self._shards.clear()
 
     async def _watch(self, shard: _Shard) -> None:
-        """Wait for ready, then for an exit; restart an engine that had served, with backoff."""
-        # Crashes since the engine last served a good while: what the wait before a restart follows.
-        crashes = 0
-        served = False
-        while True:
-            process = shard.process
-            assert process is not None
-            became_ready = await self._wait_ready(shard, process)
-            health = shard.engine.health_path
-            if became_ready:
-                served = True
-                ready = self._status(shard, "ready")
-                ready.endpoint = shard.endpoint
-                ready.pid = process.pid
-                ready.detail = f"{shard.engine.name} answers on {shard.endpoint}"
-                self._report(ready)
-                log.info("engine ready", shard=shard.req.shard_id, endpoint=shard.endpoint)
-                ready_at = time.monotonic()
-                await process.wait()
-                # An engine that served a good while before crashing starts over at the short backoff.
-                if time.monotonic() - ready_at >= self._backoff.cap_s:
-                    crashes = 0
-            timed_out = not became_ready and process.returncode is None
-            # Also for an engine that exited by itself: the workers it forked go with it.
-            returncode = await self._terminate(shard)
-            shard.process = None
-            name = shard.engine.name
-            failed = self._status(shard, "failed")
-            failed.pid = process.pid
-            failed.last_output = list(shard.output)
-            if timed_out:
-                failed.detail = f"{name} did not answer {health} within {_seconds(self._ready_timeout_s)}"
-            elif became_ready:
-                failed.detail = f"{name} {_exit_reason(returncode)} after serving"
-            else:
-                failed.detail = f"{name} {_exit_reason(returncode)} before answering {health}"
-            if served:
-                crashes += 1
-                failed.detail += f"; restarting in {_seconds(self._backoff.delay(crashes))}"
-            self._report(failed)
-            log.warning("engine failed", shard=shard.req.shard_id, detail=failed.detail)
-            if not served:
-                return
-            await asyncio.sleep(self._backoff.delay(crashes))
-            if not await self._spawn(shard, restarting=True):
-                return
+        """Wait for ready, then for an exit; report the failure, which the control plane acts on."""
+        process = shard.process
+        assert process is not None
+        became_ready = await self._wait_ready(shard, process)
+        health = shard.engine.health_path
+        if became_ready:
+            ready = self._status(shard, "ready")
+            ready.endpoint = shard.endpoint
+            ready.pid = process.pid
+            ready.detail = f"{shard.engine.name} answers on {shard.endpoint}"
+            self._report(ready)
+            log.info("engine ready", shard=shard.req.shard_id, endpoint=shard.endpoint)
+            await process.wait()
+        timed_out = not became_ready and process.returncode is None
+        # Also for an engine that exited by itself: the workers it forked go with it.
+        returncode = await self._terminate(shard)
+        shard.process = None
+        name = shard.engine.name
+        failed = self._status(shard, "failed")
+        failed.pid = process.pid
+        failed.last_output = list(shard.output)
+        if timed_out:
+            failed.detail = f"{name} did not answer {health} within {_seconds(self._ready_timeout_s)}"
+        elif became_ready:
+            failed.detail = f"{name} {_exit_reason(returncode)} after serving"
+        else:
+            failed.detail = f"{name} {_exit_reason(returncode)} before answering {health}"
+        self._report(failed)
+        log.warning(
+            "engine failed; not restarted here, the control plane places its replica again",
+            shard=shard.req.shard_id,
+            detail=failed.detail,
+        )
 
     async def _wait_ready(self, shard: _Shard, process: launcher.Process) -> bool:
         """True once the engine answers its health path; False when it exits or the time is up."""

@@ -86,6 +86,11 @@ class Reconciler:
         for replica in self._inventory.replicas():
             if replica.model not in catalog:
                 await self._stop(replica, f"{replica.model} is no longer in the catalog")
+        # Every failure is recorded before anything is placed: the pass's placement snapshot is taken
+        # at its first placement, and a model whose failure was recorded after that (a later model in
+        # the catalog) was placed straight back on the node it had just failed on.
+        for model in models:
+            await self._replace_failed(model)
         for model in models:
             await self._reconcile_model(model)
         live = {r.replica_id or r.shard_id for r in self._inventory.replicas()}
@@ -95,7 +100,8 @@ class Reconciler:
         for gone in [shard for shard in self._retries if shard not in shards]:
             del self._retries[gone]
 
-    async def _reconcile_model(self, model: ModelConfig) -> None:
+    async def _replace_failed(self, model: ModelConfig) -> None:
+        """Stop the model's failed replicas and back off the nodes they failed on."""
         now = self._clock()
         replicas = self._inventory.replicas(model.name)
         for replica in [r for r in replicas if r.state == "failed"]:
@@ -105,7 +111,10 @@ class Reconciler:
             for rank in [r for r in replicas if replica.replica_id and r.replica_id == replica.replica_id]:
                 if rank.state != "failed":
                     await self._stop(rank, f"rank {replica.shard_id} of its replica failed")
-            replicas = self._inventory.replicas(model.name)
+
+    async def _reconcile_model(self, model: ModelConfig) -> None:
+        now = self._clock()
+        replicas = self._inventory.replicas(model.name)
         for r in replicas:
             if r.state == READY and (retried := self._retries.pop(r.shard_id, None)) is not None:
                 # Serving again on that node: the next failure there starts from the base wait. Only a
@@ -198,7 +207,14 @@ class Reconciler:
         backoff = ExponentialBackoff(base_s=self._cfg.control.base_backoff_s, cap_s=MAX_BACKOFF_S)
         wait = backoff.delay(failures)
         self._backoff[(model, node)] = (failures, now + wait)
-        log.info("backing off a node for a model", model=model, node=node, failures=failures, wait_s=wait)
+        log.info(
+            "a replica failed: placing it again now on another node if one can take it, "
+            "and on this node only after the wait",
+            model=model,
+            node=node,
+            failures=failures,
+            wait_s=wait,
+        )
 
     def _draining(self, replica: Replica) -> bool:
         node = self._inventory.node(replica.node_id)
