@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +16,8 @@ from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND
 from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
 from llmgw.roles.server import server_role
+from llmgw.store.quotas import set_budget
+from llmgw.store.scopes import Scope
 
 ADDED = """\
 name: sim-added
@@ -73,6 +76,33 @@ async def test_a_model_added_with_ctl_is_served_after_a_restart_until_ctl_remove
             assert await _listed(server.gateway_url) == ["sim-chat"]
         async with server_role(cfg) as server:
             assert await _listed(server.gateway_url) == ["sim-chat"]
+
+
+async def test_adding_a_model_with_no_price_while_a_budget_is_set_says_budgets_never_bind_on_it(
+    cfg: ServerConfig, tmp_path: Path
+):
+    model_file = tmp_path / "model.yaml"
+    model_file.write_text(ADDED, encoding="utf-8")
+    priced = tmp_path / "priced.yaml"
+    priced.write_text(
+        ADDED.replace("sim-added", "sim-priced") + "pricing: {prompt_per_1k: 1.0}\n", encoding="utf-8"
+    )
+    with capture_logs():
+        async with server_role(cfg) as server:
+            await set_budget(server.store, Scope("org", 1), 10.0, "month")
+            await server.quotas.refresh(server.store)
+            code, out, err = await _ctl("--server", server.admin_url, "model", "add", "-f", str(model_file))
+            assert code == 0
+            assert out == "added sim-added: 1 replica(s) wanted, placed from now on\n"
+            assert err == (
+                "warning: no price applies to sim-added, so budgets never bind on what it serves; give it "
+                "`pricing` (in server.yaml or the model's definition) or set `default_price`\n"
+            )
+            code, out, _ = await _ctl("--server", server.admin_url, "models", "--json")
+            unpriced = {m["name"]: m["unpriced"] for m in json.loads(out)}
+            assert unpriced["sim-added"] is not None and unpriced["sim-chat"] is not None
+            code, _, err = await _ctl("--server", server.admin_url, "model", "add", "-f", str(priced))
+            assert (code, err) == (0, "")
 
 
 async def test_ctl_refuses_a_bad_definition_naming_the_file_and_line_and_leaves_server_yaml_s_alone(

@@ -475,6 +475,8 @@ def model_add(ctx: click.Context, path: Path, as_json: bool) -> None:
     added = _read(data, views.Model)
     verb = "replaced" if status == 200 else "added"
     click.echo(f"{verb} {added.name}: {added.wanted} replica(s) wanted, placed from now on")
+    if added.unpriced:
+        click.echo(f"warning: {added.unpriced}", err=True)
 
 
 @model.command("remove")

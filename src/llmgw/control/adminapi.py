@@ -33,11 +33,16 @@ from llmgw.control.openapi import document
 from llmgw.control.placement import Backoff
 from llmgw.control.weights import collect_weights
 from llmgw.errors import ConfigError
+from llmgw.gateway.admission import price_of, unpriced_sentence
+from llmgw.store.quotas import Budget
 
 CONFIG_KEY = web.AppKey("llmgw.admin.config", ServerConfig)
 INVENTORY_KEY = web.AppKey("llmgw.admin.inventory", Inventory)
 # The reconciler's backoff, (model, node) -> why not now, when a reconciler runs (roles/server.py).
 BACKOFF_KEY: web.AppKey[Callable[[], Mapping[tuple[str, str], Backoff]]] = web.AppKey("llmgw.admin.backoff")
+# The budgets the gateway enforces now, when the server runs one (roles/server.py): a model added
+# with no price while any is set is said to escape them, in the answer to the one who added it.
+BUDGETS_KEY: web.AppKey[Callable[[], Sequence[Budget]]] = web.AppKey("llmgw.admin.budgets")
 
 
 # --- views ------------------------------------------------------------------------------------
@@ -195,7 +200,7 @@ def replicas_view(inventory: Inventory, model: str | None = None) -> list[views.
     ]
 
 
-def model_view(model: ModelConfig, inventory: Inventory) -> views.Model:
+def model_view(model: ModelConfig, inventory: Inventory, unpriced: str | None = None) -> views.Model:
     return views.Model(
         name=model.name,
         wanted=model.replicas,
@@ -204,7 +209,18 @@ def model_view(model: ModelConfig, inventory: Inventory) -> views.Model:
         engines=list(dict.fromkeys(p.engine for p in model.profiles)),
         replicas=replicas_view(inventory, model.name),
         why_not_ready=_why_not_ready(inventory, model.name),
+        unpriced=unpriced,
     )
+
+
+def _unpriced(request: web.Request, model: ModelConfig) -> str | None:
+    """That budgets never bind on model, while any is set and no price applies to it; else None."""
+    budgets = request.config_dict.get(BUDGETS_KEY)
+    if budgets is None or not budgets():
+        return None
+    if price_of(request.config_dict[CONFIG_KEY], model.name, model) is not None:
+        return None
+    return unpriced_sentence([model.name])
 
 
 def _why_not_ready(inventory: Inventory, model: str) -> str | None:
@@ -347,7 +363,8 @@ async def set_node_state(request: web.Request) -> web.Response:
 
 async def get_models(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
-    return reply(models_view(request.config_dict[INVENTORY_KEY], models))
+    inventory = request.config_dict[INVENTORY_KEY]
+    return reply([model_view(m, inventory, _unpriced(request, m)) for m in models])
 
 
 # JSON, or YAML under the names it goes by; none of them is one a page elsewhere may send without
@@ -372,7 +389,7 @@ async def post_model(request: web.Request) -> web.Response:
         return error(400, str(exc))
     except DeclaredModel as exc:
         return error(409, str(exc))
-    return reply(model_view(model, inventory), 200 if replaced else 201)
+    return reply(model_view(model, inventory, _unpriced(request, model)), 200 if replaced else 201)
 
 
 async def delete_model(request: web.Request) -> web.Response:

@@ -160,6 +160,13 @@ class Model:
     why_not_ready: str | None = attrs.field(
         metadata={"doc": "Why it serves nothing, in the words a client's 503 carries."}
     )
+    unpriced: str | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "While any budget is set and no price applies to this model: that budgets never bind on "
+            "what it serves, in words. Null when a price applies or no budget is set."
+        },
+    )
 
 
 @attrs.frozen

@@ -67,10 +67,24 @@ def budget_warnings(cfg: ServerConfig, budgets: Sequence[Budget], models: Sequen
     if not budgets:
         return []
     return [
-        f"budgets are set but no price applies to {model.name}: they never bind"
-        for model in models
-        if price_of(cfg, model.name, model) is None
+        f"budgets are set but no price applies to {name}: they never bind" for name in unpriced(cfg, models)
     ]
+
+
+def unpriced(cfg: ServerConfig, models: Sequence[ModelConfig]) -> list[str]:
+    """The names of the models no price applies to: a budget never binds on what they serve."""
+    return [model.name for model in models if price_of(cfg, model.name, model) is None]
+
+
+def unpriced_sentence(names: Sequence[str]) -> str:
+    """What setting a budget means while names have no price, said where it is set."""
+    one = len(names) == 1
+    them = names[0] if one else ", ".join(names[:-1]) + f" and {names[-1]}"
+    return (
+        f"no price applies to {them}, so budgets never bind on what {'it serves' if one else 'they serve'}; "
+        f"give {'it' if one else 'each'} `pricing` (in server.yaml or the model's definition) "
+        "or set `default_price`"
+    )
 
 
 def _asked(payload: dict[str, Any], name: str) -> int | None:

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
-from llmgw.control.adminapi import BACKOFF_KEY
+from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY
 from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
@@ -136,6 +136,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
         agent_port = await stack.enter_async_context(serve_agents(cfg, inventory))
         app = make_gateway_app(cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, usage))
+        # `ctl model add` of a model with no price says budgets never bind on it.
+        app[BUDGETS_KEY] = lambda: quotas.budgets
         reconciler = None
         if cfg.control.enabled:
             # A draining node's replicas are stopped once the gateway has nothing in flight there.
@@ -149,6 +151,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         mount_on_client_port(app, cfg, inventory, catalog)
         url = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
+        admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]
         if reconciler is not None:
             admin_app[BACKOFF_KEY] = reconciler.backoff
         admin_url = await stack.enter_async_context(

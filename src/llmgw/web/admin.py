@@ -7,9 +7,11 @@ from datetime import UTC, date, datetime, timedelta
 from urllib.parse import urlencode
 
 import attrs
+import structlog
 from aiohttp import web
 
 from llmgw.catalog import CATALOG_KEY
+from llmgw.gateway.admission import budget_warnings, unpriced, unpriced_sentence
 from llmgw.store.keys import list_keys
 from llmgw.store.quotas import (
     PERIODS,
@@ -30,6 +32,8 @@ from llmgw.web.context import WEB_KEY
 from llmgw.web.guards import require_admin
 from llmgw.web.render import render
 from llmgw.web.sessions import current_user
+
+log = structlog.get_logger(__name__)
 
 _DEFAULT_DAYS = 30
 _MAX_DAYS = 366
@@ -144,8 +148,6 @@ class _QuotaRow:
 async def _quotas_page(
     request: web.Request, status: int = 200, flash: str | None = None, kind: str = "ok"
 ) -> web.StreamResponse:
-    from llmgw.gateway.admission import budget_warnings
-
     ctx = request.config_dict[WEB_KEY]
     hierarchy = await load_hierarchy(ctx.store)
     limits = {item.scope: item for item in await list_limits(ctx.store)}
@@ -196,9 +198,23 @@ async def quotas_page(request: web.Request) -> web.StreamResponse:
         except ScopeError:
             scope = None
         if scope is not None:
-            name = (await load_hierarchy(request.config_dict[WEB_KEY].store)).name(scope)
+            ctx = request.config_dict[WEB_KEY]
+            name = (await load_hierarchy(ctx.store)).name(scope)
             flash = f"Saved the quotas of {name}; a running gateway applies them within a second."
+            missing = _unpriced_if_budgeted(request, scope, await list_budgets(ctx.store))
+            if missing:
+                # Said with the save, not only in the list at the top: the one who set the budget
+                # should not find out at the month's end that it never bound.
+                flash += f" This budget does not bind everything: {unpriced_sentence(missing)}."
+                return await _quotas_page(request, flash=flash, kind="error")
     return await _quotas_page(request, flash=flash)
+
+
+def _unpriced_if_budgeted(request: web.Request, scope: Scope, budgets: list[Budget]) -> list[str]:
+    """The catalog's unpriced models, when scope has a budget; else none."""
+    if not any(budget.scope == scope for budget in budgets):
+        return []
+    return unpriced(request.config_dict[WEB_KEY].cfg, request.config_dict[CATALOG_KEY].models())
 
 
 def _optional_number(form: dict[str, str], field: str, kind: type[int] | type[float]) -> int | float | None:
@@ -227,6 +243,14 @@ async def save_quota(request: web.Request) -> web.StreamResponse:
             await clear_budget(ctx.store, scope)
         else:
             await set_budget(ctx.store, scope, float(budget), form.get("period", "month"))
+            missing = unpriced(ctx.cfg, request.config_dict[CATALOG_KEY].models())
+            if missing:
+                # Logged when it happens, not only at the server's next start.
+                log.warning(
+                    "a budget was set but no price applies to some models: it never binds on them",
+                    scope=str(scope),
+                    models=missing,
+                )
     except ScopeError as exc:
         return await _quotas_page(request, 400, _sentence(str(exc)), "error")
     return _see_other(f"/admin/quotas?{urlencode({'saved': str(scope)})}")
