@@ -8,6 +8,7 @@ the stream, weights and storage up it in heartbeats.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -229,3 +230,38 @@ async def test_free_space_moving_under_the_weights_directory_reaches_the_invento
         assert [(s.path, s.total_bytes) for s in told.storage] == [(weights_dir, total)]
         # A heartbeat, not a new Register, carried it.
         assert agent.inventory.registrations == 1
+
+
+async def test_weights_that_answer_404_or_miss_their_pin_fail_the_shard_in_words_over_the_stream(
+    certs: Certs, tmp_path: Path, origin: str
+) -> None:
+    """The failure the control plane hears names the file and the cause, never just "failed"."""
+    body = b"GGUF" + b"\0" * 4096
+    digest = hashlib.sha256(body).hexdigest()
+    async with connected_agent(certs, tmp_path, FakeDisk(50 * GB)) as agent:
+        starts = [
+            pb.StartShard(shard_id="s404", model="m404", engine="sim", source=f"{origin}/gone.bin"),
+            # The same URL twice: cached for the first model, still checked against the second's pin.
+            pb.StartShard(shard_id="ok", model="ok", engine="sim", source=f"{origin}/a.gguf"),
+        ]
+        for start in starts:
+            await agent.inventory.send("n1", pb.ControlMessage(start=start))
+        await eventually(
+            lambda: (
+                {r.shard_id: r.state for r in agent.inventory.replicas()} == {"s404": "failed", "ok": "ready"}
+            ),
+            "the shards never settled",
+        )
+        wrong = pb.StartShard(
+            shard_id="pin", model="pin", engine="sim", source=f"{origin}/a.gguf", sha256={"a.gguf": "0" * 64}
+        )
+        await agent.inventory.send("n1", pb.ControlMessage(start=wrong))
+        await eventually(
+            lambda: any(r.shard_id == "pin" and r.state == "failed" for r in agent.inventory.replicas()),
+            "the wrongly pinned shard never failed",
+        )
+        details = {r.shard_id: r.detail for r in agent.inventory.replicas() if r.state == "failed"}
+        assert details["s404"] == f"weights gone.bin: HTTP 404 at {origin}/gone.bin"
+        assert details["pin"].startswith(
+            f"weights a.gguf: sha256 does not match the pin (expected {'0' * 64}, got {digest})"
+        )

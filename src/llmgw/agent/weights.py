@@ -181,6 +181,13 @@ class WeightsCache:
             primary = cache_key(source)
             name = primary if primary not in self._present else _pinned_key(source, pins)
             theirs = name in self._inflight and self._inflight_pins.get(name) != pins
+            if name != primary and name not in self._inflight:
+                log.info(
+                    "the cached copy of these weights does not match this model's pins; fetching them again",
+                    source=source,
+                    why=_mismatch(self._present[primary], pins),
+                    path=str(self.root / name),
+                )
             try:
                 path = await self._join(name, source, pins, progress)
             except WeightsError:
