@@ -122,7 +122,11 @@ class Agent:
 
 @asynccontextmanager
 async def connected_agent(
-    certs: Certs, tmp_path: Path, disk: Statvfs, state_dir: Path | None = None
+    certs: Certs,
+    tmp_path: Path,
+    disk: Statvfs,
+    state_dir: Path | None = None,
+    heartbeat_interval_s: float = 0.05,
 ) -> AsyncIterator[Agent]:
     """Server and agent wired as the roles wire them, the agent registered; its state under state_dir."""
     server_cfg = ServerConfig(
@@ -136,7 +140,7 @@ async def connected_agent(
             servers=[f"127.0.0.1:{port}"],
             tls=certs.n1,
             state_dir=str(state_dir or tmp_path / "agent"),
-            heartbeat_interval_s=0.05,
+            heartbeat_interval_s=heartbeat_interval_s,
         )
         disk_changed = asyncio.Event()
         cache = await stack.enter_async_context(WeightsCache(cfg.weights_dir, on_disk_full=disk_changed.set))

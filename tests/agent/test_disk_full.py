@@ -109,16 +109,13 @@ class TestWeightsCache:
             await runner.cleanup()
 
 
-async def test_a_full_disk_fails_the_shard_in_words_and_the_inventory_hears_the_free_space(
+async def test_a_small_disk_filling_up_is_told_in_a_heartbeat(
     certs: Certs,  # noqa: F811
     tmp_path: Path,
     tiny_disk: Path,
     origin: str,
 ) -> None:
-    """Over the real stream: weights that fill part of a small disk are told in a heartbeat (free space
-    was sent only in whole GB, so a small disk filling up was never heard), and a shard that overflows
-    it fails naming the disk, with the inventory's free space the disk's own once the partial file is gone.
-    """
+    """Free space was sent only when it moved by a whole GB: a small disk filling up was never heard."""
     async with connected_agent(certs, tmp_path, os.statvfs, state_dir=tiny_disk) as agent:
         (before,) = agent.node().storage
         assert before.path == str(tiny_disk / "weights")
@@ -129,8 +126,26 @@ async def test_a_full_disk_fails_the_shard_in_words_and_the_inventory_hears_the_
         )
         assert agent.inventory.registrations == 1
 
-        start = pb.StartShard(shard_id="s1", model="big", engine="sim", source=f"{origin}/big.gguf")
-        await agent.inventory.send("n1", pb.ControlMessage(start=start))
+
+async def test_a_full_disk_fails_the_shard_in_words_and_the_free_space_is_sent_at_once(
+    certs: Certs,  # noqa: F811
+    tmp_path: Path,
+    tiny_disk: Path,
+    origin: str,
+) -> None:
+    """Over the real stream, with the node's periodic refresh and heartbeats an hour apart: the shard's
+    failure names the disk, and the free space (less the weights fetched since registering) follows it
+    at once, not at the next refresh or registration."""
+    async with connected_agent(
+        certs, tmp_path, os.statvfs, state_dir=tiny_disk, heartbeat_interval_s=3600
+    ) as agent:
+        (before,) = agent.node().storage
+        medium = pb.StartShard(shard_id="s0", model="medium", engine="sim", source=f"{origin}/medium.gguf")
+        await agent.inventory.send("n1", pb.ControlMessage(start=medium))
+        # Fetched and started: its weights are on the disk now, and nothing has told the server so.
+        await eventually(lambda: agent.inventory.ready_endpoints("medium"), within_s=30)
+        big = pb.StartShard(shard_id="s1", model="big", engine="sim", source=f"{origin}/big.gguf")
+        await agent.inventory.send("n1", pb.ControlMessage(start=big))
 
         def failed() -> Replica | None:
             return next((r for r in agent.inventory.replicas("big") if r.state == "failed"), None)
@@ -144,6 +159,8 @@ async def test_a_full_disk_fails_the_shard_in_words_and_the_inventory_hears_the_
             f"(needs {human_bytes(len(BIG) - free, None)} more)"
         )
         await eventually(lambda: abs(agent.node().storage[0].free_bytes - free) < 16 * 1024, within_s=30)
+        assert agent.node().storage[0].free_bytes < before.free_bytes - 400_000
+        assert agent.inventory.registrations == 1
 
 
 async def test_a_disk_changed_is_read_again_at_once_not_at_the_next_interval(tmp_path: Path) -> None:
