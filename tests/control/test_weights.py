@@ -55,3 +55,22 @@ async def test_a_node_not_connected_is_not_asked_and_says_so() -> None:
     (done,) = await collect_weights(inventory, set())
     assert done.removing == []
     assert done.error == "node n1 is not connected; nothing was removed there"
+
+
+def test_a_source_with_several_copies_on_a_node_is_planned_once_and_kept_if_any_copy_is_open() -> None:
+    """A copy per set of pins: two entries with one source, which RemoveWeights names once."""
+    inventory = Inventory(grace_s=10)
+    inventory.attach(
+        pb.Register(
+            node_id="n1",
+            weights=[
+                pb.Weights(source=STALE, path="/w/a", sha256="aa"),
+                pb.Weights(source=STALE, path="/w/a-pin", sha256="bb"),
+                pb.Weights(source=OPEN, path="/w/o", sha256="cc"),
+                pb.Weights(source=OPEN, path="/w/o-pin", sha256="dd", in_use=True),
+            ],
+        )
+    )
+    (plan,) = plan_collection(inventory, set())
+    assert plan.removing == [STALE]
+    assert plan.kept == [f"{OPEN} (an engine on n1 uses it)"]

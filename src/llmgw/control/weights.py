@@ -27,13 +27,18 @@ def plan_collection(inventory: Inventory, wanted: Iterable[str]) -> list[Collect
     out = []
     for node in sorted(inventory.nodes(), key=lambda n: n.id):
         removing, kept = [], []
+        # A source can have several copies on a node (one per set of pins its first copy did not
+        # match): it is asked about, and removed, as one, and kept if any copy is in use.
+        in_use: dict[str, bool] = {}
         for weights in node.weights:
-            if weights.in_use:
-                kept.append(f"{weights.source} (an engine on {node.id} uses it)")
-            elif weights.source in wanted:
-                kept.append(f"{weights.source} (a model in the catalog uses it)")
+            in_use[weights.source] = in_use.get(weights.source, False) or weights.in_use
+        for source, used in in_use.items():
+            if used:
+                kept.append(f"{source} (an engine on {node.id} uses it)")
+            elif source in wanted:
+                kept.append(f"{source} (a model in the catalog uses it)")
             else:
-                removing.append(weights.source)
+                removing.append(source)
         out.append(Collection(node=node.id, removing=removing, kept=kept))
     return out
 
