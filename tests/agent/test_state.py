@@ -224,6 +224,6 @@ class TestWeightsBeforeStart:
                 )
             )
             failed = await reports.wait_for("failed")
-            assert "does not match its pinned sha256" in failed.detail
+            assert "sha256 does not match the pin (expected " in failed.detail
             assert engine.specs == []
             assert cache.present() == []

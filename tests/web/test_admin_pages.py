@@ -7,7 +7,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
-import pytest
+from structlog.testing import capture_logs
 
 from llmgw.store.quotas import list_budgets, list_limits
 from llmgw.store.scopes import Scope, create_project
@@ -71,14 +71,15 @@ class TestQuotasPage:
         assert "budgets are set but no price applies to sim-added: they never bind" in await response.text()
 
     async def test_saving_a_budget_while_models_have_no_price_says_so_with_the_save_and_in_the_log(
-        self, site: Site, client: aiohttp.ClientSession, capsys: pytest.CaptureFixture[str]
+        self, site: Site, client: aiohttp.ClientSession
     ) -> None:
         await site.catalog.add("name: sim-added\nprofiles:\n  - engine: sim\n", "added.yaml")
         await site.user("root@example.com", admin=True)
         csrf = await login(client, "root@example.com")
-        response = await client.post(
-            "/admin/quotas", data={"scope": "org:1", "budget": "5", "period": "month", "csrf": csrf}
-        )
+        with capture_logs() as logs:
+            response = await client.post(
+                "/admin/quotas", data={"scope": "org:1", "budget": "5", "period": "month", "csrf": csrf}
+            )
         text = html.unescape(await response.text())
         flash = text.split('role="status">')[1].split("</p>")[0]
         assert flash.startswith("Saved the quotas of ")
@@ -87,7 +88,8 @@ class TestQuotasPage:
             "never bind on what they serve; give each `pricing` (in server.yaml or the model's definition) "
             "or set `default_price`."
         )
-        assert "a budget was set but no price applies to some models" in capsys.readouterr().out
+        (logged,) = [e for e in logs if e["event"].startswith("a budget was set but no price applies")]
+        assert (logged["scope"], logged["models"]) == ("org:1", ["sim-chat", "sim-added"])
         # Limits alone bind whatever the prices: saving them says nothing of prices.
         response = await client.post(
             "/admin/quotas", data={"scope": "org:1", "rpm": "10", "budget": "", "csrf": csrf}
