@@ -5,7 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from blockbuster import BlockBuster, blockbuster_ctx
+
+# structlog's default renderer formats exceptions with rich when it is installed (a test tool
+# pulls it in), and rich stats source files on the loop; render them as llmgw's own setup does.
+structlog.configure(
+    processors=[
+        structlog.processors.add_log_level,
+        structlog.processors.StackInfoRenderer(),
+        structlog.dev.set_exc_info,
+        structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
+        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
+    ]
+)
 
 
 @pytest.fixture(autouse=True)

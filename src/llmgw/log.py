@@ -65,8 +65,14 @@ def setup(*, level: str = "info", json: bool | None = None, stream: TextIO | Non
     """Configure structlog once per process; `json=None` chooses by whether stream is a terminal."""
     out = stream or sys.stderr
     as_json = not out.isatty() if json is None else json
+    # A plain traceback, never rich's: rich (pulled in by a test tool) reads and stats source
+    # files while rendering, on the event loop, and a logged exception must not stall the gateway.
     renderer: Any = (
-        structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=out.isatty())
+        structlog.processors.JSONRenderer()
+        if as_json
+        else structlog.dev.ConsoleRenderer(
+            colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback
+        )
     )
     processors: Sequence[Any] = [
         structlog.contextvars.merge_contextvars,
