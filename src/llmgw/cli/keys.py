@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from llmgw import config
-from llmgw.catalog import Catalog
 from llmgw.cli.store_command import server_config_option, with_store
 from llmgw.config import ServerConfig
 from llmgw.errors import LlmgwError
@@ -61,6 +60,9 @@ def create(
     async def create_in(store: Store) -> tuple[str, KeyRecord, str]:
         if models:
             # A key for a model the catalog lacks (a typo, most often) would be refused every call.
+            # Here, not at the top: `llmgw keys --help` must not load the gateway's aiohttp.
+            from llmgw.catalog import Catalog
+
             cfg = await asyncio.to_thread(config.load, ServerConfig, config_path)
             known = set((await Catalog.open(cfg, store)).names())
             unknown = [m for m in models if m not in known]
