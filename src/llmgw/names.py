@@ -1,12 +1,13 @@
 """What a name may be, where a person's name for a thing becomes a path, a URL or a command line.
 
 A model named `../../../escape` once made every node write its engine's log
-outside its state directory, a node id with a slash wrote its certificate
-elsewhere than asked, and a model named `--help` would be read by its engine as
-an option. So the names a person chooses (models, profiles, nodes) are checked
-where they come in, with a sentence saying what is allowed; and where a name
-still has to become a file name (a shard's log), it is encoded, so that even a
-name from an older control plane cannot leave its directory.
+outside its state directory, `llmgw cert issue-server ../x` wrote the
+certificate and its key elsewhere than asked, and a model named `--help` would
+be read by its engine as an option. So the names a person chooses (models,
+profiles, nodes, certificates, keys) are checked where they come in, with a
+sentence saying what is allowed; and where a name still has to become a file
+name (a shard's log), it is encoded, so that even a name from an older control
+plane cannot leave its directory.
 
 Model names may hold `/` between parts: clients ask for Hugging Face's
 `org/model` names. Everything that puts one in a URL path encodes it as one

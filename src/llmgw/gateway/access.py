@@ -1,7 +1,7 @@
 """Which models a key may call: the one answer the routes, the listing and admission all ask.
 
-One place, because three copies of the question drifted: a key made for one
-model was refused that model's chat but shown every model in /v1/models. Any
+One place, because only admission used to ask: a key made for one model was
+refused every other model's chat but shown every model in /v1/models. Any
 further restriction (a project's own list, say) belongs here, and every route
 then obeys it.
 """
