@@ -21,7 +21,7 @@ from llmgw.gateway.auth import KeyCache
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.routes import EngineRoute
 from llmgw.store import open_store
-from llmgw.store.catalog import put_model
+from llmgw.store.catalog import list_models, put_model
 
 DECLARED = ModelConfig(name="sim-chat", profiles=[ProfileConfig(engine="sim")])
 CFG = ServerConfig(models=[DECLARED], admin_tokens=[adminapi.hash_token("s3cret")])
@@ -207,6 +207,45 @@ class TestTheCatalog:
             )
             catalog = await Catalog.open(CFG, store)
         assert catalog.get("sim-chat") is DECLARED
+
+
+class TestNames:
+    async def test_a_name_that_climbs_out_of_a_directory_is_refused_at_the_door_with_file_and_line(self):
+        catalog = Catalog(CFG)
+        with pytest.raises(ConfigError) as refused:
+            await catalog.add("profiles:\n  - engine: sim\nname: ../../../escape\n", "escape.yaml")
+        assert str(refused.value) == (
+            "escape.yaml:3: the model name '../../../escape' is not allowed; a model name is letters, "
+            "digits and . _ - :, in parts separated by single '/' (org/model), each part starting with "
+            "a letter or digit, at most 128 characters"
+        )
+        assert catalog.names() == ["sim-chat"]
+
+    async def test_a_stored_model_whose_name_is_no_longer_allowed_is_not_served_but_can_be_removed(
+        self, tmp_path: Path
+    ):
+        """Added before names were checked: it must not reach a node, and ctl must still take it out."""
+        async with open_store(tmp_path / "llmgw.db") as store:
+            await put_model(
+                store, "../../../escape", "name: ../../../escape\nprofiles: [{engine: sim}]\n", "x"
+            )
+            catalog = await Catalog.open(CFG, store)
+            assert catalog.names() == ["sim-chat"]
+            assert await catalog.remove("../../../escape") == "../../../escape"
+            assert await list_models(store) == []
+            with pytest.raises(UnknownModel):
+                await catalog.remove("../../../escape")
+
+    async def test_an_org_model_s_replicas_get_shard_ids_without_a_slash(self):
+        inventory = Inventory(grace_s=15)
+        link = inventory.attach(pb.Register(node_id="n1", engine_versions={"sim": "1"}, engines_probed=True))
+        catalog = Catalog(ServerConfig())
+        reconciler = Reconciler(ServerConfig(), inventory, catalog, in_flight={})
+        await catalog.add("name: meta-llama/Llama-3.1-8B\nprofiles:\n  - engine: sim\n", "m.yaml")
+        await reconciler.reconcile()
+        ((kind, start),) = _sent(link)
+        assert (kind, start.model) == ("start", "meta-llama/Llama-3.1-8B")
+        assert start.shard_id.startswith("meta-llama--Llama-3.1-8B-") and "/" not in start.shard_id
 
 
 class TestTheReconcilerSeesIt:

@@ -35,6 +35,18 @@ models:
             "server.yaml:7: 'models[1].source' is 's3://bucket/m.gguf'; expected the http:// or https:// URL",
         ),
         ("  - profiles:\n      - engine: sim\n", "server.yaml:6: models[1] has no 'name'"),
+        (
+            '  - name: "../../../escape"\n    profiles:\n      - engine: sim\n',
+            "server.yaml:6: the model name '../../../escape' is not allowed; a model name is letters",
+        ),
+        (
+            "  - name: m\n    profiles:\n      - engine: sim\n        name: ../p\n",
+            "server.yaml:9: the profile name '../p' is not allowed",
+        ),
+        (
+            "  - name: m\n    source: https://h/w/..\n    profiles:\n      - engine: sim\n",
+            "server.yaml:7: 'models[1].source' is 'https://h/w/..', which names no file",
+        ),
     ],
 )
 def test_a_bad_model_in_server_yaml_is_refused_saying_what_and_where(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import ssl
 import stat
 from pathlib import Path
@@ -77,9 +78,23 @@ class TestCertificates:
         assert san.get_values_for_type(x509.DNSName) == ["gpu-07"]
         certificate.verify_directly_issued_by(load(ca / "ca.pem"))
 
-    def test_a_node_id_that_cannot_be_a_name_is_refused(self, ca: Path, tmp_path: Path):
-        with pytest.raises(CertificateError, match="cannot be a node id"):
-            pki.issue_agent(ca, "n1/../../etc", tmp_path)
+    @pytest.mark.parametrize("node", ["n1/../../etc", "../n1", "n1\n", "-n1", "n" * 64, ""])
+    def test_a_node_id_that_cannot_be_a_file_name_is_refused_and_nothing_is_written(
+        self, ca: Path, tmp_path: Path, node: str
+    ):
+        out = tmp_path / "out" / "deep"
+        with pytest.raises(CertificateError, match="is not allowed; a node id is letters, digits and"):
+            pki.issue_agent(ca, node, out)
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.pem"))
+
+    def test_a_server_certificate_name_that_would_leave_the_out_directory_is_refused(
+        self, ca: Path, tmp_path: Path
+    ):
+        out = tmp_path / "out" / "deep"
+        refusal = re.escape("the certificate name '../../x' is not allowed")
+        with pytest.raises(CertificateError, match=refusal):
+            pki.issue_server(ca, "../../x", ["127.0.0.1"], out)
+        assert not list(tmp_path.glob("x*.pem"))
 
     def test_a_certificate_from_another_authority_is_explained(self, ca: Path, tmp_path: Path):
         pki.init_ca(tmp_path / "other")

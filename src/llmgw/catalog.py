@@ -30,7 +30,7 @@ from aiohttp import web
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from llmgw import config
+from llmgw import config, names
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.engines.registry import ENGINES
 from llmgw.errors import ConfigError, LlmgwError
@@ -55,10 +55,17 @@ class Catalog:
     """Every model the server serves: server.yaml's first, then the added ones by name."""
 
     def __init__(
-        self, cfg: ServerConfig, store: Store | None = None, added: Sequence[ModelConfig] = ()
+        self,
+        cfg: ServerConfig,
+        store: Store | None = None,
+        added: Sequence[ModelConfig] = (),
+        unreadable: Sequence[str] = (),
     ) -> None:
         self._declared = {m.name: m for m in cfg.models}
         self._added = {m.name: m for m in added if m.name not in self._declared}
+        # Stored models this release refuses (a name no longer allowed, say): not served, but
+        # `ctl model remove` must still be able to take them out of the store.
+        self._unreadable = set(unreadable)
         self._store = store
         self._listeners: list[Callable[[], None]] = []
         self._models: tuple[ModelConfig, ...] = ()
@@ -72,7 +79,7 @@ class Catalog:
     async def open(cls, cfg: ServerConfig, store: Store) -> Catalog:
         """The catalog of cfg plus the models the store kept; one that cannot be read is logged, skipped."""
         declared = {m.name for m in cfg.models}
-        added = []
+        added, unreadable = [], []
         for row in await stored.list_models(store):
             if row.name in declared:
                 log.warning(
@@ -90,7 +97,8 @@ class Catalog:
                     model=row.name,
                     error=str(exc),
                 )
-        return cls(cfg, store, added)
+                unreadable.append(row.name)
+        return cls(cfg, store, added, unreadable)
 
     def models(self) -> Sequence[ModelConfig]:
         return self._models
@@ -128,17 +136,24 @@ class Catalog:
         if self._store is not None:
             await stored.put_model(self._store, model.name, text, source)
         self._added[model.name] = model
+        self._unreadable.discard(model.name)
         log.info("model added to the catalog", model=model.name, replaced=replaced, source=source)
         self._rebuild()
         return model, replaced
 
-    async def remove(self, name: str) -> ModelConfig:
-        """Remove a model added with ctl; its replicas are stopped by the reconciler."""
+    async def remove(self, name: str) -> str:
+        """Remove a model added with ctl, and say its name; its replicas are stopped by the reconciler."""
         if name in self._declared:
             raise DeclaredModel(
                 f"{name} is declared in server.yaml; remove it there and restart (ctl removes only "
                 "models added with `llmgw ctl model add`)"
             )
+        if name in self._unreadable and name not in self._added:
+            if self._store is not None:
+                await stored.delete_model(self._store, name)
+            self._unreadable.discard(name)
+            log.info("a stored model that could not be read was removed", model=name)
+            return name
         model = self._added.get(name)
         if model is None:
             known = ", ".join(self._added) or "none"
@@ -148,7 +163,7 @@ class Catalog:
         del self._added[name]
         log.info("model removed from the catalog", model=name)
         self._rebuild()
-        return model
+        return name
 
     def _rebuild(self) -> None:
         self._models = (*self._declared.values(), *(self._added[n] for n in sorted(self._added)))
@@ -201,6 +216,10 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
     def line(*path: Any) -> str:
         return where([*at, *path])
 
+    # Checked first: the name becomes a shard id, a log file's name, an engine's argument and a URL.
+    problem = names.model_name_problem(model.name)
+    if problem is not None:
+        raise ConfigError(f"{line('name')}: {problem}")
     if model.replicas < 0:
         raise ConfigError(f"{line('replicas')}: '{key('replicas')}' is {model.replicas}; expected 0 or more")
     if not model.profiles:
@@ -208,19 +227,22 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
             f"{line('profiles')}: {model.name} has no profile; "
             "add one under 'profiles' (its engine, at least) so it can be placed"
         )
-    names: set[str] = set()
+    seen: set[str] = set()
     for i, profile in enumerate(model.profiles):
         if profile.engine not in ENGINES:
             raise ConfigError(
                 f"{line('profiles', i, 'engine')}: '{key('profiles', i, 'engine')}' is {profile.engine!r}; "
                 f"expected one of {', '.join(sorted(ENGINES))}"
             )
-        if profile.name in names:
+        if profile.name in seen:
             raise ConfigError(
                 f"{line('profiles', i, 'name')}: two profiles are called {profile.name!r}; "
                 "give each its own 'name'"
             )
-        names.add(profile.name)
+        seen.add(profile.name)
+        problem = names.profile_name_problem(profile.name)
+        if problem is not None:
+            raise ConfigError(f"{line('profiles', i, 'name')}: {problem}")
         if profile.nodes < 1:
             raise ConfigError(
                 f"{line('profiles', i, 'nodes')}: '{key('profiles', i, 'nodes')}' is {profile.nodes}; "
@@ -247,7 +269,8 @@ def _check_source(model: ModelConfig, line: Callable[..., str], key: Callable[..
                 f"{line('source')}: '{key('source')}' is {model.source!r}; expected the http:// or "
                 "https:// URL of a file, or of a directory ending in '/' (the llmgw mirror serves both)"
             )
-        if not model.source.endswith("/") and not PurePosixPath(parsed.path).name:
+        # ".." would be the weights cache's parent on the node, not a file in it.
+        if not model.source.endswith("/") and PurePosixPath(parsed.path).name in ("", ".."):
             raise ConfigError(
                 f"{line('source')}: '{key('source')}' is {model.source!r}, which names no file; "
                 "a directory's URL must end in '/'"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import re
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from llmgw import names
 from llmgw.config import TLSConfig
 from llmgw.errors import CertificateError
 
@@ -33,8 +33,6 @@ CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
 CA_DAYS = 3650
 LEAF_DAYS = 825
-# Node ids become certificate names and log fields; keep them to what a DNS label allows.
-_NODE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
 
 
 def init_ca(directory: Path) -> None:
@@ -83,6 +81,10 @@ def init_ca(directory: Path) -> None:
 
 def issue_server(ca_dir: Path, name: str, hosts: Sequence[str], out: Path) -> tuple[Path, Path]:
     """Write out/NAME.pem and out/NAME-key.pem: a serverAuth certificate naming every host."""
+    # NAME.pem: a name such as ../x would write the certificate and its key elsewhere than --out.
+    problem = names.file_stem_problem(name, "certificate name")
+    if problem is not None:
+        raise CertificateError(problem)
     if not hosts:
         raise CertificateError(
             f"the server certificate {name} needs at least one --host: agents check the address they dial"
@@ -98,11 +100,9 @@ def issue_server(ca_dir: Path, name: str, hosts: Sequence[str], out: Path) -> tu
 
 def issue_agent(ca_dir: Path, node_id: str, out: Path) -> tuple[Path, Path]:
     """Write out/NODE.pem and out/NODE-key.pem: a clientAuth certificate whose common name is the node id."""
-    if not _NODE_ID.match(node_id):
-        raise CertificateError(
-            f"{node_id!r} cannot be a node id: use letters, digits, '.', '_' and '-' "
-            "(at most 63, starting with a letter or digit)"
-        )
+    problem = names.node_id_problem(node_id)
+    if problem is not None:
+        raise CertificateError(problem)
     return _issue(ca_dir, node_id, [x509.DNSName(node_id)], ExtendedKeyUsageOID.CLIENT_AUTH, out)
 
 
@@ -151,9 +151,9 @@ def certificate_names(cert_path: Path) -> list[str]:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return []
-    names: list[str] = [name.lower() for name in sans.get_values_for_type(x509.DNSName)]
-    names.extend(str(ip) for ip in sans.get_values_for_type(x509.IPAddress))
-    return names
+    found: list[str] = [name.lower() for name in sans.get_values_for_type(x509.DNSName)]
+    found.extend(str(ip) for ip in sans.get_values_for_type(x509.IPAddress))
+    return found
 
 
 def is_issued_by(cert_path: Path, ca_path: Path) -> bool:

@@ -144,6 +144,29 @@ class TestAdoption:
         await supervisor.aclose()
 
 
+class TestLogFiles:
+    @pytest.mark.parametrize(
+        ("shard_id", "model"),
+        [("../../../escape-1a2b", "../../../escape"), ("org/model-1a2b", "org/model")],
+    )
+    async def test_an_engine_s_log_stays_in_the_state_directory_whatever_the_shard_is_called(
+        self, tmp_path: Path, shard_id: str, model: str
+    ) -> None:
+        """A shard id from a control plane that did not check names must not put a file anywhere else."""
+        state_dir = tmp_path / "a" / "b" / "state"
+        reports = Reports()
+        async with Supervisor(ENGINES, reports, ready_timeout_s=WAIT_S, state_dir=state_dir) as supervisor:
+            await supervisor.start(pb.StartShard(shard_id=shard_id, model=model, engine="sim"))
+            ready = await reports.wait_for("ready", shard_id)
+            written = Path(os.readlink(f"/proc/{ready.pid}/fd/1"))
+            assert written.parent == state_dir / engine_state.LOG_DIR
+            assert any(f"serving {model}" in line for line in supervisor.output(shard_id))
+        made = await asyncio.to_thread(
+            lambda: sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+        )
+        assert all(p.startswith("a/b/state") or p in ("a", "a/b") for p in made), made
+
+
 def _wait_gone(pid: int) -> None:
     with contextlib.suppress(psutil.NoSuchProcess):
         psutil.Process(pid).wait(30)

@@ -281,6 +281,14 @@ class TestPins:
         )
         assert cache.present() == []
 
+    async def test_a_source_whose_file_name_is_dot_dot_is_refused_before_anything_is_fetched(
+        self, origin: Origin, cache: WeightsCache
+    ) -> None:
+        """From a control plane that did not check it: the file would be renamed over the cache's parent."""
+        with pytest.raises(WeightsError, match="names no file"):
+            await cache.fetch(origin.url + "w/..", {})
+        assert origin.ranges == []
+
 
 class TestDirectories:
     @pytest.fixture

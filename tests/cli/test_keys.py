@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from llmgw.cli.exit import EXIT_CONFIG
 from llmgw.cli.keys import keys
 from llmgw.store import open_store
+from llmgw.store.catalog import put_model
 from llmgw.store.keys import KeyRecord, list_keys
 from llmgw.store.scopes import create_project
 
@@ -62,10 +63,26 @@ class TestKeysCommand:
         assert code == EXIT_CONFIG and "did you mean 'state_dir'" in err
 
 
+_DECLARED = """\
+models:
+  - name: sim-chat
+    profiles: [{engine: sim}]
+"""
+
+
+@pytest.fixture
+def with_models(config: Path, tmp_path: Path) -> Path:
+    """A server whose catalog has sim-chat (server.yaml) and org/sim-big (added with ctl, in the store)."""
+    config.write_text(config.read_text() + _DECLARED)
+    asyncio.run(_add_model(tmp_path, "org/sim-big"))
+    return config
+
+
 class TestKeyOptions:
     def test_a_key_is_created_in_a_named_project_with_an_expiry_and_a_model_allow_list(
-        self, config: Path, tmp_path: Path
+        self, with_models: Path, tmp_path: Path
     ) -> None:
+        config = with_models
         asyncio.run(_project(tmp_path, "research <&>"))
         code, _, err = _run(
             "create",
@@ -77,15 +94,15 @@ class TestKeyOptions:
             "--model",
             "sim-chat",
             "--model",
-            "sim-big",
+            "org/sim-big",
             "--config",
             str(config),
         )
         assert code == 0, err
         assert "in project 'research <&>' (team 'default', org 'default'), until 2999-01-31 00:00 UTC" in err
-        assert "for sim-chat, sim-big only" in err
+        assert "for sim-chat, org/sim-big only" in err
         (record,) = asyncio.run(_keys(tmp_path))
-        assert record.project_id == 2 and record.models == ("sim-chat", "sim-big")
+        assert record.project_id == 2 and record.models == ("sim-chat", "org/sim-big")
         assert record.expires_at == datetime(2999, 1, 31, tzinfo=UTC)
         assert "expires 2999-01-31 00:00" in _run("list", "--config", str(config))[1]
 
@@ -107,6 +124,34 @@ class TestKeyOptions:
         )
         assert result.exit_code == 2
         assert "Invalid value for '--expires': 2001-01-01 00:00 UTC has already passed" in result.stderr
+
+    def test_a_key_for_a_model_the_catalog_does_not_have_is_refused_naming_the_ones_it_has(
+        self, with_models: Path, tmp_path: Path
+    ) -> None:
+        code, out, err = _run(
+            "create", "bot", "--model", "sim-chat", "--model", "sim-chta", "--config", str(with_models)
+        )
+        assert (code, out) == (1, "")
+        assert err == (
+            "llmgw: the catalog has no model sim-chta; it has org/sim-big, sim-chat "
+            "(`llmgw ctl models` lists them)\n"
+        )
+        assert asyncio.run(_keys(tmp_path)) == []
+
+    def test_a_key_for_a_model_is_refused_when_the_catalog_is_empty(self, config: Path) -> None:
+        code, _, err = _run("create", "bot", "--model", "sim-chat", "--config", str(config))
+        assert code == 1 and "the catalog has no model sim-chat; it has none" in err
+
+    @pytest.mark.parametrize("name", ["two\nlines", "tab\there", "x" * 101, "   "])
+    def test_a_key_name_that_would_break_a_listing_is_refused(self, config: Path, name: str) -> None:
+        result = CliRunner().invoke(keys, ["create", name, "--config", str(config)])
+        assert result.exit_code == 2
+        assert "Invalid value for NAME" in result.stderr
+
+
+async def _add_model(tmp_path: Path, name: str) -> None:
+    async with open_store(tmp_path / "state" / "llmgw.db") as store:
+        await put_model(store, name, f"name: {name}\nprofiles: [{{engine: sim}}]\n", "model.yaml")
 
 
 async def _project(tmp_path: Path, name: str) -> None:

@@ -7,13 +7,17 @@ import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import attrs
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from llmgw import pki
 from llmgw.config import ControlConfig, ServerConfig, TLSConfig
 from llmgw.control.agentsvc import CONNECT, serve_agents
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory
@@ -62,6 +66,30 @@ async def test_a_node_registering_as_another_is_refused_with_both_names(server_c
     assert refused.value.status == Status.PERMISSION_DENIED
     assert refused.value.message == (
         "node n2 presented a certificate for n1: a node may only register as itself"
+    )
+    assert inventory.nodes() == []
+
+
+async def test_a_certificate_whose_common_name_is_no_node_id_is_refused_saying_what_one_is(
+    server_cfg, fleet, tmp_path
+):
+    """Signed by the right authority but not made by `llmgw cert` (which refuses such names)."""
+    ca_dir = Path(fleet.server.ca).parent
+    # pki's own issuing, past the check issue_agent makes: what another tool could have signed.
+    cert, key = await asyncio.to_thread(
+        pki._issue, ca_dir, "../n1", [x509.DNSName("n1")], ExtendedKeyUsageOID.CLIENT_AUTH, tmp_path / "x"
+    )
+    odd = TLSConfig(ca=fleet.server.ca, cert=str(cert), key=str(key))
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port:
+        with pytest.raises(GRPCError) as refused:
+            async with dial(port, odd) as stream:
+                await stream.send_message(register("../n1"))
+                await stream.recv_message()
+    assert refused.value.status == Status.PERMISSION_DENIED
+    assert refused.value.message is not None
+    assert refused.value.message.startswith(
+        "the client certificate's common name cannot be a node: the node id '../n1' is not allowed"
     )
     assert inventory.nodes() == []
 

@@ -257,6 +257,18 @@ class TestProfile:
         again = await (await client.get("/profile")).text()
         assert record.prefix in again and plaintext not in again
 
+    @pytest.mark.parametrize("name", ["two\nlines", "x" * 101, "  "])
+    async def test_a_key_name_that_would_break_a_listing_is_refused_on_the_page(
+        self, site: Site, client: Client, name: str
+    ) -> None:
+        await site.user("ann@example.com")
+        csrf = await login(client, "ann@example.com")
+        response = await client.post("/profile/keys", data={"name": name, "csrf": csrf})
+        assert response.status == 400
+        text = await response.text()
+        assert "is not allowed; a key name is printable characters" in text or "A key needs a name" in text
+        assert await list_keys(site.store) == []
+
     async def test_a_person_revokes_their_own_key_but_not_anothers(self, site: Site, client: Client) -> None:
         await site.user("ann@example.com")
         await site.user("bob@example.com")

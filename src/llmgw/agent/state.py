@@ -32,6 +32,7 @@ import attrs
 import structlog
 
 from llmgw import launcher
+from llmgw.names import file_name
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
@@ -55,7 +56,12 @@ class EngineRecord:
 
 
 def log_path(state_dir: Path, shard_id: str) -> Path:
-    return state_dir / LOG_DIR / f"{shard_id}.log"
+    """Where the engine of shard_id writes; always a file directly in state_dir's log directory.
+
+    Encoded: the id comes from the control plane and holds the model's name, and a name such as
+    ../../x once put the log outside state_dir (or org/model into a folder that did not exist).
+    """
+    return state_dir / LOG_DIR / f"{file_name(shard_id)}.log"
 
 
 def process_start_time(pid: int) -> int | None:

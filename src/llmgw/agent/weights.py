@@ -334,7 +334,8 @@ class WeightsCache:
     async def _list(self, source: str) -> list[_File]:
         if not source.endswith("/"):
             name = PurePosixPath(urllib.parse.urlsplit(source).path).name
-            if not name:
+            # ".." would be the cache's own parent: the download would be renamed over a directory.
+            if name in ("", ".."):
                 raise WeightsError(f"{source} names no file; a directory's URL must end in '/'")
             return [_File(path=name, url=source, size=None)]
         label = f"weights {PurePosixPath(urllib.parse.urlsplit(source).path).name}/"

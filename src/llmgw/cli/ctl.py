@@ -27,7 +27,7 @@ import attrs
 import cattrs
 import click
 
-from llmgw import config
+from llmgw import bound, config
 from llmgw.cli.engine_check import engine_check
 from llmgw.cli.exit import (
     EXIT_CONFIG,
@@ -44,6 +44,7 @@ from llmgw.control.nodelogs import MAX_LINES
 from llmgw.control.present import DASH, node_row
 from llmgw.errors import ConfigError
 from llmgw.listen import split_host_port
+from llmgw.names import url_segment
 
 DEFAULT_CONFIG = Path("/etc/llmgw/server.yaml")
 # A log request waits up to 10 s for its node; the client waits a little longer, so that it is
@@ -68,9 +69,14 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 def _admin_url(config_path: Path) -> str:
+    """The admin listener of the server config_path configures: as it bound it, or as configured."""
     try:
         cfg = config.load(ServerConfig, config_path)
-        host, port = split_host_port(cfg.admin_listen, "admin_listen")
+        # A server started with `--admin-listen 127.0.0.1:0` listens on a port server.yaml does not
+        # name; it records the one it got in its state directory (bound.py).
+        running = bound.read(Path(cfg.state_dir))
+        address = running.admin if running is not None else cfg.admin_listen
+        host, port = split_host_port(address, "admin_listen")
     except ConfigError as exc:
         _fail(f"{exc} (or say where the server is with --server URL)", EXIT_CONFIG)
     if host in ("0.0.0.0", "::", ""):
@@ -308,7 +314,7 @@ def models(ctx: click.Context, as_json: bool) -> None:
 def replicas(ctx: click.Context, model: str | None, as_json: bool) -> None:
     """Every replica: its model, node, state and endpoint."""
     target = _target(ctx, as_json)
-    data = _request(target, "GET", "/api/v1/replicas" + (f"?model={quote(model)}" if model else ""))
+    data = _request(target, "GET", "/api/v1/replicas" + (f"?model={quote(model, safe='')}" if model else ""))
     if target.as_json:
         _print_json(data)
         return
@@ -331,7 +337,7 @@ def replicas(ctx: click.Context, model: str | None, as_json: bool) -> None:
 def metrics(ctx: click.Context, replica: str, as_json: bool) -> None:
     """REPLICA's engine's own metrics (its /metrics page), read now: one sample a line."""
     target = _target(ctx, as_json)
-    data = _request(target, "GET", f"/api/v1/replicas/{quote(replica, safe='')}/metrics")
+    data = _request(target, "GET", f"/api/v1/replicas/{url_segment(replica)}/metrics")
     if target.as_json:
         _print_json(data)
         return
@@ -346,7 +352,7 @@ def metrics(ctx: click.Context, replica: str, as_json: bool) -> None:
 def explain(ctx: click.Context, model: str, as_json: bool) -> None:
     """Per node, whether MODEL's next replica could go there, and why not."""
     target = _target(ctx, as_json)
-    data = _request(target, "GET", f"/api/v1/explain-placement?model={quote(model)}")
+    data = _request(target, "GET", f"/api/v1/explain-placement?model={quote(model, safe='')}")
     if target.as_json:
         _print_json(data)
         return
@@ -384,7 +390,7 @@ def logs(ctx: click.Context, node: str, source: str, lines: int, as_json: bool) 
     """
     target = _target(ctx, as_json)
     status, data = _exchange(
-        target, "GET", f"/api/v1/nodes/{quote(node, safe='')}/logs?source={quote(source)}&lines={lines}"
+        target, "GET", f"/api/v1/nodes/{url_segment(node)}/logs?source={quote(source, safe='')}&lines={lines}"
     )
     if status >= 400 and not (isinstance(data, dict) and "lines" in data):
         _fail(_error_text(data, status), _exit_code(status))
@@ -428,7 +434,7 @@ def _state_command(verb: str) -> None:
     @click.pass_context
     def command(ctx: click.Context, node_id: str, as_json: bool) -> None:
         target = _target(ctx, as_json)
-        data = _request(target, "POST", f"/api/v1/nodes/{quote(node_id, safe='')}/state", {"state": state})
+        data = _request(target, "POST", f"/api/v1/nodes/{url_segment(node_id)}/state", {"state": state})
         if target.as_json:
             _print_json(data)
             return
@@ -466,7 +472,7 @@ def model_add(ctx: click.Context, path: Path, as_json: bool) -> None:
             text, name = path.read_text(encoding="utf-8"), str(path)
         except (OSError, UnicodeDecodeError) as exc:
             _fail(f"{path} cannot be read: {exc}", EXIT_USAGE)
-    status, data = _exchange(target, "POST", f"/api/v1/models?file={quote(name)}", yaml_text=text)
+    status, data = _exchange(target, "POST", f"/api/v1/models?file={quote(name, safe='')}", yaml_text=text)
     if status >= 400:
         _fail(_error_text(data, status), _exit_code(status))
     if target.as_json:
@@ -486,7 +492,7 @@ def model_add(ctx: click.Context, path: Path, as_json: bool) -> None:
 def model_remove(ctx: click.Context, name: str, as_json: bool) -> None:
     """Remove NAME, a model added with `model add`; its replicas are stopped."""
     target = _target(ctx, as_json)
-    data = _request(target, "DELETE", f"/api/v1/models/{quote(name, safe='/')}")
+    data = _request(target, "DELETE", f"/api/v1/models/{url_segment(name)}")
     if target.as_json:
         _print_json(data)
         return

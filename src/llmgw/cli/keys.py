@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
+from llmgw import config
 from llmgw.cli.store_command import server_config_option, with_store
+from llmgw.config import ServerConfig
+from llmgw.errors import LlmgwError
+from llmgw.names import key_name_problem
 from llmgw.store import Store
 from llmgw.store.keys import KeyRecord, create_key, list_keys, revoke_key
 from llmgw.store.scopes import DEFAULT_PROJECT_ID, Scope, load_hierarchy
@@ -43,8 +48,9 @@ def create(
     name: str, project: str | None, expires: datetime | None, models: tuple[str, ...], config_path: Path
 ) -> None:
     """Create a key called NAME and print it; it is shown this once and never again."""
-    if not name.strip():
-        raise click.BadParameter("a key needs a name, so that a person can tell what it is for")
+    problem = key_name_problem(name)
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint="NAME")
     expires_at = expires.replace(tzinfo=UTC) if expires is not None else None
     if expires_at is not None and expires_at <= datetime.now(UTC):
         raise click.BadParameter(
@@ -52,6 +58,19 @@ def create(
         )
 
     async def create_in(store: Store) -> tuple[str, KeyRecord, str]:
+        if models:
+            # A key for a model the catalog lacks (a typo, most often) would be refused every call.
+            # Here, not at the top: `llmgw keys --help` must not load the gateway's aiohttp.
+            from llmgw.catalog import Catalog
+
+            cfg = await asyncio.to_thread(config.load, ServerConfig, config_path)
+            known = set((await Catalog.open(cfg, store)).names())
+            unknown = [m for m in models if m not in known]
+            if unknown:
+                raise LlmgwError(
+                    f"the catalog has no model {', '.join(unknown)}; it has "
+                    f"{', '.join(sorted(known)) or 'none'} (`llmgw ctl models` lists them)"
+                )
         hierarchy = await load_hierarchy(store)
         project_id = hierarchy.project_id(project) if project is not None else DEFAULT_PROJECT_ID
         plaintext, record = await create_key(

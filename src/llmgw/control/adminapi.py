@@ -397,12 +397,12 @@ async def delete_model(request: web.Request) -> web.Response:
     catalog = request.config_dict[CATALOG_KEY]
     name = request.match_info["name"]
     try:
-        model = await catalog.remove(name)
+        removed = await catalog.remove(name)
     except UnknownModel as exc:
         return error(404, str(exc))
     except DeclaredModel as exc:
         return error(409, str(exc))
-    return reply(views.Removed(name=model.name, removed=True))
+    return reply(views.Removed(name=removed, removed=True))
 
 
 async def get_replicas(request: web.Request) -> web.Response:

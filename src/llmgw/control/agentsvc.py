@@ -26,6 +26,7 @@ from llmgw.control.handshake import Handshakes
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.provision import provision_message
 from llmgw.listen import cannot_listen, split_host_port
+from llmgw.names import node_id_problem
 from llmgw.pki import certificate_names, server_ssl_context
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.tasks import first_to_finish
@@ -91,6 +92,15 @@ class AgentService:
             raise GRPCError(
                 Status.UNAUTHENTICATED,
                 "the client certificate has no common name, so it names no node; "
+                "issue one with `llmgw cert issue-agent NODE`",
+            )
+        # A certificate from an authority llmgw did not fill (issue-agent refuses such ids): the id
+        # goes into URLs, pages and log fields, and a newline or a '/' there is not a node.
+        problem = node_id_problem(cert_node)
+        if problem is not None:
+            raise GRPCError(
+                Status.PERMISSION_DENIED,
+                f"the client certificate's common name cannot be a node: {problem}; "
                 "issue one with `llmgw cert issue-agent NODE`",
             )
         try:

@@ -174,7 +174,10 @@ def document(version: str) -> dict[str, Any]:
                             "name": "name",
                             "in": "path",
                             "required": True,
-                            "description": "The model's name; it may hold slashes.",
+                            "description": (
+                                "The model's name, URL-encoded as one segment (org%2Fmodel); "
+                                "a bare slash is accepted too."
+                            ),
                             "schema": {"type": "string"},
                         }
                     ],

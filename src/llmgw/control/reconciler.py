@@ -21,6 +21,7 @@ from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.control.inventory import DRAINING, READY, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.placement import Backoff, Scheduler
+from llmgw.names import shard_stem
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
@@ -151,7 +152,8 @@ class Reconciler:
             self._inventory.set_unplaced(model.name, self._scheduler.why_not(model))
             return False
         profile, ranks = placement.profile, placement.ranks
-        replica_id = f"{model.name}-{uuid.uuid4().hex[:8]}"
+        # Readable on a page, and a file name on the node: org/model's shards are org--model-….
+        replica_id = f"{shard_stem(model.name)}-{uuid.uuid4().hex[:8]}"
         multi = len(ranks) > 1
         master = self._inventory.node(ranks[0].node)
         # One per replica: every rank of it is one engine as far as its callers go, and only the

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
+from llmgw.gateway import access
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 from llmgw.gateway.quotas import Quotas
@@ -140,15 +141,7 @@ class Admission:
         if key is None:
             return await rest(call)
         model = call.model
-        if key.models is not None and model not in key.models:
-            allowed = ", ".join(key.models) or "none"
-            raise ApiError(
-                403,
-                f"the API key {key.prefix}… ({key.name}) may not use the model '{model}' "
-                f"(it may use: {allowed})",
-                code="model_not_allowed",
-                param="model",
-            )
+        access.check(key, model)
         started = time.perf_counter()
         admitted_at = time.time()
         limit = self._max_tokens(model)

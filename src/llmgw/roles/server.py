@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import attrs
 import structlog
 from aiohttp import web
 
+from llmgw import bound
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY
@@ -84,7 +87,10 @@ async def _refresh_quotas(store: Store, quotas: Quotas) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _serve_app(app: web.Application, address: str, key: str, drain_s: float) -> AsyncIterator[str]:
+async def _serve_app(
+    app: web.Application, address: str, key: str, drain_s: float
+) -> AsyncIterator[tuple[str, int]]:
+    """Serve app on address; the host and port it bound (the port the system picked, for port 0)."""
     host, port = split_host_port(address, key)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_s)
     await runner.setup()
@@ -95,7 +101,7 @@ async def _serve_app(app: web.Application, address: str, key: str, drain_s: floa
         except OSError as exc:
             raise cannot_listen(address, key, exc) from None
         bound_host, bound_port = runner.addresses[0][:2]
-        yield f"http://{bound_host}:{bound_port}"
+        yield bound_host, bound_port
     finally:
         await runner.cleanup()
 
@@ -149,14 +155,27 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
         mount_pages(app, pages)
         mount_on_client_port(app, cfg, inventory, catalog)
-        url = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
+        gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
+        url = f"http://{bound.address(*gateway)}"
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
         admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]
         if reconciler is not None:
             admin_app[BACKOFF_KEY] = reconciler.backoff
-        admin_url = await stack.enter_async_context(
+        admin = await stack.enter_async_context(
             _serve_app(admin_app, cfg.admin_listen, "admin_listen", cfg.drain_timeout_s)
         )
+        admin_url = f"http://{bound.address(*admin)}"
+        # For `llmgw ctl --config`: the ports as bound, which server.yaml does not know for port 0.
+        listening = bound.Listening(
+            pid=os.getpid(),
+            gateway=bound.address(*gateway),
+            admin=bound.address(*admin),
+            agent_port=agent_port,
+        )
+        recorded = await bound.record(Path(cfg.state_dir), listening)
+        if recorded is not None:
+            # Removed before the listeners close, so no ctl dials a port that is going away.
+            stack.push_async_callback(bound.forget, recorded, listening.pid)
         log.info(
             "server ready",
             gateway=url,

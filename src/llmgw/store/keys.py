@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import aiosqlite
 import attrs
 
+from llmgw.names import key_name_problem
 from llmgw.store.db import Store
 
 KEY_PREFIX = "sk-llmgw-"
@@ -86,8 +87,9 @@ async def create_key(
     project_id: the project its requests count against; expires_at: when it
     stops working (UTC); models: the only models it may call (None: any).
     """
-    if not name.strip():
-        raise ValueError("a key needs a name, so that a person can tell what it is for")
+    problem = key_name_problem(name)
+    if problem is not None:
+        raise ValueError(problem)
     created_at = _now()
     # A prefix collision (1 in 62**8 per pair) would make revoking by prefix
     # ambiguous; the UNIQUE constraint refuses it and a fresh key is drawn.

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import attrs
 from aiohttp import web
 
+from llmgw.names import key_name_problem
 from llmgw.store.keys import KeyRecord, create_key, list_keys, revoke_key
 from llmgw.store.scopes import Scope, load_hierarchy
 from llmgw.store.sessions import create_session, end_session, end_user_sessions
@@ -271,10 +272,9 @@ async def create_own_key(request: web.Request) -> web.StreamResponse:
         )
     ctx = request.config_dict[WEB_KEY]
     name = (await _form(request)).get("name", "")
-    if not name.strip():
-        return await _profile(
-            request, 400, flash="A key needs a name, so that you can tell what it is for.", flash_kind="error"
-        )
+    problem = key_name_problem(name)
+    if problem is not None:
+        return await _profile(request, 400, flash=f"{problem[0].upper()}{problem[1:]}.", flash_kind="error")
     plaintext, record = await create_key(ctx.store, name, project_id=user.project_id)
     await link_key(ctx.store, record.id, user.id)
     # Rendered, not redirected: the key exists only in this response.
