@@ -164,5 +164,6 @@ class TestPlacementSkipsABackingOffNode:
         assert scheduler.place(SIM) is None
         assert (
             scheduler.why_not(SIM)
-            == "no node can run it (2 nodes are backing off after failures of this model)"
+            == "no node can run it (node n1 is backing off after 1 failure (next try in 5 s), "
+            "node n2 is backing off after 1 failure (next try in 5 s))"
         )

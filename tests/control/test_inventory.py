@@ -91,17 +91,28 @@ class TestRegister:
 
 class TestWhyNoReady:
     def test_it_says_what_each_replica_is_doing_and_where(self):
-        inventory = Inventory(grace_s=15)
+        clock = Clock()
+        inventory = Inventory(grace_s=15, clock=clock)
         inventory.attach(register("n1"))
+        inventory.attach(register("n2"))
         inventory.shard_status("n1", status("s1", "starting"))
-        assert inventory.why_no_ready("sim-chat") == "sim-chat has no ready replica: 1 starting on node n1"
+        inventory.shard_status(
+            "n2", status("s2", "downloading", detail="downloading model.gguf: 1.2 of 4.1 GB")
+        )
+        clock.now += 40
+        # Progress of the same state is not a new state: the time counts from the first report.
+        inventory.shard_status("n1", status("s1", "starting", detail="starting sim (pid 7) on port 20013"))
+        assert inventory.why_no_ready("sim-chat") == (
+            "sim-chat has no ready replica: starting on n1 for 40 s; "
+            "downloading weights on n2: model.gguf: 1.2 of 4.1 GB"
+        )
 
     def test_it_repeats_the_engine_s_last_words_for_a_failed_replica(self):
         inventory = Inventory(grace_s=15)
         inventory.attach(register("n1"))
         inventory.shard_status("n1", status("s1", "failed", detail="exited with code 1"))
         assert inventory.why_no_ready("sim-chat") == (
-            "sim-chat has no ready replica: 1 failed on node n1 (exited with code 1)"
+            "sim-chat has no ready replica: failed on n1: exited with code 1"
         )
 
     def test_it_repeats_why_placement_could_not_place_the_model(self):
