@@ -130,15 +130,21 @@ _LAST_WORDS_CHARS = 300
 
 
 def last_words(output: list[str], *, only_errors: bool = False) -> str:
-    """The line of an engine's last output that says what went wrong: "error: failed to load model".
+    """The line of an engine's last output that says what went wrong: "error loading model: ...".
 
-    Engines end with a line of their own ("main: exiting", a traceback's last frame) after the
-    one that matters, so the newest line that names an error wins over the newest line; with
-    only_errors, no line is better than one that does not name an error (a served request's log).
+    Of the last lines, the first that names an error: an engine tells the cause, then what it
+    does about it (llama.cpp: "error loading model: ...", then "failed to load model", then
+    "exiting due to model loading error"). Indented lines are a traceback's code, not its
+    words. With no such line, the last line, or with only_errors nothing (a served request's
+    log says nothing of a crash).
     """
-    recent = [line.strip() for line in output[-_LAST_WORDS_LINES:] if line.strip()]
-    errors = [line for line in recent if any(w in line.lower() for w in _ERROR_WORDS)]
-    said = errors[-1] if errors else "" if only_errors or not recent else recent[-1]
+    recent = [line for line in output[-_LAST_WORDS_LINES:] if line.strip()]
+    errors = [
+        line.strip()
+        for line in recent
+        if not line[0].isspace() and any(w in line.lower() for w in _ERROR_WORDS)
+    ]
+    said = errors[0] if errors else "" if only_errors or not recent else recent[-1].strip()
     return said if len(said) <= _LAST_WORDS_CHARS else said[: _LAST_WORDS_CHARS - 1] + "…"
 
 
