@@ -18,6 +18,7 @@ from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
+from llmgw.control.placement import Backoff
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.proto.llmgw import v1 as pb
@@ -401,3 +402,18 @@ class TestFailuresAndRefusals:
     async def test_pages_without_failures_or_refusals_say_nothing_of_them(self, sites: Sites):
         _, html = await get(f"{sites.admin}/")
         assert "Refused connections" not in html and "Failed lately" not in html
+
+    async def test_the_cluster_page_shows_each_node_backing_off_with_why(self, cluster_store: Store):
+        inventory = Inventory(5.0)
+        app = make_admin_app(CFG, inventory, Catalog(CFG), WebContext(cfg=CFG, store=cluster_store))
+        cause = "llamacpp exited with code 1: error: failed to load model"
+        app[adminapi.BACKOFF_KEY] = lambda: {
+            ("sim-chat", "n1"): Backoff(failures=2, remaining_s=10.0, cause=cause)
+        }
+        async with TestServer(app, host="127.0.0.1") as server:
+            status, html = await get(str(server.make_url("/")))
+        assert status == 200
+        assert (
+            '<code>sim-chat</code>: <span class="bad">node n1 is backing off after 2 failures '
+            f"(next try in 10 s): {cause}</span>"
+        ) in html

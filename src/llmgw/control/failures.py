@@ -45,8 +45,13 @@ class Failures:
         self._kept: deque[Failure] = deque(maxlen=MAX_KEPT)
 
     def add(self, failure: Failure) -> None:
-        # An agent repeats a failed shard's status when it reconnects: once is enough.
-        if any(f.shard_id == failure.shard_id and f.reason == failure.reason for f in self._kept):
+        # An agent repeats a failed shard's status when it reconnects: once is enough. A shard
+        # restarted on its node that fails again is a new failure, with new output.
+        newest = next((f for f in reversed(self._kept) if f.shard_id == failure.shard_id), None)
+        if newest is not None and (newest.reason, newest.last_output) == (
+            failure.reason,
+            failure.last_output,
+        ):
             return
         self._kept.append(failure)
         same = [f for f in self._kept if (f.model, f.node_id) == (failure.model, failure.node_id)]

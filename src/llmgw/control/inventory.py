@@ -175,11 +175,12 @@ class Inventory:
             admin_state=self._admin_states.get(node_id, READY),
         )
         # What the node says it runs is the truth: shards we asked for and it never started are gone.
-        for shard_id in [r.shard_id for r in self._replicas.values() if r.node_id == node_id]:
+        before = {r.shard_id: r for r in self._replicas.values() if r.node_id == node_id}
+        for shard_id in before:
             del self._replicas[shard_id]
         for status in register.running:
             self._replicas[status.shard_id] = _replica(node_id, status, self._clock())
-            self._record_failure(node_id, status)
+            self._record_failure(node_id, status, before.get(status.shard_id))
             # How a control plane that restarted learns the secrets of the engines it adopts.
             self._routing.remember(status.shard_id, status.engine_secret)
             if status.state == READY:
@@ -237,7 +238,7 @@ class Inventory:
             # A new detail in the same state (download progress) is not a new state.
             since = before.since if before is not None and before.state == status.state else self._clock()
             self._replicas[status.shard_id] = _replica(node_id, status, since)
-            self._record_failure(node_id, status)
+            self._record_failure(node_id, status, before)
             self._routing.remember(status.shard_id, status.engine_secret)
             if status.state == READY:
                 self._routing.ready_again(status.shard_id)
@@ -414,8 +415,10 @@ class Inventory:
             part += ", which is unreachable"
         return part
 
-    def _record_failure(self, node_id: str, status: pb.ShardStatus) -> None:
+    def _record_failure(self, node_id: str, status: pb.ShardStatus, before: Replica | None) -> None:
         if status.state != "failed":
+            return
+        if before is not None and before.state == "failed" and before.detail == status.detail:
             return
         self.failures.add(
             Failure(

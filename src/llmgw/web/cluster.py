@@ -63,9 +63,18 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         summary=adminapi.status_view(inventory, request.config_dict[CATALOG_KEY].models()),
         nodes=[node_row(v) for v in adminapi.nodes_view(inventory)],
         failures=adminapi.failures_view(inventory)[:CLUSTER_PAGE_FAILURES],
+        backing_off=_backing_off(request),
         refused_line=refused_line,
         ago=ago,
     )
+
+
+def _backing_off(request: web.Request) -> list[tuple[str, str]]:
+    """(model, "node n1 is backing off after 2 failures (next try in 10 s): why"), a line per node."""
+    backoff = request.config_dict.get(adminapi.BACKOFF_KEY)
+    if backoff is None:
+        return []
+    return [(model, f"node {node} {b.reason()}") for (model, node), b in sorted(backoff().items())]
 
 
 async def models_page(request: web.Request) -> web.StreamResponse:
