@@ -526,19 +526,16 @@ def _summarize(
         else:
             groups[v.kind].append(v)
     parts = [installing[v.node] for v in groups.get("installing", [])]
-    backoffs = groups.pop(BACKOFF, [])
-    if len(backoffs) > 1:
-        parts.extend(f"node {v.node} {v.reason}" for v in backoffs[:_NAMED_BACKOFFS])
-        if len(backoffs) > _NAMED_BACKOFFS:
-            parts.append(f"{len(backoffs) - _NAMED_BACKOFFS} more nodes {_MANY[BACKOFF]}")
-    elif backoffs:
-        groups[BACKOFF] = backoffs
     for kind in (STATE, ENGINE, GPU_CLASS, BACKOFF, CARDS, MEMORY, FABRIC, LABEL):
         group = groups.get(kind, [])
         if not group:
             continue
         plain = all(v.reason == f"does not have {profile.engine} installed" for v in group)
-        if kind == ENGINE and len(group) == total and plain:
+        if kind == BACKOFF:
+            parts.extend(f"node {v.node} {v.reason}" for v in group[:_NAMED_BACKOFFS])
+            if len(group) > _NAMED_BACKOFFS:
+                parts.append(f"{len(group) - _NAMED_BACKOFFS} more nodes {_MANY[BACKOFF]}")
+        elif kind == ENGINE and len(group) == total and plain:
             parts.append(f"no node has the {profile.engine} engine")
         elif len(group) == 1:
             parts.append(f"node {group[0].node} {group[0].reason}")
