@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import random
 import signal
@@ -156,8 +157,9 @@ def _port_taken(host: str, port: int) -> bool:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return True
+        except OSError as exc:
+            # Only "in use": an address that is not this machine's is another failure, not this one.
+            return exc.errno == errno.EADDRINUSE
     return False
 
 
