@@ -217,5 +217,17 @@ class TestLastWords:
         assert last_words(["starting", "listening"], only_errors=True) == ""
         assert last_words([]) == ""
 
+    def test_llama_cpps_error_level_marks_its_lines_and_its_prefix_is_dropped(self) -> None:
+        output = [
+            "0.00.024.035 I srv  llama_server: initializing ...",
+            "0.00.055.743 I srv    load_model: loading model '/w/broken.gguf'",
+            "0.00.055.916 E gguf_init_from_reader: invalid magic characters: 'not ', expected 'GGUF'",
+            "0.00.056.022 E llama_model_load: error loading model: failed to load model from /w/broken.gguf",
+            "0.00.066.428 E srv  llama_server: exiting due to model loading error",
+        ]
+        assert (
+            last_words(output) == "gguf_init_from_reader: invalid magic characters: 'not ', expected 'GGUF'"
+        )
+
     def test_a_huge_line_is_cut(self) -> None:
         assert len(last_words(["error: " + "x" * 5000])) == 300

@@ -29,6 +29,7 @@ import contextlib
 import errno
 import os
 import random
+import re
 import signal
 import socket
 import time
@@ -124,7 +125,22 @@ def _seconds(s: float) -> str:
 # What an engine says when it finds its port taken: llama.cpp, Python's servers (vLLM, SGLang), Go.
 _PORT_TAKEN_WORDS = ("address already in use", "couldn't bind", "could not bind", "eaddrinuse")
 # A line an engine's own failure is told in, searched for among its last lines.
-_ERROR_WORDS = ("error", "failed", "fatal", "exception", "panic", "abort", "cannot", "unable")
+_ERROR_WORDS = (
+    "error",
+    "failed",
+    "fatal",
+    "exception",
+    "panic",
+    "abort",
+    "cannot",
+    "can't",
+    "couldn't",
+    "could not",
+    "unable",
+    "invalid",
+)
+# llama.cpp's log prefix, its time and level: "0.00.055.916 E ". E and F are errors whatever the words.
+_LLAMA_PREFIX = re.compile(r"^\d+(?:\.\d+)+ ([A-Z]) ")
 # How far back from the end to look for such a line, and how long a quoted line may be.
 _LAST_WORDS_LINES = 20
 _LAST_WORDS_CHARS = 300
@@ -140,13 +156,20 @@ def last_words(output: list[str], *, only_errors: bool = False) -> str:
     log says nothing of a crash).
     """
     recent = [line for line in output[-_LAST_WORDS_LINES:] if line.strip()]
-    errors = [
-        line.strip()
-        for line in recent
-        if not line[0].isspace() and any(w in line.lower() for w in _ERROR_WORDS)
-    ]
-    said = errors[0] if errors else "" if only_errors or not recent else recent[-1].strip()
+    errors = [line for line in recent if _names_an_error(line)]
+    said = errors[0] if errors else "" if only_errors or not recent else recent[-1]
+    # Without the prefix and the padding llama.cpp aligns its columns with: read by a person.
+    said = " ".join(_LLAMA_PREFIX.sub("", said.strip()).split())
     return said if len(said) <= _LAST_WORDS_CHARS else said[: _LAST_WORDS_CHARS - 1] + "…"
+
+
+def _names_an_error(line: str) -> bool:
+    if line[0].isspace():
+        return False
+    prefix = _LLAMA_PREFIX.match(line)
+    if prefix is not None:
+        return prefix.group(1) in "EF"
+    return any(w in line.lower() for w in _ERROR_WORDS)
 
 
 def _port_taken(host: str, port: int) -> bool:
