@@ -214,7 +214,7 @@ async def test_a_start_the_supervisor_cannot_carry_out_is_reported_failed(certs:
         await inventory.send("n1", pb.ControlMessage(start=start))
         await eventually(lambda: inventory.replicas())
         assert inventory.why_no_ready("sim-chat") == (
-            "sim-chat has no ready replica: 1 failed on node n1 (node n1 does not have the sim engine)"
+            "sim-chat has no ready replica: failed on n1: node n1 does not have the sim engine"
         )
 
 

@@ -231,7 +231,7 @@ async def test_an_engine_that_never_becomes_healthy_is_reported_failed_with_its_
     supervisor = supervisors({"shell": ShellEngine(script)}, ready_timeout_s=0.5)
     await supervisor.start(_start(engine="shell"))
     _, failed = await reports.wait_for("failed")
-    assert failed.detail == "shell did not answer /health within 0.5 s"
+    assert failed.detail == "shell did not answer /health within 0.5 s; its last line: out of memory"
     assert failed.last_output == ["loading weights", "out of memory"]
     await _wait_gone([failed.pid])
     assert reports.states() == ["starting", "failed"]
@@ -245,7 +245,7 @@ async def test_an_engine_that_exits_while_starting_is_reported_failed_and_not_re
     supervisor = supervisors({"shell": ShellEngine(script)})
     await supervisor.start(_start(engine="shell"))
     _, failed = await reports.wait_for("failed")
-    assert failed.detail == "shell exited with code 3 before answering /health"
+    assert failed.detail == "shell exited with code 3: unknown flag --frobnicate"
     assert failed.last_output == ["unknown flag --frobnicate"]
     await supervisor.stop("s1")
     assert reports.states() == ["starting", "failed", "stopped"]

@@ -389,3 +389,72 @@ def test_the_cluster_page_and_ctl_show_a_node_through_one_presenter():
     from llmgw.web import cluster
 
     assert cluster.node_row is ctl_module.node_row is present.node_row
+
+
+FAILURE_CAUSE = (
+    "llamacpp exited with code 1: llama_model_load: error loading model: error: failed to load model"
+)
+NOT_OURS = "certificate not signed by this control plane's authority"
+
+
+def _fail_and_forget(inventory: Inventory) -> None:
+    """A replica of sim-chat fails on gpu-01, and is stopped as the reconciler stops it."""
+    inventory.shard_status(
+        "gpu-01",
+        pb.ShardStatus(
+            shard_id="sim-chat-dead",
+            model="sim-chat",
+            engine="llamacpp",
+            state="failed",
+            detail=FAILURE_CAUSE,
+            last_output=["main: exiting due to model loading error"],
+        ),
+    )
+    inventory.forget("sim-chat-dead")
+
+
+class TestFailuresAndRefusals:
+    """Why replicas failed and who was refused: replicas --all, explain, status."""
+
+    async def test_replicas_all_lists_a_replica_that_failed_and_is_gone_with_why(
+        self, server: tuple[str, Inventory]
+    ):
+        url, inventory = server
+        _fail_and_forget(inventory)
+        code, out, _ = await run("--server", url, "replicas")
+        assert code == 0 and "sim-chat-dead" not in out
+        code, out, _ = await run("--server", url, "replicas", "--all")
+        assert code == 0
+        [line] = [line for line in out.splitlines() if "sim-chat-dead" in line]
+        assert line.split()[:5] == ["sim-chat-dead", "sim-chat", "gpu-01", "failed", "0"]
+        assert line.endswith(FAILURE_CAUSE)
+
+    async def test_replicas_all_combines_with_a_model(self, server: tuple[str, Inventory]):
+        url, inventory = server
+        _fail_and_forget(inventory)
+        code, out, _ = await run("--server", url, "replicas", "--all", "--model", "sim-chat")
+        assert code == 0 and "sim-chat-dead" in out
+        code, out, _ = await run("--server", url, "replicas", "--all", "--model", "other")
+        assert code == 0 and "sim-chat-dead" not in out
+
+    async def test_explain_lists_the_models_recent_failures_with_their_node_and_cause(
+        self,
+        server: tuple[str, Inventory],
+    ):
+        url, inventory = server
+        _fail_and_forget(inventory)
+        code, out, _ = await run("--server", url, "explain", "sim-chat")
+        assert code == 0
+        assert f"failed lately:\n  gpu-01, 0 s ago: {FAILURE_CAUSE}\n" in out
+
+    async def test_status_lists_the_refused_connections_of_the_last_hour(self, server: tuple[str, Inventory]):
+        url, inventory = server
+        for port in (40001, 40002, 40003):
+            inventory.refused.refuse(f"198.18.0.7:{port}", NOT_OURS)
+        code, out, _ = await run("--server", url, "status")
+        assert code == 0
+        assert f"\n3 refused connections from 198.18.0.7 in the last hour: {NOT_OURS}\n" in out
+
+    async def test_status_without_refusals_says_nothing_of_them(self, server: tuple[str, Inventory]):
+        code, out, _ = await run("--server", server[0], "status")
+        assert code == 0 and "refused" not in out

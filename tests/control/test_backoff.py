@@ -186,5 +186,55 @@ class TestPlacementSkipsABackingOffNode:
         assert scheduler.place(SIM) is None
         assert (
             scheduler.why_not(SIM)
-            == "no node can run it (2 nodes are backing off after failures of this model)"
+            == "no node can run it (node n1 is backing off after 1 failure (next try in 5 s), "
+            "node n2 is backing off after 1 failure (next try in 5 s))"
         )
+
+
+class TestWhyEachNodeIsBackingOff:
+    def test_each_node_backing_off_is_named_with_why_the_model_last_failed_there(self):
+        nodes = _nodes_backing_off(2)
+        causes = {"n1": "sim exited with code 1: error: out of memory", "n2": "port 20013 is in use"}
+        backoff = {("sim-chat", n): Backoff(failures=1, remaining_s=5.0, cause=c) for n, c in causes.items()}
+        scheduler = Scheduler(nodes.nodes(), [], [SIM], backoff=backoff)
+        assert scheduler.why_not(SIM) == (
+            "no node can run it (node n1 is backing off after 1 failure (next try in 5 s): "
+            "sim exited with code 1: error: out of memory, node n2 is backing off after 1 failure "
+            "(next try in 5 s): port 20013 is in use)"
+        )
+
+    def test_past_three_nodes_backing_off_the_rest_are_counted(self):
+        nodes = _nodes_backing_off(5)
+        backoff = {("sim-chat", f"n{i}"): Backoff(failures=1, remaining_s=5.0) for i in range(1, 6)}
+        why = Scheduler(nodes.nodes(), [], [SIM], backoff=backoff).why_not(SIM)
+        assert why.count("is backing off") == 3
+        assert why.endswith(", 2 more nodes are backing off after failures of this model)")
+
+    async def test_the_reconcilers_backoff_carries_the_cause_the_node_reported(self):
+        inventory = Inventory(grace_s=15)
+        _node(inventory, "n1")
+        inventory.shard_status(
+            "n1",
+            pb.ShardStatus(
+                shard_id="s1",
+                model="sim-chat",
+                engine="sim",
+                state="failed",
+                detail="sim exited with code 1: error: bad model",
+            ),
+        )
+        cfg = _cfg()
+        reconciler = Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, clock=Clock())
+        await reconciler.reconcile()
+        assert reconciler.backoff() == {
+            ("sim-chat", "n1"): Backoff(
+                failures=1, remaining_s=5.0, cause="sim exited with code 1: error: bad model"
+            )
+        }
+
+
+def _nodes_backing_off(count: int) -> Inventory:
+    inventory = Inventory(grace_s=15)
+    for i in range(1, count + 1):
+        _node(inventory, f"n{i}")
+    return inventory

@@ -91,17 +91,28 @@ class TestRegister:
 
 class TestWhyNoReady:
     def test_it_says_what_each_replica_is_doing_and_where(self):
-        inventory = Inventory(grace_s=15)
+        clock = Clock()
+        inventory = Inventory(grace_s=15, clock=clock)
         inventory.attach(register("n1"))
+        inventory.attach(register("n2"))
         inventory.shard_status("n1", status("s1", "starting"))
-        assert inventory.why_no_ready("sim-chat") == "sim-chat has no ready replica: 1 starting on node n1"
+        inventory.shard_status(
+            "n2", status("s2", "downloading", detail="downloading model.gguf: 1.2 of 4.1 GB")
+        )
+        clock.now += 40
+        # Progress of the same state is not a new state: the time counts from the first report.
+        inventory.shard_status("n1", status("s1", "starting", detail="starting sim (pid 7) on port 20013"))
+        assert inventory.why_no_ready("sim-chat") == (
+            "sim-chat has no ready replica: starting on n1 for 40 s; "
+            "downloading weights on n2: model.gguf: 1.2 of 4.1 GB"
+        )
 
     def test_it_repeats_the_engine_s_last_words_for_a_failed_replica(self):
         inventory = Inventory(grace_s=15)
         inventory.attach(register("n1"))
         inventory.shard_status("n1", status("s1", "failed", detail="exited with code 1"))
         assert inventory.why_no_ready("sim-chat") == (
-            "sim-chat has no ready replica: 1 failed on node n1 (exited with code 1)"
+            "sim-chat has no ready replica: failed on n1: exited with code 1"
         )
 
     def test_it_repeats_why_placement_could_not_place_the_model(self):
@@ -125,3 +136,52 @@ async def test_sending_to_a_node_without_a_stream_says_so():
     inventory.detach(inventory.attach(register("n1")))
     with pytest.raises(NodeNotConnected, match="node n1 is not connected"):
         await inventory.send("n1", pb.ControlMessage(stop=pb.StopShard(shard_id="s1")))
+
+
+class TestFailures:
+    def _failed(self, detail: str, *output: str) -> pb.ShardStatus:
+        return status("s1", "failed", detail=detail, last_output=list(output))
+
+    def test_a_failure_is_kept_after_its_replica_is_forgotten(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1"))
+        inventory.shard_status(
+            "n1", self._failed("sim exited with code 1: error: bad model", "error: bad model")
+        )
+        inventory.forget("s1")
+        [failure] = inventory.failures.recent("sim-chat")
+        assert (failure.node_id, failure.reason, failure.last_output) == (
+            "n1",
+            "sim exited with code 1: error: bad model",
+            ("error: bad model",),
+        )
+        assert inventory.failures.last("sim-chat", "n1") == failure
+
+    def test_a_failure_repeated_when_its_node_reconnects_is_kept_once(self):
+        inventory = Inventory(grace_s=15)
+        failed = self._failed("sim exited with code 1", "bye")
+        inventory.attach(register("n1"))
+        inventory.shard_status("n1", failed)
+        inventory.attach(register("n1", failed))
+        inventory.shard_status("n1", failed)
+        assert len(inventory.failures.recent()) == 1
+
+    def test_an_engine_that_fails_again_after_a_restart_is_a_second_failure(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1"))
+        inventory.shard_status("n1", self._failed("sim was killed by SIGKILL after serving", "one"))
+        inventory.shard_status("n1", status("s1", "starting"))
+        inventory.shard_status("n1", self._failed("sim was killed by SIGKILL after serving", "one", "two"))
+        assert len(inventory.failures.recent()) == 2
+
+    def test_only_the_last_five_per_model_and_node_are_kept(self):
+        inventory = Inventory(grace_s=15)
+        inventory.attach(register("n1"))
+        inventory.attach(register("n2"))
+        for i in range(7):
+            inventory.shard_status("n1", status(f"a{i}", "failed", detail=f"failure {i}"))
+        inventory.shard_status("n2", status("b0", "failed", detail="elsewhere"))
+        assert [f.reason for f in inventory.failures.recent()] == [
+            "elsewhere",
+            *(f"failure {i}" for i in range(6, 1, -1)),
+        ]

@@ -138,6 +138,11 @@ class TestReasons:
         said = f"node n1 {reason}"
         if reason == "does not have llamacpp installed":
             said = "no node has the llamacpp engine"
+        if "(installing: " in reason:
+            # Not a rejection but where the model is going: the install and its progress.
+            said = "installing llamacpp b10991 on n1: downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB)"
+            assert scheduler.why_not(model(p)) == f"no node can run it until an engine is installed ({said})"
+            return
         assert scheduler.why_not(model(p)) == f"no node can run it ({said})"
 
     def test_a_node_that_fits_is_a_candidate(self) -> None:
@@ -293,8 +298,8 @@ class TestReconciler:
         await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
         assert inventory.replicas() == []
         assert inventory.why_no_ready("llama") == (
-            "llama has no ready replica: no node can run it (node n1 does not have llamacpp installed "
-            "(installing: downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB)))"
+            "llama has no ready replica: no node can run it until an engine is installed "
+            "(installing llamacpp b10991 on n1: downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB))"
         )
         # Once the node reports the install done, the next pass places the replica there.
         inventory.heartbeat(

@@ -18,6 +18,7 @@ from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
+from llmgw.control.placement import Backoff
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.proto.llmgw import v1 as pb
@@ -359,3 +360,60 @@ class TestTheEngineSecret:
             assert secret not in body, path
         # The replica is there, so its absence is not for want of showing it.
         assert "http://10.0.0.24:20001" in (await get(f"{sites.admin}/api/v1/replicas"))[1]
+
+
+class TestFailuresAndRefusals:
+    """What failed and who was refused, on the cluster and models pages, escaped like every cell."""
+
+    CAUSE = "llamacpp exited with code 1: error: <b>failed</b> to load model"
+
+    def _fail(self, inventory: Inventory) -> None:
+        failed = pb.ShardStatus(
+            shard_id="sim-chat-dead", model="sim-chat", engine="sim", state="failed", detail=self.CAUSE
+        )
+        inventory.shard_status("n1", failed)
+        inventory.forget("sim-chat-dead")
+
+    async def test_the_cluster_page_lists_refused_connections_by_address_and_reason(self, sites: Sites):
+        for port in (40001, 40002, 40003):
+            sites.inventory.refused.refuse(f"198.18.0.7:{port}", "no certificate presented")
+        status, html = await get(f"{sites.admin}/")
+        assert status == 200
+        assert "3 refused connections from 198.18.0.7 in the last hour: no certificate presented" in html
+
+    async def test_the_cluster_page_lists_recent_failures_with_a_link_to_the_engines_output(
+        self, sites: Sites
+    ):
+        self._fail(sites.inventory)
+        status, html = await get(f"{sites.admin}/")
+        assert status == 200
+        assert "llamacpp exited with code 1: error: &lt;b&gt;failed&lt;/b&gt; to load model" in html
+        assert 'href="/nodes/n1/logs?source=sim-chat-dead"' in html
+
+    async def test_the_models_page_shows_why_and_the_failures_of_each_model(self, sites: Sites):
+        self._fail(sites.inventory)
+        status, html = await get(f"{sites.admin}/models")
+        assert status == 200
+        section = html[html.index('id="model-sim-chat"') :]
+        assert "Failed lately" in section
+        assert "<code>sim-chat-dead</code>" in section
+        assert "error: &lt;b&gt;failed&lt;/b&gt; to load model" in section
+
+    async def test_pages_without_failures_or_refusals_say_nothing_of_them(self, sites: Sites):
+        _, html = await get(f"{sites.admin}/")
+        assert "Refused connections" not in html and "Failed lately" not in html
+
+    async def test_the_cluster_page_shows_each_node_backing_off_with_why(self, cluster_store: Store):
+        inventory = Inventory(5.0)
+        app = make_admin_app(CFG, inventory, Catalog(CFG), WebContext(cfg=CFG, store=cluster_store))
+        cause = "llamacpp exited with code 1: error: failed to load model"
+        app[adminapi.BACKOFF_KEY] = lambda: {
+            ("sim-chat", "n1"): Backoff(failures=2, remaining_s=10.0, cause=cause)
+        }
+        async with TestServer(app, host="127.0.0.1") as server:
+            status, html = await get(str(server.make_url("/")))
+        assert status == 200
+        assert (
+            '<code>sim-chat</code>: <span class="bad">node n1 is backing off after 2 failures '
+            f"(next try in 10 s): {cause}</span>"
+        ) in html

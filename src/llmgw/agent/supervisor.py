@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import random
+import re
 import signal
 import socket
 import time
@@ -123,6 +125,70 @@ def _seconds(s: float) -> str:
     return f"{s:.3g} s"
 
 
+# What an engine says when it finds its port taken: llama.cpp, Python's servers (vLLM, SGLang), Go.
+_PORT_TAKEN_WORDS = ("address already in use", "couldn't bind", "could not bind", "eaddrinuse")
+# A line an engine's own failure is told in, searched for among its last lines.
+_ERROR_WORDS = (
+    "error",
+    "failed",
+    "fatal",
+    "exception",
+    "panic",
+    "abort",
+    "cannot",
+    "can't",
+    "couldn't",
+    "could not",
+    "unable",
+    "invalid",
+)
+# llama.cpp's log prefix, its time and level: "0.00.055.916 E ". E and F are errors whatever the words.
+_LLAMA_PREFIX = re.compile(r"^\d+(?:\.\d+)+ ([A-Z]) ")
+# How far back from the end to look for such a line, and how long a quoted line may be.
+_LAST_WORDS_LINES = 20
+_LAST_WORDS_CHARS = 300
+
+
+def last_words(output: list[str], *, only_errors: bool = False) -> str:
+    """The line of an engine's last output that says what went wrong: "error loading model: ...".
+
+    Of the last lines, the first that names an error: an engine tells the cause, then what it
+    does about it (llama.cpp: "error loading model: ...", then "failed to load model", then
+    "exiting due to model loading error"). Indented lines are a traceback's code, not its
+    words. With no such line, the last line, or with only_errors nothing (a served request's
+    log says nothing of a crash).
+    """
+    recent = [line for line in output[-_LAST_WORDS_LINES:] if line.strip()]
+    errors = [line for line in recent if _names_an_error(line)]
+    said = errors[0] if errors else "" if only_errors or not recent else recent[-1]
+    # Without the prefix and the padding llama.cpp aligns its columns with: read by a person.
+    said = " ".join(_LLAMA_PREFIX.sub("", said.strip()).split())
+    return said if len(said) <= _LAST_WORDS_CHARS else said[: _LAST_WORDS_CHARS - 1] + "…"
+
+
+def _names_an_error(line: str) -> bool:
+    if line[0].isspace():
+        return False
+    prefix = _LLAMA_PREFIX.match(line)
+    if prefix is not None:
+        return prefix.group(1) in "EF"
+    return any(w in line.lower() for w in _ERROR_WORDS)
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Whether something listens on host:port now (blocking: run in a thread)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # A connection the exited engine left in TIME_WAIT does not count as the port in use.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            # Only "in use": an address that is not this machine's is another failure, not this one.
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
 class _Shard:
     """One shard's request, process, output and last reported status."""
 
@@ -146,6 +212,11 @@ class _Shard:
     @property
     def name(self) -> str:
         return f"{self.engine.name} for {self.req.model} (shard {self.req.shard_id})"
+
+
+# The output of shards that ended, kept for `llmgw ctl logs NODE --source SHARD`: the output of a
+# failed engine is what explains it, and the control plane stops a failed shard at once.
+ENDED_KEPT = 16
 
 
 class Supervisor:
@@ -193,6 +264,8 @@ class Supervisor:
         self._ports = ports
         self._health_interval_s = health_interval_s
         self._shards: dict[str, _Shard] = {}
+        # shard id -> the last output lines of a shard that ended here, the newest ENDED_KEPT.
+        self._ended: dict[str, list[str]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -260,6 +333,7 @@ class Supervisor:
         if shard.process is not None:
             returncode = await self._terminate(shard)
             detail = f"stopped ({shard.engine.name} {_exit_reason(returncode)})"
+        self._keep_output(shard_id, list(shard.output))
         status = self._status(shard, "stopped")
         status.detail = detail
         self._report(status)
@@ -297,13 +371,26 @@ class Supervisor:
         return [shard.status for shard in self._shards.values()]
 
     def output(self, shard_id: str) -> list[str]:
-        """The shard's last output lines (at most 500), oldest first; empty for an unknown shard."""
+        """The shard's last output lines (at most 500), oldest first; empty for an unknown shard.
+
+        A shard that ended here still has its output for a while (the last ENDED_KEPT).
+        """
         shard = self._shards.get(shard_id)
-        return list(shard.output) if shard is not None else []
+        if shard is not None:
+            return list(shard.output)
+        return list(self._ended.get(shard_id, ()))
 
     def sources(self) -> list[str]:
-        """The shards whose output can be read."""
-        return list(self._shards)
+        """The shards whose output can be read: those running, then those that ended lately."""
+        return [*self._shards, *(s for s in self._ended if s not in self._shards)]
+
+    def _keep_output(self, shard_id: str, lines: list[str]) -> None:
+        if not lines:
+            return
+        self._ended.pop(shard_id, None)
+        self._ended[shard_id] = lines
+        while len(self._ended) > ENDED_KEPT:
+            del self._ended[next(iter(self._ended))]
 
     # --- one shard's life -----------------------------------------------------------------
 
@@ -510,7 +597,6 @@ class Supervisor:
         process = shard.process
         assert process is not None
         became_ready = await self._wait_ready(shard, process)
-        health = shard.engine.health_path
         if became_ready:
             ready = self._status(shard, "ready")
             ready.endpoint = shard.endpoint
@@ -523,22 +609,34 @@ class Supervisor:
         # Also for an engine that exited by itself: the workers it forked go with it.
         returncode = await self._terminate(shard)
         shard.process = None
-        name = shard.engine.name
         failed = self._status(shard, "failed")
         failed.pid = process.pid
         failed.last_output = list(shard.output)
-        if timed_out:
-            failed.detail = f"{name} did not answer {health} within {_seconds(self._ready_timeout_s)}"
-        elif became_ready:
-            failed.detail = f"{name} {_exit_reason(returncode)} after serving"
-        else:
-            failed.detail = f"{name} {_exit_reason(returncode)} before answering {health}"
+        failed.detail = await self._failure_reason(shard, returncode, timed_out, became_ready)
         self._report(failed)
         log.warning(
             "engine failed; not restarted here, the control plane places its replica again",
             shard=shard.req.shard_id,
             detail=failed.detail,
         )
+
+    async def _failure_reason(self, shard: _Shard, returncode: int, timed_out: bool, served: bool) -> str:
+        """Why the engine failed, in words: its exit, and the line of its output that says why."""
+        name, health = shard.engine.name, shard.engine.health_path
+        words = last_words(list(shard.output))
+        if timed_out:
+            said = f"{name} did not answer {health} within {_seconds(self._ready_timeout_s)}"
+            return f"{said}; its last line: {words}" if words else said
+        exited = f"{name} {_exit_reason(returncode)}"
+        if not served:
+            said_taken = any(w in line.lower() for line in shard.output for w in _PORT_TAKEN_WORDS)
+            # Also asked of the port itself: the engine's group is gone by now, so whatever still
+            # listens there is another program, whatever words (or none) the engine used.
+            if said_taken or await asyncio.to_thread(_port_taken, self._bind or self._host, shard.port):
+                return f"port {shard.port} is in use: {exited}" + (f": {words}" if words else "")
+            return f"{exited}: {words}" if words else f"{exited} before answering {health}"
+        words = last_words(list(shard.output), only_errors=True)
+        return f"{exited} after serving" + (f": {words}" if words else "")
 
     async def _wait_ready(self, shard: _Shard, process: launcher.Process) -> bool:
         """True once the engine answers its health path; False when it exits or the time is up."""

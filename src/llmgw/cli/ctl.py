@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import attrs
@@ -41,7 +41,7 @@ from llmgw.config import ServerConfig
 from llmgw.control import views
 from llmgw.control.adminapi import hash_token
 from llmgw.control.nodelogs import MAX_LINES
-from llmgw.control.present import DASH, node_row
+from llmgw.control.present import DASH, ago, failure_line, node_row, refused_line
 from llmgw.errors import ConfigError
 from llmgw.listen import split_host_port
 from llmgw.names import url_segment
@@ -231,6 +231,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"nodes     {view.nodes.total}" + (f" ({states})" if states else ""))
     click.echo(f"models    {view.models.serving} of {view.models.total} serving")
     click.echo(f"replicas  {view.replicas.ready} of {view.replicas.total} ready")
+    # A node that never joined is often one refused at the door: its own log says why, and so does this.
+    if view.refused:
+        click.echo("")
+        for refused in view.refused:
+            click.echo(refused_line(refused))
 
 
 @ctl.command()
@@ -309,12 +314,19 @@ def models(ctx: click.Context, as_json: bool) -> None:
 
 @ctl.command()
 @click.option("--model", help="Only this model's replicas.")
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="Also the replicas that failed lately, with why (the last few per model and node).",
+)
 @json_option
 @click.pass_context
-def replicas(ctx: click.Context, model: str | None, as_json: bool) -> None:
-    """Every replica: its model, node, state and endpoint."""
+def replicas(ctx: click.Context, model: str | None, everything: bool, as_json: bool) -> None:
+    """Every replica: its model, node, state and endpoint (or why it is not ready)."""
     target = _target(ctx, as_json)
-    data = _request(target, "GET", "/api/v1/replicas" + (f"?model={quote(model, safe='')}" if model else ""))
+    query = urlencode({k: v for k, v in (("model", model), ("all", "1" if everything else "")) if v})
+    data = _request(target, "GET", "/api/v1/replicas" + (f"?{query}" if query else ""))
     if target.as_json:
         _print_json(data)
         return
@@ -322,9 +334,9 @@ def replicas(ctx: click.Context, model: str | None, as_json: bool) -> None:
         click.echo("no replica yet", err=True)
         return
     _table(
-        ["REPLICA", "MODEL", "NODE", "STATE", "ENDPOINT OR DETAIL"],
+        ["REPLICA", "MODEL", "NODE", "STATE", "SINCE", "ENDPOINT OR DETAIL"],
         [
-            [r.shard_id, r.model, r.node, r.state, r.endpoint or r.detail]
+            [r.shard_id, r.model, r.node, r.state, ago(r.since_s), r.endpoint or r.detail]
             for r in _read(data, list[views.Replica])
         ],
     )
@@ -366,6 +378,10 @@ def explain(ctx: click.Context, model: str, as_json: bool) -> None:
         )
     if placement.why_not_ready:
         click.echo(f"\n{placement.why_not_ready}")
+    if placement.failures:
+        click.echo("\nfailed lately:")
+        for failure in placement.failures:
+            click.echo(f"  {failure_line(failure)}")
 
 
 @ctl.command()

@@ -185,6 +185,7 @@ def nodes_view(inventory: Inventory) -> list[views.Node]:
 
 
 def replicas_view(inventory: Inventory, model: str | None = None) -> list[views.Replica]:
+    now = inventory.now()
     return [
         views.Replica(
             shard_id=r.shard_id,
@@ -195,8 +196,47 @@ def replicas_view(inventory: Inventory, model: str | None = None) -> list[views.
             state=r.state,
             endpoint=r.endpoint,
             detail=r.detail,
+            since_s=round(max(0.0, now - r.since), 1) if r.since else None,
         )
         for r in sorted(inventory.replicas(model), key=lambda r: (r.model, r.node_id, r.shard_id))
+    ]
+
+
+def failures_view(inventory: Inventory, model: str | None = None) -> list[views.Failure]:
+    """The failures the control plane keeps, of model or of all, newest first."""
+    failures = inventory.failures
+    return [
+        views.Failure(
+            shard_id=f.shard_id,
+            model=f.model,
+            node=f.node_id,
+            engine=f.engine,
+            profile=f.profile,
+            reason=f.reason,
+            last_output=list(f.last_output),
+            ago_s=round(failures.age(f), 1),
+        )
+        for f in failures.recent(model)
+    ]
+
+
+def failed_replicas_view(inventory: Inventory, model: str | None = None) -> list[views.Replica]:
+    """Replicas that failed lately and are gone, for `llmgw ctl replicas --all`, newest first."""
+    live = {r.shard_id for r in inventory.replicas(model)}
+    return [
+        views.Replica(
+            shard_id=f.shard_id,
+            model=f.model,
+            node=f.node,
+            engine=f.engine,
+            profile=f.profile,
+            state="failed",
+            endpoint="",
+            detail=f.reason,
+            since_s=f.ago_s,
+        )
+        for f in failures_view(inventory, model)
+        if f.shard_id not in live
     ]
 
 
@@ -210,6 +250,7 @@ def model_view(model: ModelConfig, inventory: Inventory, unpriced: str | None = 
         replicas=replicas_view(inventory, model.name),
         why_not_ready=_why_not_ready(inventory, model.name),
         unpriced=unpriced,
+        failures=failures_view(inventory, model.name),
     )
 
 
@@ -250,6 +291,10 @@ def status_view(inventory: Inventory, models: Sequence[ModelConfig]) -> views.St
             total=len(models), serving=sum(1 for m in models if inventory.ready_endpoints(m.name))
         ),
         replicas=views.ReplicaCounts(total=len(replicas), ready=sum(1 for r in replicas if r.state == READY)),
+        refused=[
+            views.Refused(peer=r.peer, reason=r.reason, count=r.count, last_s=r.last_s)
+            for r in inventory.refused.recent()
+        ],
     )
 
 
@@ -406,7 +451,14 @@ async def delete_model(request: web.Request) -> web.Response:
 
 
 async def get_replicas(request: web.Request) -> web.Response:
-    return reply(replicas_view(request.config_dict[INVENTORY_KEY], request.query.get("model")))
+    inventory, model = request.config_dict[INVENTORY_KEY], request.query.get("model")
+    everything = request.query.get("all", "")
+    if everything not in ("", "0", "1", "true", "false"):
+        return error(400, f"all is {everything!r}; expected 1 (also list replicas that failed lately) or 0")
+    listed = replicas_view(inventory, model)
+    if everything in ("1", "true"):
+        listed += failed_replicas_view(inventory, model)
+    return reply(listed)
 
 
 async def get_replica_metrics(request: web.Request) -> web.Response:
@@ -444,7 +496,12 @@ async def get_explain_placement(request: web.Request) -> web.Response:
     backoff = request.config_dict.get(BACKOFF_KEY)
     candidates = explain_placement(model, inventory, cfg, catalog.models(), backoff() if backoff else None)
     return reply(
-        views.Placement(model=name, candidates=candidates, why_not_ready=_why_not_ready(inventory, name))
+        views.Placement(
+            model=name,
+            candidates=candidates,
+            why_not_ready=_why_not_ready(inventory, name),
+            failures=failures_view(inventory, name),
+        )
     )
 
 

@@ -88,7 +88,11 @@ class AgentService:
         if self._closing.is_set():
             raise GRPCError(Status.UNAVAILABLE, "the control plane is shutting down")
         cert_node = _common_name(stream.peer.cert())
+        peer = stream.peer.addr()
+        where = f"{peer[0]}:{peer[1]}" if peer else ""
         if not cert_node:
+            log.warning("refused a node whose certificate names no node", peer=where)
+            self._inventory.refused.refuse(where, "certificate has no common name, so it names no node")
             raise GRPCError(
                 Status.UNAUTHENTICATED,
                 "the client certificate has no common name, so it names no node; "
@@ -118,13 +122,15 @@ class AgentService:
             )
         named = first.register.node_id
         if named != cert_node:
-            log.warning("refused a node registering as another", certificate=cert_node, register=named)
+            log.warning(
+                "refused a node registering as another", peer=where, certificate=cert_node, register=named
+            )
+            self._inventory.refused.refuse(where, f"certificate for {cert_node} used to register as {named}")
             raise GRPCError(
                 Status.PERMISSION_DENIED,
                 f"node {named} presented a certificate for {cert_node}: a node may only register as itself",
             )
-        peer = stream.peer.addr()
-        link = self._inventory.attach(first.register, f"{peer[0]}:{peer[1]}" if peer else "")
+        link = self._inventory.attach(first.register, where)
         # The agent counts itself connected only on this: a refusal arrives as the stream's status instead.
         link.outbox.put_nowait(pb.ControlMessage(ack=pb.Ack(ref="register", ok=True)))
         if self._provision is not None:
@@ -171,7 +177,7 @@ async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator
     """Listen on cfg.agent_listen with mutual TLS and expire silent nodes; yields the bound port."""
     ssl_context = await asyncio.to_thread(server_ssl_context, cfg.tls)
     names = await asyncio.to_thread(certificate_names, Path(cfg.tls.cert))
-    handshakes = Handshakes(ssl_context, names)
+    handshakes = Handshakes(ssl_context, names, inventory.refused)
     host, port = split_host_port(cfg.agent_listen, "agent_listen")
     service = AgentService(inventory, provision=provision_message(cfg.engines, cfg.engine_mirror))
     server = _TLSServer([service], handshakes)

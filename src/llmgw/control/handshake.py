@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from llmgw.control.refusals import Refusals
+
 log = structlog.get_logger(__name__)
 
 # As long as asyncio's own default: a slow node on a busy link still gets its handshake.
@@ -27,8 +29,10 @@ EVENT = "a TLS handshake on the agent service failed"
 class Handshakes:
     """Plain protocols that upgrade to TLS, then hand the connection to the inner protocol."""
 
-    def __init__(self, context: ssl.SSLContext, names: Sequence[str]) -> None:
+    def __init__(self, context: ssl.SSLContext, names: Sequence[str], refusals: Refusals) -> None:
         self._context = context
+        # Counted as well as logged: the cluster page and `llmgw ctl status` show them.
+        self._refusals = refusals
         # The names this server's certificate has, for the message when a client refuses it.
         self._names = list(names)
         self._upgrades: set[asyncio.Task[None]] = set()
@@ -62,6 +66,7 @@ class Handshakes:
             raise
         except (OSError, TimeoutError) as exc:
             log.warning(EVENT, peer=where, error=handshake_failure(exc, where, self._names))
+            self._refusals.refuse(where, refusal_reason(exc))
             transport.close()
             return
         if tls is not None:
@@ -138,6 +143,24 @@ class _Held(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
+
+
+def refusal_reason(exc: BaseException) -> str:
+    """Why a handshake failed, in the few words a count of refusals is listed with."""
+    text = str(exc)
+    if isinstance(exc, ssl.SSLError) and "peer did not return a certificate" in text:
+        return "no certificate presented"
+    if isinstance(exc, ssl.SSLError) and "certificate has expired" in text:
+        return "certificate has expired"
+    if isinstance(exc, ssl.SSLError) and "certificate verify failed" in text:
+        return "certificate not signed by this control plane's authority"
+    if isinstance(exc, ssl.SSLError) and "alert" in text:
+        return "the client does not accept this server's certificate"
+    if isinstance(exc, ConnectionResetError):
+        return "hung up during the TLS handshake"
+    if isinstance(exc, TimeoutError):
+        return f"did not finish the TLS handshake within {HANDSHAKE_TIMEOUT_S:g} s"
+    return f"TLS handshake failed: {getattr(exc, 'reason', None) or exc or type(exc).__name__}"
 
 
 def handshake_failure(exc: BaseException, peer: str, names: Sequence[str]) -> str:

@@ -19,7 +19,9 @@ import attrs
 import betterproto
 import structlog
 
+from llmgw.control.failures import Failure, Failures
 from llmgw.control.nodelogs import LogRequests
+from llmgw.control.refusals import Refusals
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.routes import EngineRoute, Routes
@@ -103,6 +105,8 @@ class Replica:
     gpu_indices: list[int] = attrs.field(factory=list)
     # The replica a shard is one rank of; empty for a single-node replica, whose shard is the replica.
     replica_id: str = ""
+    # The inventory's clock when the replica entered its state: "starting on n2 for 40 s".
+    since: float = 0.0
 
 
 class Link:
@@ -132,6 +136,11 @@ class Inventory:
         self._by_endpoint: dict[str, Replica] = {}
         # Log requests waiting for their node's reply; the agent service resolves them.
         self.logs = LogRequests(self.send)
+        # The last failures per model and node, which outlive their replicas: backoff and the
+        # 503 say why with them.
+        self.failures = Failures(clock)
+        # Agent connections refused at the handshake or at registration.
+        self.refused = Refusals(clock)
         # Set whenever placement may have something new to do; the reconciler clears it.
         self.changed = asyncio.Event()
 
@@ -166,10 +175,12 @@ class Inventory:
             admin_state=self._admin_states.get(node_id, READY),
         )
         # What the node says it runs is the truth: shards we asked for and it never started are gone.
-        for shard_id in [r.shard_id for r in self._replicas.values() if r.node_id == node_id]:
+        before = {r.shard_id: r for r in self._replicas.values() if r.node_id == node_id}
+        for shard_id in before:
             del self._replicas[shard_id]
         for status in register.running:
-            self._replicas[status.shard_id] = _replica(node_id, status)
+            self._replicas[status.shard_id] = _replica(node_id, status, self._clock())
+            self._record_failure(node_id, status, before.get(status.shard_id))
             # How a control plane that restarted learns the secrets of the engines it adopts.
             self._routing.remember(status.shard_id, status.engine_secret)
             if status.state == READY:
@@ -223,7 +234,11 @@ class Inventory:
         if status.state == "stopped":
             self._replicas.pop(status.shard_id, None)
         else:
-            self._replicas[status.shard_id] = _replica(node_id, status)
+            before = self._replicas.get(status.shard_id)
+            # A new detail in the same state (download progress) is not a new state.
+            since = before.since if before is not None and before.state == status.state else self._clock()
+            self._replicas[status.shard_id] = _replica(node_id, status, since)
+            self._record_failure(node_id, status, before)
             self._routing.remember(status.shard_id, status.engine_secret)
             if status.state == READY:
                 self._routing.ready_again(status.shard_id)
@@ -305,6 +320,7 @@ class Inventory:
             profile=start.profile,
             gpu_indices=list(start.gpu_indices),
             replica_id=start.replica_id,
+            since=self._clock(),
         )
         self._replicas[start.shard_id] = replica
         self._unplaced.pop(start.model, None)
@@ -370,23 +386,52 @@ class Inventory:
         self._rebuild()
 
     def why_no_ready(self, model: str) -> str:
-        """A sentence for a 503: what the replicas of model are doing instead of serving."""
+        """A sentence for a 503: where each replica of model is going instead of serving, node by node."""
         replicas = self.replicas(model)
         if not replicas:
             reason = self._unplaced.get(model, "no replica has been placed yet")
             return f"{model} has no ready replica: {reason}"
-        groups: Counter[tuple[str, str]] = Counter((r.state, r.node_id) for r in replicas)
-        parts = []
-        for (state, node_id), count in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
-            part = f"{count} {state} on node {node_id}"
-            node = self._nodes.get(node_id)
-            if node is not None and node.state == UNREACHABLE:
-                part += ", which is unreachable"
-            detail = next((r.detail for r in replicas if (r.state, r.node_id) == (state, node_id)), "")
-            if state == "failed" and detail:
-                part += f" ({detail})"
-            parts.append(part)
-        return f"{model} has no ready replica: {', '.join(parts)}"
+        now = self._clock()
+        parts: Counter[str] = Counter()
+        for r in sorted(replicas, key=lambda r: (r.node_id, r.state, r.shard_id)):
+            parts[self._where_going(r, now)] += 1
+        said = [part if count == 1 else f"{count} replicas {part}" for part, count in parts.items()]
+        return f"{model} has no ready replica: {'; '.join(said)}"
+
+    def _where_going(self, replica: Replica, now: float) -> str:
+        """One replica's state in words: "downloading weights on n1: model.gguf: 1.2 of 4.1 GB"."""
+        node_id = replica.node_id
+        if replica.state == "starting":
+            part = f"starting on {node_id} for {max(0.0, now - replica.since):.0f} s"
+        elif replica.state == "downloading":
+            progress = replica.detail.removeprefix("downloading ")
+            part = f"downloading weights on {node_id}" + (f": {progress}" if progress else "")
+        elif replica.state == "failed":
+            part = f"failed on {node_id}" + (f": {replica.detail}" if replica.detail else "")
+        else:
+            part = f"{replica.state} on {node_id}"
+        node = self._nodes.get(node_id)
+        if node is not None and node.state == UNREACHABLE:
+            part += ", which is unreachable"
+        return part
+
+    def _record_failure(self, node_id: str, status: pb.ShardStatus, before: Replica | None) -> None:
+        if status.state != "failed":
+            return
+        if before is not None and before.state == "failed" and before.detail == status.detail:
+            return
+        self.failures.add(
+            Failure(
+                shard_id=status.shard_id,
+                model=status.model,
+                node_id=node_id,
+                engine=status.engine,
+                profile=status.profile,
+                reason=status.detail,
+                last_output=tuple(status.last_output),
+                at=self._clock(),
+            )
+        )
 
     def _seen(self, node_id: str) -> Node:
         node = self._nodes[node_id]
@@ -423,7 +468,7 @@ class Inventory:
         self.changed.set()
 
 
-def _replica(node_id: str, status: pb.ShardStatus) -> Replica:
+def _replica(node_id: str, status: pb.ShardStatus, since: float) -> Replica:
     return Replica(
         shard_id=status.shard_id,
         model=status.model,
@@ -436,4 +481,5 @@ def _replica(node_id: str, status: pb.ShardStatus) -> Replica:
         profile=status.profile,
         gpu_indices=list(status.gpu_indices),
         replica_id=status.replica_id,
+        since=since,
     )

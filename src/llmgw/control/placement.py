@@ -71,10 +71,13 @@ class Backoff:
     failures: int
     # Seconds until the node is tried again for the model.
     remaining_s: float
+    # Why the last one failed, in the node's words: "llamacpp exited with code 1: error: ...".
+    cause: str = ""
 
     def reason(self) -> str:
         times = "failure" if self.failures == 1 else "failures"
-        return f"is backing off after {self.failures} {times} (next try in {self.remaining_s:.0f} s)"
+        said = f"is backing off after {self.failures} {times} (next try in {self.remaining_s:.0f} s)"
+        return f"{said}: {self.cause}" if self.cause else said
 
 
 @attrs.frozen
@@ -264,10 +267,20 @@ class Scheduler:
             return "no node can run it (no node is connected)"
         verdicts = self.explain(model)
         parts = []
+        any_installing = False
         for profile in model.profiles:
             mine = [v for v in verdicts if v.profile == profile.name]
-            summary = _summarize(profile, mine, len(self._states))
+            # A node installing the engine is where the model is going: said as such, with its progress.
+            installing = {
+                v.node: phrase
+                for v in mine
+                if v.kind == ENGINE and (phrase := _installing(self._states[v.node].node, profile.engine))
+            }
+            any_installing = any_installing or bool(installing)
+            summary = _summarize(profile, mine, len(self._states), installing)
             parts.append(summary if len(model.profiles) == 1 else f"profile {profile.name}: {summary}")
+        if any_installing:
+            return f"no node can run it until an engine is installed ({'; '.join(parts)})"
         return f"no node can run it ({'; '.join(parts)})"
 
     def _judge(self, st: _NodeState, profile: ProfileConfig, model: str = "") -> Verdict:
@@ -482,19 +495,47 @@ _MANY: Mapping[str, str] = {
 }
 
 
-def _summarize(profile: ProfileConfig, verdicts: Sequence[Verdict], total: int) -> str:
-    """The reasons of one profile, grouped: one node by its own words, several counted."""
+def _installing(node: Node, engine: str) -> str:
+    """ "installing llamacpp b6500 on n3: downloading ... (12 of 16 MB)", or "" when it is not installing."""
+    status = next((p for p in node.provision if p.engine == engine and p.state == "installing"), None)
+    if status is None:
+        return ""
+    what = f"{engine} {status.version}" if status.version else engine
+    return f"installing {what} on {node.id}" + (f": {status.detail}" if status.detail else "")
+
+
+# Nodes backing off are each named with their cause, up to this many: past it, counted.
+_NAMED_BACKOFFS = 3
+
+
+def _summarize(
+    profile: ProfileConfig, verdicts: Sequence[Verdict], total: int, installing: Mapping[str, str]
+) -> str:
+    """The reasons of one profile, grouped: one node by its own words, several counted.
+
+    installing is node -> what it is installing, for the nodes that lack the engine only for now.
+    Nodes backing off are named each, with why the model last failed there: each may fail
+    differently, and a count hides the words an operator needs.
+    """
     groups: dict[str, list[Verdict]] = defaultdict(list)
     for v in verdicts:
-        if not v.candidate:
+        if v.candidate:
+            continue
+        if v.node in installing:
+            groups["installing"].append(v)
+        else:
             groups[v.kind].append(v)
-    parts = []
+    parts = [installing[v.node] for v in groups.get("installing", [])]
     for kind in (STATE, ENGINE, GPU_CLASS, BACKOFF, CARDS, MEMORY, FABRIC, LABEL):
         group = groups.get(kind, [])
         if not group:
             continue
         plain = all(v.reason == f"does not have {profile.engine} installed" for v in group)
-        if kind == ENGINE and len(group) == total and plain:
+        if kind == BACKOFF:
+            parts.extend(f"node {v.node} {v.reason}" for v in group[:_NAMED_BACKOFFS])
+            if len(group) > _NAMED_BACKOFFS:
+                parts.append(f"{len(group) - _NAMED_BACKOFFS} more nodes {_MANY[BACKOFF]}")
+        elif kind == ENGINE and len(group) == total and plain:
             parts.append(f"no node has the {profile.engine} engine")
         elif len(group) == 1:
             parts.append(f"node {group[0].node} {group[0].reason}")

@@ -110,3 +110,19 @@ def node_row(view: views.Node) -> NodeRow:
         last_seen=_ago(view.last_seen_s),
         notes=_notes(view),
     )
+
+
+def refused_line(refused: views.Refused) -> str:
+    """ "3 refused connections from 198.18.0.7 in the last hour: certificate not signed by ..."."""
+    connections = "connection" if refused.count == 1 else "connections"
+    return f"{refused.count} refused {connections} from {refused.peer} in the last hour: {refused.reason}"
+
+
+def failure_line(failure: views.Failure) -> str:
+    """ "n1, 2 min ago: llamacpp exited with code 1: error: failed to load model"."""
+    return f"{failure.node}, {ago(failure.ago_s)}: {failure.reason or 'no reason given'}"
+
+
+def ago(seconds: float | None) -> str:
+    """ "12 s ago", "3 min ago"; "—" for unknown."""
+    return _ago(seconds)

@@ -19,6 +19,7 @@ import structlog
 from llmgw.backoff import ExponentialBackoff
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
+from llmgw.control.failures import Failure
 from llmgw.control.inventory import DRAINING, READY, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.placement import Backoff, Scheduler
 from llmgw.names import shard_stem
@@ -194,9 +195,10 @@ class Reconciler:
     def backoff(self) -> dict[tuple[str, str], Backoff]:
         """(model, node) -> why the model is not placed on the node now, for placement and explain."""
         now = self._clock()
+        failures = self._inventory.failures
         return {
-            key: Backoff(failures=failures, remaining_s=until - now)
-            for key, (failures, until) in self._backoff.items()
+            key: Backoff(failures=count, remaining_s=until - now, cause=_cause(failures.last(*key)))
+            for key, (count, until) in self._backoff.items()
             if until > now
         }
 
@@ -265,6 +267,10 @@ class Reconciler:
                 pb.ControlMessage(stop=pb.StopShard(shard_id=replica.shard_id, reason=reason)),
             )
         self._inventory.forget(replica.shard_id)
+
+
+def _cause(failure: Failure | None) -> str:
+    return failure.reason if failure is not None else ""
 
 
 def master_address(node: Node) -> str:

@@ -146,6 +146,26 @@ class Replica:
         metadata={"doc": "Where the gateway sends its requests; empty until it is ready."}
     )
     detail: str = attrs.field(metadata={"doc": "Why it is not ready, when it is not."})
+    since_s: float | None = attrs.field(
+        default=None,
+        metadata={"doc": "Seconds it has been in its state (for a failed one, since it failed)."},
+    )
+
+
+@attrs.frozen
+class Failure:
+    """A replica that failed lately, kept after the replica itself was stopped and replaced."""
+
+    shard_id: str
+    model: str
+    node: str
+    engine: str
+    profile: str
+    reason: str = attrs.field(
+        metadata={"doc": 'In the node\'s words: "llamacpp exited with code 1: error: failed to load model".'}
+    )
+    last_output: list[str] = attrs.field(metadata={"doc": "The engine's last output lines, oldest first."})
+    ago_s: float = attrs.field(metadata={"doc": "Seconds since it failed."})
 
 
 @attrs.frozen
@@ -166,6 +186,10 @@ class Model:
             "doc": "While any budget is set and no price applies to this model: that budgets never bind on "
             "what it serves, in words. Null when a price applies or no budget is set."
         },
+    )
+    failures: list[Failure] = attrs.field(
+        factory=list,
+        metadata={"doc": "Its replicas that failed lately, newest first: the last few per node."},
     )
 
 
@@ -217,6 +241,18 @@ class ReplicaCounts:
 
 
 @attrs.frozen
+class Refused:
+    """Agent connections refused from one address for one reason within the last hour."""
+
+    peer: str = attrs.field(metadata={"doc": "The client's address, without its port."})
+    reason: str = attrs.field(
+        metadata={"doc": 'Short: "certificate not signed by this control plane\'s authority".'}
+    )
+    count: int
+    last_s: float = attrs.field(metadata={"doc": "Seconds since the newest of them."})
+
+
+@attrs.frozen
 class Status:
     """How many nodes, models and replicas, in which state."""
 
@@ -224,6 +260,10 @@ class Status:
     nodes: NodeCounts
     models: ModelCounts
     replicas: ReplicaCounts
+    refused: list[Refused] = attrs.field(
+        factory=list,
+        metadata={"doc": "Agent connections refused in the last hour, by address and reason."},
+    )
 
 
 # --- logs, placement, weights -----------------------------------------------------------------
@@ -258,6 +298,10 @@ class Placement:
     candidates: list[Candidate]
     why_not_ready: str | None = attrs.field(
         metadata={"doc": "Why the model serves nothing, when it does not."}
+    )
+    failures: list[Failure] = attrs.field(
+        factory=list,
+        metadata={"doc": "Its replicas that failed lately, newest first: the last few per node."},
     )
 
 

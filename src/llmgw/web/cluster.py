@@ -19,11 +19,14 @@ from llmgw.config import ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
 from llmgw.control.nodelogs import DEFAULT_LINES
-from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES, node_row
+from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES, ago, node_row, refused_line
 from llmgw.web.context import AdminLink, add_admin_links
 from llmgw.web.render import render
 
 Handler = adminapi.Handler
+
+# The newest failures the cluster page lists; the models page has each model's own.
+CLUSTER_PAGE_FAILURES = 20
 
 _ASSETS = {"cluster.css": "text/css", "cluster.js": "text/javascript"}
 
@@ -59,14 +62,26 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         paths=paths,
         summary=adminapi.status_view(inventory, request.config_dict[CATALOG_KEY].models()),
         nodes=[node_row(v) for v in adminapi.nodes_view(inventory)],
+        failures=adminapi.failures_view(inventory)[:CLUSTER_PAGE_FAILURES],
+        backing_off=_backing_off(request),
+        refused_line=refused_line,
+        ago=ago,
     )
+
+
+def _backing_off(request: web.Request) -> list[tuple[str, str]]:
+    """(model, "node n1 is backing off after 2 failures (next try in 10 s): why"), a line per node."""
+    backoff = request.config_dict.get(adminapi.BACKOFF_KEY)
+    if backoff is None:
+        return []
+    return [(model, f"node {node} {b.reason()}") for (model, node), b in sorted(backoff().items())]
 
 
 async def models_page(request: web.Request) -> web.StreamResponse:
     inventory = request.config_dict[adminapi.INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
     models = adminapi.models_view(inventory, request.config_dict[CATALOG_KEY].models())
-    return await render(request, "admin_models.html", paths=paths, models=models)
+    return await render(request, "admin_models.html", paths=paths, models=models, ago=ago)
 
 
 async def node_logs_page(request: web.Request) -> web.StreamResponse:

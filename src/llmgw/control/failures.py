@@ -1,0 +1,74 @@
+"""The last failures of replicas, per model and node, kept so their cause can be shown later.
+
+A failed replica is stopped and forgotten by the next reconcile pass, and its
+node then only reads "is backing off after 2 failures": the one thing an
+operator needs, the engine's own last words, was gone with it. Here each
+failure outlives its replica, bounded so a model failing for days holds a few
+kilobytes, not its whole history.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import attrs
+
+# Per model and node: enough to see whether it fails the same way every time.
+PER_MODEL_AND_NODE = 5
+# In all: a fleet of broken nodes must not grow the control plane's memory without end.
+MAX_KEPT = 500
+
+
+@attrs.frozen
+class Failure:
+    """One replica (or one rank of one) that failed, as its node reported it."""
+
+    shard_id: str
+    model: str
+    node_id: str
+    engine: str
+    profile: str
+    # In words: "llamacpp exited with code 1: error: failed to load model".
+    reason: str
+    last_output: tuple[str, ...]
+    # The inventory's clock (time.monotonic) when the failure was reported.
+    at: float
+
+
+class Failures:
+    """The most recent failures, newest last; what backoff, explain, the 503 and the pages read."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._kept: deque[Failure] = deque(maxlen=MAX_KEPT)
+
+    def add(self, failure: Failure) -> None:
+        # An agent repeats a failed shard's status when it reconnects: once is enough. A shard
+        # restarted on its node that fails again is a new failure, with new output.
+        newest = next((f for f in reversed(self._kept) if f.shard_id == failure.shard_id), None)
+        if newest is not None and (newest.reason, newest.last_output) == (
+            failure.reason,
+            failure.last_output,
+        ):
+            return
+        self._kept.append(failure)
+        same = [f for f in self._kept if (f.model, f.node_id) == (failure.model, failure.node_id)]
+        for old in same[:-PER_MODEL_AND_NODE]:
+            self._kept.remove(old)
+
+    def last(self, model: str, node_id: str) -> Failure | None:
+        """The newest failure of model on node_id, if any is kept."""
+        for failure in reversed(self._kept):
+            if failure.model == model and failure.node_id == node_id:
+                return failure
+        return None
+
+    def recent(self, model: str | None = None) -> list[Failure]:
+        """The kept failures of model (or of all), newest first."""
+        return [f for f in reversed(self._kept) if model is None or f.model == model]
+
+    def age(self, failure: Failure) -> float:
+        """Seconds since failure was reported."""
+        return max(0.0, self._clock() - failure.at)
