@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -39,9 +39,16 @@ _MAX_NAMES = ("max_completion_tokens", "max_tokens")
 _DEFAULT_MAX_TOKENS = ModelConfig().max_tokens
 
 
-def price_of(cfg: ServerConfig, model: str, definition: ModelConfig | None = None) -> PriceConfig | None:
-    """The model's price: its definition's `pricing`, its `pricing` entry, else `default_price` unless
-    that is zero; None: no price."""
+def price_of(
+    cfg: ServerConfig,
+    model: str,
+    definition: ModelConfig | None = None,
+    stored: Mapping[str, PriceConfig] | None = None,
+) -> PriceConfig | None:
+    """The model's price: one set with `llmgw prices set` (stored), its definition's `pricing`, its
+    `pricing` entry, else `default_price` unless that is zero; None: no price."""
+    if stored is not None and model in stored:
+        return stored[model]
     if definition is not None and definition.pricing is not None:
         return definition.pricing
     price = cfg.pricing.get(model)
@@ -59,7 +66,12 @@ def cost(price: PriceConfig | None, prompt_tokens: int, completion_tokens: int) 
     return (prompt_tokens * price.prompt_per_1k + completion_tokens * price.completion_per_1k) / 1000
 
 
-def budget_warnings(cfg: ServerConfig, budgets: Sequence[Budget], models: Sequence[ModelConfig]) -> list[str]:
+def budget_warnings(
+    cfg: ServerConfig,
+    budgets: Sequence[Budget],
+    models: Sequence[ModelConfig],
+    stored: Mapping[str, PriceConfig] | None = None,
+) -> list[str]:
     """A sentence for every model of models (the live catalog's) no price applies to, when budgets are set.
 
     Logged at start; the quotas page shows them too.
@@ -69,7 +81,7 @@ def budget_warnings(cfg: ServerConfig, budgets: Sequence[Budget], models: Sequen
     return [
         f"budgets are set but no price applies to {model.name}: they never bind"
         for model in models
-        if price_of(cfg, model.name, model) is None
+        if price_of(cfg, model.name, model, stored) is None
     ]
 
 
@@ -101,20 +113,24 @@ class Admission:
         self._recorder = recorder
         # The live catalog: a model added with ctl brings its own price.
         self._catalog = catalog
-        self._generation = -1
+        self._generation = (-1, -1)
         self._prices: dict[str, PriceConfig | None] = {}
         self._limits: dict[str, int] = {}
 
     def _reload(self) -> None:
-        if self._generation != self._catalog.generation:
+        generation = (self._catalog.generation, self._quotas.prices_generation)
+        if self._generation != generation:
             models = self._catalog.models()
-            self._prices = {m.name: price_of(self._cfg, m.name, m) for m in models}
+            stored = self._quotas.prices
+            self._prices = {m.name: price_of(self._cfg, m.name, m, stored) for m in models}
             self._limits = {m.name: m.max_tokens for m in models}
-            self._generation = self._catalog.generation
+            self._generation = generation
 
     def _price(self, model: str) -> PriceConfig | None:
         self._reload()
-        return self._prices[model] if model in self._prices else price_of(self._cfg, model)
+        if model in self._prices:
+            return self._prices[model]
+        return price_of(self._cfg, model, stored=self._quotas.prices)
 
     def _max_tokens(self, model: str) -> int:
         """The model's `max_tokens`; a model not in the catalog (the router refuses it) the default's."""

@@ -125,7 +125,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         quotas = Quotas(usage, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm)
         await quotas.refresh(store)
         quotas.restore(recent)
-        for warning in budget_warnings(cfg, quotas.budgets, catalog.models()):
+        for warning in budget_warnings(cfg, quotas.budgets, catalog.models(), quotas.prices):
             log.warning(warning)
         # Not cancelled but stopped (registered after the group, so before it
         # waits): the writer flushes once more after the gateway has drained.

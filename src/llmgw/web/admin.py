@@ -11,6 +11,7 @@ from aiohttp import web
 
 from llmgw.catalog import CATALOG_KEY
 from llmgw.store.keys import list_keys
+from llmgw.store.prices import list_prices
 from llmgw.store.quotas import (
     PERIODS,
     Budget,
@@ -179,7 +180,12 @@ async def _quotas_page(
         status=status,
         rows=rows,
         periods=PERIODS,
-        warnings=budget_warnings(ctx.cfg, list(budgets.values()), request.config_dict[CATALOG_KEY].models()),
+        warnings=budget_warnings(
+            ctx.cfg,
+            list(budgets.values()),
+            request.config_dict[CATALOG_KEY].models(),
+            {p.model: p.price for p in await list_prices(ctx.store)},
+        ),
         default_rpm=ctx.cfg.auth.default_rpm,
         default_tpm=ctx.cfg.auth.default_tpm,
         flash=flash,
