@@ -21,7 +21,7 @@ from llmgw.store import Store, scopes
 from llmgw.store import prices as stored_prices
 from llmgw.store.keys import list_keys
 from llmgw.store.quotas import PERIODS, clear_budget, list_budgets, list_limits, set_budget, set_limits
-from llmgw.store.scopes import Hierarchy, Scope, ScopeError, load_hierarchy
+from llmgw.store.scopes import Hierarchy, Scope, ScopeError, ScopeInUse, UnknownScope, load_hierarchy
 from llmgw.store.users import AccountError, User, approve_user, get_user, get_user_by_email, list_users
 
 Level = Literal["org", "team", "project"]
@@ -65,7 +65,7 @@ async def find_scope(store: Store, text: str) -> tuple[Scope, str]:
     exact = [k for k in keys if k.prefix == prefix]
     keys = exact or keys
     if not keys:
-        raise ScopeError(f"no key has the prefix '{prefix}'; `llmgw keys list` shows them")
+        raise UnknownScope(f"no key has the prefix '{prefix}'; `llmgw keys list` shows them")
     if len(keys) > 1:
         shown = ", ".join(f"{k.prefix}… ({k.name})" for k in keys[:5])
         raise ScopeError(f"several keys start with '{prefix}': {shown}; give more of the prefix")
@@ -125,12 +125,12 @@ async def create(store: Store, kind: Level, name: str, parent: str = "") -> tv.O
     if kind == "team":
         org_id = hierarchy.org_id(parent)
         if any(t.org_id == org_id and t.name == name for t in hierarchy.teams.values()):
-            raise ScopeError(f"{hierarchy.name(Scope('org', org_id))} already has a team called '{name}'")
+            raise ScopeInUse(f"{hierarchy.name(Scope('org', org_id))} already has a team called '{name}'")
         team = await scopes.create_team(store, org_id, name)
         return team_view(await load_hierarchy(store), team.id)
     team_id = hierarchy.team_id(parent)
     if any(p.team_id == team_id and p.name == name for p in hierarchy.projects.values()):
-        raise ScopeError(f"{hierarchy.name(Scope('team', team_id))} already has a project called '{name}'")
+        raise ScopeInUse(f"{hierarchy.name(Scope('team', team_id))} already has a project called '{name}'")
     project = await scopes.create_project(store, team_id, name)
     return project_view(await load_hierarchy(store), project.id)
 
@@ -173,7 +173,7 @@ async def _user(store: Store, text: str) -> User:
     text = text.strip()
     user = await get_user(store, int(text)) if text.isdigit() else await get_user_by_email(store, text)
     if user is None:
-        raise AccountError(f"there is no account '{text}'; `llmgw users list` shows them")
+        raise UnknownScope(f"there is no account '{text}'; `llmgw users list` shows them")
     return user
 
 
@@ -345,7 +345,7 @@ async def set_price(
 
 async def clear_price(store: Store, cfg: ServerConfig, models: Sequence[ModelConfig], model: str) -> tv.Price:
     if not await stored_prices.clear_price(store, model):
-        raise ScopeError(
+        raise UnknownScope(
             f"no price was set for {model} with `llmgw prices set`; `llmgw prices list` shows them"
         )
     definition = next((m for m in models if m.name == model), None)

@@ -30,6 +30,14 @@ class ScopeError(LlmgwError):
     """A scope that cannot be created or found, in a sentence."""
 
 
+class UnknownScope(ScopeError):
+    """What was named does not exist (the admin API's 404)."""
+
+
+class ScopeInUse(ScopeError):
+    """The name is taken, or something still belongs to it (the admin API's 409)."""
+
+
 @attrs.frozen(cache_hash=True)
 class Scope:
     """Something limits, budgets and usage attach to: a key, a project, a team or an org."""
@@ -141,7 +149,7 @@ def _resolve(
         raise ScopeError(f"several {what}s are called '{text}'; give the id of one: {choices}")
     known = ", ".join(f"{item_id} ({name})" for item_id, name in names.items()) or "none"
     plural = "organisations" if what == "organisation" else f"{what}s"
-    raise ScopeError(f"there is no {what} '{text}'; the {plural} are {known}")
+    raise UnknownScope(f"there is no {what} '{text}'; the {plural} are {known}")
 
 
 def _checked(name: str, what: str) -> str:
@@ -156,7 +164,9 @@ async def _insert(store: Store, sql: str, args: tuple[object, ...], duplicate: s
             cursor = await db.execute(sql, args)
             new_id = cursor.lastrowid
     except sqlite3.IntegrityError as exc:
-        raise ScopeError(missing if "FOREIGN KEY" in str(exc) else duplicate) from None
+        if "FOREIGN KEY" in str(exc):
+            raise UnknownScope(missing) from None
+        raise ScopeInUse(duplicate) from None
     assert new_id is not None
     return new_id
 
@@ -255,9 +265,9 @@ async def rename(store: Store, scope: Scope, name: str) -> None:
             "team": "its organisation already has a team",
             "project": "its team already has a project",
         }[scope.kind]
-        raise ScopeError(f"{parent} called '{name}'") from None
+        raise ScopeInUse(f"{parent} called '{name}'") from None
     if not changed:
-        raise ScopeError(f"there is no {what} {scope.id}")
+        raise UnknownScope(f"there is no {what} {scope.id}")
 
 
 async def _names(db: aiosqlite.Connection, sql: str, args: tuple[object, ...]) -> list[str]:
@@ -281,11 +291,11 @@ async def delete(store: Store, scope: Scope) -> str:
     hierarchy = await load_hierarchy(store)
     described = hierarchy.name(scope)
     if scope.id == 1:
-        raise ScopeError(f"the default {what} is where keys and accounts go when none is named; it stays")
+        raise ScopeInUse(f"the default {what} is where keys and accounts go when none is named; it stays")
     async with store.transaction() as db:
         async with db.execute(f"SELECT 1 FROM {table} WHERE id = ?", (scope.id,)) as cursor:
             if await cursor.fetchone() is None:
-                raise ScopeError(f"there is no {what} {scope.id}")
+                raise UnknownScope(f"there is no {what} {scope.id}")
         left: list[str] = []
         if scope.kind == "project":
             keys = await _names(
@@ -312,7 +322,7 @@ async def delete(store: Store, scope: Scope) -> str:
             if teams:
                 left.append(f"teams {_listed(teams)}")
         if left:
-            raise ScopeError(f"{described} still has {' and '.join(left)}; it is kept until it has none")
+            raise ScopeInUse(f"{described} still has {' and '.join(left)}; it is kept until it has none")
         await db.execute(f"DELETE FROM {table} WHERE id = ?", (scope.id,))
         for quota_table in ("limits", "budgets"):
             await db.execute(
@@ -331,4 +341,4 @@ async def set_project_models(store: Store, project_id: int, models: Sequence[str
             (json.dumps(list(models)) if models is not None else None, project_id),
         )
         if not cursor.rowcount:
-            raise ScopeError(f"there is no project {project_id}")
+            raise UnknownScope(f"there is no project {project_id}")

@@ -1,0 +1,473 @@
+"""The admin API's tenancy routes: organisations, teams, projects, members, quotas and prices.
+
+The same operations as `llmgw orgs|teams|projects|quotas|prices` (control/tenancy.py), on the admin
+listener and under /admin on the client port behind the same guard as the rest of the admin API.
+Names are accepted wherever ids are. Changes are JSON bodies; what was changed is the reply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from aiohttp import web
+
+from llmgw.catalog import CATALOG_KEY
+from llmgw.control import tenancy, views
+from llmgw.control import tenancy_views as tv
+from llmgw.control.adminapi import CONFIG_KEY, Handler, error, reply
+from llmgw.control.schema import ref
+from llmgw.errors import LlmgwError
+from llmgw.store import Store
+from llmgw.store.scopes import Scope, ScopeInUse, UnknownScope
+
+STORE_KEY = web.AppKey("llmgw.admin.store", Store)
+# What the running gateway counts as spent of a scope's budget; absent without a gateway.
+SPENT_KEY: web.AppKey[Callable[[Scope], float | None]] = web.AppKey("llmgw.admin.spent")
+
+_LEVELS: dict[str, tenancy.Level] = {"orgs": "org", "teams": "team", "projects": "project"}
+_PARENTS = {"teams": "org", "projects": "team"}
+
+
+class _BadBody(Exception):
+    pass
+
+
+def _failed(exc: LlmgwError) -> web.Response:
+    if isinstance(exc, UnknownScope):
+        return error(404, str(exc))
+    if isinstance(exc, ScopeInUse):
+        return error(409, str(exc))
+    return error(400, str(exc))
+
+
+async def _body(request: web.Request, example: str) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _BadBody(f"the body is not JSON; send {example}") from None
+    if not isinstance(body, dict):
+        raise _BadBody(f"the body must be a JSON object: {example}")
+    return body
+
+
+def _text(body: dict[str, Any], name: str, example: str, required: bool = True) -> str:
+    value = body.get(name, "")
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise _BadBody(f"{name} must be a non-empty string: {example}")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, kind: type, example: str) -> Any:
+    """body[name]: KEEP when absent, None when null, else a number of kind (0 or more)."""
+    if name not in body:
+        return tenancy.KEEP
+    value = body[name]
+    if value is None:
+        return None
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if (kind is int and not whole) or (kind is float and not (whole or isinstance(value, float))):
+        raise _BadBody(f"{name} must be {'a whole number' if kind is int else 'a number'} or null: {example}")
+    if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
+        raise _BadBody(f"{name} is {value}; it must be 0 or more")
+    return kind(value)
+
+
+def _json_route(example: str, handler: Callable[[web.Request, Store], Any]) -> Handler:
+    """handler's view as the reply; a bad body a 400, an error its status."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        try:
+            result = await handler(request, request.config_dict[STORE_KEY])
+        except _BadBody as exc:
+            return error(400, str(exc))
+        except LlmgwError as exc:
+            return _failed(exc)
+        if isinstance(result, tuple):
+            return reply(*result)
+        return reply(result)
+
+    route.__name__ = getattr(handler, "__name__", "route")
+    return route
+
+
+# --- the hierarchy ----------------------------------------------------------------------------
+
+_NAME = '{"name": "web", "parent": "core"}'
+
+
+def _level(request: web.Request) -> tuple[str, tenancy.Level]:
+    collection = request.path.rstrip("/").split("/api/v1/", 1)[1].split("/", 1)[0]
+    return collection, _LEVELS[collection]
+
+
+async def _list_level(request: web.Request, store: Store) -> Any:
+    collection, kind = _level(request)
+    parent = request.query.get(_PARENTS.get(collection, ""), "") or None
+    return await tenancy.list_level(store, kind, parent)
+
+
+async def _create_level(request: web.Request, store: Store) -> Any:
+    collection, kind = _level(request)
+    body = await _body(request, _NAME)
+    name = _text(body, "name", _NAME)
+    parent = _text(body, "parent", _NAME, required=collection in _PARENTS)
+    return await tenancy.create(store, kind, name, parent), 201
+
+
+async def _rename_level(request: web.Request, store: Store) -> Any:
+    _, kind = _level(request)
+    body = await _body(request, '{"name": "new name"}')
+    return await tenancy.rename(
+        store, kind, request.match_info["item"], _text(body, "name", '{"name": "new"}')
+    )
+
+
+async def _delete_level(request: web.Request, store: Store) -> Any:
+    _, kind = _level(request)
+    return await tenancy.delete(store, kind, request.match_info["item"])
+
+
+_MODELS = '{"models": ["llama-3-8b"]} or {"models": null} for any model'
+
+
+async def _set_models(request: web.Request, store: Store) -> Any:
+    body = await _body(request, _MODELS)
+    models = body.get("models", ...)
+    if models is not None and (
+        not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models)
+    ):
+        raise _BadBody(f"models must be a list of model names, or null: {_MODELS}")
+    return await tenancy.set_models(store, request.match_info["item"], models)
+
+
+# --- members ----------------------------------------------------------------------------------
+
+_MEMBER = '{"user": "ana@example.com"}'
+
+
+async def _members(request: web.Request, store: Store) -> Any:
+    return await tenancy.members(store, request.match_info["item"])
+
+
+async def _add_member(request: web.Request, store: Store) -> Any:
+    body = await _body(request, _MEMBER)
+    user = body.get("user")
+    if isinstance(user, int) and not isinstance(user, bool):
+        user = str(user)
+    if not isinstance(user, str) or not user.strip():
+        raise _BadBody(f"user must be the account's email or id: {_MEMBER}")
+    return await tenancy.add_member(store, request.match_info["item"], user)
+
+
+async def _remove_member(request: web.Request, store: Store) -> Any:
+    return await tenancy.remove_member(store, request.match_info["item"], request.match_info["user"])
+
+
+# --- quotas and prices ------------------------------------------------------------------------
+
+_QUOTA = '{"rpm": 60, "tpm": 100000, "budget": 10, "period": "month"}'
+_PRICE = '{"prompt_per_1k": 0.5, "completion_per_1k": 1.5}'
+
+
+async def _quotas(request: web.Request, store: Store) -> Any:
+    return await tenancy.quotas(store, request.config_dict.get(SPENT_KEY))
+
+
+async def _set_quota(request: web.Request, store: Store) -> Any:
+    body = await _body(request, _QUOTA)
+    period = body.get("period")
+    if period is not None and not isinstance(period, str):
+        raise _BadBody(f"period must be day, week, month or total: {_QUOTA}")
+    return await tenancy.set_quota(
+        store,
+        request.match_info["scope"],
+        rpm=_number(body, "rpm", int, _QUOTA),
+        tpm=_number(body, "tpm", int, _QUOTA),
+        budget=_number(body, "budget", float, _QUOTA),
+        period=period,
+        spent=request.config_dict.get(SPENT_KEY),
+    )
+
+
+async def _clear_quota(request: web.Request, store: Store) -> Any:
+    return await tenancy.clear_quota(store, request.match_info["scope"])
+
+
+async def _prices(request: web.Request, store: Store) -> Any:
+    catalog = request.config_dict[CATALOG_KEY]
+    return await tenancy.prices(store, request.config_dict[CONFIG_KEY], catalog.models())
+
+
+async def _set_price(request: web.Request, store: Store) -> Any:
+    body = await _body(request, _PRICE)
+    prompt = _number(body, "prompt_per_1k", float, _PRICE)
+    completion = _number(body, "completion_per_1k", float, _PRICE)
+    if not isinstance(prompt, float) or not isinstance(completion, float):
+        raise _BadBody(f"send both prices: {_PRICE}")
+    models = request.config_dict[CATALOG_KEY].models()
+    cfg = request.config_dict[CONFIG_KEY]
+    return await tenancy.set_price(store, cfg, models, request.match_info["model"], prompt, completion)
+
+
+async def _clear_price(request: web.Request, store: Store) -> Any:
+    models = request.config_dict[CATALOG_KEY].models()
+    cfg = request.config_dict[CONFIG_KEY]
+    return await tenancy.clear_price(store, cfg, models, request.match_info["model"])
+
+
+# --- routes and their document ----------------------------------------------------------------
+
+
+@attrs.frozen
+class Route:
+    method: str
+    path: str
+    handler: Callable[[web.Request, Store], Any]
+    operation: str
+    summary: str
+    # status -> (the reply's view, or a list of it; description)
+    replies: dict[int, tuple[Any, str]]
+    body: type | None = None
+    parameters: tuple[dict[str, Any], ...] = ()
+
+
+def _path(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string"},
+    }
+
+
+_ITEM = {
+    "orgs": _path("item", "The organisation's id or name."),
+    "teams": _path("item", "The team's id or name."),
+    "projects": _path("item", "The project's id or name."),
+}
+_SCOPE = _path("scope", "org:NAME, team:NAME, project:NAME (an id works for a name) or key:PREFIX.")
+_MODEL = _path("model", "The model's name; it may hold slashes.")
+_BAD = "What is wrong with the request, in a sentence."
+_MISSING = "Something it names does not exist."
+_TAKEN = "The name is taken, or something still belongs to it."
+
+
+def _level_routes(collection: str, view: type, what: str) -> list[Route]:
+    parent = _PARENTS.get(collection)
+    query = (
+        (
+            {
+                "name": parent,
+                "in": "query",
+                "description": f"Only those of this {parent} (id or name).",
+                "schema": {"type": "string"},
+            },
+        )
+        if parent
+        else ()
+    )
+    base = f"/api/v1/{collection}"
+    return [
+        Route(
+            "GET",
+            base,
+            _list_level,
+            f"list{what}s",
+            f"Every {what.lower()}.",
+            {200: ([view], f"The {what.lower()}s."), 404: (views.Error, _MISSING)},
+            parameters=query,
+        ),
+        Route(
+            "POST",
+            base,
+            _create_level,
+            f"create{what}",
+            f"Create a {what.lower()}.",
+            {
+                201: (view, "It was created."),
+                400: (views.Error, _BAD),
+                404: (views.Error, _MISSING),
+                409: (views.Error, _TAKEN),
+            },
+            body=tv.NameChange,
+        ),
+        Route(
+            "PATCH",
+            base + "/{item}",
+            _rename_level,
+            f"rename{what}",
+            f"Rename a {what.lower()}.",
+            {
+                200: (view, "Renamed."),
+                400: (views.Error, _BAD),
+                404: (views.Error, _MISSING),
+                409: (views.Error, _TAKEN),
+            },
+            body=tv.NameChange,
+            parameters=(_ITEM[collection],),
+        ),
+        Route(
+            "DELETE",
+            base + "/{item}",
+            _delete_level,
+            f"delete{what}",
+            f"Delete a {what.lower()} that holds nothing any more, with its limits and budget.",
+            {200: (tv.Deleted, "Deleted."), 404: (views.Error, _MISSING), 409: (views.Error, _TAKEN)},
+            parameters=(_ITEM[collection],),
+        ),
+    ]
+
+
+ROUTES: tuple[Route, ...] = (
+    *_level_routes("orgs", tv.Org, "Org"),
+    *_level_routes("teams", tv.Team, "Team"),
+    *_level_routes("projects", tv.Project, "Project"),
+    Route(
+        "PUT",
+        "/api/v1/projects/{item}/models",
+        _set_models,
+        "setProjectModels",
+        "Limit a project's keys to some models (null: any); each key's own list applies too.",
+        {200: (tv.Project, "The project."), 400: (views.Error, _BAD), 404: (views.Error, _MISSING)},
+        body=tv.ModelsChange,
+        parameters=(_ITEM["projects"],),
+    ),
+    Route(
+        "GET",
+        "/api/v1/projects/{item}/members",
+        _members,
+        "listMembers",
+        "The accounts in a project.",
+        {200: ([tv.Member], "Its members."), 404: (views.Error, _MISSING)},
+        parameters=(_ITEM["projects"],),
+    ),
+    Route(
+        "POST",
+        "/api/v1/projects/{item}/members",
+        _add_member,
+        "addMember",
+        "Put an account in the project (out of any other); a pending one is approved.",
+        {200: (tv.Member, "The account."), 400: (views.Error, _BAD), 404: (views.Error, _MISSING)},
+        body=tv.MemberChange,
+        parameters=(_ITEM["projects"],),
+    ),
+    Route(
+        "DELETE",
+        "/api/v1/projects/{item}/members/{user}",
+        _remove_member,
+        "removeMember",
+        "Take an account out of the project; it can create no keys until it joins another.",
+        {200: (tv.Member, "The account."), 400: (views.Error, _BAD), 404: (views.Error, _MISSING)},
+        parameters=(_ITEM["projects"], _path("user", "The account's id or email.")),
+    ),
+    Route(
+        "GET",
+        "/api/v1/quotas",
+        _quotas,
+        "listQuotas",
+        "Every scope with a limit or a budget.",
+        {200: ([tv.Quota], "Orgs, teams, projects, then keys.")},
+    ),
+    Route(
+        "PUT",
+        "/api/v1/quotas/{scope}",
+        _set_quota,
+        "setQuota",
+        "Change a scope's limits and budget: a field left out stays, null clears it; binds within a second.",
+        {200: (tv.Quota, "The scope's quota now."), 400: (views.Error, _BAD), 404: (views.Error, _MISSING)},
+        body=tv.QuotaChange,
+        parameters=(_SCOPE,),
+    ),
+    Route(
+        "DELETE",
+        "/api/v1/quotas/{scope}",
+        _clear_quota,
+        "clearQuota",
+        "Remove a scope's limits and budget.",
+        {
+            200: (tv.Quota, "The scope's quota now: none."),
+            400: (views.Error, _BAD),
+            404: (views.Error, _MISSING),
+        },
+        parameters=(_SCOPE,),
+    ),
+    Route(
+        "GET",
+        "/api/v1/prices",
+        _prices,
+        "listPrices",
+        "Every model's price, and where it comes from.",
+        {200: ([tv.Price], "By model.")},
+    ),
+    Route(
+        "PUT",
+        "/api/v1/prices/{model}",
+        _set_price,
+        "setPrice",
+        "Price a model, before server.yaml's prices; kept in the store, charged within a second.",
+        {200: (tv.Price, "The model's price now."), 400: (views.Error, _BAD)},
+        body=tv.PriceChange,
+        parameters=(_MODEL,),
+    ),
+    Route(
+        "DELETE",
+        "/api/v1/prices/{model}",
+        _clear_price,
+        "clearPrice",
+        "Forget the price set for a model; server.yaml's applies again.",
+        {200: (tv.Price, "The model's price now."), 404: (views.Error, _MISSING)},
+        parameters=(_MODEL,),
+    ),
+)
+
+
+def _schema(view: Any) -> dict[str, Any]:
+    if isinstance(view, list):
+        return {"type": "array", "items": ref(view[0])}
+    return ref(view)
+
+
+def paths() -> dict[str, Any]:
+    """The OpenAPI path items of these routes (control/openapi.py puts them in the document)."""
+    items: dict[str, Any] = {}
+    for route in ROUTES:
+        operation: dict[str, Any] = {
+            "operationId": route.operation,
+            "summary": route.summary,
+            "responses": {
+                str(status): {"description": text, "content": {"application/json": {"schema": _schema(view)}}}
+                for status, (view, text) in route.replies.items()
+            },
+        }
+        if route.parameters:
+            operation["parameters"] = list(route.parameters)
+        if route.body is not None:
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": ref(route.body)}},
+            }
+        items.setdefault(route.path, {})[route.method.lower()] = operation
+    return items
+
+
+def install(
+    app: web.Application,
+    store: Store,
+    spent: Callable[[Scope], float | None] | None,
+    *,
+    prefix: str = "",
+    guard: Callable[[Handler], Handler] | None = None,
+) -> None:
+    """Add the tenancy routes under prefix to app, each wrapped in guard (after adminapi.install)."""
+    app[STORE_KEY] = store
+    if spent is not None:
+        app[SPENT_KEY] = spent
+    for route in ROUTES:
+        # Model names may hold slashes (meta-llama/Llama-3.1-8B).
+        path = route.path.replace("{model}", "{model:.+}")
+        handler = _json_route("", route.handler)
+        app.router.add_route(route.method, prefix + path, guard(handler) if guard else handler)
