@@ -271,6 +271,8 @@ def _level_routes(collection: str, view: type, what: str) -> list[Route]:
         else ()
     )
     base = f"/api/v1/{collection}"
+    # Only a team or a project names something else (its parent) that may not exist.
+    missing = {404: (views.Error, _MISSING)} if parent else {}
     return [
         Route(
             "GET",
@@ -278,7 +280,7 @@ def _level_routes(collection: str, view: type, what: str) -> list[Route]:
             _list_level,
             f"list{what}s",
             f"Every {what.lower()}.",
-            {200: ([view], f"The {what.lower()}s."), 404: (views.Error, _MISSING)},
+            {200: ([view], f"The {what.lower()}s."), **missing},
             parameters=query,
         ),
         Route(
@@ -290,7 +292,7 @@ def _level_routes(collection: str, view: type, what: str) -> list[Route]:
             {
                 201: (view, "It was created."),
                 400: (views.Error, _BAD),
-                404: (views.Error, _MISSING),
+                **missing,
                 409: (views.Error, _TAKEN),
             },
             body=tv.NameChange,

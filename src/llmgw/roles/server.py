@@ -38,7 +38,8 @@ log = structlog.get_logger(__name__)
 
 # Revoking a key must take effect within a second.
 _KEY_REFRESH_S = 0.5
-# Limits and budgets edited on the quotas page bind within a second.
+# Limits, budgets, prices and the hierarchy, changed on a page, by a command or the admin API,
+# bind within a second.
 _QUOTA_REFRESH_S = 1.0
 
 
@@ -74,9 +75,12 @@ async def _refresh_keys(
             log.exception("could not refresh the key cache; keeping the previous one")
 
 
-async def _refresh_quotas(store: Store, quotas: Quotas) -> None:
+async def _refresh_quotas(
+    store: Store, quotas: Quotas, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+) -> None:
+    # `sleep` is a seam, as for the keys: a test proves the interval without waiting on a clock.
     while True:
-        await asyncio.sleep(_QUOTA_REFRESH_S)
+        await sleep(_QUOTA_REFRESH_S)
         try:
             await quotas.refresh(store)
         except Exception:
