@@ -30,11 +30,14 @@ Client = TestClient[web.Request, web.Application]
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[str]:
-    server = TestServer(make_sim_app(MODEL), host="127.0.0.1", port=0)
-    await server.start_server()
-    yield f"http://127.0.0.1:{server.port}"
-    await server.close()
+async def sims() -> AsyncIterator[dict[str, list[str]]]:
+    """A sim engine for each of the two models."""
+    servers = {name: TestServer(make_sim_app(name), host="127.0.0.1", port=0) for name in (MODEL, "other")}
+    for server in servers.values():
+        await server.start_server()
+    yield {name: [f"http://127.0.0.1:{server.port}"] for name, server in servers.items()}
+    for server in servers.values():
+        await server.close()
 
 
 class Rig:
@@ -66,7 +69,7 @@ class Rig:
 
 
 @pytest.fixture
-async def rig(store: Store, sim: str) -> AsyncIterator[Rig]:
+async def rig(store: Store, sims: dict[str, list[str]]) -> AsyncIterator[Rig]:
     cfg = ServerConfig(models=[ModelConfig(name=MODEL), ModelConfig(name="other")])
     keys, recorder = KeyCache(), UsageRecorder()
     quotas = Quotas(recorder)
@@ -74,7 +77,7 @@ async def rig(store: Store, sim: str) -> AsyncIterator[Rig]:
     app = make_gateway_app(
         cfg,
         catalog,
-        FakeReplicas(endpoints={MODEL: [sim], "other": [sim]}),
+        FakeReplicas(endpoints=sims),
         keys,
         Admission(cfg, catalog, quotas, recorder),
     )
@@ -105,3 +108,53 @@ async def test_two_projects_under_concurrent_load_each_get_exactly_their_own_lim
         if usage_key.status == 200:
             by_project[usage_key.project_id] += totals.requests
     assert by_project == {2: 7, 3: 11}
+
+
+class TestProjectModels:
+    async def test_a_project_limited_to_some_models_refuses_the_others_naming_the_project(
+        self, rig: Rig
+    ) -> None:
+        (key,) = await rig.project("web")
+        await tenancy.set_models(rig.store, "web", [MODEL])
+        await rig.reload()
+        assert (await rig.chat(key))[0] == 200
+        status, body = await rig.chat(key, "other")
+        assert status == 403
+        assert body["error"]["code"] == "model_not_allowed"
+        assert (
+            "project 'web' (team 'web-team', org 'web-org') allows only sim-chat" in body["error"]["message"]
+        )
+
+    async def test_a_keys_own_list_is_checked_against_its_projects(self, rig: Rig, store: Store) -> None:
+        await rig.project("web")
+        await tenancy.set_models(rig.store, "web", [MODEL])
+        key, _ = await create_key(store, "wide", project_id=2, models=[MODEL, "other"])
+        await rig.reload()
+        status, body = await rig.chat(key, "other")
+        assert status == 403 and "allows only sim-chat" in body["error"]["message"]
+        assert await rig.models(key) == [MODEL]
+
+    async def test_v1_models_lists_only_what_the_key_may_call(self, rig: Rig, store: Store) -> None:
+        (free,) = await rig.project("open")
+        (web,) = await rig.project("web")
+        narrow, _ = await create_key(store, "narrow", project_id=2, models=["other"])
+        await tenancy.set_models(rig.store, "web", ["other"])
+        await rig.reload()
+        assert await rig.models(free) == [MODEL, "other"]
+        assert await rig.models(web) == ["other"]
+        assert await rig.models(narrow) == ["other"]
+
+    async def test_a_project_allowed_no_models_lists_none_and_serves_none(self, rig: Rig) -> None:
+        (key,) = await rig.project("web")
+        await tenancy.set_models(rig.store, "web", [])
+        await rig.reload()
+        assert await rig.models(key) == []
+        assert (await rig.chat(key))[0] == 403
+
+    async def test_lifting_the_projects_list_lets_every_model_through_again(self, rig: Rig) -> None:
+        (key,) = await rig.project("web")
+        await tenancy.set_models(rig.store, "web", [MODEL])
+        await rig.reload()
+        await tenancy.set_models(rig.store, "web", None)
+        await rig.reload()
+        assert (await rig.chat(key, "other"))[0] == 200

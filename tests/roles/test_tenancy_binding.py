@@ -22,7 +22,6 @@ from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.store.prices import set_price
 
-
 BODY = {"model": "later", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
@@ -134,9 +133,8 @@ async def test_a_price_set_through_the_admin_api_binds_on_a_running_server(cfg: 
             url = server.gateway_url + "/v1/chat/completions"
             async with session.post(url, json=BODY, headers={"Authorization": f"Bearer {key}"}) as reply:
                 assert reply.status == 404
-            async with session.put(
-                server.admin_url + "/api/v1/prices/later", json={"prompt_per_1k": 100, "completion_per_1k": 100}
-            ) as reply:
+            price = {"prompt_per_1k": 100, "completion_per_1k": 100}
+            async with session.put(server.admin_url + "/api/v1/prices/later", json=price) as reply:
                 assert reply.status == 200
             message = await _refused(session, url, key)
     assert "the budget of project 'web' (team 'core', org 'acme') has too little left" in message

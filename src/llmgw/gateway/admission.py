@@ -21,10 +21,12 @@ from aiohttp import web
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
+from llmgw.gateway import access
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
+from llmgw.store.keys import KeyRecord
 from llmgw.store.quotas import Budget
 
 # A token is at least one byte of the text it stands for with every tokenizer
@@ -137,20 +139,16 @@ class Admission:
         self._reload()
         return self._limits.get(model, _DEFAULT_MAX_TOKENS)
 
+    def listed(self, names: list[str], key: KeyRecord | None) -> list[str]:
+        """What /v1/models shows key: the models it may call (gateway/access.py)."""
+        return access.listed(names, key, self._quotas.hierarchy)
+
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
         key = call.key
         if key is None:
             return await rest(call)
         model = call.model
-        if key.models is not None and model not in key.models:
-            allowed = ", ".join(key.models) or "none"
-            raise ApiError(
-                403,
-                f"the API key {key.prefix}… ({key.name}) may not use the model '{model}' "
-                f"(it may use: {allowed})",
-                code="model_not_allowed",
-                param="model",
-            )
+        access.check(key, self._quotas.hierarchy, model)
         started = time.perf_counter()
         admitted_at = time.time()
         limit = self._max_tokens(model)

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from aiohttp import web
 
 from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
+from llmgw.gateway import access
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
 from llmgw.gateway.errors import openai_errors
 from llmgw.gateway.pipeline import Call, Stage, compose, endpoint, read_request
 from llmgw.gateway.proxy import client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
+from llmgw.store.keys import KeyRecord
+from llmgw.store.scopes import Hierarchy
 
+_NO_PROJECTS = Hierarchy({}, {}, {})
 ROUTER_KEY = web.AppKey("llmgw.gateway.router", Router)
 KEYS_KEY = web.AppKey("llmgw.gateway.keys", KeyCache)
 
@@ -44,22 +49,36 @@ def make_gateway_app(
 
     auth: list[Stage] = [Authenticate(keys)] if cfg.auth.enabled else []
     admit: list[Stage] = [admission] if admission is not None and cfg.auth.enabled else []
+    # Which models a key may call: its list within its project's, known to admission; without admission
+    # (a gateway with no limits) the key's own list alone.
+    allowed_for: Callable[[list[str], KeyRecord], list[str]] = (
+        admission.listed
+        if admission is not None
+        else lambda names, key: access.listed(names, key, _NO_PROJECTS)
+    )
     completions = endpoint(compose([*auth, read_request, *admit, router], proxy))
     # Built once per catalog change, not per request: (the catalog's generation, the body).
     listed: list[tuple[int, bytes]] = []
 
+    def models_body(names: list[str]) -> bytes:
+        return json.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"} for name in names
+                ],
+            }
+        ).encode()
+
     async def list_models(call: Call) -> web.StreamResponse:
+        names = catalog.names()
+        if call.key is not None:
+            # Only what the key may call (its list, within its project's): a listed model is never a 403.
+            shown = allowed_for(names, call.key)
+            if len(shown) != len(names):
+                return web.Response(body=models_body(shown), content_type="application/json")
         if not listed or listed[0][0] != catalog.generation:
-            body = json.dumps(
-                {
-                    "object": "list",
-                    "data": [
-                        {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
-                        for name in catalog.names()
-                    ],
-                }
-            ).encode()
-            listed[:] = [(catalog.generation, body)]
+            listed[:] = [(catalog.generation, models_body(names))]
         return web.Response(body=listed[0][1], content_type="application/json")
 
     async def health(request: web.Request) -> web.StreamResponse:
