@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.control import tenancy_views, views
+from llmgw.control import tenancy_doc, tenancy_views, views
 from llmgw.control.nodelogs import ANSWER_TIMEOUT_S, DEFAULT_LINES, MAX_LINES
 from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES
 from llmgw.control.schema import components, ref
@@ -51,9 +51,6 @@ def _page(operation: str, summary: str, parameters: list[dict[str, Any]] | None 
 
 def document(version: str) -> dict[str, Any]:
     """The admin API's OpenAPI document."""
-    # Here, not at the top: the tenancy routes' module uses the admin API's, which imports this one.
-    from llmgw.control import tenancyapi
-
     return {
         "openapi": "3.1.0",
         "info": {
@@ -266,6 +263,6 @@ def document(version: str) -> dict[str, Any]:
                 }
             },
             # Organisations, teams, projects, members, quotas and prices.
-            **tenancyapi.paths(),
+            **tenancy_doc.paths(),
         },
     }

@@ -11,14 +11,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 from aiohttp import web
 
 from llmgw.catalog import CATALOG_KEY
-from llmgw.control import tenancy, views
-from llmgw.control import tenancy_views as tv
+from llmgw.control import tenancy, tenancy_doc
 from llmgw.control.adminapi import CONFIG_KEY, Handler, error, reply
-from llmgw.control.schema import ref
 from llmgw.errors import LlmgwError
 from llmgw.store import Store
 from llmgw.store.scopes import Scope, ScopeInUse, UnknownScope
@@ -28,7 +25,6 @@ STORE_KEY = web.AppKey("llmgw.admin.store", Store)
 SPENT_KEY: web.AppKey[Callable[[Scope], float | None]] = web.AppKey("llmgw.admin.spent")
 
 _LEVELS: dict[str, tenancy.Level] = {"orgs": "org", "teams": "team", "projects": "project"}
-_PARENTS = {"teams": "org", "projects": "team"}
 
 
 class _BadBody(Exception):
@@ -75,7 +71,7 @@ def _number(body: dict[str, Any], name: str, kind: type, example: str) -> Any:
     return kind(value)
 
 
-def _json_route(example: str, handler: Callable[[web.Request, Store], Any]) -> Handler:
+def _json_route(handler: Callable[[web.Request, Store], Any]) -> Handler:
     """handler's view as the reply; a bad body a 400, an error its status."""
 
     async def route(request: web.Request) -> web.StreamResponse:
@@ -105,7 +101,7 @@ def _level(request: web.Request) -> tuple[str, tenancy.Level]:
 
 async def _list_level(request: web.Request, store: Store) -> Any:
     collection, kind = _level(request)
-    parent = request.query.get(_PARENTS.get(collection, ""), "") or None
+    parent = request.query.get(tenancy_doc.PARENTS.get(collection, ""), "") or None
     return await tenancy.list_level(store, kind, parent)
 
 
@@ -113,7 +109,7 @@ async def _create_level(request: web.Request, store: Store) -> Any:
     collection, kind = _level(request)
     body = await _body(request, _NAME)
     name = _text(body, "name", _NAME)
-    parent = _text(body, "parent", _NAME, required=collection in _PARENTS)
+    parent = _text(body, "parent", _NAME, required=collection in tenancy_doc.PARENTS)
     return await tenancy.create(store, kind, name, parent), 201
 
 
@@ -218,242 +214,32 @@ async def _clear_price(request: web.Request, store: Store) -> Any:
     return await tenancy.clear_price(store, cfg, models, request.match_info["model"])
 
 
-# --- routes and their document ----------------------------------------------------------------
+# --- routes ---------------------------------------------------------------------------------
 
-
-@attrs.frozen
-class Route:
-    method: str
-    path: str
-    handler: Callable[[web.Request, Store], Any]
-    operation: str
-    summary: str
-    # status -> (the reply's view, or a list of it; description)
-    replies: dict[int, tuple[Any, str]]
-    body: type | None = None
-    parameters: tuple[dict[str, Any], ...] = ()
-
-
-def _path(name: str, description: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "in": "path",
-        "required": True,
-        "description": description,
-        "schema": {"type": "string"},
-    }
-
-
-_ITEM = {
-    "orgs": _path("item", "The organisation's id or name."),
-    "teams": _path("item", "The team's id or name."),
-    "projects": _path("item", "The project's id or name."),
-}
-_SCOPE = _path("scope", "org:NAME, team:NAME, project:NAME (an id works for a name) or key:PREFIX.")
-_MODEL = _path("model", "The model's name; it may hold slashes.")
-_BAD = "What is wrong with the request, in a sentence."
-_MISSING = "Something it names does not exist."
-_TAKEN = "The name is taken, or something still belongs to it."
-
-
-def _level_routes(collection: str, view: type, what: str) -> list[Route]:
-    parent = _PARENTS.get(collection)
-    query = (
-        (
-            {
-                "name": parent,
-                "in": "query",
-                "description": f"Only those of this {parent} (id or name).",
-                "schema": {"type": "string"},
-            },
+# The handler of each route tenancy_doc.ROUTES describes, by method and path.
+HANDLERS: dict[tuple[str, str], Callable[[web.Request, Store], Any]] = {
+    **{
+        (method, f"/api/v1/{collection}{tail}"): handler
+        for collection in ("orgs", "teams", "projects")
+        for method, tail, handler in (
+            ("GET", "", _list_level),
+            ("POST", "", _create_level),
+            ("PATCH", "/{item}", _rename_level),
+            ("DELETE", "/{item}", _delete_level),
         )
-        if parent
-        else ()
-    )
-    base = f"/api/v1/{collection}"
-    # Only a team or a project names something else (its parent) that may not exist.
-    missing = {404: (views.Error, _MISSING)} if parent else {}
-    return [
-        Route(
-            "GET",
-            base,
-            _list_level,
-            f"list{what}s",
-            f"Every {what.lower()}.",
-            {200: ([view], f"The {what.lower()}s."), **missing},
-            parameters=query,
-        ),
-        Route(
-            "POST",
-            base,
-            _create_level,
-            f"create{what}",
-            f"Create a {what.lower()}.",
-            {
-                201: (view, "It was created."),
-                400: (views.Error, _BAD),
-                **missing,
-                409: (views.Error, _TAKEN),
-            },
-            body=tv.NameChange,
-        ),
-        Route(
-            "PATCH",
-            base + "/{item}",
-            _rename_level,
-            f"rename{what}",
-            f"Rename a {what.lower()}.",
-            {
-                200: (view, "Renamed."),
-                400: (views.Error, _BAD),
-                404: (views.Error, _MISSING),
-                409: (views.Error, _TAKEN),
-            },
-            body=tv.NameChange,
-            parameters=(_ITEM[collection],),
-        ),
-        Route(
-            "DELETE",
-            base + "/{item}",
-            _delete_level,
-            f"delete{what}",
-            f"Delete a {what.lower()} that holds nothing any more, with its limits and budget.",
-            {200: (tv.Deleted, "Deleted."), 404: (views.Error, _MISSING), 409: (views.Error, _TAKEN)},
-            parameters=(_ITEM[collection],),
-        ),
-    ]
-
-
-ROUTES: tuple[Route, ...] = (
-    *_level_routes("orgs", tv.Org, "Org"),
-    *_level_routes("teams", tv.Team, "Team"),
-    *_level_routes("projects", tv.Project, "Project"),
-    Route(
-        "PUT",
-        "/api/v1/projects/{item}/models",
-        _set_models,
-        "setProjectModels",
-        "Limit a project's keys to some models (null: any); each key's own list applies too.",
-        {200: (tv.Project, "The project."), 400: (views.Error, _BAD), 404: (views.Error, _MISSING)},
-        body=tv.ModelsChange,
-        parameters=(_ITEM["projects"],),
-    ),
-    Route(
-        "GET",
-        "/api/v1/projects/{item}/members",
-        _members,
-        "listMembers",
-        "The accounts in a project.",
-        {200: ([tv.Member], "Its members."), 404: (views.Error, _MISSING)},
-        parameters=(_ITEM["projects"],),
-    ),
-    Route(
-        "POST",
-        "/api/v1/projects/{item}/members",
-        _add_member,
-        "addMember",
-        "Put an account in the project (out of any other); a pending one is approved.",
-        {200: (tv.Member, "The account."), 400: (views.Error, _BAD), 404: (views.Error, _MISSING)},
-        body=tv.MemberChange,
-        parameters=(_ITEM["projects"],),
-    ),
-    Route(
-        "DELETE",
-        "/api/v1/projects/{item}/members/{user}",
-        _remove_member,
-        "removeMember",
-        "Take an account out of the project; it can create no keys until it joins another.",
-        {200: (tv.Member, "The account."), 400: (views.Error, _BAD), 404: (views.Error, _MISSING)},
-        parameters=(_ITEM["projects"], _path("user", "The account's id or email.")),
-    ),
-    Route(
-        "GET",
-        "/api/v1/quotas",
-        _quotas,
-        "listQuotas",
-        "Every scope with a limit or a budget.",
-        {200: ([tv.Quota], "Orgs, teams, projects, then keys.")},
-    ),
-    Route(
-        "PUT",
-        "/api/v1/quotas/{scope}",
-        _set_quota,
-        "setQuota",
-        "Change a scope's limits and budget: a field left out stays, null clears it; binds within a second.",
-        {200: (tv.Quota, "The scope's quota now."), 400: (views.Error, _BAD), 404: (views.Error, _MISSING)},
-        body=tv.QuotaChange,
-        parameters=(_SCOPE,),
-    ),
-    Route(
-        "DELETE",
-        "/api/v1/quotas/{scope}",
-        _clear_quota,
-        "clearQuota",
-        "Remove a scope's limits and budget.",
-        {
-            200: (tv.Quota, "The scope's quota now: none."),
-            400: (views.Error, _BAD),
-            404: (views.Error, _MISSING),
-        },
-        parameters=(_SCOPE,),
-    ),
-    Route(
-        "GET",
-        "/api/v1/prices",
-        _prices,
-        "listPrices",
-        "Every model's price, and where it comes from.",
-        {200: ([tv.Price], "By model.")},
-    ),
-    Route(
-        "PUT",
-        "/api/v1/prices/{model}",
-        _set_price,
-        "setPrice",
-        "Price a model, before server.yaml's prices; kept in the store, charged within a second.",
-        {200: (tv.Price, "The model's price now."), 400: (views.Error, _BAD)},
-        body=tv.PriceChange,
-        parameters=(_MODEL,),
-    ),
-    Route(
-        "DELETE",
-        "/api/v1/prices/{model}",
-        _clear_price,
-        "clearPrice",
-        "Forget the price set for a model; server.yaml's applies again.",
-        {200: (tv.Price, "The model's price now."), 404: (views.Error, _MISSING)},
-        parameters=(_MODEL,),
-    ),
-)
-
-
-def _schema(view: Any) -> dict[str, Any]:
-    if isinstance(view, list):
-        return {"type": "array", "items": ref(view[0])}
-    return ref(view)
-
-
-def paths() -> dict[str, Any]:
-    """The OpenAPI path items of these routes (control/openapi.py puts them in the document)."""
-    items: dict[str, Any] = {}
-    for route in ROUTES:
-        operation: dict[str, Any] = {
-            "operationId": route.operation,
-            "summary": route.summary,
-            "responses": {
-                str(status): {"description": text, "content": {"application/json": {"schema": _schema(view)}}}
-                for status, (view, text) in route.replies.items()
-            },
-        }
-        if route.parameters:
-            operation["parameters"] = list(route.parameters)
-        if route.body is not None:
-            operation["requestBody"] = {
-                "required": True,
-                "content": {"application/json": {"schema": ref(route.body)}},
-            }
-        items.setdefault(route.path, {})[route.method.lower()] = operation
-    return items
+    },
+    ("PUT", "/api/v1/projects/{item}/models"): _set_models,
+    ("GET", "/api/v1/projects/{item}/members"): _members,
+    ("POST", "/api/v1/projects/{item}/members"): _add_member,
+    ("DELETE", "/api/v1/projects/{item}/members/{user}"): _remove_member,
+    ("GET", "/api/v1/quotas"): _quotas,
+    ("PUT", "/api/v1/quotas/{scope}"): _set_quota,
+    ("DELETE", "/api/v1/quotas/{scope}"): _clear_quota,
+    ("GET", "/api/v1/prices"): _prices,
+    ("PUT", "/api/v1/prices/{model}"): _set_price,
+    ("DELETE", "/api/v1/prices/{model}"): _clear_price,
+}
+ROUTES = tenancy_doc.ROUTES
 
 
 def install(
@@ -471,5 +257,5 @@ def install(
     for route in ROUTES:
         # Model names may hold slashes (meta-llama/Llama-3.1-8B).
         path = route.path.replace("{model}", "{model:.+}")
-        handler = _json_route("", route.handler)
+        handler = _json_route(HANDLERS[(route.method, route.path)])
         app.router.add_route(route.method, prefix + path, guard(handler) if guard else handler)
