@@ -18,6 +18,7 @@ from llmgw.control.inventory import Inventory
 from llmgw.control.openapi import document
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
+from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 from llmgw.store.users import create_user
 
 SIM = ModelConfig(name="sim-chat", profiles=[ProfileConfig(engine="sim")])
@@ -145,6 +146,35 @@ class TestQuotas:
             assert body["error"]
 
 
+class TestUsage:
+    async def test_usage_by_project_adds_up_every_key_and_model_of_the_range(
+        self, client: Client, store: Store
+    ) -> None:
+        rows = [
+            (UsageKey("2026-11-01", 1, 1, "a", 200), UsageTotals(2, 10, 5, 0.5, 1.0)),
+            (UsageKey("2026-11-02", 2, 1, "b", 500), UsageTotals(1, 3, 0, 0.0, 1.0)),
+            (UsageKey("2026-11-03", 1, 1, "a", 200), UsageTotals(4, 40, 40, 1.0, 1.0)),
+        ]
+        await add_usage(store, rows)
+        status, body = await _json(client, "GET", "/api/v1/usage?since=2026-11-01&until=2026-11-02")
+        assert status == 200
+        assert body == [
+            {
+                "by": "project",
+                "id": "1",
+                "name": "project 'default' (team 'default', org 'default')",
+                "requests": 3,
+                "errors": 1,
+                "prompt_tokens": 13,
+                "completion_tokens": 5,
+                "total_tokens": 18,
+                "cost": 0.5,
+            }
+        ]
+        status, body = await _json(client, "GET", "/api/v1/usage?by=week")
+        assert status == 400 and "by is 'week'; it is one of org, team, project, key, model" in body["error"]
+
+
 class TestPrices:
     async def test_a_price_set_comes_before_server_yaml_and_clearing_it_brings_that_back(
         self, client: Client
@@ -239,6 +269,10 @@ async def test_every_status_of_every_route_is_asked_and_its_reply_validates(
     await ask("GET", "/api/v1/prices", "/api/v1/prices")
     await ask("DELETE", price, "/api/v1/prices/sim-chat")
     await ask("DELETE", price, "/api/v1/prices/sim-chat")
+
+    await ask("GET", "/api/v1/usage", "/api/v1/usage?by=model&since=2026-01-01&until=2026-12-31")
+    await ask("GET", "/api/v1/usage", "/api/v1/usage?by=colour")
+    await ask("GET", "/api/v1/usage", "/api/v1/usage?since=yesterday")
 
     ours = {route.path for route in tenancyapi.ROUTES}
     documented = {

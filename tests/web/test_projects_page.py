@@ -1,10 +1,15 @@
-"""The projects page over HTTP: who may use it, what a refused change says, and that changes stick."""
+"""The projects page and the usage CSV over HTTP: who may use them, what a refusal says, what they hold."""
 
 from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 
 from llmgw.store.scopes import load_hierarchy
+from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 
 from .conftest import Site, login
 
@@ -60,3 +65,48 @@ class TestProjectsPage:
         reply = await client.post("/admin/projects/delete", data={"kind": "org", "id": "2", "csrf": csrf})
         assert reply.status == 200 and "Deleted." in await reply.text()
         assert [o.name for o in (await load_hierarchy(site.store)).orgs.values()] == ["default"]
+
+
+class TestUsageCsv:
+    async def test_the_usage_page_offers_a_csv_of_its_range_that_adds_up_to_the_store(
+        self, site: Site, client: aiohttp.ClientSession
+    ) -> None:
+        await site.user("root@example.com", admin=True)
+        await login(client, "root@example.com")
+        today = datetime.now(UTC).date()
+        await add_usage(
+            site.store,
+            [
+                (UsageKey(today.isoformat(), 1, 1, "sim-chat", 200), UsageTotals(3, 300, 120, 0.25, 30.0)),
+                (UsageKey(today.isoformat(), 1, 1, "other", 400), UsageTotals(1, 40, 0, 0.0, 9.0)),
+                (UsageKey("2000-01-01", 1, 1, "other", 200), UsageTotals(9, 9, 9, 9.0, 9.0)),
+            ],
+        )
+        page = await (await client.get("/admin/usage?days=7")).text()
+        assert 'action="/admin/usage.csv"' in page and "Download CSV" in page
+        since = today - timedelta(days=6)
+        reply = await client.get(f"/admin/usage.csv?by=model&since={since}&until={today}")
+        assert reply.status == 200 and reply.content_type == "text/csv"
+        assert reply.headers["Content-Disposition"] == (
+            f'attachment; filename="llmgw-usage-by-model-{since}-to-{today}.csv"'
+        )
+        rows = list(csv.DictReader(io.StringIO(await reply.text())))
+        assert [(r["name"], r["requests"], r["errors"], r["total_tokens"]) for r in rows] == [
+            ("other", "1", "1", "40"),
+            ("sim-chat", "3", "0", "420"),
+        ]
+
+    async def test_a_bad_grouping_is_a_page_that_says_so(
+        self, site: Site, client: aiohttp.ClientSession
+    ) -> None:
+        await site.user("root@example.com", admin=True)
+        await login(client, "root@example.com")
+        reply = await client.get("/admin/usage.csv?by=colour")
+        assert reply.status == 400 and "By is &#39;colour&#39;" in await reply.text()
+
+    async def test_only_an_administrator_downloads_it(
+        self, site: Site, client: aiohttp.ClientSession
+    ) -> None:
+        await site.user("ana@example.com")
+        await login(client, "ana@example.com")
+        assert (await client.get("/admin/usage.csv")).status == 403

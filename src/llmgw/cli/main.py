@@ -37,6 +37,9 @@ COMMANDS = {
     ),
     "server": LazyCommand("llmgw.cli.server_init:server", "Set up the machine the control plane runs on."),
     "teams": LazyCommand("llmgw.cli.hierarchy:teams", "The teams: create, rename, list, delete."),
+    "usage": LazyCommand(
+        "llmgw.cli.usage:usage", "What was used, added up by organisation, team, project, key or model."
+    ),
     "users": LazyCommand("llmgw.cli.users:users", "Accounts for the web pages (login, profile, /admin)."),
 }
 

@@ -9,9 +9,12 @@ a second wherever it was made.
 
 from __future__ import annotations
 
+import csv
 import enum
+import io
 import math
 from collections.abc import Callable, Sequence
+from datetime import date
 from typing import Final, Literal
 
 from llmgw.config import ModelConfig, ServerConfig
@@ -22,6 +25,7 @@ from llmgw.store import prices as stored_prices
 from llmgw.store.keys import list_keys
 from llmgw.store.quotas import PERIODS, clear_budget, list_budgets, list_limits, set_budget, set_limits
 from llmgw.store.scopes import Hierarchy, Scope, ScopeError, ScopeInUse, UnknownScope, load_hierarchy
+from llmgw.store.usage import UsageBy, usage_totals
 from llmgw.store.users import AccountError, User, approve_user, get_user, get_user_by_email, list_users
 
 Level = Literal["org", "team", "project"]
@@ -350,3 +354,72 @@ async def clear_price(store: Store, cfg: ServerConfig, models: Sequence[ModelCon
         )
     definition = next((m for m in models if m.name == model), None)
     return _price_view(cfg, model, definition, {})
+
+
+# --- usage ------------------------------------------------------------------------------------
+
+
+async def usage(
+    store: Store, by: UsageBy = "project", since: date | None = None, until: date | None = None
+) -> list[tv.UsageRow]:
+    """The store's usage added up by org, team, project, key or model, from since to until (inclusive)."""
+    if since is not None and until is not None and since > until:
+        raise ScopeError(f"--since {since} is after --until {until}: nothing is between them")
+    hierarchy = await load_hierarchy(store)
+    keys = {k.id: k for k in await list_keys(store)} if by == "key" else {}
+
+    def name(group: int | str | None) -> str:
+        if group is None:
+            return "projects deleted since"
+        if by == "model":
+            return str(group)
+        if by == "key":
+            key = keys.get(int(group))
+            if key is None:
+                return "no key (auth disabled)" if group == 0 else f"key {group}"
+            return f"key '{key.name}' ({key.prefix}…)"
+        return hierarchy.name(Scope(by, int(group)))
+
+    return [
+        tv.UsageRow(
+            by=by,
+            id="" if total.group is None else str(total.group),
+            name=name(total.group),
+            requests=total.requests,
+            errors=total.errors,
+            prompt_tokens=total.prompt_tokens,
+            completion_tokens=total.completion_tokens,
+            total_tokens=total.prompt_tokens + total.completion_tokens,
+            cost=total.cost,
+        )
+        for total in await usage_totals(store, by, since, until)
+    ]
+
+
+USAGE_COLUMNS = (
+    "by",
+    "id",
+    "name",
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "cost",
+)
+
+
+def _cell(value: object) -> str:
+    text = str(value)
+    # A name a spreadsheet would run as a formula (=HYPERLINK(…), +cmd…) is kept as text.
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def usage_csv(rows: Sequence[tv.UsageRow]) -> str:
+    """The rows as CSV, a header first; a cell that starts like a formula starts with ' instead."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(USAGE_COLUMNS)
+    for row in rows:
+        writer.writerow([_cell(getattr(row, column)) for column in USAGE_COLUMNS])
+    return out.getvalue()

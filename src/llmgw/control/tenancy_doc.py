@@ -206,6 +206,36 @@ ROUTES: tuple[Route, ...] = (
         {200: (tv.Price, "The model's price now."), 404: (views.Error, _MISSING)},
         parameters=(_MODEL,),
     ),
+    Route(
+        "GET",
+        "/api/v1/usage",
+        "usage",
+        "What was used, added up by org, team, project, key or model; the store's totals to the token.",
+        {200: ([tv.UsageRow], "A row per group, in order of id or name."), 400: (views.Error, _BAD)},
+        parameters=(
+            {
+                "name": "by",
+                "in": "query",
+                "schema": {
+                    "type": "string",
+                    "enum": ["org", "team", "project", "key", "model"],
+                    "default": "project",
+                },
+            },
+            {
+                "name": "since",
+                "in": "query",
+                "description": "The first day, YYYY-MM-DD (UTC).",
+                "schema": {"type": "string", "format": "date"},
+            },
+            {
+                "name": "until",
+                "in": "query",
+                "description": "The last day, YYYY-MM-DD (UTC).",
+                "schema": {"type": "string", "format": "date"},
+            },
+        ),
+    ),
 )
 
 

@@ -15,6 +15,7 @@ Period = Literal["day", "week", "month", "total"]
 # Where a model's price comes from, first to last: `llmgw prices set`, the model's own definition,
 # server.yaml's `pricing`, its `default_price`; "none" when nothing prices it.
 PriceSource = Literal["set", "model", "pricing", "default", "none"]
+UsageBy = Literal["org", "team", "project", "key", "model"]
 
 
 @attrs.frozen
@@ -130,6 +131,26 @@ class ModelsChange:
     models: list[str] | None = attrs.field(metadata={"doc": "The only models allowed; null: any model."})
 
 
+@attrs.frozen
+class UsageRow:
+    """What one org, team, project, key or model used in the range asked for."""
+
+    by: UsageBy
+    id: str = attrs.field(
+        metadata={
+            "doc": "The org's, team's, project's or key's id, or the model's name; empty for usage "
+            "of a project deleted since."
+        }
+    )
+    name: str
+    requests: int
+    errors: int = attrs.field(metadata={"doc": "Requests answered with a status of 400 or more."})
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cost: float
+
+
 SHAPES: tuple[type, ...] = (
     Org,
     Team,
@@ -143,4 +164,5 @@ SHAPES: tuple[type, ...] = (
     NameChange,
     MemberChange,
     ModelsChange,
+    UsageRow,
 )

@@ -8,7 +8,8 @@ Names are accepted wherever ids are. Changes are JSON bodies; what was changed i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import date
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +20,7 @@ from llmgw.control.adminapi import CONFIG_KEY, Handler, error, reply
 from llmgw.errors import LlmgwError
 from llmgw.store import Store
 from llmgw.store.scopes import Scope, ScopeInUse, UnknownScope
+from llmgw.store.usage import USAGE_BY, UsageBy
 
 STORE_KEY = web.AppKey("llmgw.admin.store", Store)
 # What the running gateway counts as spent of a scope's budget; absent without a gateway.
@@ -27,8 +29,8 @@ SPENT_KEY: web.AppKey[Callable[[Scope], float | None]] = web.AppKey("llmgw.admin
 _LEVELS: dict[str, tenancy.Level] = {"orgs": "org", "teams": "team", "projects": "project"}
 
 
-class _BadBody(Exception):
-    pass
+class BadQuery(Exception):
+    """A body or query string that is not what the route takes, in a sentence."""
 
 
 def _failed(exc: LlmgwError) -> web.Response:
@@ -43,16 +45,16 @@ async def _body(request: web.Request, example: str) -> dict[str, Any]:
     try:
         body = await request.json()
     except ValueError:
-        raise _BadBody(f"the body is not JSON; send {example}") from None
+        raise BadQuery(f"the body is not JSON; send {example}") from None
     if not isinstance(body, dict):
-        raise _BadBody(f"the body must be a JSON object: {example}")
+        raise BadQuery(f"the body must be a JSON object: {example}")
     return body
 
 
 def _text(body: dict[str, Any], name: str, example: str, required: bool = True) -> str:
     value = body.get(name, "")
     if not isinstance(value, str) or (required and not value.strip()):
-        raise _BadBody(f"{name} must be a non-empty string: {example}")
+        raise BadQuery(f"{name} must be a non-empty string: {example}")
     return value
 
 
@@ -65,9 +67,9 @@ def _number(body: dict[str, Any], name: str, kind: type, example: str) -> Any:
         return None
     whole = isinstance(value, int) and not isinstance(value, bool)
     if (kind is int and not whole) or (kind is float and not (whole or isinstance(value, float))):
-        raise _BadBody(f"{name} must be {'a whole number' if kind is int else 'a number'} or null: {example}")
+        raise BadQuery(f"{name} must be {'a whole number' if kind is int else 'a number'} or null: {example}")
     if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
-        raise _BadBody(f"{name} is {value}; it must be 0 or more")
+        raise BadQuery(f"{name} is {value}; it must be 0 or more")
     return kind(value)
 
 
@@ -77,7 +79,7 @@ def _json_route(handler: Callable[[web.Request, Store], Any]) -> Handler:
     async def route(request: web.Request) -> web.StreamResponse:
         try:
             result = await handler(request, request.config_dict[STORE_KEY])
-        except _BadBody as exc:
+        except BadQuery as exc:
             return error(400, str(exc))
         except LlmgwError as exc:
             return _failed(exc)
@@ -135,7 +137,7 @@ async def _set_models(request: web.Request, store: Store) -> Any:
     if models is not None and (
         not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models)
     ):
-        raise _BadBody(f"models must be a list of model names, or null: {_MODELS}")
+        raise BadQuery(f"models must be a list of model names, or null: {_MODELS}")
     return await tenancy.set_models(store, request.match_info["item"], models)
 
 
@@ -154,7 +156,7 @@ async def _add_member(request: web.Request, store: Store) -> Any:
     if isinstance(user, int) and not isinstance(user, bool):
         user = str(user)
     if not isinstance(user, str) or not user.strip():
-        raise _BadBody(f"user must be the account's email or id: {_MEMBER}")
+        raise BadQuery(f"user must be the account's email or id: {_MEMBER}")
     return await tenancy.add_member(store, request.match_info["item"], user)
 
 
@@ -176,7 +178,7 @@ async def _set_quota(request: web.Request, store: Store) -> Any:
     body = await _body(request, _QUOTA)
     period = body.get("period")
     if period is not None and not isinstance(period, str):
-        raise _BadBody(f"period must be day, week, month or total: {_QUOTA}")
+        raise BadQuery(f"period must be day, week, month or total: {_QUOTA}")
     return await tenancy.set_quota(
         store,
         request.match_info["scope"],
@@ -202,7 +204,7 @@ async def _set_price(request: web.Request, store: Store) -> Any:
     prompt = _number(body, "prompt_per_1k", float, _PRICE)
     completion = _number(body, "completion_per_1k", float, _PRICE)
     if not isinstance(prompt, float) or not isinstance(completion, float):
-        raise _BadBody(f"send both prices: {_PRICE}")
+        raise BadQuery(f"send both prices: {_PRICE}")
     models = request.config_dict[CATALOG_KEY].models()
     cfg = request.config_dict[CONFIG_KEY]
     return await tenancy.set_price(store, cfg, models, request.match_info["model"], prompt, completion)
@@ -212,6 +214,25 @@ async def _clear_price(request: web.Request, store: Store) -> Any:
     models = request.config_dict[CATALOG_KEY].models()
     cfg = request.config_dict[CONFIG_KEY]
     return await tenancy.clear_price(store, cfg, models, request.match_info["model"])
+
+
+def usage_query(query: Mapping[str, str]) -> tuple[UsageBy, date | None, date | None]:
+    """by, since and until from a query string, or BadQuery saying which is wrong."""
+    by = query.get("by", "") or "project"
+    if by not in USAGE_BY:
+        raise BadQuery(f"by is '{by}'; it is one of {', '.join(USAGE_BY)}")
+    days: list[date | None] = []
+    for name in ("since", "until"):
+        text = query.get(name, "")
+        try:
+            days.append(date.fromisoformat(text) if text else None)
+        except ValueError:
+            raise BadQuery(f"{name} is '{text}'; write a day as YYYY-MM-DD") from None
+    return by, days[0], days[1]
+
+
+async def _usage(request: web.Request, store: Store) -> Any:
+    return await tenancy.usage(store, *usage_query(request.query))
 
 
 # --- routes ---------------------------------------------------------------------------------
@@ -238,6 +259,7 @@ HANDLERS: dict[tuple[str, str], Callable[[web.Request, Store], Any]] = {
     ("GET", "/api/v1/prices"): _prices,
     ("PUT", "/api/v1/prices/{model}"): _set_price,
     ("DELETE", "/api/v1/prices/{model}"): _clear_price,
+    ("GET", "/api/v1/usage"): _usage,
 }
 ROUTES = tenancy_doc.ROUTES
 

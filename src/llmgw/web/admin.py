@@ -10,6 +10,8 @@ import attrs
 from aiohttp import web
 
 from llmgw.catalog import CATALOG_KEY
+from llmgw.control import tenancy
+from llmgw.control.tenancyapi import BadQuery, usage_query
 from llmgw.store.keys import list_keys
 from llmgw.store.prices import list_prices
 from llmgw.store.quotas import (
@@ -24,7 +26,7 @@ from llmgw.store.quotas import (
 )
 from llmgw.store.scopes import Scope, ScopeError, load_hierarchy
 from llmgw.store.sessions import end_user_sessions
-from llmgw.store.usage import usage_by_day
+from llmgw.store.usage import USAGE_BY, usage_by_day
 from llmgw.store.users import AccountError, approve_user, disable_user, get_user, list_users, promote_user
 from llmgw.web.chart import Series, colour, stacked_bars
 from llmgw.web.context import WEB_KEY
@@ -279,6 +281,7 @@ async def usage_page(request: web.Request) -> web.StreamResponse:
     return await render(
         request,
         "admin_usage.html",
+        usage_by=USAGE_BY,
         chart=chart,
         projects=projects,
         rows=list(reversed(rows)),
@@ -286,4 +289,23 @@ async def usage_page(request: web.Request) -> web.StreamResponse:
         days=days_back,
         since=since,
         today=today,
+    )
+
+
+@require_admin
+async def usage_csv(request: web.Request) -> web.StreamResponse:
+    """The usage page's range, added up by org, team, project, key or model, as a CSV file."""
+    ctx = request.config_dict[WEB_KEY]
+    try:
+        by, since, until = usage_query(request.query)
+        rows = await tenancy.usage(ctx.store, by, since, until)
+    except (BadQuery, ScopeError) as exc:
+        return await render(
+            request, "message.html", status=400, title="Cannot export", message=_sentence(str(exc))
+        )
+    name = f"llmgw-usage-by-{by}-{since or 'start'}-to-{until or 'now'}.csv"
+    return web.Response(
+        text=tenancy.usage_csv(rows),
+        content_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )

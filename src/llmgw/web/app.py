@@ -63,6 +63,7 @@ def mount_pages(app: web.Application, ctx: WebContext) -> None:
     routes.add_get("/admin/quotas", admin.quotas_page)
     routes.add_post("/admin/quotas", admin.save_quota)
     routes.add_get("/admin/usage", admin.usage_page)
+    routes.add_get("/admin/usage.csv", admin.usage_csv)
     add_admin_links(
         app,
         AdminLink("/admin/users", "Users"),
