@@ -118,6 +118,7 @@ class Admission:
         self._generation = (-1, -1)
         self._prices: dict[str, PriceConfig | None] = {}
         self._limits: dict[str, int] = {}
+        self._embeddings: frozenset[str] = frozenset()
 
     def _reload(self) -> None:
         generation = (self._catalog.generation, self._quotas.prices_generation)
@@ -126,6 +127,7 @@ class Admission:
             stored = self._quotas.prices
             self._prices = {m.name: price_of(self._cfg, m.name, m, stored) for m in models}
             self._limits = {m.name: m.max_tokens for m in models}
+            self._embeddings = frozenset(m.name for m in models if m.kind == "embeddings")
             self._generation = generation
 
     def _price(self, model: str) -> PriceConfig | None:
@@ -153,8 +155,10 @@ class Admission:
         admitted_at = time.time()
         limit = self._max_tokens(model)
         payload = call.payload
-        asked = _asked(payload, _MAX_NAMES[0]) or _asked(payload, _MAX_NAMES[1])
-        completion = (asked or limit) * _choices(payload)
+        # An embeddings model generates nothing: its request costs its input alone, and is sent as it came.
+        embeddings = model in self._embeddings
+        asked = None if embeddings else _asked(payload, _MAX_NAMES[0]) or _asked(payload, _MAX_NAMES[1])
+        completion = 0 if embeddings else (asked or limit) * _choices(payload)
         if completion > limit:
             raise ApiError(
                 400,
@@ -173,7 +177,7 @@ class Admission:
             )
             raise
         changes: dict[str, Any] = {}
-        if asked is None:
+        if asked is None and not embeddings:
             # The engine's own default may be far longer (to the end of its context): it must stop
             # where the reservation does.
             changes["max_tokens"] = limit

@@ -1,9 +1,11 @@
-"""The client-facing aiohttp application: /health, /v1/models and the proxied OpenAI routes."""
+"""The client-facing aiohttp application: /health, /v1/models and the proxied OpenAI routes
+(chat and text completions, embeddings)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Literal
 
 from aiohttp import web
 
@@ -12,8 +14,8 @@ from llmgw.config import ServerConfig
 from llmgw.gateway import access
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
-from llmgw.gateway.errors import openai_errors
-from llmgw.gateway.pipeline import Call, Stage, compose, endpoint, read_request
+from llmgw.gateway.errors import ApiError, openai_errors
+from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
 from llmgw.gateway.proxy import client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
 from llmgw.store.keys import KeyRecord
@@ -56,7 +58,10 @@ def make_gateway_app(
         if admission is not None
         else lambda names, key: access.listed(names, key, _NO_PROJECTS)
     )
-    completions = endpoint(compose([*auth, read_request, *admit, router], proxy))
+    completions = endpoint(compose([*auth, read_request, _serves("chat", catalog), *admit, router], proxy))
+    embeddings = endpoint(
+        compose([*auth, read_request, _serves("embeddings", catalog), *admit, router], proxy)
+    )
     # Built once per catalog change, not per request: (the catalog's generation, the body).
     listed: list[tuple[int, bytes]] = []
 
@@ -88,4 +93,29 @@ def make_gateway_app(
     app.router.add_get("/v1/models", endpoint(compose(auth, list_models)))
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     return app
+
+
+_ROUTES = {"chat": "/v1/chat/completions or /v1/completions", "embeddings": "/v1/embeddings"}
+
+
+def _serves(kind: Literal["chat", "embeddings"], catalog: Catalog) -> Stage:
+    """The stage that refuses, with 400 and before anything is counted, a model of the other kind."""
+
+    async def check(call: Call, rest: Handler) -> web.StreamResponse:
+        definition = catalog.get(call.model)
+        # A model the catalog does not have is the router's to refuse (404, naming those it has).
+        if definition is not None and definition.kind != kind:
+            others = [m.name for m in catalog.models() if m.kind == kind]
+            instead = f"; the models that serve {kind} are {', '.join(others)}" if others else ""
+            raise ApiError(
+                400,
+                f"{call.model} serves {definition.kind}, not {kind}: send it to {_ROUTES[definition.kind]}"
+                + instead,
+                code="wrong_model_kind",
+                param="model",
+            )
+        return await rest(call)
+
+    return check
