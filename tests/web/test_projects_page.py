@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import aiohttp
 
+from llmgw.control import tenancy
+from llmgw.store.keys import list_keys
 from llmgw.store.scopes import load_hierarchy
 from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 
@@ -110,3 +112,23 @@ class TestUsageCsv:
         await site.user("ana@example.com")
         await login(client, "ana@example.com")
         assert (await client.get("/admin/usage.csv")).status == 403
+
+
+class TestMembersMakeKeys:
+    async def test_a_person_added_to_a_project_creates_keys_for_it_on_their_profile(
+        self, site: Site, client: aiohttp.ClientSession
+    ) -> None:
+        await tenancy.create(site.store, "org", "acme")
+        await tenancy.create(site.store, "team", "core", "acme")
+        project = await tenancy.create(site.store, "project", "web", "core")
+        await site.user("ana@example.com", status="pending")
+        await tenancy.add_member(site.store, "web", "ana@example.com")
+        csrf = await login(client, "ana@example.com")
+        reply = await client.post("/profile/keys", data={"name": "laptop", "csrf": csrf})
+        assert reply.status == 200 and "sk-llmgw-" in await reply.text()
+        (key,) = [k for k in await list_keys(site.store) if k.name == "laptop"]
+        assert key.project_id == project.id
+        # Taken out of the project, they create no more.
+        await tenancy.remove_member(site.store, "web", "ana@example.com")
+        reply = await client.post("/profile/keys", data={"name": "phone", "csrf": csrf})
+        assert reply.status == 403

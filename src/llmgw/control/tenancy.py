@@ -13,7 +13,7 @@ import csv
 import enum
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import date
 from typing import Final, Literal
 
@@ -22,11 +22,28 @@ from llmgw.control import tenancy_views as tv
 from llmgw.gateway.admission import price_of
 from llmgw.store import Store, scopes
 from llmgw.store import prices as stored_prices
-from llmgw.store.keys import list_keys
-from llmgw.store.quotas import PERIODS, clear_budget, list_budgets, list_limits, set_budget, set_limits
+from llmgw.store.keys import KeyRecord, list_keys
+from llmgw.store.quotas import (
+    PERIODS,
+    Budget,
+    Limits,
+    clear_budget,
+    list_budgets,
+    list_limits,
+    set_budget,
+    set_limits,
+)
 from llmgw.store.scopes import Hierarchy, Scope, ScopeError, ScopeInUse, UnknownScope, load_hierarchy
 from llmgw.store.usage import UsageBy, usage_totals
-from llmgw.store.users import AccountError, User, approve_user, get_user, get_user_by_email, list_users
+from llmgw.store.users import (
+    AccountError,
+    User,
+    approve_user,
+    get_user,
+    get_user_by_email,
+    leave_project,
+    list_users,
+)
 
 Level = Literal["org", "team", "project"]
 Spent = Callable[[Scope], float | None]
@@ -50,18 +67,22 @@ def _id(hierarchy: Hierarchy, kind: Level, text: str) -> int:
     return hierarchy.project_id(text)
 
 
+_SCOPE_TEXT: dict[str, Level | None] = {"org": "org", "team": "team", "project": "project", "key": None}
+
+
 async def find_scope(store: Store, text: str) -> tuple[Scope, str]:
     """The scope `org:NAME`, `team:NAME`, `project:NAME` (or :ID) or `key:PREFIX` names, and its name."""
     kind, _, name = text.strip().partition(":")
     name = name.strip()
-    if kind not in ("org", "team", "project", "key") or not name:
+    if kind not in _SCOPE_TEXT or not name:
         raise ScopeError(
             f"'{text}' is not a scope: write org:NAME, team:NAME, project:NAME (an id works for a name) "
             "or key:PREFIX"
         )
     hierarchy = await load_hierarchy(store)
-    if kind != "key":
-        scope = Scope(kind, _id(hierarchy, kind, name))  # type: ignore[arg-type]
+    level = _SCOPE_TEXT[kind]
+    if level is not None:
+        scope = Scope(level, _id(hierarchy, level, name))
         return scope, hierarchy.name(scope)
     # Pasted from `llmgw keys list`, a prefix may carry its ellipsis.
     prefix = name.rstrip("…")
@@ -208,9 +229,7 @@ async def remove_member(store: Store, project: str, user: str) -> tv.Member:
     found = await _user(store, user)
     if found.project_id != project_id:
         raise AccountError(f"{found.email} is not a member of {hierarchy.name(Scope('project', project_id))}")
-    async with store.transaction() as db:
-        await db.execute("UPDATE users SET project_id = NULL WHERE id = ?", (found.id,))
-    return member_view(await _user(store, str(found.id)))
+    return member_view(await leave_project(store, found.id))
 
 
 # --- quotas -----------------------------------------------------------------------------------
@@ -222,14 +241,17 @@ async def quotas(store: Store, spent: Spent | None = None) -> list[tv.Quota]:
     budgets = {item.scope: item for item in await list_budgets(store)}
     order = {"org": 0, "team": 1, "project": 2, "key": 3}
     found = sorted({*limits, *budgets}, key=lambda s: (order[s.kind], s.id))
-    return [await _quota(store, scope, spent) for scope in found]
+    hierarchy = await load_hierarchy(store)
+    keys = {k.id: k for k in await list_keys(store)}
+    return [
+        _quota_view(scope, _named(scope, hierarchy, keys), limits.get(scope), budgets.get(scope), spent)
+        for scope in found
+    ]
 
 
-async def _quota(store: Store, scope: Scope, spent: Spent | None, name: str | None = None) -> tv.Quota:
-    limits = next((item for item in await list_limits(store) if item.scope == scope), None)
-    budget = next((item for item in await list_budgets(store) if item.scope == scope), None)
-    if name is None:
-        name = await _scope_name(store, scope)
+def _quota_view(
+    scope: Scope, name: str, limits: Limits | None, budget: Budget | None, spent: Spent | None
+) -> tv.Quota:
     return tv.Quota(
         scope=str(scope),
         name=name,
@@ -241,10 +263,16 @@ async def _quota(store: Store, scope: Scope, spent: Spent | None, name: str | No
     )
 
 
-async def _scope_name(store: Store, scope: Scope) -> str:
+async def _quota(store: Store, scope: Scope, spent: Spent | None, name: str) -> tv.Quota:
+    limits = next((item for item in await list_limits(store) if item.scope == scope), None)
+    budget = next((item for item in await list_budgets(store) if item.scope == scope), None)
+    return _quota_view(scope, name, limits, budget, spent)
+
+
+def _named(scope: Scope, hierarchy: Hierarchy, keys: Mapping[int, KeyRecord]) -> str:
     if scope.kind != "key":
-        return (await load_hierarchy(store)).name(scope)
-    key = next((k for k in await list_keys(store) if k.id == scope.id), None)
+        return hierarchy.name(scope)
+    key = keys.get(scope.id)
     return f"key '{key.name}' ({key.prefix}…)" if key is not None else f"key {scope.id}"
 
 
