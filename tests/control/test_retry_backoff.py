@@ -55,7 +55,8 @@ async def test_a_crashed_engine_is_not_started_again_on_its_node_before_the_back
             await eventually(lambda: reconciler.passes >= passes + 20, within_s=30)
             assert inventory.replicas("sim-chat") == []
             assert inventory.why_no_ready("sim-chat").endswith(
-                "(node n1 is backing off after 1 failure (next try in 0 s): sim was killed by SIGKILL after serving)"
+                "(node n1 is backing off after 1 failure (next try in 0 s): "
+                "sim was killed by SIGKILL after serving)"
             )
             now[0] += 0.1
             await eventually(lambda: inventory.ready_endpoints("sim-chat"), within_s=30)

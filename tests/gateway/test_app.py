@@ -231,9 +231,9 @@ class TestRefusals:
         assert says in error["message"] and error["type"] == "invalid_request_error"
 
     async def test_an_unknown_path_is_an_openai_shaped_404(self, gateway: Gateway) -> None:
-        resp = await gateway.client.post("/v1/embeddings", json={"model": MODEL}, headers=gateway.auth)
+        resp = await gateway.client.post("/v1/audio/speech", json={"model": MODEL}, headers=gateway.auth)
         assert resp.status == 404
-        assert "/v1/embeddings" in _error(await resp.json())["message"]
+        assert "/v1/audio/speech" in _error(await resp.json())["message"]
 
 
 class TestCatalogAndHealth:

@@ -12,6 +12,7 @@ import pytest
 from llmgw.gateway import access
 from llmgw.gateway.errors import ApiError
 from llmgw.store.keys import KeyRecord, create_key
+from llmgw.store.scopes import Hierarchy
 
 if TYPE_CHECKING:
     from conftest import Gateway, GatewayFactory
@@ -118,15 +119,16 @@ def _key(models: tuple[str, ...] | None) -> KeyRecord:
 
 class TestOneAnswer:
     def test_a_key_without_a_list_may_call_any_model_and_one_with_a_list_only_those(self) -> None:
-        assert access.may_call(None, "x")
-        assert access.may_call(_key(None), "x")
-        assert access.may_call(_key(("x",)), "x")
-        assert not access.may_call(_key(("x",)), "y")
-        assert not access.may_call(_key(()), "x")
+        none = Hierarchy({}, {}, {})
+        assert access.listed(["x"], None, none) == ["x"]
+        assert access.may_call(_key(None), none, "x")
+        assert access.may_call(_key(("x",)), none, "x")
+        assert not access.may_call(_key(("x",)), none, "y")
+        assert not access.may_call(_key(()), none, "x")
 
     def test_the_refusal_names_the_key_and_what_it_may_use(self) -> None:
         with pytest.raises(ApiError) as refused:
-            access.check(_key(("x",)), "y")
+            access.check(_key(("x",)), Hierarchy({}, {}, {}), "y")
         assert refused.value.status == 403
         assert (
             refused.value.message

@@ -235,6 +235,7 @@ class TestOnTheClientPort:
             assert await nav_links(browser, "/admin/cluster") == [
                 ("/profile", "Profile"),
                 ("/admin/users", "Users"),
+                ("/admin/projects", "Projects"),
                 ("/admin/quotas", "Quotas"),
                 ("/admin/usage", "Usage"),
                 ("/admin/cluster", "Cluster"),
@@ -270,6 +271,10 @@ class TestOnTheClientPort:
                 "replicas",
                 "explain-placement?model=sim-chat",
                 "openapi.json",
+                "orgs",
+                "projects/default/members",
+                "quotas",
+                "prices",
             ):
                 async with browser.get(f"/admin/api/v1/{path}") as reply:
                     assert reply.status == 200, path

@@ -369,6 +369,7 @@ class TestAdmin:
         assert nav == [
             ("/profile", "Profile"),
             ("/admin/users", "Users"),
+            ("/admin/projects", "Projects"),
             ("/admin/quotas", "Quotas"),
             ("/admin/usage", "Usage"),
         ]

@@ -17,7 +17,6 @@ import asyncio
 import json
 import secrets
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote, urlencode
@@ -37,6 +36,7 @@ from llmgw.cli.exit import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
+from llmgw.cli.table import echo_table
 from llmgw.config import ServerConfig
 from llmgw.control import views
 from llmgw.control.adminapi import hash_token
@@ -158,12 +158,6 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    for row in [list(headers), *rows]:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-
-
 def _cells(values: list[str] | None) -> str:
     return ",".join(values) if values else DASH
 
@@ -252,7 +246,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
         click.echo("no node has registered yet", err=True)
         return
     rows = [node_row(view) for view in _read(data, list[views.Node])]
-    _table(
+    echo_table(
         [
             "NODE",
             "STATE",
@@ -303,7 +297,7 @@ def models(ctx: click.Context, as_json: bool) -> None:
     if not data:
         click.echo("the catalog is empty: add models under `models:` in server.yaml", err=True)
         return
-    _table(
+    echo_table(
         ["MODEL", "READY", "ENGINES", "WHY NOT READY"],
         [
             [m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), m.why_not_ready or ""]
@@ -333,7 +327,7 @@ def replicas(ctx: click.Context, model: str | None, everything: bool, as_json: b
     if not data:
         click.echo("no replica yet", err=True)
         return
-    _table(
+    echo_table(
         ["REPLICA", "MODEL", "NODE", "STATE", "SINCE", "ENDPOINT OR DETAIL"],
         [
             [r.shard_id, r.model, r.node, r.state, ago(r.since_s), r.endpoint or r.detail]
@@ -372,7 +366,7 @@ def explain(ctx: click.Context, model: str, as_json: bool) -> None:
     if not placement.candidates:
         click.echo("no node has registered yet", err=True)
     else:
-        _table(
+        echo_table(
             ["PROFILE", "NODE", "CANDIDATE", "WHY"],
             [[c.profile, c.node, "yes" if c.candidate else "no", c.reason] for c in placement.candidates],
         )

@@ -27,7 +27,19 @@ COMMANDS = {
         "llmgw.cli.ctl:ctl", "The cluster from a shell: nodes, models, replicas, placement and a node's logs."
     ),
     "keys": LazyCommand("llmgw.cli.keys:keys", "API keys for the gateway's /v1 routes."),
+    "orgs": LazyCommand("llmgw.cli.hierarchy:orgs", "The organisations: create, rename, list, delete."),
+    "prices": LazyCommand("llmgw.cli.prices:prices", "What each model costs, kept in the store."),
+    "projects": LazyCommand(
+        "llmgw.cli.hierarchy:projects", "The projects: create, rename, list, delete, members, models."
+    ),
+    "quotas": LazyCommand(
+        "llmgw.cli.quotas:quotas", "Rate limits and budgets of organisations, teams, projects and keys."
+    ),
     "server": LazyCommand("llmgw.cli.server_init:server", "Set up the machine the control plane runs on."),
+    "teams": LazyCommand("llmgw.cli.hierarchy:teams", "The teams: create, rename, list, delete."),
+    "usage": LazyCommand(
+        "llmgw.cli.usage:usage", "What was used, added up by organisation, team, project, key or model."
+    ),
     "users": LazyCommand("llmgw.cli.users:users", "Accounts for the web pages (login, profile, /admin)."),
 }
 

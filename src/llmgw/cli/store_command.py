@@ -34,12 +34,17 @@ def server_config_option(what: str) -> Callable[[Any], Any]:
 
 def with_store(config_path: Path, action: Callable[[Store], Awaitable[T]]) -> T:
     """Run action on the store that config_path names; a bad config, store or request ends the command."""
+    return with_config(config_path, lambda _, store: action(store))
+
+
+def with_config(config_path: Path, action: Callable[[ServerConfig, Store], Awaitable[T]]) -> T:
+    """with_store, for an action that needs the configuration too (its models and prices)."""
     try:
-        database = config.load(ServerConfig, config_path).database_path
+        cfg = config.load(ServerConfig, config_path)
 
         async def run() -> T:
-            async with open_store(database) as store:
-                return await action(store)
+            async with open_store(cfg.database_path) as store:
+                return await action(cfg, store)
 
         return asyncio.run(run())
     except ConfigError as exc:

@@ -116,6 +116,13 @@ class ModelConfig:
         "This model's price (`prompt_per_1k`, `completion_per_1k`); before server.yaml's `pricing` entry "
         "and `default_price`. How a model added with `llmgw ctl model add` carries its price.",
     )
+    kind: Literal["chat", "embeddings"] = _field(
+        "chat",
+        "What the model serves: `chat` (/v1/chat/completions and /v1/completions) or `embeddings` "
+        "(/v1/embeddings). An embeddings model's engine starts in its embedding mode (llama-server "
+        "`--embeddings`, vLLM `--runner pooling`, SGLang `--is-embedding`; the sim engine serves both), and "
+        "a request for the other kind is refused with 400 saying what the model serves.",
+    )
     max_tokens: int = _field(
         4096,
         "The most completion tokens one request for this model may ask for (`max_tokens` or "

@@ -23,7 +23,7 @@ from aiohttp import web
 
 import llmgw
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
-from llmgw.config import ModelConfig, ServerConfig
+from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.control import views
 from llmgw.control.engine_metrics import ScrapeError, scrape
 from llmgw.control.explain import explain_placement
@@ -43,6 +43,8 @@ BACKOFF_KEY: web.AppKey[Callable[[], Mapping[tuple[str, str], Backoff]]] = web.A
 # The budgets the gateway enforces now, when the server runs one (roles/server.py): a model added
 # with no price while any is set is said to escape them, in the answer to the one who added it.
 BUDGETS_KEY: web.AppKey[Callable[[], Sequence[Budget]]] = web.AppKey("llmgw.admin.budgets")
+# The prices set with `llmgw prices set`, as the gateway last loaded them: they count as prices.
+PRICES_KEY: web.AppKey[Callable[[], Mapping[str, PriceConfig]]] = web.AppKey("llmgw.admin.prices")
 
 
 # --- views ------------------------------------------------------------------------------------
@@ -259,7 +261,9 @@ def _unpriced(request: web.Request, model: ModelConfig) -> str | None:
     budgets = request.config_dict.get(BUDGETS_KEY)
     if budgets is None or not budgets():
         return None
-    if price_of(request.config_dict[CONFIG_KEY], model.name, model) is not None:
+    prices = request.config_dict.get(PRICES_KEY)
+    stored = prices() if prices is not None else None
+    if price_of(request.config_dict[CONFIG_KEY], model.name, model, stored) is not None:
         return None
     return unpriced_sentence([model.name])
 

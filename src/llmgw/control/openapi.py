@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.control import views
+from llmgw.control import tenancy_doc, tenancy_views, views
 from llmgw.control.nodelogs import ANSWER_TIMEOUT_S, DEFAULT_LINES, MAX_LINES
 from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES
 from llmgw.control.schema import components, ref
@@ -60,7 +60,7 @@ def document(version: str) -> dict[str, Any]:
             "/admin on the client port, where it needs an admin token (`admin_tokens`) or session.",
         },
         "components": {
-            "schemas": components(views.SHAPES),
+            "schemas": components((*views.SHAPES, *tenancy_views.SHAPES)),
             "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
         },
         "paths": {
@@ -265,5 +265,7 @@ def document(version: str) -> dict[str, Any]:
                     "responses": {"200": {"description": "The OpenAPI document."}},
                 }
             },
+            # Organisations, teams, projects, members, quotas and prices.
+            **tenancy_doc.paths(),
         },
     }

@@ -18,10 +18,11 @@ import structlog
 
 from llmgw.backoff import ExponentialBackoff
 from llmgw.catalog import Catalog
-from llmgw.config import ModelConfig, ServerConfig
+from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.failures import Failure
 from llmgw.control.inventory import DRAINING, READY, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.placement import Backoff, Scheduler
+from llmgw.engines.registry import ENGINES
 from llmgw.names import shard_stem
 from llmgw.proto.llmgw import v1 as pb
 
@@ -165,7 +166,7 @@ class Reconciler:
                 shard_id=f"{replica_id}-{number}" if multi else replica_id,
                 model=model.name,
                 engine=profile.engine,
-                args=list(profile.args),
+                args=shard_args(model, profile),
                 env=dict(profile.env),
                 profile=profile.name,
                 source=model.source,
@@ -287,3 +288,14 @@ def master_address(node: Node) -> str:
         return node.advertise_address
     host = node.address.rpartition(":")[0]
     return host.strip("[]")
+
+
+def shard_args(model: ModelConfig, profile: ProfileConfig) -> list[str]:
+    """The profile's arguments, after those that make its engine serve embeddings when the model does."""
+    engine = ENGINES.get(profile.engine)
+    if model.kind != "embeddings" or engine is None or not engine.embedding_args:
+        return list(profile.args)
+    if engine.embedding_args[0] in profile.args:
+        # The profile says it itself (`--runner pooling --convert embed`): twice would be refused.
+        return list(profile.args)
+    return [*engine.embedding_args, *profile.args]

@@ -43,6 +43,9 @@ class Engine(Protocol):
     name: str
     health_path: str
     metrics_path: str
+    # Arguments that make the engine serve /v1/embeddings (a model of kind `embeddings`), before the
+    # profile's own.
+    embedding_args: tuple[str, ...]
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""

@@ -28,6 +28,7 @@ class LlamaCppEngine:
     name = "llamacpp"
     health_path = "/health"
     metrics_path = "/metrics"
+    embedding_args: tuple[str, ...] = ("--embeddings",)
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The llama-server argv for spec; a LlmgwError when spec has no model file to serve."""

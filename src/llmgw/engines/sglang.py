@@ -18,6 +18,7 @@ class SglangEngine:
     name = "sglang"
     health_path = "/health"
     metrics_path = "/metrics"
+    embedding_args: tuple[str, ...] = ("--is-embedding",)
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The launch_server argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""

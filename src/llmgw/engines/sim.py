@@ -19,6 +19,7 @@ class SimEngine:
     name = "sim"
     health_path = "/health"
     metrics_path = "/metrics"
+    embedding_args: tuple[str, ...] = ()
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The sim's argv for spec; spec.args (e.g. --ttft-ms 50) come last."""

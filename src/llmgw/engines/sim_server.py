@@ -24,6 +24,12 @@ What it says, so tests can rely on it:
   ``data: [DONE]``: no choices, the usage of the whole request. The other
   chunks are the same bytes as without it (no ``"usage":null``), as vLLM and
   llama-server send them.
+- /v1/embeddings answers every input (a string, a list of strings, a list of
+  token ids or a list of such lists) with a unit vector of ``EMBEDDING_DIM``
+  numbers drawn from the input's SHAKE-256 digest: the same input always gets
+  the same vector, another input another one. ``prompt_tokens`` counts the
+  inputs' tokens as above (a token id is one); ``encoding_format: "base64"``
+  sends each vector as little-endian float32, as OpenAI does.
 - With LLMGW_ENGINE_API_KEY set, every path but /health wants
   ``Authorization: Bearer <that secret>`` and answers 401 otherwise, as
   llama-server does with its --api-key.
@@ -33,11 +39,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import hmac
 import itertools
 import json
+import math
 import os
 import re
+import struct
 import sys
 import time
 from collections.abc import Iterator
@@ -53,6 +63,7 @@ from llmgw import __version__
 API_KEY_ENV = "LLMGW_ENGINE_API_KEY"
 
 DEFAULT_MAX_TOKENS = 16
+EMBEDDING_DIM = 64
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _DONE = "data: [DONE]\n\n"
@@ -182,6 +193,39 @@ def _parse_completion(body: dict[str, Any]) -> _Request:
     return _Request(prompt_tokens, words, _max_tokens(body, ("max_tokens",)), body)
 
 
+def embedding(item: str | list[int]) -> list[float]:
+    """The sim's vector for one input: EMBEDDING_DIM numbers from its digest, scaled to length 1."""
+    data = item.encode() if isinstance(item, str) else json.dumps(item).encode()
+    raw = hashlib.shake_256(data).digest(2 * EMBEDDING_DIM)
+    values = [v - 32767.5 for v in struct.unpack(f"<{EMBEDDING_DIM}H", raw)]
+    norm = math.sqrt(sum(v * v for v in values))
+    return [v / norm for v in values]
+
+
+def _inputs(body: dict[str, Any]) -> list[str | list[int]]:
+    """The request's inputs, one per vector; a _BadRequest for anything else."""
+    value: Any = body.get("input")
+
+    def tokens(item: Any) -> bool:
+        return (
+            isinstance(item, list)
+            and bool(item)
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+        )
+
+    if isinstance(value, str) and value:
+        return [value]
+    if tokens(value):
+        return [value]
+    if isinstance(value, list) and value and all((isinstance(v, str) and v) or tokens(v) for v in value):
+        return list(value)
+    raise _BadRequest(
+        400,
+        "input must be a non-empty string, a list of them, a list of token ids or a list of such lists",
+        param="input",
+    )
+
+
 class _SimServer:
     """The handlers and metrics of one sim app."""
 
@@ -304,6 +348,32 @@ class _SimServer:
         finally:
             self.in_flight.dec()
 
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._body(request)
+            inputs = _inputs(body)
+            encoding = body.get("encoding_format", "float")
+            if encoding not in ("float", "base64"):
+                raise _BadRequest(400, "encoding_format must be float or base64", param="encoding_format")
+        except _BadRequest as e:
+            return _error_response(e)
+        count = sum(len(_tokens(i)) if isinstance(i, str) else len(i) for i in inputs)
+        self.prompt_tokens.inc(count)
+        data = []
+        for index, item in enumerate(inputs):
+            vector: list[float] | str = embedding(item)
+            if encoding == "base64":
+                packed = struct.pack(f"<{EMBEDDING_DIM}f", *vector)
+                vector = base64.b64encode(packed).decode()
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        reply = {
+            "object": "list",
+            "data": data,
+            "model": self.model,
+            "usage": {"prompt_tokens": count, "total_tokens": count},
+        }
+        return web.Response(body=json.dumps(reply), content_type="application/json")
+
     def _count(self, parsed: _Request) -> None:
         self.prompt_tokens.inc(parsed.prompt_tokens)
         self.completion_tokens.inc(len(parsed.reply))
@@ -395,6 +465,7 @@ def make_sim_app(
     app.router.add_get("/v1/models", sim.models)
     app.router.add_post("/v1/chat/completions", sim.chat)
     app.router.add_post("/v1/completions", sim.completions)
+    app.router.add_post("/v1/embeddings", sim.embeddings)
     app.router.add_get("/metrics", sim.metrics)
     return app
 

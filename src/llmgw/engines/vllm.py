@@ -21,6 +21,7 @@ class VllmEngine:
     name = "vllm"
     health_path = "/health"
     metrics_path = "/metrics"
+    embedding_args: tuple[str, ...] = ("--runner", "pooling")
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The `vllm serve` argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""

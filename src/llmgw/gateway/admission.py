@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -26,7 +26,9 @@ from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
+from llmgw.store.keys import KeyRecord
 from llmgw.store.quotas import Budget
+from llmgw.store.scopes import Hierarchy
 
 # A token is at least one byte of the text it stands for with every tokenizer
 # the engines use (byte-level BPE, SentencePiece with byte fallback), so the
@@ -40,9 +42,16 @@ _MAX_NAMES = ("max_completion_tokens", "max_tokens")
 _DEFAULT_MAX_TOKENS = ModelConfig().max_tokens
 
 
-def price_of(cfg: ServerConfig, model: str, definition: ModelConfig | None = None) -> PriceConfig | None:
-    """The model's price: its definition's `pricing`, its `pricing` entry, else `default_price` unless
-    that is zero; None: no price."""
+def price_of(
+    cfg: ServerConfig,
+    model: str,
+    definition: ModelConfig | None = None,
+    stored: Mapping[str, PriceConfig] | None = None,
+) -> PriceConfig | None:
+    """The model's price: one set with `llmgw prices set` (stored), its definition's `pricing`, its
+    `pricing` entry, else `default_price` unless that is zero; None: no price."""
+    if stored is not None and model in stored:
+        return stored[model]
     if definition is not None and definition.pricing is not None:
         return definition.pricing
     price = cfg.pricing.get(model)
@@ -60,7 +69,12 @@ def cost(price: PriceConfig | None, prompt_tokens: int, completion_tokens: int) 
     return (prompt_tokens * price.prompt_per_1k + completion_tokens * price.completion_per_1k) / 1000
 
 
-def budget_warnings(cfg: ServerConfig, budgets: Sequence[Budget], models: Sequence[ModelConfig]) -> list[str]:
+def budget_warnings(
+    cfg: ServerConfig,
+    budgets: Sequence[Budget],
+    models: Sequence[ModelConfig],
+    stored: Mapping[str, PriceConfig] | None = None,
+) -> list[str]:
     """A sentence for every model of models (the live catalog's) no price applies to, when budgets are set.
 
     Logged at start; the quotas page shows them too.
@@ -68,13 +82,16 @@ def budget_warnings(cfg: ServerConfig, budgets: Sequence[Budget], models: Sequen
     if not budgets:
         return []
     return [
-        f"budgets are set but no price applies to {name}: they never bind" for name in unpriced(cfg, models)
+        f"budgets are set but no price applies to {name}: they never bind"
+        for name in unpriced(cfg, models, stored)
     ]
 
 
-def unpriced(cfg: ServerConfig, models: Sequence[ModelConfig]) -> list[str]:
-    """The names of the models no price applies to: a budget never binds on what they serve."""
-    return [model.name for model in models if price_of(cfg, model.name, model) is None]
+def unpriced(
+    cfg: ServerConfig, models: Sequence[ModelConfig], stored: Mapping[str, PriceConfig] | None = None
+) -> list[str]:
+    """The names of the models no price applies to (stored prices count): budgets never bind on them."""
+    return [model.name for model in models if price_of(cfg, model.name, model, stored) is None]
 
 
 def unpriced_sentence(names: Sequence[str]) -> str:
@@ -116,38 +133,55 @@ class Admission:
         self._recorder = recorder
         # The live catalog: a model added with ctl brings its own price.
         self._catalog = catalog
-        self._generation = -1
+        self._generation = (-1, -1)
         self._prices: dict[str, PriceConfig | None] = {}
         self._limits: dict[str, int] = {}
+        self._embeddings: frozenset[str] = frozenset()
 
     def _reload(self) -> None:
-        if self._generation != self._catalog.generation:
+        generation = (self._catalog.generation, self._quotas.prices_generation)
+        if self._generation != generation:
             models = self._catalog.models()
-            self._prices = {m.name: price_of(self._cfg, m.name, m) for m in models}
+            stored = self._quotas.prices
+            self._prices = {m.name: price_of(self._cfg, m.name, m, stored) for m in models}
             self._limits = {m.name: m.max_tokens for m in models}
-            self._generation = self._catalog.generation
+            self._embeddings = frozenset(m.name for m in models if m.kind == "embeddings")
+            self._generation = generation
 
     def _price(self, model: str) -> PriceConfig | None:
         self._reload()
-        return self._prices[model] if model in self._prices else price_of(self._cfg, model)
+        if model in self._prices:
+            return self._prices[model]
+        return price_of(self._cfg, model, stored=self._quotas.prices)
 
     def _max_tokens(self, model: str) -> int:
         """The model's `max_tokens`; a model not in the catalog (the router refuses it) the default's."""
         self._reload()
         return self._limits.get(model, _DEFAULT_MAX_TOKENS)
 
+    @property
+    def hierarchy(self) -> Hierarchy:
+        """The organisations, teams and projects as last loaded: a project's model list lives here."""
+        return self._quotas.hierarchy
+
+    def listed(self, names: list[str], key: KeyRecord | None) -> list[str]:
+        """What /v1/models shows key: the models it may call (gateway/access.py)."""
+        return access.listed(names, key, self._quotas.hierarchy)
+
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
         key = call.key
         if key is None:
             return await rest(call)
         model = call.model
-        access.check(key, model)
+        access.check(key, self._quotas.hierarchy, model)
         started = time.perf_counter()
         admitted_at = time.time()
         limit = self._max_tokens(model)
         payload = call.payload
-        asked = _asked(payload, _MAX_NAMES[0]) or _asked(payload, _MAX_NAMES[1])
-        completion = (asked or limit) * _choices(payload)
+        # An embeddings model generates nothing: its request costs its input alone, and is sent as it came.
+        embeddings = model in self._embeddings
+        asked = None if embeddings else _asked(payload, _MAX_NAMES[0]) or _asked(payload, _MAX_NAMES[1])
+        completion = 0 if embeddings else (asked or limit) * _choices(payload)
         if completion > limit:
             raise ApiError(
                 400,
@@ -166,7 +200,7 @@ class Admission:
             )
             raise
         changes: dict[str, Any] = {}
-        if asked is None:
+        if asked is None and not embeddings:
             # The engine's own default may be far longer (to the end of its context): it must stop
             # where the reservation does.
             changes["max_tokens"] = limit

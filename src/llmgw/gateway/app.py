@@ -1,6 +1,10 @@
-"""The client-facing aiohttp application: /health, /v1/models and the proxied OpenAI routes."""
+"""The client-facing aiohttp application: /health, /v1/models and the proxied OpenAI routes
+(chat and text completions, embeddings)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
 
 from aiohttp import web
 
@@ -10,10 +14,13 @@ from llmgw.gateway import access
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
 from llmgw.gateway.errors import ApiError, openai_errors
-from llmgw.gateway.pipeline import Call, Stage, compose, endpoint, read_request
+from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
 from llmgw.gateway.proxy import client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
+from llmgw.store.keys import KeyRecord
+from llmgw.store.scopes import Hierarchy
 
+_NO_PROJECTS = Hierarchy({}, {}, {})
 ROUTER_KEY = web.AppKey("llmgw.gateway.router", Router)
 KEYS_KEY = web.AppKey("llmgw.gateway.keys", KeyCache)
 
@@ -48,7 +55,17 @@ def make_gateway_app(
 
     auth: list[Stage] = [Authenticate(keys)] if cfg.auth.enabled else []
     admit: list[Stage] = [admission] if admission is not None and cfg.auth.enabled else []
-    completions = endpoint(compose([*auth, read_request, *admit, router], proxy))
+    # Which models a key may call: its list within its project's, known to admission; without admission
+    # (a gateway with no limits) the key's own list alone.
+    allowed_for: Callable[[list[str], KeyRecord], list[str]] = (
+        admission.listed
+        if admission is not None
+        else lambda names, key: access.listed(names, key, _NO_PROJECTS)
+    )
+    completions = endpoint(compose([*auth, read_request, _serves("chat", catalog), *admit, router], proxy))
+    embeddings = endpoint(
+        compose([*auth, read_request, _serves("embeddings", catalog), *admit, router], proxy)
+    )
     # Built once per catalog change, not per request: (the catalog's generation, every model's entry).
     listed: list[tuple[int, dict[str, dict[str, object]]]] = []
 
@@ -59,9 +76,11 @@ def make_gateway_app(
         return listed[0][1]
 
     async def list_models(call: Call) -> web.StreamResponse:
-        # Only what the key may call: a client picking from the list must not pick a 403.
-        data = [entry for name, entry in entries().items() if access.may_call(call.key, name)]
-        return web.json_response({"object": "list", "data": data})
+        by_name = entries()
+        names = list(by_name)
+        # Only what the key may call (its list, within its project's): a listed model is never a 403.
+        shown = names if call.key is None else allowed_for(names, call.key)
+        return web.json_response({"object": "list", "data": [by_name[name] for name in shown]})
 
     async def get_model(call: Call) -> web.StreamResponse:
         # The openai client's models.retrieve(); the id is one path segment, org%2Fmodel for org/model,
@@ -75,7 +94,8 @@ def make_gateway_app(
                 code="model_not_found",
                 param="model",
             )
-        access.check(call.key, name)
+        if call.key is not None:
+            access.check(call.key, admission.hierarchy if admission is not None else _NO_PROJECTS, name)
         return web.json_response(entry)
 
     async def health(request: web.Request) -> web.StreamResponse:
@@ -87,4 +107,29 @@ def make_gateway_app(
     app.router.add_get("/v1/models/{id:.+}", endpoint(compose(auth, get_model)))
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     return app
+
+
+_ROUTES = {"chat": "/v1/chat/completions or /v1/completions", "embeddings": "/v1/embeddings"}
+
+
+def _serves(kind: Literal["chat", "embeddings"], catalog: Catalog) -> Stage:
+    """The stage that refuses, with 400 and before anything is counted, a model of the other kind."""
+
+    async def check(call: Call, rest: Handler) -> web.StreamResponse:
+        definition = catalog.get(call.model)
+        # A model the catalog does not have is the router's to refuse (404, naming those it has).
+        if definition is not None and definition.kind != kind:
+            others = [m.name for m in catalog.models() if m.kind == kind]
+            instead = f"; the models that serve {kind} are {', '.join(others)}" if others else ""
+            raise ApiError(
+                400,
+                f"{call.model} serves {definition.kind}, not {kind}: send it to {_ROUTES[definition.kind]}"
+                + instead,
+                code="wrong_model_kind",
+                param="model",
+            )
+        return await rest(call)
+
+    return check

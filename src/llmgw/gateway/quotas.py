@@ -18,16 +18,18 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 
 import attrs
 
+from llmgw.config import PriceConfig
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.journal import Entry
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store.db import Store
 from llmgw.store.keys import KeyRecord
+from llmgw.store.prices import list_prices
 from llmgw.store.quotas import Budget, Limits, Period, list_budgets, list_limits
 from llmgw.store.scopes import Chain, Hierarchy, Scope, load_hierarchy
 from llmgw.store.usage import cost_by_day
@@ -149,10 +151,18 @@ class Quotas:
         self._budgets: dict[Scope, _BudgetState] = {}
         self._windows: dict[Scope, _Window] = {}
         self._chains: dict[int, tuple[Scope, ...]] = {}
+        # Prices set with `llmgw prices set`, by model; reloaded with the limits, so they bind as fast.
+        self._prices: Mapping[str, PriceConfig] = {}
+        self.prices_generation = 0
 
     @property
     def hierarchy(self) -> Hierarchy:
         return self._hierarchy
+
+    @property
+    def prices(self) -> Mapping[str, PriceConfig]:
+        """The prices the store holds, which come before server.yaml's; prices_generation counts changes."""
+        return self._prices
 
     @property
     def budgets(self) -> list[Budget]:
@@ -166,8 +176,20 @@ class Quotas:
         state.roll(time.time())
         return state.spent
 
-    def replace(self, hierarchy: Hierarchy, limits: Sequence[Limits], budgets: Sequence[Budget]) -> None:
-        """Swap in what the store holds; windows, spending and reservations carry over."""
+    def replace(
+        self,
+        hierarchy: Hierarchy,
+        limits: Sequence[Limits],
+        budgets: Sequence[Budget],
+        prices: Mapping[str, PriceConfig] | None = None,
+    ) -> None:
+        """Swap in what the store holds; windows, spending and reservations carry over.
+
+        prices None: the prices stay as they were.
+        """
+        if prices is not None and prices != self._prices:
+            self._prices = dict(prices)
+            self.prices_generation += 1
         self._hierarchy = hierarchy
         self._chains = {pid: hierarchy.chain(pid).scopes for pid in hierarchy.projects}
         self._limits = {lim.scope: (lim.rpm, lim.tpm) for lim in limits}
@@ -185,6 +207,7 @@ class Quotas:
         hierarchy = await load_hierarchy(store)
         limits = await list_limits(store)
         budgets = await list_budgets(store)
+        prices = {p.model: p.price for p in await list_prices(store)}
         now = time.time()
         starts = {b.scope: _period(b.period, now)[0] for b in budgets}
         spent = dict.fromkeys(starts, 0.0)
@@ -202,7 +225,7 @@ class Quotas:
             for scope in chain:
                 if scope in starts and day >= starts[scope]:
                     spent[scope] += cost
-        self.replace(hierarchy, limits, budgets)
+        self.replace(hierarchy, limits, budgets, prices)
         # Nothing awaited since the rows were read: every settlement since is in them.
         for scope, state in self._budgets.items():
             state.starts, state.ends_at = _period(state.period, now)

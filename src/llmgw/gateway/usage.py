@@ -52,6 +52,9 @@ def find_usage(data: bytes | bytearray) -> tuple[int, int] | None:
             continue
         if isinstance(value, dict):
             prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
+            if isinstance(prompt, int) and completion is None and "total_tokens" in value:
+                # An embeddings reply: prompt and total tokens only, nothing generated.
+                completion = 0
             if isinstance(prompt, int) and isinstance(completion, int):
                 return prompt, completion
     return None

@@ -20,7 +20,7 @@ from aiohttp import web
 from llmgw import bound
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
-from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY
+from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, PRICES_KEY
 from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
@@ -41,7 +41,8 @@ log = structlog.get_logger(__name__)
 
 # Revoking a key must take effect within a second.
 _KEY_REFRESH_S = 0.5
-# Limits and budgets edited on the quotas page bind within a second.
+# Limits, budgets, prices and the hierarchy, changed on a page, by a command or the admin API,
+# bind within a second.
 _QUOTA_REFRESH_S = 1.0
 
 
@@ -77,9 +78,12 @@ async def _refresh_keys(
             log.exception("could not refresh the key cache; keeping the previous one")
 
 
-async def _refresh_quotas(store: Store, quotas: Quotas) -> None:
+async def _refresh_quotas(
+    store: Store, quotas: Quotas, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+) -> None:
+    # `sleep` is a seam, as for the keys: a test proves the interval without waiting on a clock.
     while True:
-        await asyncio.sleep(_QUOTA_REFRESH_S)
+        await sleep(_QUOTA_REFRESH_S)
         try:
             await quotas.refresh(store)
         except Exception:
@@ -131,7 +135,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         quotas = Quotas(usage, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm)
         await quotas.refresh(store)
         quotas.restore(recent)
-        for warning in budget_warnings(cfg, quotas.budgets, catalog.models()):
+        for warning in budget_warnings(cfg, quotas.budgets, catalog.models(), quotas.prices):
             log.warning(warning)
         # Not cancelled but stopped (registered after the group, so before it
         # waits): the writer flushes once more after the gateway has drained.
@@ -144,6 +148,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         app = make_gateway_app(cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, usage))
         # `ctl model add` of a model with no price says budgets never bind on it.
         app[BUDGETS_KEY] = lambda: quotas.budgets
+        app[PRICES_KEY] = lambda: quotas.prices
         reconciler = None
         if cfg.control.enabled:
             # A draining node's replicas are stopped once the gateway has nothing in flight there.
@@ -159,6 +164,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         url = f"http://{bound.address(*gateway)}"
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
         admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]
+        admin_app[PRICES_KEY] = app[PRICES_KEY]
         if reconciler is not None:
             admin_app[BACKOFF_KEY] = reconciler.backoff
         admin = await stack.enter_async_context(

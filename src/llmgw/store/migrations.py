@@ -151,6 +151,19 @@ MIGRATIONS: Sequence[Migration] = (
         "CREATE TABLE usage_journal (id INTEGER PRIMARY KEY CHECK (id = 1), applied_seq INTEGER NOT NULL)",
         "INSERT INTO usage_journal (id, applied_seq) VALUES (1, 0)",
     ),
+    # 6: prices set with `llmgw prices set` (before server.yaml's), and the models a project may
+    # call: a JSON list of names, NULL for every model.
+    (
+        """
+        CREATE TABLE prices (
+            model TEXT PRIMARY KEY,
+            prompt_per_1k REAL NOT NULL,
+            completion_per_1k REAL NOT NULL,
+            set_at TEXT NOT NULL
+        )
+        """,
+        "ALTER TABLE projects ADD COLUMN models TEXT",
+    ),
 )
 
 

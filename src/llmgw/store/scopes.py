@@ -7,10 +7,12 @@ so a fresh install has somewhere to put its first key.
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
+import aiosqlite
 import attrs
 
 from llmgw.errors import LlmgwError
@@ -26,6 +28,14 @@ DEFAULT_PROJECT_ID = 1
 
 class ScopeError(LlmgwError):
     """A scope that cannot be created or found, in a sentence."""
+
+
+class UnknownScope(ScopeError):
+    """What was named does not exist (the admin API's 404)."""
+
+
+class ScopeInUse(ScopeError):
+    """The name is taken, or something still belongs to it (the admin API's 409)."""
 
 
 @attrs.frozen(cache_hash=True)
@@ -66,6 +76,8 @@ class Project:
     id: int
     team_id: int
     name: str
+    # None: every model; a tuple: only these, for every key of the project.
+    models: tuple[str, ...] | None = None
 
 
 @attrs.frozen
@@ -106,18 +118,38 @@ class Hierarchy:
             return f"project '{chain.project.name}' (team '{chain.team.name}', org '{chain.org.name}')"
         return f"{scope.kind} {scope.id}"
 
+    def org_id(self, text: str) -> int:
+        """The organisation a person named by id or by name."""
+        return _resolve("organisation", text, {o.id: o.name for o in self.orgs.values()}, self.name, "org")
+
+    def team_id(self, text: str) -> int:
+        """The team a person named by id or by name; a name several organisations use must be given by id."""
+        return _resolve("team", text, {t.id: t.name for t in self.teams.values()}, self.name, "team")
+
     def project_id(self, text: str) -> int:
         """The project a person named by id or by name; a name several teams use must be given by id."""
-        if text.isdigit() and int(text) in self.projects:
-            return int(text)
-        named = [p for p in self.projects.values() if p.name == text]
-        if len(named) == 1:
-            return named[0].id
-        if named:
-            choices = "; ".join(f"{p.id}: {self.name(Scope('project', p.id))}" for p in named)
-            raise ScopeError(f"several projects are called '{text}'; give the id of one: {choices}")
-        known = ", ".join(f"{p.id} ({p.name})" for p in self.projects.values())
-        raise ScopeError(f"there is no project '{text}'; the projects are {known}")
+        return _resolve("project", text, {p.id: p.name for p in self.projects.values()}, self.name, "project")
+
+
+def _resolve(
+    what: str,
+    text: str,
+    names: Mapping[int, str],
+    describe: Callable[[Scope], str],
+    kind: Literal["org", "team", "project"],
+) -> int:
+    """The id of the one item text names, by id or by name, or a ScopeError listing the choices."""
+    if text.isdigit() and int(text) in names:
+        return int(text)
+    named = [item_id for item_id, name in names.items() if name == text]
+    if len(named) == 1:
+        return named[0]
+    if named:
+        choices = "; ".join(f"{item_id}: {describe(Scope(kind, item_id))}" for item_id in named)
+        raise ScopeError(f"several {what}s are called '{text}'; give the id of one: {choices}")
+    known = ", ".join(f"{item_id} ({name})" for item_id, name in names.items()) or "none"
+    plural = "organisations" if what == "organisation" else f"{what}s"
+    raise UnknownScope(f"there is no {what} '{text}'; the {plural} are {known}")
 
 
 def _checked(name: str, what: str) -> str:
@@ -132,7 +164,9 @@ async def _insert(store: Store, sql: str, args: tuple[object, ...], duplicate: s
             cursor = await db.execute(sql, args)
             new_id = cursor.lastrowid
     except sqlite3.IntegrityError as exc:
-        raise ScopeError(missing if "FOREIGN KEY" in str(exc) else duplicate) from None
+        if "FOREIGN KEY" in str(exc):
+            raise UnknownScope(missing) from None
+        raise ScopeInUse(duplicate) from None
     assert new_id is not None
     return new_id
 
@@ -188,12 +222,20 @@ async def list_teams(store: Store, org_id: int | None = None) -> list[Team]:
 
 
 async def list_projects(store: Store, team_id: int | None = None) -> list[Project]:
-    sql = "SELECT id, team_id, name FROM projects"
+    sql = "SELECT id, team_id, name, models FROM projects"
     args: tuple[int, ...] = ()
     if team_id is not None:
         sql, args = sql + " WHERE team_id = ?", (team_id,)
     async with store.db.execute(sql + " ORDER BY id", args) as cursor:
-        return [Project(row["id"], row["team_id"], row["name"]) for row in await cursor.fetchall()]
+        return [
+            Project(
+                row["id"],
+                row["team_id"],
+                row["name"],
+                tuple(json.loads(row["models"])) if row["models"] is not None else None,
+            )
+            for row in await cursor.fetchall()
+        ]
 
 
 async def load_hierarchy(store: Store) -> Hierarchy:
@@ -202,3 +244,101 @@ async def load_hierarchy(store: Store) -> Hierarchy:
         teams={t.id: t for t in await list_teams(store)},
         projects={p.id: p for p in await list_projects(store)},
     )
+
+
+# --- changes ----------------------------------------------------------------------------------
+
+_TABLES = {"org": ("orgs", "organisation"), "team": ("teams", "team"), "project": ("projects", "project")}
+
+
+async def rename(store: Store, scope: Scope, name: str) -> None:
+    """Give an org, team or project a new name, unique within its parent as a new one's must be."""
+    table, what = _TABLES[scope.kind]
+    _checked(name, what)
+    try:
+        async with store.transaction() as db:
+            cursor = await db.execute(f"UPDATE {table} SET name = ? WHERE id = ?", (name, scope.id))
+            changed = cursor.rowcount
+    except sqlite3.IntegrityError:
+        parent = {
+            "org": "there is already an organisation",
+            "team": "its organisation already has a team",
+            "project": "its team already has a project",
+        }[scope.kind]
+        raise ScopeInUse(f"{parent} called '{name}'") from None
+    if not changed:
+        raise UnknownScope(f"there is no {what} {scope.id}")
+
+
+async def _names(db: aiosqlite.Connection, sql: str, args: tuple[object, ...]) -> list[str]:
+    async with db.execute(sql, args) as cursor:
+        return [str(row[0]) for row in await cursor.fetchall()]
+
+
+def _listed(names: Sequence[str], more_than: int = 5) -> str:
+    shown = ", ".join(names[:more_than])
+    return shown + (f" and {len(names) - more_than} more" if len(names) > more_than else "")
+
+
+async def delete(store: Store, scope: Scope) -> str:
+    """Delete an org, team or project that holds nothing any more; returns how it was named.
+
+    Refused, naming what is left, while a project has live keys or members, a team projects, an
+    organisation teams: a key whose project vanished would answer to no limit or budget. Its limits
+    and budget go with it. The default ones stay, because keys and accounts go there unless told.
+    """
+    table, what = _TABLES[scope.kind]
+    hierarchy = await load_hierarchy(store)
+    described = hierarchy.name(scope)
+    if scope.id == 1:
+        raise ScopeInUse(f"the default {what} is where keys and accounts go when none is named; it stays")
+    async with store.transaction() as db:
+        async with db.execute(f"SELECT 1 FROM {table} WHERE id = ?", (scope.id,)) as cursor:
+            if await cursor.fetchone() is None:
+                raise UnknownScope(f"there is no {what} {scope.id}")
+        left: list[str] = []
+        if scope.kind == "project":
+            keys = await _names(
+                db,
+                "SELECT name || ' (' || prefix || '…)' FROM api_keys"
+                " WHERE project_id = ? AND revoked_at IS NULL ORDER BY id",
+                (scope.id,),
+            )
+            members = await _names(
+                db, "SELECT email FROM users WHERE project_id = ? ORDER BY id", (scope.id,)
+            )
+            if keys:
+                left.append(f"live keys {_listed(keys)} (revoke them with `llmgw keys revoke`)")
+            if members:
+                left.append(f"members {_listed(members)} (move them with `llmgw projects members remove`)")
+        elif scope.kind == "team":
+            projects = await _names(
+                db, "SELECT name FROM projects WHERE team_id = ? ORDER BY id", (scope.id,)
+            )
+            if projects:
+                left.append(f"projects {_listed(projects)}")
+        else:
+            teams = await _names(db, "SELECT name FROM teams WHERE org_id = ? ORDER BY id", (scope.id,))
+            if teams:
+                left.append(f"teams {_listed(teams)}")
+        if left:
+            raise ScopeInUse(f"{described} still has {' and '.join(left)}; it is kept until it has none")
+        await db.execute(f"DELETE FROM {table} WHERE id = ?", (scope.id,))
+        for quota_table in ("limits", "budgets"):
+            await db.execute(
+                f"DELETE FROM {quota_table} WHERE scope_kind = ? AND scope_id = ?", (scope.kind, scope.id)
+            )
+    return described
+
+
+async def set_project_models(store: Store, project_id: int, models: Sequence[str] | None) -> None:
+    """Limit the project's keys to models (None: any model); a key's own list applies too."""
+    if models is not None and any(not m.strip() for m in models):
+        raise ScopeError("a model name cannot be empty")
+    async with store.transaction() as db:
+        cursor = await db.execute(
+            "UPDATE projects SET models = ? WHERE id = ?",
+            (json.dumps(list(models)) if models is not None else None, project_id),
+        )
+        if not cursor.rowcount:
+            raise UnknownScope(f"there is no project {project_id}")

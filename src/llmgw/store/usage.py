@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import date
+from typing import Literal
 
 import attrs
 
@@ -160,5 +161,70 @@ async def cost_by_day(store: Store, since: str) -> list[tuple[str, int, int, flo
     ) as cursor:
         return [
             (row["day"], row["key_id"], row["project_id"], float(row["cost"]))
+            for row in await cursor.fetchall()
+        ]
+
+
+UsageBy = Literal["org", "team", "project", "key", "model"]
+USAGE_BY: tuple[UsageBy, ...] = ("org", "team", "project", "key", "model")
+_GROUP = {
+    "org": "t.org_id",
+    "team": "p.team_id",
+    "project": "u.project_id",
+    "key": "u.key_id",
+    "model": "u.model",
+}
+
+
+@attrs.frozen
+class UsageTotal:
+    """Everything one org, team, project, key or model used between two days."""
+
+    # The id of the org, team, project or key (None: usage of a project deleted since), or the model.
+    group: int | str | None
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+
+
+async def usage_totals(
+    store: Store, by: UsageBy, since: date | None = None, until: date | None = None
+) -> list[UsageTotal]:
+    """Usage added up by org, team, project, key or model, from since to until (inclusive).
+
+    Every row of the range counts once, so the totals add up to the store's own sums: usage of a
+    project deleted since is its own group (None) rather than left out.
+    """
+    where: list[str] = []
+    args: list[object] = []
+    if since is not None:
+        where.append("u.day >= ?")
+        args.append(since.isoformat())
+    if until is not None:
+        where.append("u.day <= ?")
+        args.append(until.isoformat())
+    group = _GROUP[by]
+    sql = (
+        f"SELECT {group} AS grp, SUM(u.requests) AS requests,"
+        " SUM(CASE WHEN u.status >= 400 THEN u.requests ELSE 0 END) AS errors,"
+        " SUM(u.prompt_tokens) AS prompt_tokens, SUM(u.completion_tokens) AS completion_tokens,"
+        " SUM(u.cost) AS cost"
+        " FROM usage_daily u LEFT JOIN projects p ON p.id = u.project_id"
+        " LEFT JOIN teams t ON t.id = p.team_id"
+        + (" WHERE " + " AND ".join(where) if where else "")
+        + f" GROUP BY {group} ORDER BY {group}"
+    )
+    async with store.db.execute(sql, args) as cursor:
+        return [
+            UsageTotal(
+                group=row["grp"],
+                requests=row["requests"],
+                errors=row["errors"],
+                prompt_tokens=row["prompt_tokens"],
+                completion_tokens=row["completion_tokens"],
+                cost=float(row["cost"]),
+            )
             for row in await cursor.fetchall()
         ]

@@ -218,6 +218,11 @@ async def approve_user(store: Store, user_id: int, project_id: int) -> User:
     return await _update(store, user_id, "status = 'active', project_id = ?", (project_id,))
 
 
+async def leave_project(store: Store, user_id: int) -> User:
+    """Take the account out of its project: it still signs in, and creates no keys until it joins one."""
+    return await _update(store, user_id, "project_id = NULL", ())
+
+
 async def promote_user(store: Store, user_id: int) -> User:
     """Make the account an administrator; a pending one becomes active too, since an admin approves."""
     return await _update(

@@ -11,8 +11,11 @@ import structlog
 from aiohttp import web
 
 from llmgw.catalog import CATALOG_KEY
+from llmgw.control import tenancy
+from llmgw.control.tenancyapi import BadQuery, usage_query
 from llmgw.gateway.admission import budget_warnings, unpriced, unpriced_sentence
 from llmgw.store.keys import list_keys
+from llmgw.store.prices import list_prices
 from llmgw.store.quotas import (
     PERIODS,
     Budget,
@@ -25,7 +28,7 @@ from llmgw.store.quotas import (
 )
 from llmgw.store.scopes import Scope, ScopeError, load_hierarchy
 from llmgw.store.sessions import end_user_sessions
-from llmgw.store.usage import usage_by_day
+from llmgw.store.usage import USAGE_BY, usage_by_day
 from llmgw.store.users import AccountError, approve_user, disable_user, get_user, list_users, promote_user
 from llmgw.web.chart import Series, colour, stacked_bars
 from llmgw.web.context import WEB_KEY
@@ -181,7 +184,12 @@ async def _quotas_page(
         status=status,
         rows=rows,
         periods=PERIODS,
-        warnings=budget_warnings(ctx.cfg, list(budgets.values()), request.config_dict[CATALOG_KEY].models()),
+        warnings=budget_warnings(
+            ctx.cfg,
+            list(budgets.values()),
+            request.config_dict[CATALOG_KEY].models(),
+            {p.model: p.price for p in await list_prices(ctx.store)},
+        ),
         default_rpm=ctx.cfg.auth.default_rpm,
         default_tpm=ctx.cfg.auth.default_tpm,
         flash=flash,
@@ -201,7 +209,7 @@ async def quotas_page(request: web.Request) -> web.StreamResponse:
             ctx = request.config_dict[WEB_KEY]
             name = (await load_hierarchy(ctx.store)).name(scope)
             flash = f"Saved the quotas of {name}; a running gateway applies them within a second."
-            missing = _unpriced_if_budgeted(request, scope, await list_budgets(ctx.store))
+            missing = await _unpriced_if_budgeted(request, scope, await list_budgets(ctx.store))
             if missing:
                 # Said with the save, not only in the list at the top: the one who set the budget
                 # should not find out at the month's end that it never bound.
@@ -210,11 +218,13 @@ async def quotas_page(request: web.Request) -> web.StreamResponse:
     return await _quotas_page(request, flash=flash)
 
 
-def _unpriced_if_budgeted(request: web.Request, scope: Scope, budgets: list[Budget]) -> list[str]:
-    """The catalog's unpriced models, when scope has a budget; else none."""
+async def _unpriced_if_budgeted(request: web.Request, scope: Scope, budgets: list[Budget]) -> list[str]:
+    """The catalog's unpriced models (prices in the store count), when scope has a budget; else none."""
     if not any(budget.scope == scope for budget in budgets):
         return []
-    return unpriced(request.config_dict[WEB_KEY].cfg, request.config_dict[CATALOG_KEY].models())
+    ctx = request.config_dict[WEB_KEY]
+    stored = {p.model: p.price for p in await list_prices(ctx.store)}
+    return unpriced(ctx.cfg, request.config_dict[CATALOG_KEY].models(), stored)
 
 
 def _optional_number(form: dict[str, str], field: str, kind: type[int] | type[float]) -> int | float | None:
@@ -243,7 +253,8 @@ async def save_quota(request: web.Request) -> web.StreamResponse:
             await clear_budget(ctx.store, scope)
         else:
             await set_budget(ctx.store, scope, float(budget), form.get("period", "month"))
-            missing = unpriced(ctx.cfg, request.config_dict[CATALOG_KEY].models())
+            stored = {p.model: p.price for p in await list_prices(ctx.store)}
+            missing = unpriced(ctx.cfg, request.config_dict[CATALOG_KEY].models(), stored)
             if missing:
                 # Logged when it happens, not only at the server's next start.
                 log.warning(
@@ -297,6 +308,7 @@ async def usage_page(request: web.Request) -> web.StreamResponse:
     return await render(
         request,
         "admin_usage.html",
+        usage_by=USAGE_BY,
         chart=chart,
         projects=projects,
         rows=list(reversed(rows)),
@@ -304,4 +316,23 @@ async def usage_page(request: web.Request) -> web.StreamResponse:
         days=days_back,
         since=since,
         today=today,
+    )
+
+
+@require_admin
+async def usage_csv(request: web.Request) -> web.StreamResponse:
+    """The usage page's range, added up by org, team, project, key or model, as a CSV file."""
+    ctx = request.config_dict[WEB_KEY]
+    try:
+        by, since, until = usage_query(request.query)
+        rows = await tenancy.usage(ctx.store, by, since, until)
+    except (BadQuery, ScopeError) as exc:
+        return await render(
+            request, "message.html", status=400, title="Cannot export", message=_sentence(str(exc))
+        )
+    name = f"llmgw-usage-by-{by}-{since or 'start'}-to-{until or 'now'}.csv"
+    return web.Response(
+        text=tenancy.usage_csv(rows),
+        content_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )

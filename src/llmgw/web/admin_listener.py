@@ -17,6 +17,7 @@ from aiohttp.typedefs import Handler
 
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
+from llmgw.control import tenancyapi
 from llmgw.control.adminapi import admin_token_or_session
 from llmgw.control.inventory import Inventory
 from llmgw.listen import split_host_port
@@ -83,6 +84,7 @@ def make_admin_app(
 
     app.on_startup.append(load)
     mount_cluster_pages(app, cfg, inventory, catalog, on_admin_listener=True)
+    tenancyapi.install(app, pages.store, pages.spent)
 
     async def css(request: web.Request) -> web.StreamResponse:
         return web.Response(
@@ -109,11 +111,12 @@ async def _admin_session(request: web.Request) -> bool:
 def mount_on_client_port(
     app: web.Application, cfg: ServerConfig, inventory: Inventory, catalog: Catalog
 ) -> None:
-    """The same pages and API under /admin on the client port, for administrators only.
+    """The same pages and API under /admin on the client port, for administrators only; after mount_pages.
 
     Pages need an administrator's session; the API an admin token, or such a session (for a change,
     with the session's CSRF token in an X-CSRF-Token header).
     """
+    guard_api = admin_token_or_session(cfg, _admin_session)
     mount_cluster_pages(
         app,
         cfg,
@@ -121,5 +124,8 @@ def mount_on_client_port(
         catalog,
         on_admin_listener=False,
         guard_page=require_admin,
-        guard_api=admin_token_or_session(cfg, _admin_session),
+        guard_api=guard_api,
     )
+    # After mount_pages, whose context holds the store.
+    pages = app[WEB_KEY]
+    tenancyapi.install(app, pages.store, pages.spent, prefix="/admin", guard=guard_api)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.web import account, admin
+from llmgw.web import account, admin, projects
 from llmgw.web.context import WEB_KEY, AdminLink, WebContext, add_admin_links
 from llmgw.web.render import load_templates
 
@@ -55,12 +55,19 @@ def mount_pages(app: web.Application, ctx: WebContext) -> None:
     routes.add_get("/admin", admin.admin_root)
     routes.add_get("/admin/users", admin.users_page)
     routes.add_post(r"/admin/users/{user_id:\d+}/{action:approve|promote|disable}", admin.user_action)
+    routes.add_get("/admin/projects", projects.projects_page)
+    routes.add_post(
+        r"/admin/projects/{action:create|rename|delete|member-add|member-remove|models}",
+        projects.projects_action,
+    )
     routes.add_get("/admin/quotas", admin.quotas_page)
     routes.add_post("/admin/quotas", admin.save_quota)
     routes.add_get("/admin/usage", admin.usage_page)
+    routes.add_get("/admin/usage.csv", admin.usage_csv)
     add_admin_links(
         app,
         AdminLink("/admin/users", "Users"),
+        AdminLink("/admin/projects", "Projects"),
         AdminLink("/admin/quotas", "Quotas"),
         AdminLink("/admin/usage", "Usage"),
     )
