@@ -18,7 +18,6 @@ the gateway needs nothing of the control plane's.
 from __future__ import annotations
 
 import asyncio
-import io
 import re
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -27,8 +26,6 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
 
 from llmgw import config
 from llmgw.config import ModelConfig, ServerConfig
@@ -273,8 +270,8 @@ class _Where:
     def __init__(self, text: str, source: str) -> None:
         self._source = source
         try:
-            self._root: Any = YAML(typ="rt").load(io.StringIO(text))
-        except YAMLError:
+            self._root: Any = config.read_yaml(text, source)
+        except ConfigError:
             self._root = None
 
     def __call__(self, path: list[Any]) -> str:

@@ -25,6 +25,7 @@ from llmgw.config.classes import (
 from llmgw.config.loading import dump, evolve, load, parse
 from llmgw.config.location import dotted, line_of, where
 from llmgw.config.reference import documented_keys
+from llmgw.config.yamltext import read_yaml
 
 __all__ = [
     "AgentConfig",
@@ -47,5 +48,6 @@ __all__ = [
     "line_of",
     "load",
     "parse",
+    "read_yaml",
     "where",
 ]

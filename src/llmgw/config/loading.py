@@ -28,9 +28,9 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
-from ruamel.yaml.error import MarkedYAMLError
 
 from llmgw.config.location import dotted, line_of, where
+from llmgw.config.yamltext import read_yaml
 from llmgw.errors import ConfigError
 
 T = TypeVar("T")
@@ -38,17 +38,13 @@ T = TypeVar("T")
 
 def parse(cls: type[T], text: str, source: str = "<string>") -> T:
     """Structure YAML text into cls, or raise ConfigError naming source, line and key."""
-    yaml = YAML(typ="rt")
-    try:
-        data = yaml.load(io.StringIO(text))
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        line = mark.line + 1 if mark is not None else "?"
-        raise ConfigError(f"{source}:{line}: not valid YAML: {exc.problem}") from None
+    data = read_yaml(text, source)
     if data is None:
         data = CommentedMap()
     try:
-        return _converter.structure(_plain(data), cls)
+        return _converter.structure(_plain(data, []), cls)
+    except _NotText as exc:
+        raise ConfigError(exc.say(source, data)) from None
     except (BaseValidationError, _Refused) as exc:
         raise ConfigError(_first_fault(exc, source, data)) from None
 
@@ -110,14 +106,14 @@ class _Refused(ValueError):
     def say(self, key: str) -> str:
         if self.value is None:
             return f"'{key}' is empty; expected {self.expected}"
-        return f"'{key}' is {self.value!r}; expected {self.expected}"
+        return f"'{key}' is {_shown(self.value)}; expected {self.expected}"
 
 
 class _Unusable(_Refused):
     """A value of the right kind that a field's own check refuses, saying why."""
 
     def say(self, key: str) -> str:
-        return f"'{key}' is {self.value!r}; {self.expected}"
+        return f"'{key}' is {_shown(self.value)}; {self.expected}"
 
 
 class _NotAMapping(_Refused):
@@ -163,12 +159,40 @@ def _faults(exc: BaseException, path: list[str | int]) -> Iterator[tuple[list[st
         yield path, exc
 
 
-def _plain(node: Any) -> Any:
+class _NotText(ValueError):
+    """A mapping key that is not text: `? [a, b]`, `null:`, `true:`; never turned into a string."""
+
+    def __init__(self, path: list[str | int], key: Any) -> None:
+        super().__init__(path, key)
+        self.path = path
+        self.key = key
+
+    def say(self, source: str, root: Any) -> str:
+        under = f"a key under '{dotted(self.path)}'" if self.path else "a key"
+        return f"{where(source, root, self.path)}: {under} is {_shown(self.key)}; keys are names (text)"
+
+
+def _plain(node: Any, path: list[str | int]) -> Any:
     if isinstance(node, dict):
-        return {str(k): _plain(v) for k, v in node.items()}
+        plain = {}
+        for k, v in node.items():
+            # A number is a name YAML read as a number (`0: gpu`); anything else would become its repr.
+            if not isinstance(k, str) and (isinstance(k, bool) or not isinstance(k, (int, float))):
+                raise _NotText(path, k)
+            plain[str(k)] = _plain(v, [*path, str(k)])
+        return plain
     if isinstance(node, list):
-        return [_plain(v) for v in node]
+        return [_plain(v, [*path, i]) for i, v in enumerate(node)]
     return node
+
+
+def _shown(value: Any) -> str:
+    """value as an error shows it: short, because a whole mapping quoted back buries the sentence."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else f"{text[: _SHOWN - 4]} ..."
+
+
+_SHOWN = 80
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)

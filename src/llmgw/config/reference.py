@@ -31,7 +31,15 @@ With several roles in one process, give one `--config` per `--role`, in the same
 (default `./.llmgw-dev`); edit them there and the next `--dev` run uses them.
 
 Addresses are `host:port`; port 0 asks for a free port. Durations end in `_s` and are seconds.
-A number in a list or mapping of strings is read as its text (`args: [--ctx, 4096]`).
+A number in a list or mapping of strings is read as its text (`args: [--ctx, 4096]`); a list or
+a mapping where text is expected, and a key that is not a name (`null:`, `true:`, `? [a, b]`),
+are refused with their line.
+
+Every YAML llmgw reads (these files, `llmgw ctl model add`, the admin API's `POST /api/v1/models`)
+is held to the same budget before it is read: at most 1 MiB of text, 32 aliases (`*name`), 100,000
+values once its aliases are expanded and 32 levels of nesting, and no tags (`!!python/object`,
+`!vault`; write plain values, text in quotes). YAML over it is refused with its line, having built
+nothing, so a few lines of nested aliases cannot stand for a billion values.
 """
 
 _SERVER_EXAMPLES = """\
