@@ -198,8 +198,6 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
     def line(*path: Any) -> str:
         return where([*at, *path])
 
-    if model.replicas < 0:
-        raise ConfigError(f"{line('replicas')}: '{key('replicas')}' is {model.replicas}; expected 0 or more")
     if not model.profiles:
         raise ConfigError(
             f"{line('profiles')}: {model.name} has no profile; "
@@ -218,17 +216,6 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
                 "give each its own 'name'"
             )
         names.add(profile.name)
-        if profile.nodes < 1:
-            raise ConfigError(
-                f"{line('profiles', i, 'nodes')}: '{key('profiles', i, 'nodes')}' is {profile.nodes}; "
-                "expected 1 or more"
-            )
-        for field in ("gpus_per_node", "min_memory_mb"):
-            if getattr(profile, field) < 0:
-                raise ConfigError(
-                    f"{line('profiles', i, field)}: '{key('profiles', i, field)}' is "
-                    f"{getattr(profile, field)}; expected 0 or more"
-                )
     _check_source(model, line, key)
     if model.name in model.fallbacks:
         i = model.fallbacks.index(model.name)

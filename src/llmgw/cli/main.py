@@ -67,7 +67,8 @@ COMMANDS = {
 @click.option("--admin-listen", help="Override the admin listener's host:port (port 0 picks a free one).")
 @click.option(
     "--drain-timeout",
-    type=click.FloatRange(min=0),
+    # Not a click range: held to drain_timeout_s's own check (finite, at most a year), exit 78 like it.
+    type=float,
     metavar="SECONDS",
     help="Override the server's drain_timeout_s: how long the first SIGINT or SIGTERM lets "
     "in-flight work finish (without a server role, drain_timeout_s's default).",

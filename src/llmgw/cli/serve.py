@@ -57,6 +57,14 @@ def serve(
 ) -> int:
     """Run the roles until a signal; returns the exit code."""
     roles = tuple(dict.fromkeys(roles))
+    # Before anything is written or listens, as the keys they override are checked.
+    for key, value, flag in (
+        ("listen", listen, "--listen"),
+        ("admin_listen", admin_listen, "--admin-listen"),
+        ("drain_timeout_s", drain_timeout, "--drain-timeout"),
+    ):
+        if value is not None:
+            config.check_flag(ServerConfig, key, value, flag)
     setup: DevSetup | None = None
     if dev:
         setup = prepare_dev(dev_dir.resolve(), roles)

@@ -22,7 +22,7 @@ from llmgw.config.classes import (
     ServerConfig,
     TLSConfig,
 )
-from llmgw.config.loading import dump, evolve, load, parse
+from llmgw.config.loading import check_flag, dump, evolve, load, parse
 from llmgw.config.location import dotted, line_of, where
 from llmgw.config.reference import documented_keys
 from llmgw.config.yamltext import read_yaml
@@ -41,6 +41,7 @@ __all__ = [
     "ProvisionConfig",
     "ServerConfig",
     "TLSConfig",
+    "check_flag",
     "documented_keys",
     "dotted",
     "dump",

@@ -7,24 +7,28 @@ files into them and reference.py writes docs/reference.md from them.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 
 from llmgw import addresses
+from llmgw.config.checks import Check, dial_address, listen_address, number, seconds
 
 
-def _field(default: Any, help: str, check: Callable[[Any], str] | None = None) -> Any:
+def _field(default: Any, help: str, check: Check | None = None) -> Any:
     """An attrs field with its help text; mutable and nested defaults are copied per instance.
 
-    check, when given, says why a value read from a file cannot be used (empty: it can).
+    check, when given, is what the key allows beyond its type: held when a file is read, and
+    printed in docs/reference.md.
     """
     metadata = {"help": help, "check": check} if check is not None else {"help": help}
     if isinstance(default, (list, dict)) or attrs.has(type(default)):
         return attrs.field(factory=lambda: copy.deepcopy(default), metadata=metadata)
     return attrs.field(default=default, metadata=metadata)
+
+
+_OWN_ADDRESS = Check("empty or an IP address of this machine", addresses.own_address_problem)
 
 
 @attrs.frozen
@@ -37,33 +41,42 @@ class TLSConfig:
 @attrs.frozen
 class AuthConfig:
     enabled: bool = _field(True, "Require `Authorization: Bearer <key>` on /v1/*.")
-    default_rpm: int = _field(0, "Requests per minute for a key no scope limits; 0 means unlimited.")
-    default_tpm: int = _field(0, "Tokens per minute for a key no scope limits; 0 means unlimited.")
+    default_rpm: int = _field(
+        0, "Requests per minute for a key no scope limits; 0 means unlimited.", number(0)
+    )
+    default_tpm: int = _field(0, "Tokens per minute for a key no scope limits; 0 means unlimited.", number(0))
     signup_open: bool = _field(False, "Whether /signup accepts new accounts (pending until approved).")
     session_ttl_s: float = _field(
-        43200.0, "How long a sign-in to the pages lasts (the session cookie's lifetime), in seconds."
+        43200.0,
+        "How long a sign-in to the pages lasts (the session cookie's lifetime), in seconds.",
+        seconds(0, above=True),
     )
 
 
 @attrs.frozen
 class ControlConfig:
     enabled: bool = _field(True, "Run the control plane: the agent service, placement and reconciliation.")
-    interval_s: float = _field(2.0, "How often the reconciler compares desired and actual replicas.")
+    interval_s: float = _field(
+        2.0, "How often the reconciler compares desired and actual replicas.", seconds(0, above=True)
+    )
     grace_s: float = _field(
         15.0,
         "How long a node may stay silent before it is marked unreachable "
         "and its replicas leave the routing table.",
+        seconds(0, above=True),
     )
     base_backoff_s: float = _field(
         5.0,
         "First wait before a model is tried again on a node where its replica failed; doubles with each "
         "further failure there (at most 300 s), and other nodes are tried meanwhile.",
+        seconds(0, above=True),
     )
     drain_timeout_s: float = _field(
         300.0,
         "How long the replicas of a draining node may finish their in-flight requests "
         "before they are stopped anyway; each is stopped sooner, as soon as it has nothing in flight "
         "and another replica serves its model. See docs/placement.md.",
+        seconds(0),
     )
     placement: Literal["spread", "binpack"] = _field(
         "spread",
@@ -82,13 +95,16 @@ class ProfileConfig:
         "", "GPU class each node must give the replica, such as `h100-80g`; empty means any class."
     )
     gpus_per_node: int = _field(
-        0, "GPUs each node gives one replica; 0 means none, or 1 when `gpu_class` is set."
+        0,
+        "GPUs each node gives one replica; 0 means none, or 1 when `gpu_class` is set.",
+        number(0),
     )
-    nodes: int = _field(1, "Nodes one replica spans; more than 1 needs nodes on one fabric.")
+    nodes: int = _field(1, "Nodes one replica spans; more than 1 needs nodes on one fabric.", number(1))
     min_memory_mb: int = _field(
         0,
         "Memory (MB) each node must have free for one replica, counted against the node's total "
         "less what placed replicas claim.",
+        number(0),
     )
     labels: dict[str, str] = _field({}, "Labels (agent.yaml `labels`) a node must carry, with these values.")
 
@@ -96,7 +112,7 @@ class ProfileConfig:
 @attrs.frozen
 class ModelConfig:
     name: str = _field("", "The model name clients ask for in `model`.")
-    replicas: int = _field(1, "How many replicas to keep running.")
+    replicas: int = _field(1, "How many replicas to keep running.", number(0))
     profiles: list[ProfileConfig] = _field([], "Ways to run the model, tried in order.")
     version: str = _field("", "The model's version, shown with its name; free text.")
     source: str = _field(
@@ -122,15 +138,19 @@ class ModelConfig:
         "`max_completion_tokens`, times `n`): a request that names none is sent to the engine with this "
         "many, and one that asks for more is refused with 400. What a request reserves against tpm "
         "limits and budgets until its real usage is known. See docs/gateway.md.",
-        lambda v: "" if isinstance(v, int) and v >= 1 else f"must be a whole number of at least 1, not {v!r}",
+        number(1),
     )
 
 
 @attrs.frozen
 class PriceConfig:
-    prompt_per_1k: float = _field(0.0, "Price of 1,000 prompt tokens, in the unit budgets are set in.")
+    prompt_per_1k: float = _field(
+        0.0, "Price of 1,000 prompt tokens, in the unit budgets are set in.", number(0)
+    )
     completion_per_1k: float = _field(
-        0.0, "Price of 1,000 completion tokens, in the unit budgets are set in."
+        0.0,
+        "Price of 1,000 completion tokens, in the unit budgets are set in.",
+        number(0),
     )
 
 
@@ -153,17 +173,31 @@ class EngineMirrorConfig:
 
 @attrs.frozen
 class ServerConfig:
-    listen: str = _field("127.0.0.1:8080", "Gateway address (host:port): /v1/*, /health and the pages.")
-    admin_listen: str = _field("127.0.0.1:9090", "Admin listener (host:port), for this machine only.")
+    listen: str = _field(
+        "127.0.0.1:8080",
+        "Gateway address (host:port): /v1/*, /health and the pages.",
+        listen_address("127.0.0.1:8080"),
+    )
+    admin_listen: str = _field(
+        "127.0.0.1:9090",
+        "Admin listener (host:port), for this machine only.",
+        listen_address("127.0.0.1:9090"),
+    )
     admin_tokens: list[str] = _field(
         [],
         "sha256 digests (hex) of the tokens that may use the admin API from elsewhere: "
         "`llmgw ctl --server URL --token TOKEN` against /admin on `listen`. `llmgw ctl new-token` makes one.",
     )
-    agent_listen: str = _field("127.0.0.1:7443", "Agent service address (host:port), gRPC over mutual TLS.")
+    agent_listen: str = _field(
+        "127.0.0.1:7443",
+        "Agent service address (host:port), gRPC over mutual TLS.",
+        listen_address("127.0.0.1:7443"),
+    )
     state_dir: str = _field("/var/lib/llmgw", "Directory for the store and other state.")
     database: str = _field("", "SQLite file of the store; empty means `<state_dir>/llmgw.db`.")
-    drain_timeout_s: float = _field(10.0, "How long a stopping server waits for in-flight requests.")
+    drain_timeout_s: float = _field(
+        10.0, "How long a stopping server waits for in-flight requests.", seconds(0)
+    )
     tls: TLSConfig = _field(TLSConfig(), "Certificates of the agent service (mutual TLS).")
     auth: AuthConfig = _field(AuthConfig(), "Who may call the gateway.")
     control: ControlConfig = _field(ControlConfig(), "The control plane.")
@@ -192,7 +226,7 @@ class ServerConfig:
         "in seconds. A request's usage reaches the journal before its last bytes reach the client, so a "
         "killed server loses none; a power loss may lose what the last interval journaled. "
         "See docs/gateway.md.",
-        lambda v: "" if isinstance(v, (int, float)) and v > 0 else f"must be more than 0, not {v!r}",
+        seconds(0, above=True),
     )
 
     @property
@@ -205,7 +239,7 @@ class EngineOptions:
     binary: str = _field(
         "", "Path of an engine binary built by hand; the agent then never installs this engine."
     )
-    parallel: int = _field(4, "Requests the engine serves at once (llama.cpp's `-np`).")
+    parallel: int = _field(4, "Requests the engine serves at once (llama.cpp's `-np`).", number(1))
 
 
 @attrs.frozen
@@ -232,11 +266,19 @@ class ProvisionConfig:
 @attrs.frozen
 class AgentConfig:
     node_id: str = _field("", "This node's id; must equal the common name of its certificate.")
-    servers: list[str] = _field(["127.0.0.1:7443"], "Agent service addresses (host:port), tried in order.")
+    servers: list[str] = _field(
+        ["127.0.0.1:7443"],
+        "Agent service addresses (host:port), tried in order.",
+        dial_address("127.0.0.1:7443"),
+    )
     state_dir: str = _field("/var/lib/llmgw-agent", "Directory for the agent's state and installed engines.")
     weights_cache: str = _field("", "Directory for model weights; empty means `<state_dir>/weights`.")
-    heartbeat_interval_s: float = _field(2.0, "How often the agent sends a heartbeat.")
-    ready_timeout_s: float = _field(120.0, "How long an engine may take to answer its health check.")
+    heartbeat_interval_s: float = _field(
+        2.0, "How often the agent sends a heartbeat.", seconds(0, above=True, high=3600)
+    )
+    ready_timeout_s: float = _field(
+        120.0, "How long an engine may take to answer its health check.", seconds(0, above=True)
+    )
     tls: TLSConfig = _field(
         TLSConfig(), "This node's certificate and the authority that signed the server's."
     )
@@ -264,25 +306,25 @@ class AgentConfig:
         "The address of this node the control plane's gateway reaches its engines at: the endpoint of "
         "every replica here. Empty: the local address of the agent's own connection to the control "
         "plane (on a single host, 127.0.0.1). Must be an IP address of this machine.",
-        check=addresses.own_address_problem,
+        check=_OWN_ADDRESS,
     )
     engine_bind: str = _field(
         "",
         "The address engines listen on. Empty: the advertised address; `0.0.0.0` or `::` for every "
         "address of the machine. Otherwise an IP address of this machine.",
-        check=addresses.bind_address_problem,
+        check=Check("empty, 0.0.0.0, :: or an IP address of this machine", addresses.bind_address_problem),
     )
     engine_ports: str = _field(
         addresses.DEFAULT_ENGINE_PORTS,
         "The ports engines listen on, `FIRST-LAST`, so a firewall can name them: only the control plane's "
         "gateway hosts need to reach them. A replica that finds no free port there fails, saying so.",
-        check=addresses.port_range_problem,
+        check=Check("FIRST-LAST, ports 1-65535", addresses.port_range_problem),
     )
     fabric_address: str = _field(
         "",
         "This node's address on its fabric's management network, where the other nodes of a multi-node "
         "replica reach its rank 0. Empty: the advertised address. Must be an IP address of this machine.",
-        check=addresses.own_address_problem,
+        check=_OWN_ADDRESS,
     )
 
     @property
@@ -296,5 +338,9 @@ class AgentConfig:
 
 @attrs.frozen
 class MirrorConfig:
-    listen: str = _field("127.0.0.1:8081", "Address (host:port) the mirror serves model files on.")
+    listen: str = _field(
+        "127.0.0.1:8081",
+        "Address (host:port) the mirror serves model files on.",
+        listen_address("127.0.0.1:8081"),
+    )
     root: str = _field("/var/lib/llmgw-mirror", "Directory whose files the mirror serves.")

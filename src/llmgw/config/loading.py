@@ -29,6 +29,7 @@ from cattrs.gen import make_dict_structure_fn, override
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
+from llmgw.config.checks import Check
 from llmgw.config.location import dotted, line_of, where
 from llmgw.config.yamltext import read_yaml
 from llmgw.errors import ConfigError
@@ -56,6 +57,17 @@ def load(cls: type[T], path: Path) -> T:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from None
     return parse(cls, text, str(path))
+
+
+def check_flag(cls: type, key: str, value: Any, flag: str) -> None:
+    """ConfigError when value, given with flag in place of cls's key, is not what the key allows.
+
+    A flag that overrides a key is held to the key's own check, so that `--listen 127.0.0.1:99999`
+    is refused before anything listens, as the same value in the file would be.
+    """
+    check = attrs.fields_dict(cls)[key].metadata.get("check")
+    if check is not None and (problem := check(value)):
+        raise ConfigError(f"{flag} is {_shown(value)}; {problem}")
 
 
 def dump(value: Any) -> str:
@@ -98,10 +110,12 @@ def unwrap_optional(tp: Any) -> Any:
 class _Refused(ValueError):
     """A value of the wrong kind; the key is added by whoever knows the path."""
 
-    def __init__(self, value: Any, expected: str) -> None:
+    def __init__(self, value: Any, expected: str, at: list[str | int] | None = None) -> None:
         super().__init__(value, expected)
         self.value = value
         self.expected = expected
+        # Where below the field the value is: the item of a list whose items are checked one by one.
+        self.at = at or []
 
     def say(self, key: str) -> str:
         if self.value is None:
@@ -156,7 +170,7 @@ def _faults(exc: BaseException, path: list[str | int]) -> Iterator[tuple[list[st
         for key in sorted(exc.extra_fields):
             yield [*path, key], exc
     else:
-        yield path, exc
+        yield [*path, *getattr(exc, "at", [])], exc
 
 
 class _NotText(ValueError):
@@ -236,7 +250,7 @@ def _as_text(value: Any) -> Any:
     return str(value) if isinstance(value, (int, float)) else value
 
 
-def _field_hook(tp: Any, check: Callable[[Any], str] | None) -> Callable[[Any, Any], Any]:
+def _field_hook(tp: Any, check: Check | None) -> Callable[[Any, Any], Any]:
     """How one field is structured: absent said out loud, the container's kind, cattrs, its own check."""
     optional = type(None) in typing.get_args(tp)
     inner = unwrap_optional(tp)
@@ -255,7 +269,11 @@ def _field_hook(tp: Any, check: Callable[[Any], str] | None) -> Callable[[Any, A
         elif texts:
             value = {k: _as_text(v) for k, v in value.items()}
         result = _converter.structure(value, inner)
-        if check is not None and (problem := check(result)):
+        if check is not None and check.each:
+            for i, item in enumerate(result):
+                if problem := check(item):
+                    raise _Unusable(item, problem, at=[i])
+        elif check is not None and (problem := check(result)):
             raise _Unusable(result, problem)
         return result
 
