@@ -28,6 +28,7 @@ COMMANDS = {
     ),
     "keys": LazyCommand("llmgw.cli.keys:keys", "API keys for the gateway's /v1 routes."),
     "server": LazyCommand("llmgw.cli.server_init:server", "Set up the machine the control plane runs on."),
+    "store": LazyCommand("llmgw.cli.store:store", "The store: back it up while the server runs."),
     "users": LazyCommand("llmgw.cli.users:users", "Accounts for the web pages (login, profile, /admin)."),
 }
 
