@@ -47,6 +47,7 @@ _SECONDS = [
 ]
 _COUNT = [(-1, "expected 0 or more")]
 _AT_LEAST_ONE = [(0, "expected 1 or more"), (-3, "expected 1 or more")]
+_URL = "expected an http:// or https:// URL"
 _PRICE = [(-0.01, "expected 0 or more"), (float("nan"), "expected a finite number")]
 
 # Every key that has a check, with values it refuses and what the refusal says. A key given a check
@@ -95,6 +96,17 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("agent.yaml", "engine_ports"): [("0-100", "expected a range of ports"), ("9-8", "first no more")],
     ("agent.yaml", "fabric_address"): [("not-an-ip", "expected an IP address of this machine")],
     ("mirror.yaml", "listen"): _LISTEN,
+    ("server.yaml", "admin_tokens"): [
+        ("llmgw-admin-3q2xyz", "expected a token's sha256 (64 hexadecimal digits)"),
+        ("ab" * 31, "never the token itself"),
+    ],
+    ("server.yaml", "engine_mirror.base_url"): [("mirror.example/engines", _URL), ("ftp://mirror/", _URL)],
+    ("server.yaml", "engine_mirror.checksums"): [
+        ("deadbeef", "expected `sha256:` and 64 hexadecimal digits"),
+        ("md5:" + "0" * 32, "expected `sha256:` and 64 hexadecimal digits"),
+    ],
+    ("agent.yaml", "provision.api_url"): [("", _URL), ("api.github.com", _URL)],
+    ("agent.yaml", "provision.download_url"): [("file:///srv/engines", _URL)],
 }
 
 # Values at the edge of what each kind of key allows, which must be read as they are.
@@ -106,6 +118,9 @@ ACCEPTED: dict[tuple[str, str], list[Any]] = {
     ("server.yaml", "models[].profiles[].nodes"): [1],
     ("agent.yaml", "servers"): ["cp.example:7443", "[fd00::1]:1"],
     ("agent.yaml", "heartbeat_interval_s"): [3600],
+    ("server.yaml", "admin_tokens"): [" " + "5E" * 32],
+    ("server.yaml", "engine_mirror.base_url"): ["", "http://10.0.0.5:8081/engines/"],
+    ("server.yaml", "engine_mirror.checksums"): ["sha256:" + "ab" * 32],
 }
 
 
@@ -133,7 +148,7 @@ def numeric_or_address_keys(cls: type, prefix: str = "") -> Iterator[str]:
         key = f"{prefix}{f.name}"
         inner = unwrap_optional(hints[f.name])
         args = typing.get_args(inner)
-        if inner in (int, float) or re.search(r"(listen|address|servers|ports|bind)$", f.name):
+        if inner in (int, float) or re.search(r"(listen|address|servers|ports|bind|url)$", f.name):
             yield key
         if attrs.has(inner):
             yield from numeric_or_address_keys(inner, f"{key}.")
@@ -143,12 +158,19 @@ def numeric_or_address_keys(cls: type, prefix: str = "") -> Iterator[str]:
             yield from numeric_or_address_keys(args[1], f"{key}.<name>.")
 
 
+# Keys whose items (values) are checked one by one, each at its own line.
+_LISTS = ("servers", "admin_tokens")
+_MAPPINGS = ("engine_mirror.checksums",)
+
+
 def file_saying(key: str, value: Any) -> tuple[str, str]:
     """(YAML text setting key to value, the key as its error names it)."""
-    data: Any = [value] if key == "servers" else value
     named = key.replace("[]", "[0]").replace("<name>", "m")
-    if key == "servers":
-        named += "[0]"
+    data: Any = value
+    if key in _LISTS:
+        data, named = [value], f"{named}[0]"
+    elif key in _MAPPINGS:
+        data, named = {"asset.tar.gz": value}, f"{named}.asset.tar.gz"
     for part in reversed(key.split(".")):
         if part.endswith("[]"):
             entry: dict[str, Any] = {"name": "m"} if part == "models[]" else {}
@@ -219,6 +241,39 @@ def _llmgw(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+class TestListenersTogether:
+    @pytest.mark.parametrize(
+        ("text", "said"),
+        [
+            (
+                "listen: 127.0.0.1:9090\n",
+                "s.yaml:1: 'listen' (127.0.0.1:9090) and 'admin_listen' (127.0.0.1:9090) take the same port",
+            ),
+            (
+                "state_dir: /tmp/x\nagent_listen: 0.0.0.0:9090\n",
+                "s.yaml:2: 'admin_listen' (127.0.0.1:9090) and 'agent_listen' (0.0.0.0:9090) take the same",
+            ),
+            (
+                "admin_listen: 127.0.0.1:7443\nagent_listen: '[::]:7443'\n",
+                "s.yaml:2: 'admin_listen' (127.0.0.1:7443) and 'agent_listen' ([::]:7443) take the same port",
+            ),
+        ],
+    )
+    def test_two_listeners_on_one_port_are_refused_at_the_line_that_sets_one(
+        self, text: str, said: str
+    ) -> None:
+        with pytest.raises(ConfigError) as err:
+            config.parse(ServerConfig, text, "s.yaml")
+        assert str(err.value).startswith(said)
+
+    @pytest.mark.parametrize(
+        "text",
+        ["listen: 127.0.0.2:9090\n", "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nagent_listen: :0\n"],
+    )
+    def test_listeners_on_other_addresses_or_free_ports_are_read(self, text: str) -> None:
+        config.parse(ServerConfig, text, "s.yaml")
+
+
 class TestBeforeAnythingListens:
     @pytest.mark.parametrize(
         ("line", "said"),
@@ -248,6 +303,12 @@ class TestBeforeAnythingListens:
             ("--admin-listen", "localhost", "--admin-listen is 'localhost'; expected host:port"),
             ("--drain-timeout", "-5", "--drain-timeout is -5.0; expected 0 or more"),
             ("--drain-timeout", "nan", "--drain-timeout is nan; expected a finite number"),
+            (
+                "--listen",
+                "127.0.0.1:9090",
+                "with --listen or --admin-listen, 'listen' (127.0.0.1:9090) and "
+                "'admin_listen' (127.0.0.1:9090) take the same port",
+            ),
         ],
     )
     def test_a_flag_that_overrides_a_key_is_held_to_the_key_s_check(

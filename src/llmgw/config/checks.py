@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,8 @@ _PORT = re.compile(r"[0-9]+")
 class Check:
     """What a key allows: `allowed` for the reference, `problem` why a value is not (empty: it is).
 
-    each: the key is a list, and every item of it is held to the check on its own line.
+    each: the key is a list or a mapping, and every item (value) of it is held to the check on its
+    own line.
     """
 
     allowed: str
@@ -114,3 +116,46 @@ def dial_address(example: str) -> Check:
         lambda v: _address(v, lowest_port=1, empty_host_ok=False, example=example),
         each=True,
     )
+
+
+def http_url(*, empty_ok: bool) -> Check:
+    """The http:// or https:// URL of a server (empty allowed when empty_ok: the key is then unused)."""
+
+    def problem(value: Any) -> str:
+        if empty_ok and value == "":
+            return ""
+        parts = urllib.parse.urlsplit(str(value))
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            return "expected an http:// or https:// URL, such as https://mirror.example/engines"
+        return ""
+
+    allowed = "an http:// or https:// URL" + (", or empty" if empty_ok else "")
+    return Check(allowed, problem)
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+# admin_tokens: a token pasted in place of its digest would never match, and the admin API would
+# answer 401 to the very script it was meant for.
+TOKEN_DIGESTS = Check(
+    "each a token's sha256: 64 hexadecimal digits",
+    lambda v: (
+        ""
+        if _HEX64.fullmatch(str(v).strip().lower())
+        else "expected a token's sha256 (64 hexadecimal digits), as `llmgw ctl new-token` prints it, "
+        "never the token itself"
+    ),
+    each=True,
+)
+
+# engine_mirror.checksums: a value in another form was skipped, and the node refused the asset as
+# unlisted when it came to install it.
+ASSET_DIGESTS = Check(
+    "each `sha256:` and 64 hexadecimal digits",
+    lambda v: (
+        ""
+        if str(v).startswith("sha256:") and _HEX64.fullmatch(str(v).removeprefix("sha256:").strip().lower())
+        else "expected `sha256:` and 64 hexadecimal digits (`sha256sum FILE` prints them)"
+    ),
+    each=True,
+)

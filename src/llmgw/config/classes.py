@@ -13,7 +13,16 @@ from typing import Any, Literal
 import attrs
 
 from llmgw import addresses
-from llmgw.config.checks import Check, dial_address, listen_address, number, seconds
+from llmgw.config.checks import (
+    ASSET_DIGESTS,
+    TOKEN_DIGESTS,
+    Check,
+    dial_address,
+    http_url,
+    listen_address,
+    number,
+    seconds,
+)
 
 
 def _field(default: Any, help: str, check: Check | None = None) -> Any:
@@ -162,12 +171,14 @@ class EngineMirrorConfig:
         "`<base_url>/<repo>/releases/download/<tag>/<asset>` (`https://mirror.example/engines/ggml-org/"
         "llama.cpp/releases/download/b11434/llama-b11434-bin-ubuntu-x64.tar.gz`). Empty: nodes download "
         "from the publisher (agent.yaml's `provision.download_url`).",
+        http_url(empty_ok=True),
     )
     checksums: dict[str, str] = _field(
         {},
         "Release asset name -> `sha256:<hex>`, sent to every node in place of the publisher's digests: "
         "with any set, no node asks the publisher's release API. An asset not listed is refused, "
         "never installed unchecked.",
+        ASSET_DIGESTS,
     )
 
 
@@ -187,6 +198,7 @@ class ServerConfig:
         [],
         "sha256 digests (hex) of the tokens that may use the admin API from elsewhere: "
         "`llmgw ctl --server URL --token TOKEN` against /admin on `listen`. `llmgw ctl new-token` makes one.",
+        TOKEN_DIGESTS,
     )
     agent_listen: str = _field(
         "127.0.0.1:7443",
@@ -229,6 +241,27 @@ class ServerConfig:
         seconds(0, above=True),
     )
 
+    def problem_across_keys(self) -> tuple[list[str], str] | None:
+        """(the keys, why) when keys each allowed alone are not together: two listeners on one port.
+
+        Without it the second listener failed to bind after the first had started, saying another
+        program held the port.
+        """
+        every = ("", "0.0.0.0", "[::]")
+        taken: list[tuple[str, str, str]] = []
+        for key in ("listen", "admin_listen", "agent_listen"):
+            host, _, port = getattr(self, key).rpartition(":")
+            if port == "0":
+                continue  # each takes a free port of its own
+            for other, other_host, other_port in taken:
+                if port == other_port and (host == other_host or host in every or other_host in every):
+                    return [other, key], (
+                        f"'{other}' ({getattr(self, other)}) and '{key}' ({getattr(self, key)}) take the "
+                        "same port; give each listener its own"
+                    )
+            taken.append((key, host, port))
+        return None
+
     @property
     def database_path(self) -> Path:
         return Path(self.database) if self.database else Path(self.state_dir) / "llmgw.db"
@@ -256,10 +289,12 @@ class ProvisionConfig:
     api_url: str = _field(
         "https://api.github.com",
         "Release API the checksums of engine builds are read from (GitHub's, or one shaped like it).",
+        http_url(empty_ok=False),
     )
     download_url: str = _field(
         "https://github.com",
         "Where engine builds are downloaded from: `<download_url>/<repo>/releases/download/<tag>/<asset>`.",
+        http_url(empty_ok=False),
     )
 
 

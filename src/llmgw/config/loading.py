@@ -43,11 +43,19 @@ def parse(cls: type[T], text: str, source: str = "<string>") -> T:
     if data is None:
         data = CommentedMap()
     try:
-        return _converter.structure(_plain(data, []), cls)
+        result = _converter.structure(_plain(data, []), cls)
     except _NotText as exc:
         raise ConfigError(exc.say(source, data)) from None
     except (BaseValidationError, _Refused) as exc:
         raise ConfigError(_first_fault(exc, source, data)) from None
+    # Checks of several keys together, after each key's own: a class that has some says them here.
+    across = getattr(result, "problem_across_keys", None)
+    if across is not None and (found := across()) is not None:
+        keys, why = found
+        # At the line of a key the file sets; the other may be its default.
+        said = [key for key in keys if line_of(data, [key]) is not None] or keys
+        raise ConfigError(f"{where(source, data, [said[-1]])}: {why}")
+    return result
 
 
 def load(cls: type[T], path: Path) -> T:
@@ -270,9 +278,10 @@ def _field_hook(tp: Any, check: Check | None) -> Callable[[Any, Any], Any]:
             value = {k: _as_text(v) for k, v in value.items()}
         result = _converter.structure(value, inner)
         if check is not None and check.each:
-            for i, item in enumerate(result):
+            items = result.items() if isinstance(result, dict) else enumerate(result)
+            for at, item in items:
                 if problem := check(item):
-                    raise _Unusable(item, problem, at=[i])
+                    raise _Unusable(item, problem, at=[at])
         elif check is not None and (problem := check(result)):
             raise _Unusable(result, problem)
         return result
