@@ -93,6 +93,21 @@ class TestWhatIsNotPlain:
             f"m.yaml:2: has the tag {tag}; write the plain value (in quotes for text)"
         )
 
+    @pytest.mark.parametrize("number", ["9" * 5000, "0x" + "f" * 5000, "-" + "1" * 101])
+    def test_a_number_too_long_to_mean_anything_is_refused_at_its_line_not_a_traceback(
+        self, number: str
+    ) -> None:
+        assert _refusal(f"name: m\nreplicas: {number}\n") == (
+            f"m.yaml:2: has a number of {len(number):,} characters; quote it if it is text"
+        )
+
+    def test_a_long_run_of_digits_in_quotes_is_text(self) -> None:
+        assert config.parse(ModelConfig, f'name: "{"9" * 5000}"\n').name == "9" * 5000
+
+    @pytest.mark.parametrize("text", ['name: "\\ud800"\n', '{"name": "m", "version": "\\udfff"}'])
+    def test_half_a_character_is_refused_before_the_store_or_a_reply_cannot_write_it(self, text: str) -> None:
+        assert _refusal(text).endswith("has an escape (\\uD800-\\uDFFF) that is half a character")
+
     def test_a_character_yaml_forbids_is_a_sentence_not_a_traceback(self) -> None:
         assert _refusal("name: a\x00b\n").startswith("m.yaml: not valid YAML: unacceptable character #x0000")
 

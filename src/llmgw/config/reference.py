@@ -39,7 +39,8 @@ are refused with their line.
 
 Every YAML llmgw reads (these files, `llmgw ctl model add`, the admin API's `POST /api/v1/models`)
 is held to the same budget before it is read: at most 1 MiB of text, 32 aliases (`*name`), 100,000
-values once its aliases are expanded and 32 levels of nesting, and no tags (`!!python/object`,
+values once its aliases are expanded and 32 levels of nesting, no unquoted number longer than 100
+characters, no `\\uD800`-`\\uDFFF` escape (half a character) and no tags (`!!python/object`,
 `!vault`; write plain values, text in quotes). YAML over it is refused with its line, having built
 nothing, so a few lines of nested aliases cannot stand for a billion values.
 """

@@ -34,6 +34,8 @@ MAX_BYTES = 1024 * 1024
 MAX_ALIASES = 32
 # Values once aliases are expanded: a thousand models of twenty keys each is a fifth of it.
 MAX_VALUES = 100_000
+# Characters in an unquoted number: far more than any count or duration, far fewer than Python's limit.
+MAX_NUMBER = 100
 # llmgw's deepest key is five levels down; past this, building the values would exhaust Python's stack.
 MAX_DEPTH = 32
 
@@ -84,6 +86,7 @@ def _within_budget(events: Any, source: str) -> None:
                 )
             size = sizes.get(event.anchor, 1)
         elif isinstance(event, ScalarEvent):
+            _scalar_allowed(event, source)
             size = 1
             if event.anchor:
                 sizes[event.anchor] = 1
@@ -104,6 +107,19 @@ def _within_budget(events: Any, source: str) -> None:
                 f"expands to more than {MAX_VALUES:,} values through its aliases (*name); "
                 "write the values out",
             )
+
+
+def _scalar_allowed(event: ScalarEvent, source: str) -> None:
+    value = event.value
+    # Python refuses to read an integer of more than 4,300 digits, with a ValueError that would
+    # otherwise end in a traceback; no key of llmgw's wants one.
+    if not event.style and len(value) > MAX_NUMBER and value[:1] in "+-.0123456789":
+        raise _refused(event, source, f"has a number of {len(value):,} characters; quote it if it is text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # "\ud800" in double quotes: half a character, which the store, logs and replies cannot write.
+        raise _refused(event, source, "has an escape (\\uD800-\\uDFFF) that is half a character") from None
 
 
 def _tag_allowed(event: NodeEvent, source: str) -> None:
