@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -330,6 +331,35 @@ class TestTheAdminApi:
         assert "declared in server.yaml" in (await shadow.json())["error"]
         assert (await client.delete("/api/v1/models/sim-chat")).status == 409
         assert (await client.delete("/api/v1/models/nope")).status == 404
+
+    async def test_a_definition_of_nested_aliases_is_a_400_at_its_line_and_adds_nothing(self, admin):
+        client, catalog = admin
+        laughs = (
+            'name: lol\nprofiles: [{engine: sim}]\na: &a ["lol","lol","lol","lol","lol","lol"]\n'
+            + "".join(
+                f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]\n"
+                for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+            )
+        )
+        reply = await client.post(
+            "/api/v1/models?file=lol.yaml", data=laughs, headers={"Content-Type": "application/yaml"}
+        )
+        assert reply.status == 400
+        assert (await reply.json())[
+            "error"
+        ] == "lol.yaml:7: uses more than 32 aliases (*name); write the values out"
+        assert catalog.names() == ["sim-chat"]
+
+    async def test_a_definition_over_one_mib_is_a_413_in_the_api_s_shape(self, admin):
+        client, catalog = admin
+        reply = await client.post(
+            "/api/v1/models",
+            data=io.BytesIO(b"#" * (1024 * 1024 + 1)),
+            headers={"Content-Type": "application/yaml"},
+        )
+        assert reply.status == 413
+        assert await reply.json() == {"error": "a model's definition is at most 1,048,576 bytes"}
+        assert catalog.names() == ["sim-chat"]
 
     async def test_a_definition_sent_as_a_form_or_plain_text_is_refused(self, admin):
         client, _ = admin

@@ -86,7 +86,7 @@ class TestRefusals:
         assert _refusal(ServerConfig, text) == error
 
     def test_an_empty_key_says_what_it_expected(self) -> None:
-        assert _refusal(ServerConfig, "listen: x\nmodels:\n") == (
+        assert _refusal(ServerConfig, "listen: 127.0.0.1:1\nmodels:\n") == (
             "server.yaml:2: 'models' is empty; expected a list of a mapping"
         )
 

@@ -18,7 +18,6 @@ the gateway needs nothing of the control plane's.
 from __future__ import annotations
 
 import asyncio
-import io
 import re
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -27,8 +26,6 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
 
 from llmgw import config, names
 from llmgw.config import ModelConfig, ServerConfig
@@ -220,8 +217,6 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
     problem = names.model_name_problem(model.name)
     if problem is not None:
         raise ConfigError(f"{line('name')}: {problem}")
-    if model.replicas < 0:
-        raise ConfigError(f"{line('replicas')}: '{key('replicas')}' is {model.replicas}; expected 0 or more")
     if not model.profiles:
         raise ConfigError(
             f"{line('profiles')}: {model.name} has no profile; "
@@ -243,17 +238,6 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
         problem = names.profile_name_problem(profile.name)
         if problem is not None:
             raise ConfigError(f"{line('profiles', i, 'name')}: {problem}")
-        if profile.nodes < 1:
-            raise ConfigError(
-                f"{line('profiles', i, 'nodes')}: '{key('profiles', i, 'nodes')}' is {profile.nodes}; "
-                "expected 1 or more"
-            )
-        for field in ("gpus_per_node", "min_memory_mb"):
-            if getattr(profile, field) < 0:
-                raise ConfigError(
-                    f"{line('profiles', i, field)}: '{key('profiles', i, field)}' is "
-                    f"{getattr(profile, field)}; expected 0 or more"
-                )
     _check_source(model, line, key)
     if model.name in model.fallbacks:
         i = model.fallbacks.index(model.name)
@@ -296,8 +280,8 @@ class _Where:
     def __init__(self, text: str, source: str) -> None:
         self._source = source
         try:
-            self._root: Any = YAML(typ="rt").load(io.StringIO(text))
-        except YAMLError:
+            self._root: Any = config.read_yaml(text, source)
+        except ConfigError:
             self._root = None
 
     def __call__(self, path: list[Any]) -> str:

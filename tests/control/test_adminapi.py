@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -312,6 +313,9 @@ async def _every_reply(client: TestClient[web.Request, web.Application], invento
     await ask("POST", "/api/v1/models", "/api/v1/models?file=big.yaml", data=ADDED, headers=YAML)
     await ask("POST", "/api/v1/models", "/api/v1/models?file=big.yaml", data=ADDED, headers=YAML)
     await ask("POST", "/api/v1/models", "/api/v1/models", data="name: [", headers=YAML)
+    await ask(
+        "POST", "/api/v1/models", "/api/v1/models", data=io.BytesIO(b"#" * (1024 * 1024 + 1)), headers=YAML
+    )
     await ask(
         "POST", "/api/v1/models", "/api/v1/models", json={"name": "sim-chat", "profiles": [{"engine": "sim"}]}
     )

@@ -128,3 +128,31 @@ async def test_ctl_refuses_a_bad_definition_naming_the_file_and_line_and_leaves_
             code, _, err = await _ctl("--server", server.admin_url, "model", "remove", "nope")
             assert code == EXIT_NOT_FOUND
             assert await _listed(server.gateway_url) == ["sim-chat"]
+
+
+async def test_ctl_refuses_a_definition_of_nested_aliases_or_a_list_for_a_name_and_adds_nothing(
+    cfg: ServerConfig, tmp_path: Path
+):
+    laughs = tmp_path / "laughs.yaml"
+    laughs.write_text(
+        'name: lol\nprofiles: [{engine: sim}]\na: &a ["lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+        + "".join(
+            f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+        ),
+        encoding="utf-8",
+    )
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("name: [sim-a, sim-b]\nprofiles:\n  - engine: sim\n", encoding="utf-8")
+    with capture_logs():
+        async with server_role(cfg) as server:
+            code, _, err = await _ctl("--server", server.admin_url, "model", "add", "-f", str(laughs))
+            assert (code, err) == (
+                EXIT_ERROR,
+                f"llmgw ctl: {laughs}:7: uses more than 32 aliases (*name); write the values out\n",
+            )
+            code, _, err = await _ctl("--server", server.admin_url, "model", "add", "-f", str(listed))
+            assert (code, err) == (
+                EXIT_ERROR,
+                f"llmgw ctl: {listed}:1: 'name' is ['sim-a', 'sim-b']; expected a string\n",
+            )
+            assert await _listed(server.gateway_url) == ["sim-chat"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -71,6 +72,25 @@ class TestOpenStore:
         with pytest.raises(StoreError, match="newer than this llmgw knows"):
             async with open_store(path):
                 pass
+
+    async def test_a_server_holds_its_store_alone_and_commands_still_open_it(self, tmp_path: Path) -> None:
+        path = tmp_path / "llmgw.db"
+        async with open_store(path, server=True):
+            with pytest.raises(StoreError, match="is in use by another llmgw server on this machine"):
+                async with open_store(path, server=True):
+                    pass
+            async with open_store(path) as command:
+                assert await schema_version(command.db) == len(MIGRATIONS)
+        async with open_store(path, server=True):
+            pass  # released when the first server closed it
+
+    async def test_a_damaged_page_met_inside_the_block_ends_it_with_the_sentence(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "llmgw.db"
+        with pytest.raises(StoreError, match=r"is damaged \(database disk image is malformed\): stop every"):
+            async with open_store(path):
+                raise sqlite3.DatabaseError("database disk image is malformed")
 
     async def test_a_transaction_that_raises_is_rolled_back(self, tmp_path: Path) -> None:
         async with open_store(tmp_path / "llmgw.db") as store:

@@ -36,6 +36,7 @@ COMMANDS = {
         "llmgw.cli.quotas:quotas", "Rate limits and budgets of organisations, teams, projects and keys."
     ),
     "server": LazyCommand("llmgw.cli.server_init:server", "Set up the machine the control plane runs on."),
+    "store": LazyCommand("llmgw.cli.store:store", "The store: back it up while the server runs."),
     "teams": LazyCommand("llmgw.cli.hierarchy:teams", "The teams: create, rename, list, delete."),
     "usage": LazyCommand(
         "llmgw.cli.usage:usage", "What was used, added up by organisation, team, project, key or model."
@@ -79,7 +80,8 @@ COMMANDS = {
 @click.option("--admin-listen", help="Override the admin listener's host:port (port 0 picks a free one).")
 @click.option(
     "--drain-timeout",
-    type=click.FloatRange(min=0),
+    # Not a click range: held to drain_timeout_s's own check (finite, at most a year), exit 78 like it.
+    type=float,
     metavar="SECONDS",
     help="Override the server's drain_timeout_s: how long the first SIGINT or SIGTERM lets "
     "in-flight work finish (without a server role, drain_timeout_s's default).",

@@ -11,6 +11,7 @@ from llmgw import config
 from llmgw.catalog import load_server_config
 from llmgw.cli.runner import Runner
 from llmgw.config import AgentConfig, MirrorConfig, ServerConfig
+from llmgw.errors import ConfigError
 
 # Imported here, before the loop starts, never inside it: importing reads files.
 from llmgw.roles.agent import agent_role
@@ -57,6 +58,14 @@ def serve(
 ) -> int:
     """Run the roles until a signal; returns the exit code."""
     roles = tuple(dict.fromkeys(roles))
+    # Before anything is written or listens, as the keys they override are checked.
+    for key, value, flag in (
+        ("listen", listen, "--listen"),
+        ("admin_listen", admin_listen, "--admin-listen"),
+        ("drain_timeout_s", drain_timeout, "--drain-timeout"),
+    ):
+        if value is not None:
+            config.check_flag(ServerConfig, key, value, flag)
     setup: DevSetup | None = None
     if dev:
         setup = prepare_dev(dev_dir.resolve(), roles)
@@ -69,6 +78,8 @@ def serve(
         server_cfg = config.evolve(server_cfg, admin_listen=admin_listen)
     if drain_timeout is not None and server_cfg is not None:
         server_cfg = config.evolve(server_cfg, drain_timeout_s=drain_timeout)
+    if server_cfg is not None and (listen or admin_listen) and (found := server_cfg.problem_across_keys()):
+        raise ConfigError(f"with --listen or --admin-listen, {found[1]}")
     drain_s = drain_timeout_s(server_cfg, drain_timeout)
     return asyncio.run(_run(server_cfg, agent_cfg, mirror_cfg, setup, drain_s))
 

@@ -22,9 +22,10 @@ from llmgw.config.classes import (
     ServerConfig,
     TLSConfig,
 )
-from llmgw.config.loading import dump, evolve, load, parse
+from llmgw.config.loading import check_flag, dump, evolve, load, parse
 from llmgw.config.location import dotted, line_of, where
 from llmgw.config.reference import documented_keys
+from llmgw.config.yamltext import read_yaml
 
 __all__ = [
     "AgentConfig",
@@ -40,6 +41,7 @@ __all__ = [
     "ProvisionConfig",
     "ServerConfig",
     "TLSConfig",
+    "check_flag",
     "documented_keys",
     "dotted",
     "dump",
@@ -47,5 +49,6 @@ __all__ = [
     "line_of",
     "load",
     "parse",
+    "read_yaml",
     "where",
 ]

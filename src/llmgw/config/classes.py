@@ -7,24 +7,37 @@ files into them and reference.py writes docs/reference.md from them.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 
 from llmgw import addresses
+from llmgw.config.checks import (
+    ASSET_DIGESTS,
+    TOKEN_DIGESTS,
+    Check,
+    dial_address,
+    http_url,
+    listen_address,
+    number,
+    seconds,
+)
 
 
-def _field(default: Any, help: str, check: Callable[[Any], str] | None = None) -> Any:
+def _field(default: Any, help: str, check: Check | None = None) -> Any:
     """An attrs field with its help text; mutable and nested defaults are copied per instance.
 
-    check, when given, says why a value read from a file cannot be used (empty: it can).
+    check, when given, is what the key allows beyond its type: held when a file is read, and
+    printed in docs/reference.md.
     """
     metadata = {"help": help, "check": check} if check is not None else {"help": help}
     if isinstance(default, (list, dict)) or attrs.has(type(default)):
         return attrs.field(factory=lambda: copy.deepcopy(default), metadata=metadata)
     return attrs.field(default=default, metadata=metadata)
+
+
+_OWN_ADDRESS = Check("empty or an IP address of this machine", addresses.own_address_problem)
 
 
 @attrs.frozen
@@ -37,33 +50,42 @@ class TLSConfig:
 @attrs.frozen
 class AuthConfig:
     enabled: bool = _field(True, "Require `Authorization: Bearer <key>` on /v1/*.")
-    default_rpm: int = _field(0, "Requests per minute for a key no scope limits; 0 means unlimited.")
-    default_tpm: int = _field(0, "Tokens per minute for a key no scope limits; 0 means unlimited.")
+    default_rpm: int = _field(
+        0, "Requests per minute for a key no scope limits; 0 means unlimited.", number(0)
+    )
+    default_tpm: int = _field(0, "Tokens per minute for a key no scope limits; 0 means unlimited.", number(0))
     signup_open: bool = _field(False, "Whether /signup accepts new accounts (pending until approved).")
     session_ttl_s: float = _field(
-        43200.0, "How long a sign-in to the pages lasts (the session cookie's lifetime), in seconds."
+        43200.0,
+        "How long a sign-in to the pages lasts (the session cookie's lifetime), in seconds.",
+        seconds(0, above=True),
     )
 
 
 @attrs.frozen
 class ControlConfig:
     enabled: bool = _field(True, "Run the control plane: the agent service, placement and reconciliation.")
-    interval_s: float = _field(2.0, "How often the reconciler compares desired and actual replicas.")
+    interval_s: float = _field(
+        2.0, "How often the reconciler compares desired and actual replicas.", seconds(0, above=True)
+    )
     grace_s: float = _field(
         15.0,
         "How long a node may stay silent before it is marked unreachable "
         "and its replicas leave the routing table.",
+        seconds(0, above=True),
     )
     base_backoff_s: float = _field(
         5.0,
         "First wait before a model is tried again on a node where its replica failed; doubles with each "
         "further failure there (at most 300 s), and other nodes are tried meanwhile.",
+        seconds(0, above=True),
     )
     drain_timeout_s: float = _field(
         300.0,
         "How long the replicas of a draining node may finish their in-flight requests "
         "before they are stopped anyway; each is stopped sooner, as soon as it has nothing in flight "
         "and another replica serves its model. See docs/placement.md.",
+        seconds(0),
     )
     placement: Literal["spread", "binpack"] = _field(
         "spread",
@@ -82,13 +104,16 @@ class ProfileConfig:
         "", "GPU class each node must give the replica, such as `h100-80g`; empty means any class."
     )
     gpus_per_node: int = _field(
-        0, "GPUs each node gives one replica; 0 means none, or 1 when `gpu_class` is set."
+        0,
+        "GPUs each node gives one replica; 0 means none, or 1 when `gpu_class` is set.",
+        number(0),
     )
-    nodes: int = _field(1, "Nodes one replica spans; more than 1 needs nodes on one fabric.")
+    nodes: int = _field(1, "Nodes one replica spans; more than 1 needs nodes on one fabric.", number(1))
     min_memory_mb: int = _field(
         0,
         "Memory (MB) each node must have free for one replica, counted against the node's total "
         "less what placed replicas claim.",
+        number(0),
     )
     labels: dict[str, str] = _field({}, "Labels (agent.yaml `labels`) a node must carry, with these values.")
 
@@ -96,7 +121,7 @@ class ProfileConfig:
 @attrs.frozen
 class ModelConfig:
     name: str = _field("", "The model name clients ask for in `model`.")
-    replicas: int = _field(1, "How many replicas to keep running.")
+    replicas: int = _field(1, "How many replicas to keep running.", number(0))
     profiles: list[ProfileConfig] = _field([], "Ways to run the model, tried in order.")
     version: str = _field("", "The model's version, shown with its name; free text.")
     source: str = _field(
@@ -129,15 +154,19 @@ class ModelConfig:
         "`max_completion_tokens`, times `n`): a request that names none is sent to the engine with this "
         "many, and one that asks for more is refused with 400. What a request reserves against tpm "
         "limits and budgets until its real usage is known. See docs/gateway.md.",
-        lambda v: "" if isinstance(v, int) and v >= 1 else f"must be a whole number of at least 1, not {v!r}",
+        number(1),
     )
 
 
 @attrs.frozen
 class PriceConfig:
-    prompt_per_1k: float = _field(0.0, "Price of 1,000 prompt tokens, in the unit budgets are set in.")
+    prompt_per_1k: float = _field(
+        0.0, "Price of 1,000 prompt tokens, in the unit budgets are set in.", number(0)
+    )
     completion_per_1k: float = _field(
-        0.0, "Price of 1,000 completion tokens, in the unit budgets are set in."
+        0.0,
+        "Price of 1,000 completion tokens, in the unit budgets are set in.",
+        number(0),
     )
 
 
@@ -149,28 +178,45 @@ class EngineMirrorConfig:
         "`<base_url>/<repo>/releases/download/<tag>/<asset>` (`https://mirror.example/engines/ggml-org/"
         "llama.cpp/releases/download/b11434/llama-b11434-bin-ubuntu-x64.tar.gz`). Empty: nodes download "
         "from the publisher (agent.yaml's `provision.download_url`).",
+        http_url(empty_ok=True),
     )
     checksums: dict[str, str] = _field(
         {},
         "Release asset name -> `sha256:<hex>`, sent to every node in place of the publisher's digests: "
         "with any set, no node asks the publisher's release API. An asset not listed is refused, "
         "never installed unchecked.",
+        ASSET_DIGESTS,
     )
 
 
 @attrs.frozen
 class ServerConfig:
-    listen: str = _field("127.0.0.1:8080", "Gateway address (host:port): /v1/*, /health and the pages.")
-    admin_listen: str = _field("127.0.0.1:9090", "Admin listener (host:port), for this machine only.")
+    listen: str = _field(
+        "127.0.0.1:8080",
+        "Gateway address (host:port): /v1/*, /health and the pages.",
+        listen_address("127.0.0.1:8080"),
+    )
+    admin_listen: str = _field(
+        "127.0.0.1:9090",
+        "Admin listener (host:port), for this machine only.",
+        listen_address("127.0.0.1:9090"),
+    )
     admin_tokens: list[str] = _field(
         [],
         "sha256 digests (hex) of the tokens that may use the admin API from elsewhere: "
         "`llmgw ctl --server URL --token TOKEN` against /admin on `listen`. `llmgw ctl new-token` makes one.",
+        TOKEN_DIGESTS,
     )
-    agent_listen: str = _field("127.0.0.1:7443", "Agent service address (host:port), gRPC over mutual TLS.")
+    agent_listen: str = _field(
+        "127.0.0.1:7443",
+        "Agent service address (host:port), gRPC over mutual TLS.",
+        listen_address("127.0.0.1:7443"),
+    )
     state_dir: str = _field("/var/lib/llmgw", "Directory for the store and other state.")
     database: str = _field("", "SQLite file of the store; empty means `<state_dir>/llmgw.db`.")
-    drain_timeout_s: float = _field(10.0, "How long a stopping server waits for in-flight requests.")
+    drain_timeout_s: float = _field(
+        10.0, "How long a stopping server waits for in-flight requests.", seconds(0)
+    )
     tls: TLSConfig = _field(TLSConfig(), "Certificates of the agent service (mutual TLS).")
     auth: AuthConfig = _field(AuthConfig(), "Who may call the gateway.")
     control: ControlConfig = _field(ControlConfig(), "The control plane.")
@@ -199,8 +245,29 @@ class ServerConfig:
         "in seconds. A request's usage reaches the journal before its last bytes reach the client, so a "
         "killed server loses none; a power loss may lose what the last interval journaled. "
         "See docs/gateway.md.",
-        lambda v: "" if isinstance(v, (int, float)) and v > 0 else f"must be more than 0, not {v!r}",
+        seconds(0, above=True),
     )
+
+    def problem_across_keys(self) -> tuple[list[str], str] | None:
+        """(the keys, why) when keys each allowed alone are not together: two listeners on one port.
+
+        Without it the second listener failed to bind after the first had started, saying another
+        program held the port.
+        """
+        every = ("", "0.0.0.0", "[::]")
+        taken: list[tuple[str, str, str]] = []
+        for key in ("listen", "admin_listen", "agent_listen"):
+            host, _, port = getattr(self, key).rpartition(":")
+            if port == "0":
+                continue  # each takes a free port of its own
+            for other, other_host, other_port in taken:
+                if port == other_port and (host == other_host or host in every or other_host in every):
+                    return [other, key], (
+                        f"'{other}' ({getattr(self, other)}) and '{key}' ({getattr(self, key)}) take the "
+                        "same port; give each listener its own"
+                    )
+            taken.append((key, host, port))
+        return None
 
     @property
     def database_path(self) -> Path:
@@ -212,7 +279,7 @@ class EngineOptions:
     binary: str = _field(
         "", "Path of an engine binary built by hand; the agent then never installs this engine."
     )
-    parallel: int = _field(4, "Requests the engine serves at once (llama.cpp's `-np`).")
+    parallel: int = _field(4, "Requests the engine serves at once (llama.cpp's `-np`).", number(1))
 
 
 @attrs.frozen
@@ -229,21 +296,31 @@ class ProvisionConfig:
     api_url: str = _field(
         "https://api.github.com",
         "Release API the checksums of engine builds are read from (GitHub's, or one shaped like it).",
+        http_url(empty_ok=False),
     )
     download_url: str = _field(
         "https://github.com",
         "Where engine builds are downloaded from: `<download_url>/<repo>/releases/download/<tag>/<asset>`.",
+        http_url(empty_ok=False),
     )
 
 
 @attrs.frozen
 class AgentConfig:
     node_id: str = _field("", "This node's id; must equal the common name of its certificate.")
-    servers: list[str] = _field(["127.0.0.1:7443"], "Agent service addresses (host:port), tried in order.")
+    servers: list[str] = _field(
+        ["127.0.0.1:7443"],
+        "Agent service addresses (host:port), tried in order.",
+        dial_address("127.0.0.1:7443"),
+    )
     state_dir: str = _field("/var/lib/llmgw-agent", "Directory for the agent's state and installed engines.")
     weights_cache: str = _field("", "Directory for model weights; empty means `<state_dir>/weights`.")
-    heartbeat_interval_s: float = _field(2.0, "How often the agent sends a heartbeat.")
-    ready_timeout_s: float = _field(120.0, "How long an engine may take to answer its health check.")
+    heartbeat_interval_s: float = _field(
+        2.0, "How often the agent sends a heartbeat.", seconds(0, above=True, high=3600)
+    )
+    ready_timeout_s: float = _field(
+        120.0, "How long an engine may take to answer its health check.", seconds(0, above=True)
+    )
     tls: TLSConfig = _field(
         TLSConfig(), "This node's certificate and the authority that signed the server's."
     )
@@ -271,25 +348,25 @@ class AgentConfig:
         "The address of this node the control plane's gateway reaches its engines at: the endpoint of "
         "every replica here. Empty: the local address of the agent's own connection to the control "
         "plane (on a single host, 127.0.0.1). Must be an IP address of this machine.",
-        check=addresses.own_address_problem,
+        check=_OWN_ADDRESS,
     )
     engine_bind: str = _field(
         "",
         "The address engines listen on. Empty: the advertised address; `0.0.0.0` or `::` for every "
         "address of the machine. Otherwise an IP address of this machine.",
-        check=addresses.bind_address_problem,
+        check=Check("empty, 0.0.0.0, :: or an IP address of this machine", addresses.bind_address_problem),
     )
     engine_ports: str = _field(
         addresses.DEFAULT_ENGINE_PORTS,
         "The ports engines listen on, `FIRST-LAST`, so a firewall can name them: only the control plane's "
         "gateway hosts need to reach them. A replica that finds no free port there fails, saying so.",
-        check=addresses.port_range_problem,
+        check=Check("FIRST-LAST, ports 1-65535", addresses.port_range_problem),
     )
     fabric_address: str = _field(
         "",
         "This node's address on its fabric's management network, where the other nodes of a multi-node "
         "replica reach its rank 0. Empty: the advertised address. Must be an IP address of this machine.",
-        check=addresses.own_address_problem,
+        check=_OWN_ADDRESS,
     )
 
     @property
@@ -303,5 +380,9 @@ class AgentConfig:
 
 @attrs.frozen
 class MirrorConfig:
-    listen: str = _field("127.0.0.1:8081", "Address (host:port) the mirror serves model files on.")
+    listen: str = _field(
+        "127.0.0.1:8081",
+        "Address (host:port) the mirror serves model files on.",
+        listen_address("127.0.0.1:8081"),
+    )
     root: str = _field("/var/lib/llmgw-mirror", "Directory whose files the mirror serves.")

@@ -28,9 +28,10 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
-from ruamel.yaml.error import MarkedYAMLError
 
+from llmgw.config.checks import Check
 from llmgw.config.location import dotted, line_of, where
+from llmgw.config.yamltext import read_yaml
 from llmgw.errors import ConfigError
 
 T = TypeVar("T")
@@ -38,19 +39,23 @@ T = TypeVar("T")
 
 def parse(cls: type[T], text: str, source: str = "<string>") -> T:
     """Structure YAML text into cls, or raise ConfigError naming source, line and key."""
-    yaml = YAML(typ="rt")
-    try:
-        data = yaml.load(io.StringIO(text))
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        line = mark.line + 1 if mark is not None else "?"
-        raise ConfigError(f"{source}:{line}: not valid YAML: {exc.problem}") from None
+    data = read_yaml(text, source)
     if data is None:
         data = CommentedMap()
     try:
-        return _converter.structure(_plain(data), cls)
+        result = _converter.structure(_plain(data, []), cls)
+    except _NotText as exc:
+        raise ConfigError(exc.say(source, data)) from None
     except (BaseValidationError, _Refused) as exc:
         raise ConfigError(_first_fault(exc, source, data)) from None
+    # Checks of several keys together, after each key's own: a class that has some says them here.
+    across = getattr(result, "problem_across_keys", None)
+    if across is not None and (found := across()) is not None:
+        keys, why = found
+        # At the line of a key the file sets; the other may be its default.
+        said = [key for key in keys if line_of(data, [key]) is not None] or keys
+        raise ConfigError(f"{where(source, data, [said[-1]])}: {why}")
+    return result
 
 
 def load(cls: type[T], path: Path) -> T:
@@ -60,6 +65,17 @@ def load(cls: type[T], path: Path) -> T:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from None
     return parse(cls, text, str(path))
+
+
+def check_flag(cls: type, key: str, value: Any, flag: str) -> None:
+    """ConfigError when value, given with flag in place of cls's key, is not what the key allows.
+
+    A flag that overrides a key is held to the key's own check, so that `--listen 127.0.0.1:99999`
+    is refused before anything listens, as the same value in the file would be.
+    """
+    check = attrs.fields_dict(cls)[key].metadata.get("check")
+    if check is not None and (problem := check(value)):
+        raise ConfigError(f"{flag} is {_shown(value)}; {problem}")
 
 
 def dump(value: Any) -> str:
@@ -102,22 +118,24 @@ def unwrap_optional(tp: Any) -> Any:
 class _Refused(ValueError):
     """A value of the wrong kind; the key is added by whoever knows the path."""
 
-    def __init__(self, value: Any, expected: str) -> None:
+    def __init__(self, value: Any, expected: str, at: list[str | int] | None = None) -> None:
         super().__init__(value, expected)
         self.value = value
         self.expected = expected
+        # Where below the field the value is: the item of a list whose items are checked one by one.
+        self.at = at or []
 
     def say(self, key: str) -> str:
         if self.value is None:
             return f"'{key}' is empty; expected {self.expected}"
-        return f"'{key}' is {self.value!r}; expected {self.expected}"
+        return f"'{key}' is {_shown(self.value)}; expected {self.expected}"
 
 
 class _Unusable(_Refused):
     """A value of the right kind that a field's own check refuses, saying why."""
 
     def say(self, key: str) -> str:
-        return f"'{key}' is {self.value!r}; {self.expected}"
+        return f"'{key}' is {_shown(self.value)}; {self.expected}"
 
 
 class _NotAMapping(_Refused):
@@ -160,15 +178,43 @@ def _faults(exc: BaseException, path: list[str | int]) -> Iterator[tuple[list[st
         for key in sorted(exc.extra_fields):
             yield [*path, key], exc
     else:
-        yield path, exc
+        yield [*path, *getattr(exc, "at", [])], exc
 
 
-def _plain(node: Any) -> Any:
+class _NotText(ValueError):
+    """A mapping key that is not text: `? [a, b]`, `null:`, `true:`; never turned into a string."""
+
+    def __init__(self, path: list[str | int], key: Any) -> None:
+        super().__init__(path, key)
+        self.path = path
+        self.key = key
+
+    def say(self, source: str, root: Any) -> str:
+        under = f"a key under '{dotted(self.path)}'" if self.path else "a key"
+        return f"{where(source, root, self.path)}: {under} is {_shown(self.key)}; keys are names (text)"
+
+
+def _plain(node: Any, path: list[str | int]) -> Any:
     if isinstance(node, dict):
-        return {str(k): _plain(v) for k, v in node.items()}
+        plain = {}
+        for k, v in node.items():
+            # A number is a name YAML read as a number (`0: gpu`); anything else would become its repr.
+            if not isinstance(k, str) and (isinstance(k, bool) or not isinstance(k, (int, float))):
+                raise _NotText(path, k)
+            plain[str(k)] = _plain(v, [*path, str(k)])
+        return plain
     if isinstance(node, list):
-        return [_plain(v) for v in node]
+        return [_plain(v, [*path, i]) for i, v in enumerate(node)]
     return node
+
+
+def _shown(value: Any) -> str:
+    """value as an error shows it: short, because a whole mapping quoted back buries the sentence."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else f"{text[: _SHOWN - 4]} ..."
+
+
+_SHOWN = 80
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
@@ -212,7 +258,7 @@ def _as_text(value: Any) -> Any:
     return str(value) if isinstance(value, (int, float)) else value
 
 
-def _field_hook(tp: Any, check: Callable[[Any], str] | None) -> Callable[[Any, Any], Any]:
+def _field_hook(tp: Any, check: Check | None) -> Callable[[Any, Any], Any]:
     """How one field is structured: absent said out loud, the container's kind, cattrs, its own check."""
     optional = type(None) in typing.get_args(tp)
     inner = unwrap_optional(tp)
@@ -231,7 +277,12 @@ def _field_hook(tp: Any, check: Callable[[Any], str] | None) -> Callable[[Any, A
         elif texts:
             value = {k: _as_text(v) for k, v in value.items()}
         result = _converter.structure(value, inner)
-        if check is not None and (problem := check(result)):
+        if check is not None and check.each:
+            items = result.items() if isinstance(result, dict) else enumerate(result)
+            for at, item in items:
+                if problem := check(item):
+                    raise _Unusable(item, problem, at=[at])
+        elif check is not None and (problem := check(result)):
             raise _Unusable(result, problem)
         return result
 

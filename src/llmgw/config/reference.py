@@ -31,7 +31,18 @@ With several roles in one process, give one `--config` per `--role`, in the same
 (default `./.llmgw-dev`); edit them there and the next `--dev` run uses them.
 
 Addresses are `host:port`; port 0 asks for a free port. Durations end in `_s` and are seconds.
-A number in a list or mapping of strings is read as its text (`args: [--ctx, 4096]`).
+What a key allows beyond its type (a range, the form of an address) follows its type in the tables;
+a value outside it is refused in the same way, before anything listens.
+A number in a list or mapping of strings is read as its text (`args: [--ctx, 4096]`); a list or
+a mapping where text is expected, and a key that is not a name (`null:`, `true:`, `? [a, b]`),
+are refused with their line.
+
+Every YAML llmgw reads (these files, `llmgw ctl model add`, the admin API's `POST /api/v1/models`)
+is held to the same budget before it is read: at most 1 MiB of text, 32 aliases (`*name`), 100,000
+values once its aliases are expanded and 32 levels of nesting, no unquoted number longer than 100
+characters, no `\\uD800`-`\\uDFFF` escape (half a character) and no tags (`!!python/object`,
+`!vault`; write plain values, text in quotes). YAML over it is refused with its line, having built
+nothing, so a few lines of nested aliases cannot stand for a billion values.
 """
 
 _SERVER_EXAMPLES = """\
@@ -121,7 +132,9 @@ def _rows(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
         help = f.metadata.get("help", "").replace("|", "\\|")  # a bare | would end the table's cell
-        rows.append((key, _kind(tp), _shown(getattr(defaults, f.name)), help))
+        check = f.metadata.get("check")
+        kind = f"{_kind(tp)}: {check.allowed}" if check is not None else _kind(tp)
+        rows.append((key, kind.replace("|", "\\|"), _shown(getattr(defaults, f.name)), help))
         inner = unwrap_optional(tp)
         args = typing.get_args(inner)
         if attrs.has(inner):

@@ -24,6 +24,7 @@ from aiohttp import web
 import llmgw
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
+from llmgw.config.yamltext import MAX_BYTES as MAX_YAML_BYTES
 from llmgw.control import views
 from llmgw.control.engine_metrics import ScrapeError, scrape
 from llmgw.control.explain import explain_placement
@@ -432,6 +433,9 @@ async def post_model(request: web.Request) -> web.Response:
     # Named in errors: ctl sends the file's name, so a mistake reads "model.yaml:7: ...".
     source = request.query.get("file", "")[:200] or "the model definition"
     catalog, inventory = request.config_dict[CATALOG_KEY], request.config_dict[INVENTORY_KEY]
+    # Said before the body is read: a definition is a screenful, and the client port would take 64 MiB.
+    if request.content_length is not None and request.content_length > MAX_YAML_BYTES:
+        return error(413, f"a model's definition is at most {MAX_YAML_BYTES:,} bytes")
     try:
         model, replaced = await catalog.add(await request.text(), source)
     except ConfigError as exc:

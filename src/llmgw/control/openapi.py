@@ -140,7 +140,8 @@ def document(version: str) -> dict[str, Any]:
                     "operationId": "addModel",
                     "summary": "Add a model to the catalog, or replace one added before; kept over restarts.",
                     "description": "The body is one model's definition, as under `models:` in server.yaml "
-                    "(docs/reference.md), YAML or JSON. A name server.yaml declares is refused (409).",
+                    "(docs/reference.md), YAML or JSON, at most 1 MiB (413). A name server.yaml declares is "
+                    "refused (409).",
                     "parameters": [
                         {
                             "name": "file",
@@ -161,6 +162,7 @@ def document(version: str) -> dict[str, Any]:
                         "201": _json(ref(views.Model), "It was added."),
                         "400": _json(ref(views.Error), "The definition cannot be used: what, at which line."),
                         "409": _ERROR,
+                        "413": _json(ref(views.Error), "The definition is over 1 MiB."),
                         "415": _ERROR,
                     },
                 },

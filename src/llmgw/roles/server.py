@@ -113,7 +113,7 @@ async def _serve_app(
 @contextlib.asynccontextmanager
 async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
     async with contextlib.AsyncExitStack() as stack:
-        store = await stack.enter_async_context(open_store(cfg.database_path))
+        store = await stack.enter_async_context(open_store(cfg.database_path, server=True))
         keys = KeyCache()
         await keys.refresh(store)
         # server.yaml's models and those added with `llmgw ctl model add`, which the store kept. The

@@ -18,6 +18,19 @@ from llmgw.errors import StoreError
 
 Migration = Sequence[str]
 
+
+class NewerSchema(StoreError):
+    """The store was written by a later release, whose schema this one does not know."""
+
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(
+            f"the store is at schema version {found}, newer than this llmgw knows ({known}): "
+            "it was written by a later release; upgrade llmgw"
+        )
+        self.found = found
+        self.known = known
+
+
 MIGRATIONS: Sequence[Migration] = (
     # 1: API keys. Only the sha256 of a key is kept, with its first characters
     # so a person can tell keys apart in `llmgw keys list` and revoke one.
@@ -195,10 +208,7 @@ async def migrate(db: aiosqlite.Connection, migrations: Sequence[Migration] = MI
         )
         current = await schema_version(db)
         if current > len(migrations):
-            raise StoreError(
-                f"the store is at schema version {current}, newer than this llmgw knows "
-                f"({len(migrations)}): it was written by a later release; upgrade llmgw"
-            )
+            raise NewerSchema(current, len(migrations))
         for version, statements in enumerate(migrations, start=1):
             if version <= current:
                 continue

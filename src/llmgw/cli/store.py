@@ -1,0 +1,37 @@
+"""`llmgw store`: the control plane's store from a shell on its machine; backing it up."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from llmgw import config
+from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
+from llmgw.cli.store_command import server_config_option
+from llmgw.config import ServerConfig
+from llmgw.errors import ConfigError, LlmgwError
+from llmgw.store.backup import backup_store
+
+
+@click.group()
+def store() -> None:
+    """The store: back it up while the server runs."""
+
+
+@store.command()
+@click.argument("out", type=click.Path(path_type=Path, dir_okay=False))
+@server_config_option("accounts, keys, usage and added models")
+def backup(out: Path, config_path: Path) -> None:
+    """Write a consistent copy of the store to OUT (a new file), while the server runs or not."""
+    try:
+        database = config.load(ServerConfig, config_path).database_path
+        size = backup_store(database, out)
+    except ConfigError as exc:
+        click.echo(f"llmgw: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except LlmgwError as exc:
+        click.echo(f"llmgw: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    click.echo(f"backed up {database} to {out} ({size:,} bytes)")
