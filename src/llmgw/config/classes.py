@@ -152,9 +152,25 @@ class EngineMirrorConfig:
 
 
 @attrs.frozen
+class LogConfig:
+    requests: bool = _field(
+        False,
+        "Log one line per request to /v1/chat/completions and /v1/completions: its x-request-id, key "
+        "prefix, project, model, served model, node, status, tokens, latency and time to first byte. "
+        "See docs/monitoring.md.",
+    )
+
+
+@attrs.frozen
 class ServerConfig:
     listen: str = _field("127.0.0.1:8080", "Gateway address (host:port): /v1/*, /health and the pages.")
     admin_listen: str = _field("127.0.0.1:9090", "Admin listener (host:port), for this machine only.")
+    metrics_listen: str = _field(
+        "",
+        "An address (host:port) serving Prometheus metrics at /metrics and nothing else, for a scraper "
+        "on another machine. Empty: none; the admin listener serves /metrics either way. "
+        "See docs/monitoring.md.",
+    )
     admin_tokens: list[str] = _field(
         [],
         "sha256 digests (hex) of the tokens that may use the admin API from elsewhere: "
@@ -186,6 +202,7 @@ class ServerConfig:
     default_price: PriceConfig = _field(
         PriceConfig(), "Price of a model `pricing` does not name; both 0 means such a model has no price."
     )
+    log: LogConfig = _field(LogConfig(), "What the server logs besides its own events.")
     usage_sync_s: float = _field(
         1.0,
         "How often the usage journal (`usage-journal/` beside the store's database) is synced to disk, "

@@ -27,8 +27,15 @@ EVENT = "a TLS handshake on the agent service failed"
 class Handshakes:
     """Plain protocols that upgrade to TLS, then hand the connection to the inner protocol."""
 
-    def __init__(self, context: ssl.SSLContext, names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        context: ssl.SSLContext,
+        names: Sequence[str],
+        refused: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        """refused("tls") is called for each connection whose handshake failed."""
         self._context = context
+        self._refused = refused
         # The names this server's certificate has, for the message when a client refuses it.
         self._names = list(names)
         self._upgrades: set[asyncio.Task[None]] = set()
@@ -62,6 +69,7 @@ class Handshakes:
             raise
         except (OSError, TimeoutError) as exc:
             log.warning(EVENT, peer=where, error=handshake_failure(exc, where, self._names))
+            self._refused("tls")
             transport.close()
             return
         if tls is not None:

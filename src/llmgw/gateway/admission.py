@@ -134,6 +134,7 @@ class Admission:
                 f"(it may use: {allowed})",
                 code="model_not_allowed",
                 param="model",
+                refusal=("key", "model_not_allowed"),
             )
         started = time.perf_counter()
         admitted_at = time.time()
@@ -148,6 +149,7 @@ class Admission:
                 "per request (max_tokens times n): ask for fewer",
                 param="max_tokens",
                 code="max_tokens_too_large",
+                refusal=("model", "max_tokens"),
             )
         prompt = len(call.body) + TEMPLATE_OVERHEAD
         price = self._price(model)
@@ -192,6 +194,7 @@ class Admission:
                 # charged what was reserved, so that leaving early saves nothing.
                 used = (prompt, completion)
             spent = cost(price, *used)
+            call.cost = spent
             self._quotas.settle(ticket, sum(used), spent)
             latency_ms = (time.perf_counter() - started) * 1000
             self._recorder.record(

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
 from llmgw.gateway.errors import openai_errors
+from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.pipeline import Call, Stage, compose, endpoint, read_request
-from llmgw.gateway.proxy import client_session, proxy
+from llmgw.gateway.proxy import UPSTREAM_ERRORS_KEY, client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
 
 ROUTER_KEY = web.AppKey("llmgw.gateway.router", Router)
@@ -29,22 +31,29 @@ def make_gateway_app(
     replicas: ReplicaTable,
     keys: KeyCache,
     admission: Admission | None = None,
+    metrics: GatewayMetrics | None = None,
 ) -> web.Application:
     """The gateway for the catalog, routing to replicas, checking keys when cfg.auth.enabled.
 
     catalog is the server's live one (models added with ctl too), the one its admin API changes.
     admission (limits, budgets, usage) applies to calls with a key, so only when auth is enabled.
+    metrics counts every completion request; without one, they are counted in a registry no one reads.
     """
+    if metrics is None:
+        metrics = GatewayMetrics(CollectorRegistry(), catalog)
     app = web.Application(client_max_size=_MAX_BODY, middlewares=[openai_errors])
     router = Router(catalog, replicas)
     app[ROUTER_KEY] = router
     app[CATALOG_KEY] = catalog
     app[KEYS_KEY] = keys
+    app[UPSTREAM_ERRORS_KEY] = metrics.upstream_error
     app.cleanup_ctx.append(client_session)
 
     auth: list[Stage] = [Authenticate(keys)] if cfg.auth.enabled else []
     admit: list[Stage] = [admission] if admission is not None and cfg.auth.enabled else []
-    completions = endpoint(compose([*auth, read_request, *admit, router], proxy))
+    completions = endpoint(
+        compose([metrics.observe, *auth, read_request, metrics.track_in_flight, *admit, router], proxy)
+    )
     # Built once per catalog change, not per request: (the catalog's generation, the body).
     listed: list[tuple[int, bytes]] = []
 

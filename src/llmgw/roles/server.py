@@ -20,14 +20,17 @@ from llmgw.config import ServerConfig
 from llmgw.control.adminapi import BACKOFF_KEY
 from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
+from llmgw.control.metrics import ControlMetrics
 from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.journal import open_journal
+from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.listen import cannot_listen, split_host_port
+from llmgw.metrics import Metrics, new_registry, serve_metrics
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
@@ -54,6 +57,8 @@ class ServerHandle:
     usage: UsageRecorder | None = None
     # The admin listener: cluster pages and the admin API, for this machine (`llmgw ctl`).
     admin_url: str = ""
+    # metrics_listen's URL; "" when it is not set.
+    metrics_url: str = ""
 
     async def create_dev_key(self) -> str:
         """A fresh key for the dev banner, usable at once."""
@@ -134,12 +139,26 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         stack.callback(journal.stop)
         stack.callback(usage.stop)
         owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
-        agent_port = await stack.enter_async_context(serve_agents(cfg, inventory))
-        app = make_gateway_app(cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, usage))
+        registry = new_registry()
+        control_metrics = ControlMetrics(registry, inventory, usage)
+        metrics = Metrics(registry, [control_metrics.snapshot] if control_metrics.snapshot else [])
+        agent_port = await stack.enter_async_context(
+            serve_agents(cfg, inventory, refused=control_metrics.agent_refused)
+        )
+        app = make_gateway_app(
+            cfg,
+            catalog,
+            inventory,
+            keys,
+            Admission(cfg, catalog, quotas, usage),
+            GatewayMetrics(registry, catalog, log_requests=cfg.log.requests),
+        )
         reconciler = None
         if cfg.control.enabled:
             # A draining node's replicas are stopped once the gateway has nothing in flight there.
-            reconciler = Reconciler(cfg, inventory, catalog, in_flight=app[ROUTER_KEY].in_flight)
+            reconciler = Reconciler(
+                cfg, inventory, catalog, in_flight=app[ROUTER_KEY].in_flight, metrics=control_metrics
+            )
             owned.append(tasks.create_task(reconciler.run(), name="reconciler"))
             # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
             app[BACKOFF_KEY] = reconciler.backoff
@@ -149,15 +168,20 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         mount_on_client_port(app, cfg, inventory, catalog)
         url = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
+        admin_app.router.add_get("/metrics", metrics.handle)
         if reconciler is not None:
             admin_app[BACKOFF_KEY] = reconciler.backoff
         admin_url = await stack.enter_async_context(
             _serve_app(admin_app, cfg.admin_listen, "admin_listen", cfg.drain_timeout_s)
         )
+        metrics_url = await stack.enter_async_context(
+            serve_metrics(metrics, cfg.metrics_listen, "metrics_listen")
+        )
         log.info(
             "server ready",
             gateway=url,
             admin=admin_url,
+            metrics=metrics_url or f"{admin_url}/metrics",
             agent_port=agent_port,
             models=catalog.names(),
         )
@@ -170,6 +194,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             quotas=quotas,
             usage=usage,
             admin_url=admin_url,
+            metrics_url=metrics_url,
         )
         log.info("server stopping")
 
