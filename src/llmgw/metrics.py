@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 from aiohttp import web
 from prometheus_client import (
@@ -82,20 +82,26 @@ class Snapshot(Collector):
 
 
 class Metrics:
-    """A role's registry and the snapshots taken before each scrape."""
+    """A role's registry, what is read before each scrape, and the snapshots then taken."""
 
-    def __init__(self, registry: CollectorRegistry, snapshots: Sequence[Snapshot] = ()) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        snapshots: Sequence[Snapshot] = (),
+        refreshers: Sequence[Callable[[], Awaitable[None]]] = (),
+    ) -> None:
+        """refreshers run first, on the loop (reading other pages, say); then every snapshot is taken."""
         self.registry = registry
         self._snapshots = list(snapshots)
+        self._refreshers = list(refreshers)
         # One scrape at a time: a second one's snapshot must not replace the first's mid-render.
         self._lock = asyncio.Lock()
-
-    def add(self, snapshot: Snapshot) -> None:
-        self._snapshots.append(snapshot)
 
     async def page(self) -> bytes:
         """The registry in Prometheus's text format."""
         async with self._lock:
+            for refresh in self._refreshers:
+                await refresh()
             for snapshot in self._snapshots:
                 snapshot.take()
             return await asyncio.to_thread(generate_latest, self.registry)

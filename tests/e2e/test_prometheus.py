@@ -1,4 +1,4 @@
-"""A real Prometheus scraping a running server and agent: what an operator's dashboards would be built on."""
+"""A real Prometheus scraping a running server and agent: what an operator's dashboards are built on."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def pki_dir(tmp_path: Path) -> Path:
     return pki_dir
 
 
-async def test_prometheus_scrapes_the_servers_requests_exactly_and_its_histograms(
+async def test_prometheus_counts_requests_exactly_and_sees_histograms_and_engine_metrics(
     tmp_path: Path, pki_dir: Path
 ) -> None:
     ca = str(pki_dir / "ca.pem")
@@ -144,10 +144,11 @@ async def test_prometheus_scrapes_the_servers_requests_exactly_and_its_histogram
                 servers=[f"127.0.0.1:{server.agent_port}"],
                 heartbeat_interval_s=0.2,
                 state_dir=str(tmp_path / "agent"),
+                metrics_listen="127.0.0.1:0",
                 keep_engines_on_stop=False,
                 tls=TLSConfig(ca=ca, cert=str(pki_dir / "node-1.pem"), key=str(pki_dir / "node-1-key.pem")),
             )
-            async with agent_role(agent_cfg):
+            async with agent_role(agent_cfg) as agent:
                 key = await server.create_dev_key()
                 # Until a replica is ready the gateway answers 503; those are counted, as 5xx.
                 loop = asyncio.get_running_loop()
@@ -158,7 +159,10 @@ async def test_prometheus_scrapes_the_servers_requests_exactly_and_its_histogram
                     await asyncio.sleep(0.05)
                 for _ in range(REQUESTS - 1):
                     assert await _chat(session, server.gateway_url, key) == 200
-                targets = {"llmgw_server": server.metrics_url.removeprefix("http://")}
+                targets = {
+                    "llmgw_server": server.metrics_url.removeprefix("http://"),
+                    "llmgw_agent": agent.metrics_url.removeprefix("http://"),
+                }
                 async with prometheus(tmp_path, targets) as api:
                     counted = await _until(
                         session, api, f'llmgw_requests_total{{status="2xx"}} == {REQUESTS}'
@@ -179,3 +183,17 @@ async def test_prometheus_scrapes_the_servers_requests_exactly_and_its_histogram
                     replicas = await _until(session, api, f'llmgw_replicas{{model="{MODEL}",state="ready"}}')
                     assert float(replicas[0]["value"][1]) == 1
                     await _until(session, api, "process_resident_memory_bytes{job='llmgw_server'}")
+                    # The sim engine's own counter, through the agent's page, with its replica's labels:
+                    # it saw exactly the requests that succeeded (the 503s never reached it).
+                    (engine,) = await _until(
+                        session, api, f'llmgw_sim_requests_total{{endpoint="chat"}} == {REQUESTS}'
+                    )
+                    labels = engine["metric"]
+                    assert (labels["job"], labels["model"], labels["node"]) == (
+                        "llmgw_agent",
+                        MODEL,
+                        "node-1",
+                    )
+                    assert labels["replica"]
+                    (ready,) = await _until(session, api, 'llmgw_agent_engines{state="ready"}')
+                    assert ready["metric"]["model"] == MODEL

@@ -25,6 +25,7 @@ by the next one); the supervisor follows the file and keeps a ring of its last
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import random
@@ -37,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 
 import aiohttp
+import attrs
 import structlog
 
 from llmgw import launcher
@@ -120,6 +122,17 @@ def _seconds(s: float) -> str:
     return f"{s:.3g} s"
 
 
+@attrs.frozen
+class MetricsTarget:
+    """A ready engine's metrics page: what the agent's /metrics re-exports, labelled with its replica."""
+
+    shard_id: str
+    model: str
+    replica: str
+    url: str
+    secret: str = attrs.field(repr=False)
+
+
 class _Shard:
     """One shard's request, process, output and last reported status."""
 
@@ -194,6 +207,8 @@ class Supervisor:
         # No jitter: engines restart on their own node, not a fleet at once.
         self._backoff = ExponentialBackoff(base_s=backoff_initial_s, cap_s=backoff_max_s)
         self._shards: dict[str, _Shard] = {}
+        # Restarts of engines that had served and crashed, by model, since the agent started.
+        self.restarts: collections.Counter[str] = collections.Counter()
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -296,6 +311,20 @@ class Supervisor:
     def statuses(self) -> list[pb.ShardStatus]:
         """The last reported status of every shard this supervisor runs."""
         return [shard.status for shard in self._shards.values()]
+
+    def metrics_targets(self) -> list[MetricsTarget]:
+        """Where each ready engine's own metrics page is, as the agent reaches it, with its secret."""
+        return [
+            MetricsTarget(
+                shard_id=shard.req.shard_id,
+                model=shard.req.model,
+                replica=shard.req.replica_id or shard.req.shard_id,
+                url=shard.local_url + shard.engine.metrics_path,
+                secret=shard.req.engine_secret,
+            )
+            for shard in self._shards.values()
+            if shard.status.state == "ready" and shard.local_url
+        ]
 
     def output(self, shard_id: str) -> list[str]:
         """The shard's last output lines (at most 500), oldest first; empty for an unknown shard."""
@@ -552,6 +581,7 @@ class Supervisor:
             if not served:
                 return
             await asyncio.sleep(self._backoff.delay(crashes))
+            self.restarts[shard.req.model] += 1
             if not await self._spawn(shard, restarting=True):
                 return
 

@@ -253,6 +253,11 @@ class AgentConfig:
     state_dir: str = _field("/var/lib/llmgw-agent", "Directory for the agent's state and installed engines.")
     weights_cache: str = _field("", "Directory for model weights; empty means `<state_dir>/weights`.")
     heartbeat_interval_s: float = _field(2.0, "How often the agent sends a heartbeat.")
+    metrics_listen: str = _field(
+        "",
+        "An address (host:port) serving this node's Prometheus metrics at /metrics, its engines' own "
+        "re-exported with `model`, `replica` and `node` labels. Empty: none. See docs/monitoring.md.",
+    )
     ready_timeout_s: float = _field(120.0, "How long an engine may take to answer its health check.")
     tls: TLSConfig = _field(
         TLSConfig(), "This node's certificate and the authority that signed the server's."
