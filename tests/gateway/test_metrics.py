@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import attrs
@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 from structlog.testing import capture_logs
 
 from llmgw.catalog import Catalog
@@ -20,13 +21,13 @@ from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
-from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.metrics import GatewayMetrics, budget_families
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.routes import EngineRoute
 from llmgw.store import Store
 from llmgw.store.keys import create_key
-from llmgw.store.quotas import set_limits
+from llmgw.store.quotas import set_budget, set_limits
 from llmgw.store.scopes import Scope
 
 from ..waiting import eventually
@@ -211,6 +212,31 @@ class TestAdmissionRefusals:
         assert (await gw.chat({**BODY, "max_tokens": 10**6}))[0] == 400
         assert gw.value("llmgw_admission_refusals_total", scope="project", reason="requests") == 1
         assert gw.value("llmgw_admission_refusals_total", scope="model", reason="max_tokens") == 1
+
+
+class TestBudgets:
+    async def test_each_budget_and_what_its_period_spent_are_exported(
+        self, rig: RigFactory, store: Store
+    ) -> None:
+        gw = await rig()
+        await set_budget(store, Scope("project", int(gw.project)), 50.0, "day")
+        await gw.quotas.refresh(store)
+        assert (await gw.chat())[0] == 200
+        registry = CollectorRegistry()
+        registry.register(_Families(lambda: budget_families(gw.quotas)))
+        labels = {"scope": "project", "id": gw.project, "period": "day"}
+        assert registry.get_sample_value("llmgw_budget_amount", labels) == 50.0
+        spent = registry.get_sample_value("llmgw_budget_spent", labels)
+        assert spent is not None and spent == pytest.approx(gw.value("llmgw_cost_total", project=gw.project))
+        assert spent > 0
+
+
+class _Families:
+    def __init__(self, read: Callable[[], Iterable[Metric]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        return self._read()
 
 
 class TestRequestIds:

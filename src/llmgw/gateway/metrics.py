@@ -13,15 +13,19 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Iterable
 
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from llmgw.catalog import Catalog
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 from llmgw.gateway.proxy import REQUEST_ID_HEADER
+from llmgw.gateway.quotas import Quotas
 from llmgw.metrics import LATENCY_BUCKETS_S
 
 log = structlog.get_logger("llmgw.requests")
@@ -212,3 +216,22 @@ class GatewayMetrics:
     def upstream_error(self, node: str, stage: str) -> None:
         """An engine did not answer (stage "connect") or stopped mid-reply (stage "reply")."""
         self.upstream_errors.labels(node, stage).inc()
+
+
+def budget_families(quotas: Quotas) -> Iterable[Metric]:
+    """Each budget's amount and what its current period has spent, for alerts before it runs out."""
+    amount = GaugeMetricFamily(
+        "llmgw_budget_amount",
+        "Each budget's amount per period, in the unit prices are set in, by scope kind, scope id and period.",
+        labels=["scope", "id", "period"],
+    )
+    spent = GaugeMetricFamily(
+        "llmgw_budget_spent",
+        "What the current period of each budget has spent, as admission counts it.",
+        labels=["scope", "id", "period"],
+    )
+    for budget in quotas.budgets:
+        labels = [budget.scope.kind, str(budget.scope.id), budget.period]
+        amount.add_metric(labels, budget.amount)
+        spent.add_metric(labels, quotas.spent(budget.scope) or 0.0)
+    yield from (amount, spent)

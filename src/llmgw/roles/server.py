@@ -26,11 +26,11 @@ from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.journal import open_journal
-from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.metrics import GatewayMetrics, budget_families
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.listen import cannot_listen, split_host_port
-from llmgw.metrics import Metrics, new_registry, serve_metrics
+from llmgw.metrics import Metrics, Snapshot, new_registry, serve_metrics
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
@@ -141,7 +141,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
         registry = new_registry()
         control_metrics = ControlMetrics(registry, inventory, usage)
-        metrics = Metrics(registry, [control_metrics.snapshot] if control_metrics.snapshot else [])
+        budgets = Snapshot(registry, lambda: budget_families(quotas))
+        metrics = Metrics(registry, [s for s in (control_metrics.snapshot, budgets) if s is not None])
         agent_port = await stack.enter_async_context(
             serve_agents(cfg, inventory, refused=control_metrics.agent_refused)
         )
