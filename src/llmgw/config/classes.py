@@ -152,6 +152,18 @@ class EngineMirrorConfig:
 
 
 @attrs.frozen
+class MonitoringConfig:
+    window_s: float = _field(
+        21600.0,
+        "How far back the history charts on the cluster and models pages reach, in seconds (6 h): the "
+        "gateway keeps one sample every 10 s for this long, in memory. See docs/monitoring.md.",
+        lambda v: (
+            "" if isinstance(v, (int, float)) and v >= 10 else f"must be at least 10 (seconds), not {v!r}"
+        ),
+    )
+
+
+@attrs.frozen
 class LogConfig:
     requests: bool = _field(
         False,
@@ -203,6 +215,7 @@ class ServerConfig:
         PriceConfig(), "Price of a model `pricing` does not name; both 0 means such a model has no price."
     )
     log: LogConfig = _field(LogConfig(), "What the server logs besides its own events.")
+    monitoring: MonitoringConfig = _field(MonitoringConfig(), "The history the pages chart.")
     usage_sync_s: float = _field(
         1.0,
         "How often the usage journal (`usage-journal/` beside the store's database) is synced to disk, "

@@ -25,6 +25,7 @@ from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.history import History
 from llmgw.gateway.journal import open_journal
 from llmgw.gateway.metrics import GatewayMetrics, budget_families
 from llmgw.gateway.quotas import Quotas
@@ -36,6 +37,7 @@ from llmgw.store.keys import create_key
 from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
+from llmgw.web.history import HISTORY_KEY
 
 log = structlog.get_logger(__name__)
 
@@ -146,14 +148,14 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         agent_port = await stack.enter_async_context(
             serve_agents(cfg, inventory, refused=control_metrics.agent_refused)
         )
+        gateway_metrics = GatewayMetrics(registry, catalog, log_requests=cfg.log.requests)
         app = make_gateway_app(
-            cfg,
-            catalog,
-            inventory,
-            keys,
-            Admission(cfg, catalog, quotas, usage),
-            GatewayMetrics(registry, catalog, log_requests=cfg.log.requests),
+            cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, usage), gateway_metrics
         )
+        # The last hours for the pages' charts, sampled from the same counters a scraper reads.
+        history = History(gateway_metrics, inventory, cfg.monitoring.window_s)
+        owned.append(tasks.create_task(history.run(), name="history-sampler"))
+        app[HISTORY_KEY] = history
         reconciler = None
         if cfg.control.enabled:
             # A draining node's replicas are stopped once the gateway has nothing in flight there.
@@ -169,6 +171,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         mount_on_client_port(app, cfg, inventory, catalog)
         url = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
+        admin_app[HISTORY_KEY] = history
         admin_app.router.add_get("/metrics", metrics.handle)
         if reconciler is not None:
             admin_app[BACKOFF_KEY] = reconciler.backoff

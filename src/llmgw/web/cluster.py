@@ -21,6 +21,7 @@ from llmgw.control.inventory import Inventory
 from llmgw.control.nodelogs import DEFAULT_LINES
 from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES, node_row
 from llmgw.web.context import AdminLink, add_admin_links
+from llmgw.web.history import HISTORY_KEY, gpu_charts, model_charts
 from llmgw.web.render import render
 
 Handler = adminapi.Handler
@@ -53,12 +54,16 @@ ASSETS_KEY = web.AppKey("llmgw.web.cluster.assets", dict[str, bytes])
 async def cluster_page(request: web.Request) -> web.StreamResponse:
     inventory = request.config_dict[adminapi.INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
+    history = request.config_dict.get(HISTORY_KEY)
     return await render(
         request,
         "admin_cluster.html",
         paths=paths,
         summary=adminapi.status_view(inventory, request.config_dict[CATALOG_KEY].models()),
         nodes=[node_row(v) for v in adminapi.nodes_view(inventory)],
+        history=history is not None,
+        charts=model_charts(history) if history is not None else [],
+        gpu_charts=gpu_charts(history) if history is not None else [],
     )
 
 
@@ -66,7 +71,9 @@ async def models_page(request: web.Request) -> web.StreamResponse:
     inventory = request.config_dict[adminapi.INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
     models = adminapi.models_view(inventory, request.config_dict[CATALOG_KEY].models())
-    return await render(request, "admin_models.html", paths=paths, models=models)
+    history = request.config_dict.get(HISTORY_KEY)
+    charts = {m.name: model_charts(history, m.name) for m in models} if history is not None else {}
+    return await render(request, "admin_models.html", paths=paths, models=models, charts=charts)
 
 
 async def node_logs_page(request: web.Request) -> web.StreamResponse:
