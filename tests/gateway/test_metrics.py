@@ -128,6 +128,17 @@ class TestRequestsCounted:
         refused = {"model": "", "served_model": "", "project": "", "status": "4xx", "code": "invalid_api_key"}
         assert gw.value("llmgw_requests_total", **refused) == 1
 
+    async def test_concurrent_requests_are_counted_exactly_and_leave_nothing_in_flight(
+        self, rig: RigFactory
+    ) -> None:
+        gw = await rig()
+        statuses = await asyncio.gather(*(gw.chat({**BODY, "stream": i % 2 == 0}) for i in range(100)))
+        assert [s for s, _, _ in statuses] == [200] * 100
+        ok = {"model": MODEL, "served_model": MODEL, "project": gw.project, "status": "2xx", "code": ""}
+        assert gw.value("llmgw_requests_total", **ok) == 100
+        assert gw.value("llmgw_request_duration_seconds_count", model=MODEL) == 100
+        assert gw.value("llmgw_requests_in_flight", model=MODEL) == 0
+
     async def test_a_model_name_the_catalog_does_not_serve_never_becomes_a_label_value(
         self, rig: RigFactory
     ) -> None:
@@ -181,6 +192,27 @@ class TestRequestsCounted:
             fake.release.set()
             assert (await task)[0] == 200
             assert gw.value("llmgw_requests_in_flight", model=MODEL) == 0
+        finally:
+            fake.release.set()
+            await engine.close()
+
+    async def test_a_client_that_leaves_mid_stream_is_no_longer_in_flight(self, rig: RigFactory) -> None:
+        fake = FakeEngine()
+        app = web.Application()
+        app.router.add_post(CHAT, fake.chat)
+        engine = TestServer(app, host="127.0.0.1", port=0)
+        await engine.start_server()
+        try:
+            gw = await rig(endpoint=f"http://127.0.0.1:{engine.port}")
+            reply = await gw.client.post(
+                CHAT, json={**BODY, "stream": True}, headers={"Authorization": f"Bearer {gw.key}"}
+            )
+            await reply.content.readany()
+            assert gw.value("llmgw_requests_in_flight", model=MODEL) == 1
+            reply.close()
+            fake.release.set()
+            await eventually(lambda: gw.value("llmgw_requests_in_flight", model=MODEL) == 0)
+            await eventually(lambda: gw.value("llmgw_request_duration_seconds_count", model=MODEL) == 1)
         finally:
             fake.release.set()
             await engine.close()
