@@ -29,12 +29,9 @@ class Clock:
         return self.now
 
 
-def _served(metrics: GatewayMetrics, model: str, n: int, seconds: float, status: str = "2xx") -> None:
-    metrics.requests.labels(model, model, "1", status, "").inc(n)
+def _served(metrics: GatewayMetrics, model: str, n: int, seconds: float, status: int = 200) -> None:
     for _ in range(n):
-        metrics.duration.labels(model).observe(seconds)
-    metrics.prompt_tokens.labels(model, "1").inc(10 * n)
-    metrics.completion_tokens.labels(model, "1").inc(5 * n)
+        metrics.count(model, model, "1", status, "", seconds, usage=(10, 5))
 
 
 @pytest.fixture
@@ -52,7 +49,7 @@ class TestSamples:
         assert history.model("a") == []
         clock.now += 10
         _served(metrics, "a", 20, 0.2)
-        _served(metrics, "b", 10, 3.0, status="5xx")
+        _served(metrics, "b", 10, 3.0, status=503)
         history.sample()
         (a,) = history.model("a")
         assert a.requests_per_s == 2.0

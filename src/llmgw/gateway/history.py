@@ -15,20 +15,34 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import attrs
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
-from llmgw.control.inventory import Inventory
 from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.proto.llmgw import v1 as pb
 
 _T = TypeVar("_T")
 
 SAMPLE_INTERVAL_S = 10.0
 # The chart of the whole gateway, every model together.
 ALL = ""
+
+
+class _Node(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def gpus(self) -> Sequence[pb.Gpu]: ...
+
+
+class Nodes(Protocol):
+    """What the history needs of the inventory: its nodes, with the GPUs each last reported."""
+
+    def nodes(self) -> Sequence[_Node]: ...
 
 
 @attrs.frozen
@@ -66,7 +80,7 @@ class History:
     def __init__(
         self,
         metrics: GatewayMetrics,
-        inventory: Inventory,
+        inventory: Nodes,
         window_s: float,
         *,
         interval_s: float = SAMPLE_INTERVAL_S,
@@ -128,20 +142,17 @@ def _read(metrics: GatewayMetrics) -> dict[str, _Totals]:
         # A request for a name the catalog does not serve ("") counts only towards all.
         return (totals[ALL], totals[model]) if model else (totals[ALL],)
 
-    for sample in _samples(metrics.requests.collect(), "llmgw_requests_total"):
+    families = list(metrics.collect())
+    for sample in _samples(families, "llmgw_requests_total"):
         for t in of(sample.labels["model"]):
             t.requests += sample.value
             if sample.labels["status"] == "5xx":
                 t.errors += sample.value
-    tokens = (
-        (metrics.prompt_tokens, "llmgw_prompt_tokens_total"),
-        (metrics.completion_tokens, "llmgw_completion_tokens_total"),
-    )
-    for family, name in tokens:
-        for sample in _samples(family.collect(), name):
+    for name in ("llmgw_prompt_tokens_total", "llmgw_completion_tokens_total"):
+        for sample in _samples(families, name):
             for t in of(sample.labels["model"]):
                 t.tokens += sample.value
-    for sample in _samples(metrics.duration.collect(), "llmgw_request_duration_seconds_bucket"):
+    for sample in _samples(families, "llmgw_request_duration_seconds_bucket"):
         bound = float(sample.labels["le"])
         for t in of(sample.labels["model"]):
             t.buckets[bound] = t.buckets.get(bound, 0.0) + sample.value

@@ -3,23 +3,35 @@
 Label values are bounded so that no client can grow the series without end: a
 model is one the catalog serves (the empty string for a name it does not), a
 project is its id, an error code is one of the gateway's own, a node is one
-that registered. Each label combination's child is looked up once and kept,
-so that counting a request costs dictionary lookups and prometheus-client's
-own increments, never a `labels()` call on the request path.
+that registered.
+
+Counting a request is on every request's path, so it is plain arithmetic on
+the event loop: an integer per label set in a dict, a histogram's buckets in a
+list found by bisection. Only the loop writes them, so no lock is taken; the
+page's thread copies each dict and list (a copy made in one C call, which no
+other Python code interrupts) and turns them into Prometheus's families when a
+scraper asks. prometheus-client's own metrics, with their locks, would cost
+about as much again as the rest of the gateway's per-request work in these
+counts alone (docs/benchmarks.md). Rare events (refusals, engines that do not
+answer) use prometheus-client's counters.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
+import itertools
+import os
 import time
+from bisect import bisect_left
 from collections.abc import Iterable
 
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from llmgw.catalog import Catalog
 from llmgw.gateway.errors import ApiError
@@ -34,6 +46,13 @@ log = structlog.get_logger("llmgw.requests")
 # megabyte of header, control characters meant for a log reader) is replaced by a fresh id.
 _MAX_REQUEST_ID = 128
 _STATUS_CLASSES = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+_BOUNDS = (*LATENCY_BUCKETS_S, float("inf"))
+# The `le` labels as prometheus-client's own histograms write them ("0.005", "600.0", "+Inf").
+_LE = tuple(floatToGoString(b) for b in _BOUNDS)  # type: ignore[no-untyped-call]
+# A fresh id is this process's random prefix and a counter: unique without a system call per
+# request (os.urandom is one), and not guessable across restarts.
+_ID_PREFIX = os.urandom(6).hex()
+_ids = itertools.count(1)
 
 
 def request_id(request: web.Request) -> str:
@@ -41,61 +60,28 @@ def request_id(request: web.Request) -> str:
     sent = request.headers.get(REQUEST_ID_HEADER)
     if sent and len(sent) <= _MAX_REQUEST_ID and sent.isascii() and sent.isprintable():
         return sent
-    return secrets.token_hex(12)
+    return f"{_ID_PREFIX}{next(_ids):012x}"
 
 
-class GatewayMetrics:
-    """The gateway's series in one registry, with their children cached by label values."""
+class _Timings:
+    """One model's two histograms: per-bucket (not cumulative) counts and sums."""
+
+    __slots__ = ("duration", "duration_sum", "first_byte", "first_byte_sum")
+
+    def __init__(self) -> None:
+        self.duration = [0] * len(_BOUNDS)
+        self.duration_sum = 0.0
+        self.first_byte = [0] * len(_BOUNDS)
+        self.first_byte_sum = 0.0
+
+
+class GatewayMetrics(Collector):
+    """The gateway's series, registered in registry; counted on the loop, read by the page's thread."""
 
     def __init__(self, registry: CollectorRegistry, catalog: Catalog, *, log_requests: bool = False) -> None:
         # The live catalog: what makes a model name a label value rather than a client's free text.
         self._catalog = catalog
         self._log_requests = log_requests
-        self.requests = Counter(
-            "llmgw_requests",
-            "Requests the gateway answered, by model asked for, model that served it, project, "
-            "status class and error code.",
-            ["model", "served_model", "project", "status", "code"],
-            registry=registry,
-        )
-        self.duration = Histogram(
-            "llmgw_request_duration_seconds",
-            "Time from a request's arrival to the end of its reply, by model.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=registry,
-        )
-        self.first_byte = Histogram(
-            "llmgw_time_to_first_byte_seconds",
-            "Time from a request's arrival to the first bytes of its engine's reply, by model.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=registry,
-        )
-        self.prompt_tokens = Counter(
-            "llmgw_prompt_tokens",
-            "Prompt tokens as engines counted them, by model and project (requests made with a key).",
-            ["model", "project"],
-            registry=registry,
-        )
-        self.completion_tokens = Counter(
-            "llmgw_completion_tokens",
-            "Completion tokens as engines counted them, by model and project (requests made with a key).",
-            ["model", "project"],
-            registry=registry,
-        )
-        self.cost = Counter(
-            "llmgw_cost",
-            "What requests cost, in the unit prices and budgets are set in, by project.",
-            ["project"],
-            registry=registry,
-        )
-        self.in_flight = Gauge(
-            "llmgw_requests_in_flight",
-            "Requests being served now, by model.",
-            ["model"],
-            registry=registry,
-        )
         self.refusals = Counter(
             "llmgw_admission_refusals",
             "Requests admission refused, by the kind of scope that refused (key, project, team, org) and "
@@ -110,11 +96,14 @@ class GatewayMetrics:
             ["node", "stage"],
             registry=registry,
         )
-        self._requests: dict[tuple[str, str, str, str, str], Counter] = {}
-        self._per_model: dict[str, tuple[Histogram, Histogram]] = {}
-        self._tokens: dict[tuple[str, str], tuple[Counter, Counter]] = {}
-        self._costs: dict[str, Counter] = {}
-        self._in_flight: dict[str, Gauge] = {}
+        # (model, served model, project, status class, code) -> requests.
+        self._requests: dict[tuple[str, str, str, str, str], int] = {}
+        self._timings: dict[str, _Timings] = {}
+        # (model, project) -> [prompt tokens, completion tokens].
+        self._tokens: dict[tuple[str, str], list[int]] = {}
+        self._costs: dict[str, float] = {}
+        self._in_flight: dict[str, int] = {}
+        registry.register(self)
 
     def _model(self, name: str) -> str:
         return name if self._catalog.get(name) is not None else ""
@@ -139,57 +128,131 @@ class GatewayMetrics:
             status = 499
             raise
         finally:
-            self._count(call, started, status, code)
+            ended = time.perf_counter()
+            key = call.key
+            self.count(
+                call.model,
+                call.served_model,
+                str(key.project_id) if key is not None else "",
+                status,
+                code,
+                ended - started,
+                call.first_byte - started if call.first_byte else None,
+                call.usage,
+                call.cost,
+            )
+            if self._log_requests:
+                self._log(call, status, started, ended)
 
     async def track_in_flight(self, call: Call, rest: Handler) -> web.StreamResponse:
         """The stage after read_request (the model is known): counts the request in flight by model."""
-        model = call.model
-        gauge = self._in_flight.get(model)
-        if gauge is None:
-            gauge = self._in_flight[model] = self.in_flight.labels(self._model(model))
-        gauge.inc()
+        model = self._model(call.model)
+        flying = self._in_flight
+        flying[model] = flying.get(model, 0) + 1
         try:
             return await rest(call)
         finally:
-            gauge.dec()
+            flying[model] -= 1
 
-    def _count(self, call: Call, started: float, status: int, code: str) -> None:
-        now = time.perf_counter()
-        model, served = call.model, call.served_model
-        project = str(call.key.project_id) if call.key is not None else ""
-        status_class = _STATUS_CLASSES.get(status // 100, "5xx")
-        key = (model, served, project, status_class, code)
-        counter = self._requests.get(key)
-        if counter is None:
-            counter = self._requests[key] = self.requests.labels(
-                self._model(model), self._model(served), project, status_class, code
-            )
-        counter.inc()
-        timings = self._per_model.get(model)
+    def count(
+        self,
+        model: str,
+        served: str,
+        project: str,
+        status: int,
+        code: str,
+        seconds: float,
+        first_byte_s: float | None = None,
+        usage: tuple[int, int] | None = None,
+        cost: float = 0.0,
+    ) -> None:
+        """Count one finished request (model and served as the client and router named them)."""
+        model = self._model(model)
+        key = (
+            model,
+            self._model(served) if served else "",
+            project,
+            _STATUS_CLASSES.get(status // 100, "5xx"),
+            code,
+        )
+        requests = self._requests
+        requests[key] = requests.get(key, 0) + 1
+        timings = self._timings.get(model)
         if timings is None:
-            label = self._model(model)
-            timings = self._per_model[model] = (self.duration.labels(label), self.first_byte.labels(label))
-        timings[0].observe(now - started)
-        if call.first_byte:
-            timings[1].observe(call.first_byte - started)
-        usage = call.usage
+            timings = self._timings[model] = _Timings()
+        timings.duration[bisect_left(_BOUNDS, seconds)] += 1
+        timings.duration_sum += seconds
+        if first_byte_s is not None:
+            timings.first_byte[bisect_left(_BOUNDS, first_byte_s)] += 1
+            timings.first_byte_sum += first_byte_s
         if usage is not None:
             tokens = self._tokens.get((model, project))
             if tokens is None:
-                label = self._model(model)
-                tokens = self._tokens[(model, project)] = (
-                    self.prompt_tokens.labels(label, project),
-                    self.completion_tokens.labels(label, project),
+                tokens = self._tokens[(model, project)] = [0, 0]
+            tokens[0] += usage[0]
+            tokens[1] += usage[1]
+        if cost:
+            self._costs[project] = self._costs.get(project, 0.0) + cost
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        """The families, from copies of the counts (safe to run in the page's thread)."""
+        requests = CounterMetricFamily(
+            "llmgw_requests",
+            "Requests the gateway answered, by model asked for, model that served it, project, "
+            "status class and error code.",
+            labels=["model", "served_model", "project", "status", "code"],
+        )
+        for labels, n in list(self._requests.items()):
+            requests.add_metric(list(labels), n)
+        duration = HistogramMetricFamily(
+            "llmgw_request_duration_seconds",
+            "Time from a request's arrival to the end of its reply, by model.",
+            labels=["model"],
+        )
+        first_byte = HistogramMetricFamily(
+            "llmgw_time_to_first_byte_seconds",
+            "Time from a request's arrival to the first bytes of its engine's reply, by model.",
+            labels=["model"],
+        )
+        for model, timings in list(self._timings.items()):
+            for family, counts, total in (
+                (duration, list(timings.duration), timings.duration_sum),
+                (first_byte, list(timings.first_byte), timings.first_byte_sum),
+            ):
+                family.add_metric(
+                    [model],
+                    buckets=list(zip(_LE, itertools.accumulate(counts), strict=True)),
+                    sum_value=total,
                 )
-            tokens[0].inc(usage[0])
-            tokens[1].inc(usage[1])
-        if call.cost:
-            cost = self._costs.get(project)
-            if cost is None:
-                cost = self._costs[project] = self.cost.labels(project)
-            cost.inc(call.cost)
-        if self._log_requests:
-            self._log(call, status, started, now)
+        prompt = CounterMetricFamily(
+            "llmgw_prompt_tokens",
+            "Prompt tokens as engines counted them, by model and project (requests made with a key).",
+            labels=["model", "project"],
+        )
+        completion = CounterMetricFamily(
+            "llmgw_completion_tokens",
+            "Completion tokens as engines counted them, by model and project (requests made with a key).",
+            labels=["model", "project"],
+        )
+        for (model, project), (p, c) in [(k, list(v)) for k, v in list(self._tokens.items())]:
+            prompt.add_metric([model, project], p)
+            completion.add_metric([model, project], c)
+        cost = CounterMetricFamily(
+            "llmgw_cost",
+            "What requests cost, in the unit prices and budgets are set in, by project.",
+            labels=["project"],
+        )
+        for project, spent in list(self._costs.items()):
+            cost.add_metric([project], spent)
+        in_flight = GaugeMetricFamily(
+            "llmgw_requests_in_flight", "Requests being served now, by model.", labels=["model"]
+        )
+        for model, n in list(self._in_flight.items()):
+            in_flight.add_metric([model], n)
+        return [requests, duration, first_byte, prompt, completion, cost, in_flight]
 
     def _log(self, call: Call, status: int, started: float, ended: float) -> None:
         key = call.key
