@@ -42,7 +42,7 @@ def make_gateway_app(
     if metrics is None:
         metrics = GatewayMetrics(CollectorRegistry(), catalog)
     app = web.Application(client_max_size=_MAX_BODY, middlewares=[openai_errors])
-    router = Router(catalog, replicas)
+    router = Router(catalog, replicas, metrics.in_flight)
     app[ROUTER_KEY] = router
     app[CATALOG_KEY] = catalog
     app[KEYS_KEY] = keys
@@ -51,9 +51,7 @@ def make_gateway_app(
 
     auth: list[Stage] = [Authenticate(keys)] if cfg.auth.enabled else []
     admit: list[Stage] = [admission] if admission is not None and cfg.auth.enabled else []
-    completions = endpoint(
-        compose([metrics.observe, *auth, read_request, metrics.track_in_flight, *admit, router], proxy)
-    )
+    completions = endpoint(compose([metrics.observe, *auth, read_request, *admit, router], proxy))
     # Built once per catalog change, not per request: (the catalog's generation, the body).
     listed: list[tuple[int, bytes]] = []
 

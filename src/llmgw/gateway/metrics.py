@@ -102,7 +102,8 @@ class GatewayMetrics(Collector):
         # (model, project) -> [prompt tokens, completion tokens].
         self._tokens: dict[tuple[str, str], list[int]] = {}
         self._costs: dict[str, float] = {}
-        self._in_flight: dict[str, int] = {}
+        # Requests in flight by the model serving them: the router keeps it, around each engine call.
+        self.in_flight: dict[str, int] = {}
         registry.register(self)
 
     def _model(self, name: str) -> str:
@@ -144,16 +145,6 @@ class GatewayMetrics(Collector):
             if self._log_requests:
                 self._log(call, status, started, ended)
 
-    async def track_in_flight(self, call: Call, rest: Handler) -> web.StreamResponse:
-        """The stage after read_request (the model is known): counts the request in flight by model."""
-        model = self._model(call.model)
-        flying = self._in_flight
-        flying[model] = flying.get(model, 0) + 1
-        try:
-            return await rest(call)
-        finally:
-            flying[model] -= 1
-
     def count(
         self,
         model: str,
@@ -168,13 +159,8 @@ class GatewayMetrics(Collector):
     ) -> None:
         """Count one finished request (model and served as the client and router named them)."""
         model = self._model(model)
-        key = (
-            model,
-            self._model(served) if served else "",
-            project,
-            _STATUS_CLASSES.get(status // 100, "5xx"),
-            code,
-        )
+        # served was chosen by the router among the catalog's models: already a bounded value.
+        key = (model, served, project, _STATUS_CLASSES.get(status // 100, "5xx"), code)
         requests = self._requests
         requests[key] = requests.get(key, 0) + 1
         timings = self._timings.get(model)
@@ -248,9 +234,11 @@ class GatewayMetrics(Collector):
         for project, spent in list(self._costs.items()):
             cost.add_metric([project], spent)
         in_flight = GaugeMetricFamily(
-            "llmgw_requests_in_flight", "Requests being served now, by model.", labels=["model"]
+            "llmgw_requests_in_flight",
+            "Requests an engine is serving now, by the model serving them (a fallback, when one serves).",
+            labels=["model"],
         )
-        for model, n in list(self._in_flight.items()):
+        for model, n in list(self.in_flight.items()):
             in_flight.add_metric([model], n)
         return [requests, duration, first_byte, prompt, completion, cost, in_flight]
 
