@@ -183,6 +183,8 @@ async def test_a_crashed_engine_is_reported_with_its_last_output_and_left_to_the
     _, second = await reports.wait_for("ready", after=i)
     reply = await _chat(second.endpoint, "back again")
     assert reply["choices"][0]["message"]["content"] == "back again"
+    # What the agent's metrics page counts.
+    assert supervisor.restarts == {"sim-chat": 1}
 
 
 async def test_stopping_ends_the_whole_process_group(supervisors: MakeSupervisor, reports: Reports) -> None:
@@ -236,6 +238,8 @@ async def test_an_engine_that_never_becomes_healthy_is_reported_failed_with_its_
     await _wait_gone([failed.pid])
     assert reports.states() == ["starting", "failed"]
     assert supervisor.statuses() == [failed]
+    # Never served, so never restarted: not a restart.
+    assert supervisor.restarts == {}
 
 
 async def test_an_engine_that_exits_while_starting_is_reported_failed_and_not_restarted(

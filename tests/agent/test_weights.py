@@ -122,6 +122,8 @@ class TestFetch:
         assert path.read_bytes() == BLOB
         assert origin.ranges == [None, "bytes=300000-"]
         assert origin.bytes_sent == len(BLOB)
+        # Every byte received is counted once, the resumed part after the cut too.
+        assert cache.downloaded_bytes == len(BLOB)
 
     async def test_an_agent_stopped_midway_leaves_a_part_file_the_next_one_resumes(
         self, origin: Origin, tmp_path: Path

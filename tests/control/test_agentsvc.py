@@ -58,7 +58,8 @@ async def test_a_node_is_known_by_the_common_name_of_its_certificate(server_cfg,
 
 async def test_a_node_registering_as_another_is_refused_with_both_names(server_cfg, fleet):
     inventory = Inventory(server_cfg.control.grace_s)
-    async with serve_agents(server_cfg, inventory) as port:
+    reasons: list[str] = []
+    async with serve_agents(server_cfg, inventory, refused=reasons.append) as port:
         with pytest.raises(GRPCError) as refused:
             async with dial(port, fleet.agents["n1"]) as stream:
                 await stream.send_message(register("n2"))
@@ -68,6 +69,8 @@ async def test_a_node_registering_as_another_is_refused_with_both_names(server_c
         "node n2 presented a certificate for n1: a node may only register as itself"
     )
     assert inventory.nodes() == []
+    # What the metrics page counts the refusal as.
+    assert reasons == ["wrong_node"]
 
 
 async def test_a_certificate_whose_common_name_is_no_node_id_is_refused_saying_what_one_is(
@@ -96,12 +99,14 @@ async def test_a_certificate_whose_common_name_is_no_node_id_is_refused_saying_w
 
 async def test_an_agent_whose_certificate_another_authority_signed_is_refused_at_tls(server_cfg, fleet):
     inventory = Inventory(server_cfg.control.grace_s)
-    async with serve_agents(server_cfg, inventory) as port:
+    reasons: list[str] = []
+    async with serve_agents(server_cfg, inventory, refused=reasons.append) as port:
         with pytest.raises(StreamTerminatedError):
             async with dial(port, fleet.stranger) as stream:
                 await stream.send_message(register("n1"))
                 await stream.recv_message()
     assert inventory.nodes() == []
+    assert reasons == ["tls"]
 
 
 async def test_a_client_without_a_certificate_is_refused_at_tls(server_cfg, fleet):

@@ -1,4 +1,4 @@
-"""The supervisor: starts engine processes, watches them, restarts them, stops them.
+"""The supervisor: starts engine processes, watches them, says why they failed, stops them.
 
 Each shard is one engine process, started by llmgw's launcher in its own
 session (so its process group can be signalled as a whole: engines fork
@@ -29,6 +29,7 @@ that decision, on a node the model is meant to stay off for a while.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import os
@@ -43,6 +44,7 @@ from pathlib import Path
 from types import TracebackType
 
 import aiohttp
+import attrs
 import structlog
 
 from llmgw import launcher
@@ -189,6 +191,17 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
+@attrs.frozen
+class MetricsTarget:
+    """A ready engine's metrics page: what the agent's /metrics re-exports, labelled with its replica."""
+
+    shard_id: str
+    model: str
+    replica: str
+    url: str
+    secret: str = attrs.field(repr=False)
+
+
 class _Shard:
     """One shard's request, process, output and last reported status."""
 
@@ -266,6 +279,9 @@ class Supervisor:
         self._shards: dict[str, _Shard] = {}
         # shard id -> the last output lines of a shard that ended here, the newest ENDED_KEPT.
         self._ended: dict[str, list[str]] = {}
+        # Engines that crashed after serving, by model, since the agent started (the control plane
+        # starts them again): what the agent's metrics page counts as restarts.
+        self.restarts: collections.Counter[str] = collections.Counter()
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -369,6 +385,20 @@ class Supervisor:
     def statuses(self) -> list[pb.ShardStatus]:
         """The last reported status of every shard this supervisor runs."""
         return [shard.status for shard in self._shards.values()]
+
+    def metrics_targets(self) -> list[MetricsTarget]:
+        """Where each ready engine's own metrics page is, as the agent reaches it, with its secret."""
+        return [
+            MetricsTarget(
+                shard_id=shard.req.shard_id,
+                model=shard.req.model,
+                replica=shard.req.replica_id or shard.req.shard_id,
+                url=shard.local_url + shard.engine.metrics_path,
+                secret=shard.req.engine_secret,
+            )
+            for shard in self._shards.values()
+            if shard.status.state == "ready" and shard.local_url
+        ]
 
     def output(self, shard_id: str) -> list[str]:
         """The shard's last output lines (at most 500), oldest first; empty for an unknown shard.
@@ -613,6 +643,8 @@ class Supervisor:
         failed.pid = process.pid
         failed.last_output = list(shard.output)
         failed.detail = await self._failure_reason(shard, returncode, timed_out, became_ready)
+        if became_ready:
+            self.restarts[shard.req.model] += 1
         self._report(failed)
         log.warning(
             "engine failed; not restarted here, the control plane places its replica again",

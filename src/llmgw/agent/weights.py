@@ -117,6 +117,8 @@ class WeightsCache:
         self._sources: dict[str, str] = {}
         self._listeners: dict[str, list[Progress]] = {}
         self._waiters: dict[str, int] = {}
+        # Every byte of weights received since the agent started, for its metrics page.
+        self.downloaded_bytes = 0
 
     async def __aenter__(self) -> WeightsCache:
         await self.load()
@@ -456,6 +458,7 @@ class WeightsCache:
                     async for chunk in response.content.iter_chunked(_CHUNK):
                         await to_thread_to_the_end(_write, fh, hasher, chunk)
                         written += len(chunk)
+                        self.downloaded_bytes += len(chunk)
                         if written >= next_report:
                             self._report(
                                 name, f"downloading {label}: {human_bytes(done_before + written, file_total)}"

@@ -109,6 +109,15 @@ def listen_address(example: str) -> Check:
     )
 
 
+def optional_listen_address(example: str) -> Check:
+    """A listener that is off when empty: otherwise as listen_address."""
+    return Check(
+        "empty (off), or host:port; host an IP address, [IPv6], a name or empty (every address); "
+        "port 0-65535",
+        lambda v: "" if v == "" else _address(v, lowest_port=0, empty_host_ok=True, example=example),
+    )
+
+
 def dial_address(example: str) -> Check:
     """Addresses llmgw connects to, one per item of a list: a host and a port 1-65535."""
     return Check(

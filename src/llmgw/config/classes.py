@@ -21,6 +21,7 @@ from llmgw.config.checks import (
     http_url,
     listen_address,
     number,
+    optional_listen_address,
     seconds,
 )
 
@@ -190,6 +191,26 @@ class EngineMirrorConfig:
 
 
 @attrs.frozen
+class MonitoringConfig:
+    window_s: float = _field(
+        21600.0,
+        "How far back the history charts on the cluster and models pages reach, in seconds (6 h): the "
+        "gateway keeps one sample every 10 s for this long, in memory. See docs/monitoring.md.",
+        seconds(10),
+    )
+
+
+@attrs.frozen
+class LogConfig:
+    requests: bool = _field(
+        False,
+        "Log one line per request to /v1/chat/completions and /v1/completions: its x-request-id, key "
+        "prefix, project, model, served model, node, status, tokens, latency and time to first byte. "
+        "See docs/monitoring.md.",
+    )
+
+
+@attrs.frozen
 class ServerConfig:
     listen: str = _field(
         "127.0.0.1:8080",
@@ -200,6 +221,13 @@ class ServerConfig:
         "127.0.0.1:9090",
         "Admin listener (host:port), for this machine only.",
         listen_address("127.0.0.1:9090"),
+    )
+    metrics_listen: str = _field(
+        "",
+        "An address (host:port) serving Prometheus metrics at /metrics and nothing else, for a scraper "
+        "on another machine. Empty: none; the admin listener serves /metrics either way. "
+        "See docs/monitoring.md.",
+        optional_listen_address("0.0.0.0:9100"),
     )
     admin_tokens: list[str] = _field(
         [],
@@ -239,6 +267,8 @@ class ServerConfig:
     default_price: PriceConfig = _field(
         PriceConfig(), "Price of a model `pricing` does not name; both 0 means such a model has no price."
     )
+    log: LogConfig = _field(LogConfig(), "What the server logs besides its own events.")
+    monitoring: MonitoringConfig = _field(MonitoringConfig(), "The history the pages chart.")
     usage_sync_s: float = _field(
         1.0,
         "How often the usage journal (`usage-journal/` beside the store's database) is synced to disk, "
@@ -317,6 +347,12 @@ class AgentConfig:
     weights_cache: str = _field("", "Directory for model weights; empty means `<state_dir>/weights`.")
     heartbeat_interval_s: float = _field(
         2.0, "How often the agent sends a heartbeat.", seconds(0, above=True, high=3600)
+    )
+    metrics_listen: str = _field(
+        "",
+        "An address (host:port) serving this node's Prometheus metrics at /metrics, its engines' own "
+        "re-exported with `model`, `replica` and `node` labels. Empty: none. See docs/monitoring.md.",
+        optional_listen_address("0.0.0.0:9101"),
     )
     ready_timeout_s: float = _field(
         120.0, "How long an engine may take to answer its health check.", seconds(0, above=True)

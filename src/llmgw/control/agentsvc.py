@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -48,8 +48,11 @@ class AgentService:
         inventory: Inventory,
         register_timeout_s: float = REGISTER_TIMEOUT_S,
         provision: pb.Provision | None = None,
+        refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
+        """refused is told why each connection was turned away (a short fixed word, for metrics)."""
         self._inventory = inventory
+        self._refused = refused
         # The engines every node should have, sent after each Ack: a node rebuilt from nothing or
         # an agent restarted converges without anyone asking it to.
         self._provision = provision
@@ -84,16 +87,21 @@ class AgentService:
             if not self._streams:
                 self._all_ended.set()
 
+    def _refuse(self, reason: str, status: Status, message: str) -> GRPCError:
+        self._refused(reason)
+        return GRPCError(status, message)
+
     async def _serve(self, stream: _AgentStream) -> None:
         if self._closing.is_set():
-            raise GRPCError(Status.UNAVAILABLE, "the control plane is shutting down")
+            raise self._refuse("shutting_down", Status.UNAVAILABLE, "the control plane is shutting down")
         cert_node = _common_name(stream.peer.cert())
         peer = stream.peer.addr()
         where = f"{peer[0]}:{peer[1]}" if peer else ""
         if not cert_node:
             log.warning("refused a node whose certificate names no node", peer=where)
             self._inventory.refused.refuse(where, "certificate has no common name, so it names no node")
-            raise GRPCError(
+            raise self._refuse(
+                "no_common_name",
                 Status.UNAUTHENTICATED,
                 "the client certificate has no common name, so it names no node; "
                 "issue one with `llmgw cert issue-agent NODE`",
@@ -110,15 +118,18 @@ class AgentService:
         try:
             first = await asyncio.wait_for(stream.recv_message(), self._register_timeout_s)
         except TimeoutError:
-            raise GRPCError(
+            raise self._refuse(
+                "register_timeout",
                 Status.DEADLINE_EXCEEDED,
                 f"node {cert_node} did not register within {self._register_timeout_s:g} s",
             ) from None
         if first is None:
             return
         if betterproto.which_one_of(first, "kind")[0] != "register":
-            raise GRPCError(
-                Status.FAILED_PRECONDITION, f"node {cert_node} must register before it sends anything else"
+            raise self._refuse(
+                "not_registered",
+                Status.FAILED_PRECONDITION,
+                f"node {cert_node} must register before it sends anything else",
             )
         named = first.register.node_id
         if named != cert_node:
@@ -126,7 +137,8 @@ class AgentService:
                 "refused a node registering as another", peer=where, certificate=cert_node, register=named
             )
             self._inventory.refused.refuse(where, f"certificate for {cert_node} used to register as {named}")
-            raise GRPCError(
+            raise self._refuse(
+                "wrong_node",
                 Status.PERMISSION_DENIED,
                 f"node {named} presented a certificate for {cert_node}: a node may only register as itself",
             )
@@ -173,13 +185,21 @@ class AgentService:
 
 
 @asynccontextmanager
-async def serve_agents(cfg: ServerConfig, inventory: Inventory) -> AsyncIterator[int]:
-    """Listen on cfg.agent_listen with mutual TLS and expire silent nodes; yields the bound port."""
+async def serve_agents(
+    cfg: ServerConfig, inventory: Inventory, refused: Callable[[str], None] = lambda reason: None
+) -> AsyncIterator[int]:
+    """Listen on cfg.agent_listen with mutual TLS and expire silent nodes; yields the bound port.
+
+    refused is told why each connection was turned away: tls, no_common_name, register_timeout,
+    not_registered, wrong_node or shutting_down.
+    """
     ssl_context = await asyncio.to_thread(server_ssl_context, cfg.tls)
     names = await asyncio.to_thread(certificate_names, Path(cfg.tls.cert))
-    handshakes = Handshakes(ssl_context, names, inventory.refused)
+    handshakes = Handshakes(ssl_context, names, inventory.refused, refused)
     host, port = split_host_port(cfg.agent_listen, "agent_listen")
-    service = AgentService(inventory, provision=provision_message(cfg.engines, cfg.engine_mirror))
+    service = AgentService(
+        inventory, provision=provision_message(cfg.engines, cfg.engine_mirror), refused=refused
+    )
     server = _TLSServer([service], handshakes)
     try:
         # grpclib does not say which port it bound, and agent_listen may ask for port 0 (tests,

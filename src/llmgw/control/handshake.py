@@ -29,10 +29,18 @@ EVENT = "a TLS handshake on the agent service failed"
 class Handshakes:
     """Plain protocols that upgrade to TLS, then hand the connection to the inner protocol."""
 
-    def __init__(self, context: ssl.SSLContext, names: Sequence[str], refusals: Refusals) -> None:
+    def __init__(
+        self,
+        context: ssl.SSLContext,
+        names: Sequence[str],
+        refusals: Refusals,
+        refused: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        """refused("tls") is called for each connection whose handshake failed, for the metrics."""
         self._context = context
         # Counted as well as logged: the cluster page and `llmgw ctl status` show them.
         self._refusals = refusals
+        self._refused = refused
         # The names this server's certificate has, for the message when a client refuses it.
         self._names = list(names)
         self._upgrades: set[asyncio.Task[None]] = set()
@@ -67,6 +75,7 @@ class Handshakes:
         except (OSError, TimeoutError) as exc:
             log.warning(EVENT, peer=where, error=handshake_failure(exc, where, self._names))
             self._refusals.refuse(where, refusal_reason(exc))
+            self._refused("tls")
             transport.close()
             return
         if tls is not None:

@@ -15,12 +15,14 @@ import uuid
 from collections.abc import Callable, Mapping
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from llmgw.backoff import ExponentialBackoff
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.failures import Failure
 from llmgw.control.inventory import DRAINING, READY, Inventory, Node, NodeNotConnected, Replica
+from llmgw.control.metrics import ControlMetrics, reject_reason
 from llmgw.control.placement import Backoff, Scheduler
 from llmgw.engines.registry import ENGINES
 from llmgw.names import shard_stem
@@ -44,8 +46,11 @@ class Reconciler:
         *,
         in_flight: Mapping[str, int],
         clock: Callable[[], float] = time.monotonic,
+        metrics: ControlMetrics | None = None,
     ) -> None:
-        """in_flight is the gateway's table of requests in flight by endpoint (its router's)."""
+        """in_flight is the gateway's table of requests in flight by endpoint (its router's);
+        metrics counts passes and failed placements (in a registry no one reads when None)."""
+        self._metrics = metrics if metrics is not None else ControlMetrics(CollectorRegistry())
         self._cfg = cfg
         self._inventory = inventory
         # The live catalog: server.yaml's models and those added with ctl.
@@ -69,7 +74,8 @@ class Reconciler:
         while True:
             changed.clear()
             try:
-                await self.reconcile()
+                with self._metrics.reconcile_seconds.time():
+                    await self.reconcile()
             except Exception:
                 # A bug in one pass must not stop every later one; the next pass starts from the inventory.
                 log.exception("reconcile pass failed")
@@ -152,6 +158,12 @@ class Reconciler:
         placement = self._scheduler.place(model)
         if placement is None:
             self._inventory.set_unplaced(model.name, self._scheduler.why_not(model))
+            if not model.profiles:
+                reason = "no_profile"
+            else:
+                kinds = (v.kind for v in self._scheduler.explain(model) if not v.candidate)
+                reason = reject_reason(kinds, "no_node")
+            self._metrics.placement_failed(model.name, reason)
             return False
         profile, ranks = placement.profile, placement.ranks
         # Readable on a page, and a file name on the node: org/model's shards are org--model-….

@@ -45,6 +45,7 @@ def check(key: KeyRecord, hierarchy: Hierarchy, model: str) -> None:
     if may_call(key, hierarchy, model):
         return
     project = hierarchy.projects.get(key.project_id)
+    kind = "key"
     if key.models is not None and model not in key.models:
         allowed = ", ".join(sorted(allowed_models(key, hierarchy) or ())) or "none"
         why = (
@@ -52,9 +53,11 @@ def check(key: KeyRecord, hierarchy: Hierarchy, model: str) -> None:
         )
     else:
         assert project is not None and project.models is not None
+        kind = "project"
         own = ", ".join(project.models) or "none"
         why = (
             f"the API key {key.prefix}… ({key.name}) may not use the model '{model}': "
             f"{hierarchy.name(Scope('project', project.id))} allows only {own}"
         )
-    raise ApiError(403, why, code="model_not_allowed", param="model")
+    # Tagged for the metrics' admission refusals: which kind of scope's list refused it.
+    raise ApiError(403, why, code="model_not_allowed", param="model", refusal=(kind, "model_not_allowed"))

@@ -189,6 +189,7 @@ class Admission:
                 "per request (max_tokens times n): ask for fewer",
                 param="max_tokens",
                 code="max_tokens_too_large",
+                refusal=("model", "max_tokens"),
             )
         prompt = len(call.body) + TEMPLATE_OVERHEAD
         price = self._price(model)
@@ -233,6 +234,7 @@ class Admission:
                 # charged what was reserved, so that leaving early saves nothing.
                 used = (prompt, completion)
             spent = cost(price, *used)
+            call.cost = spent
             self._quotas.settle(ticket, sum(used), spent)
             latency_ms = (time.perf_counter() - started) * 1000
             self._recorder.record(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
@@ -14,8 +15,9 @@ from llmgw.gateway import access
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
 from llmgw.gateway.errors import ApiError, openai_errors
+from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
-from llmgw.gateway.proxy import client_session, proxy
+from llmgw.gateway.proxy import UPSTREAM_ERRORS_KEY, client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
 from llmgw.store.keys import KeyRecord
 from llmgw.store.scopes import Hierarchy
@@ -40,17 +42,22 @@ def make_gateway_app(
     replicas: ReplicaTable,
     keys: KeyCache,
     admission: Admission | None = None,
+    metrics: GatewayMetrics | None = None,
 ) -> web.Application:
     """The gateway for the catalog, routing to replicas, checking keys when cfg.auth.enabled.
 
     catalog is the server's live one (models added with ctl too), the one its admin API changes.
     admission (limits, budgets, usage) applies to calls with a key, so only when auth is enabled.
+    metrics counts every completion request; without one, they are counted in a registry no one reads.
     """
+    if metrics is None:
+        metrics = GatewayMetrics(CollectorRegistry(), catalog)
     app = web.Application(client_max_size=_MAX_BODY, middlewares=[openai_errors])
-    router = Router(catalog, replicas)
+    router = Router(catalog, replicas, metrics.in_flight)
     app[ROUTER_KEY] = router
     app[CATALOG_KEY] = catalog
     app[KEYS_KEY] = keys
+    app[UPSTREAM_ERRORS_KEY] = metrics.upstream_error
     app.cleanup_ctx.append(client_session)
 
     auth: list[Stage] = [Authenticate(keys)] if cfg.auth.enabled else []
@@ -62,9 +69,11 @@ def make_gateway_app(
         if admission is not None
         else lambda names, key: access.listed(names, key, _NO_PROJECTS)
     )
-    completions = endpoint(compose([*auth, read_request, _serves("chat", catalog), *admit, router], proxy))
+    completions = endpoint(
+        compose([metrics.observe, *auth, read_request, _serves("chat", catalog), *admit, router], proxy)
+    )
     embeddings = endpoint(
-        compose([*auth, read_request, _serves("embeddings", catalog), *admit, router], proxy)
+        compose([metrics.observe, *auth, read_request, _serves("embeddings", catalog), *admit, router], proxy)
     )
     # Built once per catalog change, not per request: (the catalog's generation, every model's entry).
     listed: list[tuple[int, dict[str, dict[str, object]]]] = []

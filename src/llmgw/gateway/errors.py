@@ -20,6 +20,7 @@ class ApiError(Exception):
         code: str | None = None,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        refusal: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -28,6 +29,8 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.headers = headers
+        # Admission's refusals: (the kind of scope that refused, why), counted by the gateway's metrics.
+        self.refusal = refusal
 
     def response(self) -> web.Response:
         body = {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}

@@ -46,6 +46,12 @@ class Call:
     served_model: str = ""
     # The endpoint's node, secret and lost signal (set by the router); None when the table has none.
     route: EngineRoute | None = attrs.field(default=None, repr=False)
+    # The request's id: the client's x-request-id, else a fresh one; echoed in the reply and the log.
+    request_id: str = ""
+    # time.perf_counter() when the engine's reply began to go to the client (set by the proxy); 0: never.
+    first_byte: float = 0.0
+    # What the request cost, in the unit of prices and budgets (set by admission once it is settled).
+    cost: float = 0.0
 
 
 Handler = Callable[[Call], Awaitable[web.StreamResponse]]

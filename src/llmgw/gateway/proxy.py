@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -46,6 +47,10 @@ _UPSTREAM_HEADERS = {hdrs.CONTENT_TYPE: "application/json", hdrs.ACCEPT_ENCODING
 _COPIED_HEADERS = (hdrs.CONTENT_TYPE, hdrs.CONTENT_ENCODING, hdrs.CONTENT_LENGTH)
 # Which catalog model served the call: the one asked for, or a fallback of it.
 MODEL_HEADER = istr("x-llmgw-model")
+REQUEST_ID_HEADER = istr("x-request-id")
+# The gateway's series (gateway/metrics.py), for the engines that fail to answer.
+UpstreamErrors = Callable[[str, str], None]
+UPSTREAM_ERRORS_KEY: web.AppKey[UpstreamErrors] = web.AppKey("llmgw.gateway.upstream_errors")
 
 
 class EngineRefused(ApiError):
@@ -75,6 +80,12 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
     ) as session:
         app[SESSION_KEY] = session
         yield
+
+
+def _count_upstream_error(call: Call, stage: str) -> None:
+    count = call.request.config_dict.get(UPSTREAM_ERRORS_KEY)
+    if count is not None:
+        count(call.route.node_id if call.route is not None else "", stage)
 
 
 def _where(call: Call) -> str:
@@ -167,6 +178,7 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
     try:
         upstream = await session.post(url, data=call.body, headers=_headers(call))
     except (aiohttp.ClientError, TimeoutError) as exc:
+        _count_upstream_error(call, "connect")
         error = _did_not_answer(call, exc)
         if call.route is not None and (isinstance(error, EngineRefused) or _unacknowledged(exc)):
             # It did not take the connection, or the request: a dead engine, a node whose agent is
@@ -177,6 +189,8 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
     async with upstream:
         headers = {name: upstream.headers[name] for name in _COPIED_HEADERS if name in upstream.headers}
         headers[MODEL_HEADER] = call.served_model or call.model
+        if call.request_id:
+            headers[REQUEST_ID_HEADER] = call.request_id
         events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
         tap = StreamTap(call.hide_usage) if call.count_usage and events else None
         if tap is not None and call.hide_usage:
@@ -185,7 +199,9 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
         try:
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
+            _count_upstream_error(call, "reply")
             raise _did_not_answer(call, exc) from None
+        call.first_byte = time.perf_counter()
         if upstream.content.at_eof():
             # The whole reply is already here (a non-streamed completion, most
             # often): a plain Response sends headers and body in one write,
@@ -236,6 +252,7 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
             # connection, which tells the engine to stop generating.
             pass
         except (aiohttp.ClientError, TimeoutError) as exc:
+            _count_upstream_error(call, "reply")
             log.warning(
                 "the engine stopped answering in the middle of a reply",
                 model=call.model,

@@ -366,6 +366,7 @@ class Quotas:
                 said.append(
                     f"{tpm} tokens per minute (this request reserves {tokens}: its prompt and max_tokens)"
                 )
+        kind = "requests" if rpm is not None and window.requests >= rpm else "tokens"
         wait = max(waits)
         if math.isinf(wait):
             # More than the whole minute's allowance: no wait helps.
@@ -378,9 +379,10 @@ class Quotas:
         return ApiError(
             429,
             f"rate limit reached for {self._name(scope, key)}: {' and '.join(said)}; {advice}",
-            type="requests" if rpm is not None and window.requests >= rpm else "tokens",
+            type=kind,
             code="rate_limit_exceeded",
             headers=headers,
+            refusal=(scope.kind, kind),
         )
 
     def _budget_spent(self, scope: Scope, key: KeyRecord, state: _BudgetState, cost: float) -> ApiError:
@@ -413,4 +415,5 @@ class Quotas:
             type="insufficient_quota",
             code="insufficient_quota",
             headers=headers,
+            refusal=(scope.kind, "budget"),
         )

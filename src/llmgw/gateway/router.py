@@ -43,11 +43,16 @@ class ReplicaTable(Protocol):
 class Router:
     """The pipeline stage that picks call.endpoint and counts the request in flight until it ends."""
 
-    def __init__(self, catalog: Catalog, replicas: ReplicaTable) -> None:
+    def __init__(
+        self, catalog: Catalog, replicas: ReplicaTable, in_flight_by_model: dict[str, int] | None = None
+    ) -> None:
+        """in_flight_by_model, when given, is kept counting requests in flight by the model serving them
+        (the gateway's metrics read it)."""
         # The live one: a model added with ctl is routed to, one removed is a 404, without a restart.
         self._catalog = catalog
         self._replicas = replicas
         self._in_flight: dict[str, int] = {}
+        self._by_model = in_flight_by_model if in_flight_by_model is not None else {}
         # Where the search for the least loaded starts, turning each request,
         # so that replicas tied at zero (concurrency 1) share the work.
         self._turn = 0
@@ -103,8 +108,11 @@ class Router:
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
         body, tried = call.body, set[str]()
+        by_model = self._by_model
         while True:
             call.served_model, call.endpoint = self.route(call.model)
+            served = call.served_model
+            by_model[served] = by_model.get(served, 0) + 1
             call.route = self._replicas.route(call.endpoint)
             call.body = body
             if call.served_model != call.model:
@@ -123,6 +131,7 @@ class Router:
                     raise
             finally:
                 self.release(call.endpoint)
+                by_model[served] -= 1
 
     def _untried(self, model: str, tried: set[str]) -> bool:
         """Whether model (or a fallback it would be served by) has a ready endpoint not yet tried."""

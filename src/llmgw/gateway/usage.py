@@ -76,6 +76,14 @@ class UsageRecorder:
         # store and the pending totals together (budgets, at refresh) never
         # sees a batch in both or in neither.
         self.lock = asyncio.Lock()
+        # For the metrics page: when the writer last emptied the pending totals (time.monotonic()),
+        # and how many rows its last batch wrote. Set by the writer only; nothing on the request path.
+        self._written_at = time.monotonic()
+        self.last_batch = 0
+
+    def lag(self, now: float) -> float:
+        """Seconds since usage was last written while some is waiting; 0 when none is."""
+        return max(now - self._written_at, 0.0) if self._pending else 0.0
 
     def _today(self) -> str:
         now = time.time()
@@ -138,6 +146,7 @@ class UsageRecorder:
         """Move every pending total into the store in one transaction."""
         async with self.lock:
             if not self._pending:
+                self._written_at = time.monotonic()
                 return
             batch, self._pending = self._pending, {}
             seq = self._seq if self._journal is not None else None
@@ -156,6 +165,8 @@ class UsageRecorder:
                 raise
             if self._journal is not None and seq is not None:
                 self._journal.applied(seq)
+            self._written_at = time.monotonic()
+            self.last_batch = len(batch)
 
     def stop(self) -> None:
         """Ask the writer to flush once more and return."""

@@ -14,6 +14,7 @@ from llmgw.addresses import parse_port_range
 from llmgw.agent.client import AgentClient
 from llmgw.agent.discovery.host import discover_host
 from llmgw.agent.discovery.node import NodeReport
+from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.provision.loop import ProvisionLoop
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import SubprocessRunner
@@ -21,6 +22,7 @@ from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.weights import WeightsCache
 from llmgw.config import AgentConfig, EngineOptions
 from llmgw.engines.registry import ENGINES
+from llmgw.metrics import Metrics, new_registry, serve_metrics
 
 log = structlog.get_logger(__name__)
 
@@ -29,6 +31,8 @@ log = structlog.get_logger(__name__)
 class AgentHandle:
     client: AgentClient
     supervisor: Supervisor
+    # metrics_listen's URL; "" when it is not set.
+    metrics_url: str = attrs.field(default="", kw_only=True)
     # keep_engines_on_stop: then even a forced exit leaves them to the next agent (the state file
     # lists them already); only dev mode, which promises no engine outlives it, kills them.
     keep_engines: bool = False
@@ -85,6 +89,25 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
             warnings=host.warnings(),
             report=report,
         )
+        agent_metrics = AgentMetrics(
+            new_registry(),
+            cfg.node_id,
+            engines=supervisor.statuses,
+            restarts=lambda: dict(supervisor.restarts),
+            installs=provision.statuses,
+            downloaded=lambda: weights.downloaded_bytes,
+            gpus=lambda: report.gpus,
+            gpu_readings=lambda: report.gpu_readings,
+            targets=supervisor.metrics_targets,
+        )
+        metrics = Metrics(
+            agent_metrics.registry,
+            [agent_metrics.state, agent_metrics.engine_pages],
+            [agent_metrics.refresh],
+        )
+        metrics_url = await stack.enter_async_context(
+            serve_metrics(metrics, cfg.metrics_listen, "metrics_listen")
+        )
         tasks = await stack.enter_async_context(asyncio.TaskGroup())
         owned = [
             tasks.create_task(provision.run(), name="agent-provision"),
@@ -93,8 +116,13 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
         ]
         for task in owned:
             stack.callback(task.cancel)
-        log.info("agent started", node=cfg.node_id, servers=cfg.servers)
-        yield AgentHandle(client=client, supervisor=supervisor, keep_engines=cfg.keep_engines_on_stop)
+        log.info("agent started", node=cfg.node_id, servers=cfg.servers, metrics=metrics_url)
+        yield AgentHandle(
+            client=client,
+            supervisor=supervisor,
+            keep_engines=cfg.keep_engines_on_stop,
+            metrics_url=metrics_url,
+        )
         log.info("agent stopping")
 
 

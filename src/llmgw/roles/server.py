@@ -23,19 +23,24 @@ from llmgw.config import ServerConfig
 from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, PRICES_KEY
 from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
+from llmgw.control.metrics import ControlMetrics
 from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.history import History
 from llmgw.gateway.journal import open_journal
+from llmgw.gateway.metrics import GatewayMetrics, budget_families
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.listen import cannot_listen, split_host_port
+from llmgw.metrics import Metrics, Snapshot, new_registry, serve_metrics
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
+from llmgw.web.history import HISTORY_KEY
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +63,8 @@ class ServerHandle:
     usage: UsageRecorder | None = None
     # The admin listener: cluster pages and the admin API, for this machine (`llmgw ctl`).
     admin_url: str = ""
+    # metrics_listen's URL; "" when it is not set.
+    metrics_url: str = ""
 
     async def create_dev_key(self) -> str:
         """A fresh key for the dev banner, usable at once."""
@@ -144,15 +151,30 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         stack.callback(journal.stop)
         stack.callback(usage.stop)
         owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
-        agent_port = await stack.enter_async_context(serve_agents(cfg, inventory))
-        app = make_gateway_app(cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, usage))
+        registry = new_registry()
+        control_metrics = ControlMetrics(registry, inventory, usage)
+        budgets = Snapshot(registry, lambda: budget_families(quotas))
+        metrics = Metrics(registry, [s for s in (control_metrics.snapshot, budgets) if s is not None])
+        agent_port = await stack.enter_async_context(
+            serve_agents(cfg, inventory, refused=control_metrics.agent_refused)
+        )
+        gateway_metrics = GatewayMetrics(registry, catalog, log_requests=cfg.log.requests)
+        app = make_gateway_app(
+            cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, usage), gateway_metrics
+        )
         # `ctl model add` of a model with no price says budgets never bind on it.
         app[BUDGETS_KEY] = lambda: quotas.budgets
         app[PRICES_KEY] = lambda: quotas.prices
+        # The last hours for the pages' charts, sampled from the same counters a scraper reads.
+        history = History(gateway_metrics, inventory, cfg.monitoring.window_s)
+        owned.append(tasks.create_task(history.run(), name="history-sampler"))
+        app[HISTORY_KEY] = history
         reconciler = None
         if cfg.control.enabled:
             # A draining node's replicas are stopped once the gateway has nothing in flight there.
-            reconciler = Reconciler(cfg, inventory, catalog, in_flight=app[ROUTER_KEY].in_flight)
+            reconciler = Reconciler(
+                cfg, inventory, catalog, in_flight=app[ROUTER_KEY].in_flight, metrics=control_metrics
+            )
             owned.append(tasks.create_task(reconciler.run(), name="reconciler"))
             # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
             app[BACKOFF_KEY] = reconciler.backoff
@@ -165,6 +187,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
         admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]
         admin_app[PRICES_KEY] = app[PRICES_KEY]
+        admin_app[HISTORY_KEY] = history
+        admin_app.router.add_get("/metrics", metrics.handle)
         if reconciler is not None:
             admin_app[BACKOFF_KEY] = reconciler.backoff
         admin = await stack.enter_async_context(
@@ -182,10 +206,14 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         if recorded is not None:
             # Removed before the listeners close, so no ctl dials a port that is going away.
             stack.push_async_callback(bound.forget, recorded, listening.pid)
+        metrics_url = await stack.enter_async_context(
+            serve_metrics(metrics, cfg.metrics_listen, "metrics_listen")
+        )
         log.info(
             "server ready",
             gateway=url,
             admin=admin_url,
+            metrics=metrics_url or f"{admin_url}/metrics",
             agent_port=agent_port,
             models=catalog.names(),
         )
@@ -198,6 +226,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             quotas=quotas,
             usage=usage,
             admin_url=admin_url,
+            metrics_url=metrics_url,
         )
         log.info("server stopping")
 

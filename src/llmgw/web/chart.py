@@ -1,4 +1,4 @@
-"""A stacked bar chart as inline SVG, drawn on the server: tokens per day, one colour per project.
+"""Charts as inline SVG, drawn on the server: tokens per day stacked by project; small history lines.
 
 No script and no chart library: the page must work with the strict content
 security policy the pages send, and an operator's browser may be offline.
@@ -97,3 +97,78 @@ def stacked_bars(
             )
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+_SMALL_W, _SMALL_H = 300, 90
+_SMALL_LEFT, _SMALL_RIGHT, _SMALL_TOP, _SMALL_BOTTOM = 44, 6, 18, 14
+
+
+def small_lines(
+    title: str,
+    times: Sequence[float],
+    lines: Sequence[tuple[Series, Sequence[float | None]]],
+    unit: str = "",
+    span: str = "",
+) -> Markup:
+    """A small <svg> of one or more lines over times (seconds), each value None where there is none.
+
+    For the pages' history: the title and the newest value of each line are written on it, so it
+    reads without hovering. A gap (None) breaks its line.
+    """
+    plot_w = _SMALL_W - _SMALL_LEFT - _SMALL_RIGHT
+    plot_h = _SMALL_H - _SMALL_TOP - _SMALL_BOTTOM
+    values = [v for _, vs in lines for v in vs if v is not None]
+    top = _nice_ceiling(max(values, default=0.0))
+    start, end = (times[0], times[-1]) if times else (0.0, 1.0)
+    width = max(end - start, 1e-9)
+    newest = ", ".join(
+        f"{one.label} {_reading(next((v for v in reversed(vs) if v is not None), None), unit)}"
+        for one, vs in lines
+    )
+    parts = [
+        f'<svg class="chart small" role="img" viewBox="0 0 {_SMALL_W} {_SMALL_H}" width="{_SMALL_W}"'
+        f' height="{_SMALL_H}" xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>'
+        f'<text x="{_SMALL_LEFT}" y="12">{escape(title)}: {escape(newest)}</text>'
+    ]
+    for fraction in (0, 1):
+        y = _SMALL_TOP + plot_h * (1 - fraction)
+        right = _SMALL_W - _SMALL_RIGHT
+        label = _short_unit(top * fraction, unit)
+        parts.append(
+            f'<line x1="{_SMALL_LEFT}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d8dce3"/>'
+            f'<text x="{_SMALL_LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">{label}</text>'
+        )
+    if span:
+        parts.append(f'<text x="{_SMALL_LEFT}" y="{_SMALL_H - 2}">{escape(span)}</text>')
+    for one, vs in lines:
+        runs: list[list[tuple[float, float]]] = [[]]
+        for t, v in zip(times, vs, strict=True):
+            if v is None:
+                runs.append([])
+                continue
+            runs[-1].append((_SMALL_LEFT + plot_w * (t - start) / width, _SMALL_TOP + plot_h * (1 - v / top)))
+        for run in runs:
+            if len(run) > 1:
+                points = " ".join(f"{px:.1f},{py:.1f}" for px, py in run)
+                parts.append(
+                    f'<polyline fill="none" stroke="{one.colour}" stroke-width="1.5" points="{points}"/>'
+                )
+            elif run:
+                px, py = run[0]
+                parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="1.5" fill="{one.colour}"/>')
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def _reading(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    return _short_unit(value, unit)
+
+
+def _short_unit(value: float, unit: str) -> str:
+    if unit == "s":
+        return f"{value * 1000:.3g} ms" if value < 1 else f"{value:.3g} s"
+    if unit == "MB":
+        return f"{value / 1024:.3g} GB" if value >= 1024 else f"{value:.3g} MB"
+    return f"{_short(round(value, 2)) if value >= 1000 else f'{value:.3g}'}{unit}"

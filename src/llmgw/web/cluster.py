@@ -21,6 +21,7 @@ from llmgw.control.inventory import Inventory
 from llmgw.control.nodelogs import DEFAULT_LINES
 from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES, ago, node_row, refused_line
 from llmgw.web.context import AdminLink, add_admin_links
+from llmgw.web.history import HISTORY_KEY, gpu_charts, model_charts
 from llmgw.web.render import render
 
 Handler = adminapi.Handler
@@ -56,6 +57,7 @@ ASSETS_KEY = web.AppKey("llmgw.web.cluster.assets", dict[str, bytes])
 async def cluster_page(request: web.Request) -> web.StreamResponse:
     inventory = request.config_dict[adminapi.INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
+    history = request.config_dict.get(HISTORY_KEY)
     return await render(
         request,
         "admin_cluster.html",
@@ -66,6 +68,9 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         backing_off=_backing_off(request),
         refused_line=refused_line,
         ago=ago,
+        history=history is not None,
+        charts=model_charts(history) if history is not None else [],
+        gpu_charts=gpu_charts(history) if history is not None else [],
     )
 
 
@@ -81,7 +86,9 @@ async def models_page(request: web.Request) -> web.StreamResponse:
     inventory = request.config_dict[adminapi.INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
     models = adminapi.models_view(inventory, request.config_dict[CATALOG_KEY].models())
-    return await render(request, "admin_models.html", paths=paths, models=models, ago=ago)
+    history = request.config_dict.get(HISTORY_KEY)
+    charts = {m.name: model_charts(history, m.name) for m in models} if history is not None else {}
+    return await render(request, "admin_models.html", paths=paths, models=models, charts=charts, ago=ago)
 
 
 async def node_logs_page(request: web.Request) -> web.StreamResponse:

@@ -19,6 +19,10 @@ class FakeCard:
     pages_pending: int = 0
     lost: bool = False
     ecc_supported: bool = True
+    utilization: int = 0
+    temperature: int = 40
+    # Some cards (MIG slices, vGPUs) have no utilisation counter.
+    utilization_supported: bool = True
 
 
 @attrs.define
@@ -90,6 +94,16 @@ class FakeNvml:
         if not card.ecc_supported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return card.pages_pending
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
+        card = self._card(handle)
+        if not card.utilization_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.c_nvmlUtilization_t(gpu=card.utilization, memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self._card(handle).temperature
 
     def nvmlEventSetCreate(self) -> str:
         return "events"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent.discovery.gpus import GpuDiscovery, gpu_class
+from llmgw.agent.discovery.gpus import GpuDiscovery, GpuReading, gpu_class
 
 _spec = importlib.util.spec_from_file_location("fake_nvml", Path(__file__).with_name("fake_nvml.py"))
 assert _spec is not None and _spec.loader is not None
@@ -53,6 +53,18 @@ class TestDiscovery:
         assert (gpu.index, gpu.uuid, gpu.gpu_class) == (0, "GPU-0", "h100-80g")
         assert (gpu.memory_total_mb, gpu.memory_used_mb) == (81559, 2048)
         assert gpu.healthy and not gpu.unhealthy_reason
+
+    async def test_utilisation_and_temperature_are_read_for_the_metrics_page(self) -> None:
+        nvml = FakeNvml(
+            [FakeCard(utilization=87, temperature=71), FakeCard(uuid="GPU-1", utilization_supported=False)]
+        )
+        discovery = GpuDiscovery(nvml)
+        await discovery.scan()
+        assert discovery.readings == {
+            0: GpuReading(utilization_percent=87.0, temperature_celsius=71.0),
+            # A card without a utilisation counter still gives its temperature.
+            1: GpuReading(utilization_percent=None, temperature_celsius=40.0),
+        }
 
     async def test_a_node_without_a_driver_reports_no_gpu(self) -> None:
         assert await GpuDiscovery(FakeNvml(driver=False)).scan() == []

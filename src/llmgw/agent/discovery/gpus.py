@@ -16,10 +16,12 @@ the bus does not come back by itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 from typing import Any, Protocol
 
+import attrs
 import pynvml
 import structlog
 
@@ -97,6 +99,16 @@ class Nvml(Protocol):
     def nvmlEventSetCreate(self) -> Any: ...
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None: ...
     def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+
+
+@attrs.frozen
+class GpuReading:
+    """What a card is doing, for the agent's metrics page; None where the card cannot say."""
+
+    utilization_percent: float | None = None
+    temperature_celsius: float | None = None
 
 
 def gpu_class(name: str, memory_total_bytes: int) -> str:
@@ -128,6 +140,9 @@ class GpuDiscovery:
         # uuid -> why the card is unhealthy, for conditions that do not clear (XIDs).
         self._sticky: dict[str, str] = {}
         self._last: list[pb.Gpu] = []
+        # Index -> utilisation and temperature at the last read, for the metrics page only: placement
+        # needs neither, and the stream would carry them every heartbeat for nothing.
+        self.readings: dict[int, GpuReading] = {}
         self._pending: asyncio.Future[list[pb.Gpu]] | None = None
         # One read at a time: NVML is thread-safe, but a read that hangs must not gain company.
         self._lock = threading.Lock()
@@ -221,8 +236,18 @@ class GpuDiscovery:
         except pynvml.NVMLError as exc:
             known = next((g for g in self._last if g.index == index), None)
             return _unhealthy(known or gpu, f"stopped answering NVML ({exc})")
+        self.readings[index] = self._reading(handle)
         reason = self._sticky.get(gpu.uuid) or self._memory_fault(handle)
         return _unhealthy(gpu, reason) if reason else gpu
+
+    def _reading(self, handle: Any) -> GpuReading:
+        utilization = temperature = None
+        # Each on its own: a card without a sensor (some MIG and vGPU setups) still says the other.
+        with contextlib.suppress(pynvml.NVMLError):
+            utilization = float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        with contextlib.suppress(pynvml.NVMLError):
+            temperature = float(self._nvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+        return GpuReading(utilization, temperature)
 
     def _memory_fault(self, handle: Any) -> str:
         try:

@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from llmgw.agent.discovery.fabrics import INFINIBAND, discover_fabrics
-from llmgw.agent.discovery.gpus import GpuDiscovery
+from llmgw.agent.discovery.gpus import GpuDiscovery, GpuReading
 from llmgw.agent.discovery.memory import discover_memory
 from llmgw.agent.discovery.storage import Statvfs, discover_storage
 from llmgw.config import AgentConfig
@@ -64,6 +64,11 @@ class NodeReport:
         self._warned: set[str] = set()
         # What the control plane last heard on this stream: fingerprints of each list.
         self._sent: dict[str, object] = {}
+
+    @property
+    def gpu_readings(self) -> dict[int, GpuReading]:
+        """Each GPU's utilisation and temperature at the last refresh, by index."""
+        return self._gpu_discovery.readings
 
     @property
     def storage_dirs(self) -> list[Path]:

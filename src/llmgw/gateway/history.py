@@ -1,0 +1,196 @@
+"""The last hours of the gateway and the nodes, sampled every 10 s, for the pages' charts without Prometheus.
+
+Each sample is what changed in the gateway's own counters since the one
+before (requests, tokens and 5xx replies per second, p50 and p95 latency from
+the histogram's buckets, as Prometheus's histogram_quantile reads them) and
+each node's GPU memory as its agent last reported it. The rings are bounded
+(`monitoring.window_s` over the interval), so memory stays flat however long
+the server runs; a restart starts them empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol, TypeVar
+
+import attrs
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+
+from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.proto.llmgw import v1 as pb
+
+_T = TypeVar("_T")
+
+SAMPLE_INTERVAL_S = 10.0
+# The chart of the whole gateway, every model together.
+ALL = ""
+
+
+class _Node(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def gpus(self) -> Sequence[pb.Gpu]: ...
+
+
+class Nodes(Protocol):
+    """What the history needs of the inventory: its nodes, with the GPUs each last reported."""
+
+    def nodes(self) -> Sequence[_Node]: ...
+
+
+@attrs.frozen
+class Point:
+    """One interval of one model (or of all): rates per second, and latency quantiles in seconds."""
+
+    at: float
+    requests_per_s: float
+    tokens_per_s: float
+    errors_per_s: float
+    # None when no request finished in the interval: no latency to speak of, not a latency of 0.
+    p50_s: float | None
+    p95_s: float | None
+
+
+@attrs.frozen
+class GpuPoint:
+    at: float
+    used_mb: int
+    total_mb: int
+
+
+@attrs.define
+class _Totals:
+    requests: float = 0.0
+    tokens: float = 0.0
+    errors: float = 0.0
+    # Cumulative count at each bucket's upper bound, as Prometheus keeps them.
+    buckets: dict[float, float] = attrs.field(factory=dict)
+
+
+class History:
+    """Bounded rings of samples per model and per node; `run` samples every interval until cancelled."""
+
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        inventory: Nodes,
+        window_s: float,
+        *,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._metrics = metrics
+        self._inventory = inventory
+        self.interval_s = interval_s
+        self._size = max(int(window_s // interval_s), 1)
+        self._clock = clock
+        self._models: dict[str, deque[Point]] = {}
+        self._gpus: dict[str, deque[GpuPoint]] = {}
+        self._last: dict[str, _Totals] | None = None
+        self._last_at = 0.0
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.sample()
+
+    def sample(self) -> None:
+        """Take one sample now: the change since the last one, per model and for all; GPU memory per node."""
+        now = self._clock()
+        totals = _read(self._metrics)
+        if self._last is not None and now > self._last_at:
+            elapsed = now - self._last_at
+            for model, current in totals.items():
+                before = self._last.get(model, _Totals())
+                self._ring(self._models, model).append(_point(now, elapsed, before, current))
+        self._last, self._last_at = totals, now
+        for node in self._inventory.nodes():
+            if node.gpus:
+                used = sum(g.memory_used_mb for g in node.gpus)
+                total = sum(g.memory_total_mb for g in node.gpus)
+                self._ring(self._gpus, node.id).append(GpuPoint(now, used, total))
+
+    def _ring(self, rings: dict[str, deque[_T]], name: str) -> deque[_T]:
+        ring = rings.get(name)
+        if ring is None:
+            ring = rings[name] = deque(maxlen=self._size)
+        return ring
+
+    def model(self, name: str) -> Sequence[Point]:
+        """The samples of one model, oldest first; ALL for every model together."""
+        return list(self._models.get(name, ()))
+
+    def gpu_memory(self) -> Mapping[str, Sequence[GpuPoint]]:
+        """Each node's GPU memory samples, oldest first; only nodes that have GPUs."""
+        return {node: list(ring) for node, ring in sorted(self._gpus.items())}
+
+
+def _read(metrics: GatewayMetrics) -> dict[str, _Totals]:
+    """The gateway's cumulative counts per model label, and summed over all of them under ALL."""
+    totals: dict[str, _Totals] = {ALL: _Totals()}
+
+    def of(model: str) -> Iterable[_Totals]:
+        if model not in totals:
+            totals[model] = _Totals()
+        # A request for a name the catalog does not serve ("") counts only towards all.
+        return (totals[ALL], totals[model]) if model else (totals[ALL],)
+
+    families = list(metrics.collect())
+    for sample in _samples(families, "llmgw_requests_total"):
+        for t in of(sample.labels["model"]):
+            t.requests += sample.value
+            if sample.labels["status"] == "5xx":
+                t.errors += sample.value
+    for name in ("llmgw_prompt_tokens_total", "llmgw_completion_tokens_total"):
+        for sample in _samples(families, name):
+            for t in of(sample.labels["model"]):
+                t.tokens += sample.value
+    for sample in _samples(families, "llmgw_request_duration_seconds_bucket"):
+        bound = float(sample.labels["le"])
+        for t in of(sample.labels["model"]):
+            t.buckets[bound] = t.buckets.get(bound, 0.0) + sample.value
+    return totals
+
+
+def _samples(families: Iterable[Metric], name: str) -> Iterable[Sample]:
+    return (s for f in families for s in f.samples if s.name == name)
+
+
+def _point(now: float, elapsed: float, before: _Totals, current: _Totals) -> Point:
+    bounds = sorted(current.buckets)
+    counts = [current.buckets[b] - before.buckets.get(b, 0.0) for b in bounds]
+    return Point(
+        at=now,
+        requests_per_s=max(current.requests - before.requests, 0.0) / elapsed,
+        tokens_per_s=max(current.tokens - before.tokens, 0.0) / elapsed,
+        errors_per_s=max(current.errors - before.errors, 0.0) / elapsed,
+        p50_s=quantile(0.5, bounds, counts),
+        p95_s=quantile(0.95, bounds, counts),
+    )
+
+
+def quantile(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float | None:
+    """The q-quantile from cumulative bucket counts, interpolated within its bucket (histogram_quantile).
+
+    None without observations. A quantile in the +Inf bucket is the highest finite bound.
+    """
+    if not bounds or cumulative[-1] <= 0:
+        return None
+    rank = q * cumulative[-1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in zip(bounds, cumulative, strict=True):
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return lower_bound
