@@ -28,7 +28,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
-from ruamel.yaml.error import MarkedYAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from llmgw.config.location import dotted, line_of, where
 from llmgw.errors import ConfigError
@@ -45,6 +45,9 @@ def parse(cls: type[T], text: str, source: str = "<string>") -> T:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else "?"
         raise ConfigError(f"{source}:{line}: not valid YAML: {exc.problem}") from None
+    except YAMLError as exc:
+        # Unmarked: a character YAML does not allow (a NUL, a control character) was a traceback.
+        raise ConfigError(f"{source}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if data is None:
         data = CommentedMap()
     try:

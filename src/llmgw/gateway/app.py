@@ -6,11 +6,12 @@ import json
 
 from aiohttp import web
 
+from llmgw.bodies import decode_bodies
 from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
-from llmgw.gateway.errors import openai_errors
+from llmgw.gateway.errors import answer, openai_errors
 from llmgw.gateway.pipeline import Call, Stage, compose, endpoint, read_request
 from llmgw.gateway.proxy import client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
@@ -35,7 +36,19 @@ def make_gateway_app(
     catalog is the server's live one (models added with ctl too), the one its admin API changes.
     admission (limits, budgets, usage) applies to calls with a key, so only when auth is enabled.
     """
-    app = web.Application(client_max_size=_MAX_BODY, middlewares=[openai_errors])
+    app = web.Application(
+        client_max_size=_MAX_BODY,
+        middlewares=[
+            openai_errors,
+            # /v1/models/ and /admin/ lead where /v1/models and /admin do (they were 404s); before the body is
+            # read, which would keep it from redirecting.
+            web.normalize_path_middleware(append_slash=False, remove_slash=True),
+            decode_bodies(
+                lambda request, status, message: answer(request, status, message, code="invalid_body"),
+                _MAX_BODY,
+            ),
+        ],
+    )
     router = Router(catalog, replicas)
     app[ROUTER_KEY] = router
     app[CATALOG_KEY] = catalog

@@ -15,6 +15,7 @@ import attrs
 import structlog
 from aiohttp import web
 
+from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control.adminapi import BACKOFF_KEY
@@ -86,7 +87,7 @@ async def _refresh_quotas(store: Store, quotas: Quotas) -> None:
 @contextlib.asynccontextmanager
 async def _serve_app(app: web.Application, address: str, key: str, drain_s: float) -> AsyncIterator[str]:
     host, port = split_host_port(address, key)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_s)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_s, **SERVER_OPTIONS)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, backlog=1024)
