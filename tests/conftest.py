@@ -5,7 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from blockbuster import BlockBuster, blockbuster_ctx
+
+# Tests log through structlog's default setup, whose console renderer hands a traceback to rich
+# when rich is installed (schemathesis brings it); rich stats every file of the stack, on the loop,
+# and blockbuster fails the test. llmgw's own setup (log.setup) formats tracebacks plainly first;
+# the tests' default must too.
+structlog.configure(
+    processors=[
+        *structlog.get_config()["processors"][:-1],
+        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
+    ]
+)
 
 
 @pytest.fixture(autouse=True)
