@@ -11,6 +11,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import structlog
 from aiohttp.test_utils import TestServer
 
 from llmgw.bodies import SERVER_OPTIONS
@@ -195,16 +196,16 @@ class TestMethodsAndPaths:
 
 
 async def test_a_request_aiohttp_cannot_parse_is_logged_as_one_line_not_a_traceback(
-    urls: tuple[str, str], caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+    urls: tuple[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     host, port = urls[0].removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
-    await writer.drain()
-    answer = await reader.read()
-    writer.close()
-    await writer.wait_closed()
+    with structlog.testing.capture_logs() as logged, caplog.at_level(logging.DEBUG):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+        await writer.wait_closed()
     assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request")
-    with caplog.at_level(logging.DEBUG):
-        assert not [r for r in caplog.records if r.exc_info]
-    assert "refused a request that could not be read" in capsys.readouterr().out
+    assert not [r for r in caplog.records if r.exc_info]
+    assert [e["event"] for e in logged] == ["refused a request that could not be read"]
