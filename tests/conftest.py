@@ -8,14 +8,13 @@ import pytest
 import structlog
 from blockbuster import BlockBuster, blockbuster_ctx
 
-# structlog's default renderer formats exceptions with rich when it is installed (a test tool
-# pulls it in), and rich stats source files on the loop; render them as llmgw's own setup does.
+# Tests log through structlog's default setup, whose console renderer hands a traceback to rich
+# when rich is installed (schemathesis brings it); rich stats every file of the stack, on the loop,
+# and blockbuster fails the test. llmgw's own setup (log.setup) formats tracebacks plainly first;
+# the tests' default must too.
 structlog.configure(
     processors=[
-        structlog.processors.add_log_level,
-        structlog.processors.StackInfoRenderer(),
-        structlog.dev.set_exc_info,
-        structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
+        *structlog.get_config()["processors"][:-1],
         structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
     ]
 )

@@ -89,6 +89,21 @@ class TestAdoption:
         text = await asyncio.to_thread((tmp_path / engine_state.STATE_FILE).read_text)
         assert json.loads(text) == {"shards": []}
 
+    async def test_a_forced_exit_kills_the_engines_a_clean_stop_had_left_for_the_next_agent(
+        self, tmp_path: Path, leftovers: list[int]
+    ) -> None:
+        """The second signal may come while the rest of llmgw drains, after the agent let go of them."""
+        reports = Reports()
+        first = Supervisor(ENGINES, reports, ready_timeout_s=WAIT_S, state_dir=tmp_path, keep_on_close=True)
+        await first.start(pb.StartShard(shard_id="s1", model="sim-chat", engine="sim"))
+        ready = await reports.wait_for("ready")
+        leftovers.append(ready.pid)
+        await first.aclose()
+        assert _alive(ready.pid)
+        first.kill_all()
+        await asyncio.to_thread(_wait_gone, ready.pid)
+        assert not _alive(ready.pid)
+
     async def test_an_engine_that_died_while_no_agent_ran_is_not_adopted(
         self, tmp_path: Path, leftovers: list[int]
     ) -> None:

@@ -96,6 +96,12 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("agent.yaml", "engine_ports"): [("0-100", "expected a range of ports"), ("9-8", "first no more")],
     ("agent.yaml", "fabric_address"): [("not-an-ip", "expected an IP address of this machine")],
     ("mirror.yaml", "listen"): _LISTEN,
+    ("server.yaml", "metrics_listen"): _LISTEN[1:],
+    ("server.yaml", "monitoring.window_s"): [
+        (9, "expected 10 or more"),
+        (float("nan"), "expected a finite number"),
+    ],
+    ("agent.yaml", "metrics_listen"): _LISTEN[1:],
     ("server.yaml", "admin_tokens"): [
         ("llmgw-admin-3q2xyz", "expected a token's sha256 (64 hexadecimal digits)"),
         ("ab" * 31, "never the token itself"),
@@ -113,6 +119,8 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
 ACCEPTED: dict[tuple[str, str], list[Any]] = {
     ("server.yaml", "listen"): ["127.0.0.1:0", "0.0.0.0:65535", ":8080", "[::1]:8080", "localhost:8080"],
     ("server.yaml", "drain_timeout_s"): [0, 31_536_000],
+    ("server.yaml", "metrics_listen"): ["", "0.0.0.0:9100"],
+    ("agent.yaml", "metrics_listen"): ["", "[::1]:0"],
     ("server.yaml", "control.grace_s"): [0.001],
     ("server.yaml", "models[].replicas"): [0],
     ("server.yaml", "models[].profiles[].nodes"): [1],

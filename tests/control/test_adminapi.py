@@ -334,6 +334,7 @@ async def _every_reply(client: TestClient[web.Request, web.Application], invento
     await ask("GET", explain, "/api/v1/explain-placement")
     await ask("GET", explain, "/api/v1/explain-placement?model=gpt-9")
     await ask("POST", "/api/v1/weights/collect", "/api/v1/weights/collect", json={})
+    await ask("POST", "/api/v1/weights/collect", "/api/v1/weights/collect")
     await ask("GET", "/api/v1/openapi.json", "/api/v1/openapi.json")
     return replies
 

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 from llmgw import config
 from llmgw.agent import state as engine_state
@@ -107,7 +108,9 @@ def _routed_secret(inventory: Inventory, replica: Replica) -> str:
     return route.secret if route is not None else ""
 
 
-async def _agent_process(config_path: Path) -> asyncio.subprocess.Process:
+async def _agent_process(
+    config_path: Path, stderr: int = asyncio.subprocess.DEVNULL
+) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -117,7 +120,7 @@ async def _agent_process(config_path: Path) -> asyncio.subprocess.Process:
         str(config_path),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=stderr,
     )
 
 
@@ -167,6 +170,63 @@ async def test_an_agent_killed_while_its_engine_serves_leaves_it_serving_and_no_
         for record in await asyncio.to_thread(engine_state.read_state, state_dir):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(record.pid, signal.SIGKILL)
+
+
+async def test_a_second_signal_kills_every_engine_even_of_an_agent_that_keeps_them_on_stop(
+    fleet, server_cfg, tmp_path: Path, eventually
+) -> None:
+    """keep_engines_on_stop is for a clean stop; a forced one (exit 130) leaves no engine behind."""
+    cfg = config.evolve(
+        _catalog(server_cfg),
+        models=[
+            ModelConfig(name=name, replicas=1, profiles=[ProfileConfig(engine="sim")])
+            for name in (MODEL, "sim-other")
+        ],
+    )
+    state_dir = tmp_path / "state"
+    assert AgentConfig().keep_engines_on_stop, "the default this test relies on"
+    agent: asyncio.subprocess.Process | None = None
+    try:
+        async with control_plane(cfg) as (inventory, port):
+            path = tmp_path / "agent.yaml"
+            text = await asyncio.to_thread(config.dump, _agent_cfg(fleet, "n1", port, state_dir))
+            await asyncio.to_thread(path.write_text, text)
+            agent = await _agent_process(path, stderr=asyncio.subprocess.PIPE)
+
+            def both_ready() -> bool:
+                return all(
+                    [r.state for r in inventory.replicas(model)] == [READY] for model in (MODEL, "sim-other")
+                )
+
+            await eventually(both_ready, WAIT_S)
+            engines = [r.pid for r in await asyncio.to_thread(engine_state.read_state, state_dir)]
+            assert len(engines) == 2
+            # Both signals reach the agent before it runs again, so the second one surely comes
+            # while the first one's drain is under way (a drain that keeps engines is quick).
+            # SIGINT for the second: two SIGTERMs pending at once are delivered as one.
+            agent.send_signal(signal.SIGSTOP)
+            agent.send_signal(signal.SIGTERM)
+            agent.send_signal(signal.SIGINT)
+            agent.send_signal(signal.SIGCONT)
+            assert agent.stderr is not None
+            output = (await asyncio.wait_for(agent.stderr.read(), WAIT_S)).decode()
+            assert await agent.wait() == 130, output
+            assert "killing engines now" in output
+            await eventually(lambda: not any(_engine_alive(pid) for pid in engines), WAIT_S)
+    finally:
+        if agent is not None and agent.returncode is None:
+            agent.send_signal(signal.SIGKILL)
+            await agent.wait()
+        for record in await asyncio.to_thread(engine_state.read_state, state_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(record.pid, signal.SIGKILL)
+
+
+def _engine_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def test_replicas_are_adopted_by_a_restarted_server_and_never_duplicated(

@@ -21,6 +21,7 @@ from llmgw.store.scopes import DEFAULT_PROJECT_ID
 from llmgw.store.users import User, create_user
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
+from llmgw.web.logins import LoginThrottle
 
 PASSWORD = "correct horse battery"
 
@@ -72,13 +73,19 @@ def signup_open() -> bool:
 
 
 @pytest.fixture
-async def site(store: Store, signup_open: bool) -> AsyncIterator[Site]:
+def logins() -> LoginThrottle:
+    """The site's count of failed sign-ins; a test of lockouts gives it a clock of its own."""
+    return LoginThrottle()
+
+
+@pytest.fixture
+async def site(store: Store, signup_open: bool, logins: LoginThrottle) -> AsyncIterator[Site]:
     cfg = ServerConfig(
         auth=AuthConfig(enabled=True, signup_open=signup_open), models=[ModelConfig(name="sim-chat")]
     )
     catalog = Catalog(cfg)
     app = make_gateway_app(cfg, catalog, _NoReplicas(), KeyCache())
-    ctx = WebContext(cfg=cfg, store=store)
+    ctx = WebContext(cfg=cfg, store=store, logins=logins)
     mount_pages(app, ctx)
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()

@@ -282,6 +282,9 @@ class Supervisor:
         # Engines that crashed after serving, by model, since the agent started (the control plane
         # starts them again): what the agent's metrics page counts as restarts.
         self.restarts: collections.Counter[str] = collections.Counter()
+        # The process groups a clean stop left running for the next agent: a second signal that
+        # comes while the rest of llmgw still drains must still find them to kill.
+        self._left_running: list[int] = []
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -367,10 +370,15 @@ class Supervisor:
             self._session = None
 
     def kill_all(self) -> None:
-        """SIGKILL every engine's process group now, without waiting: for a forced exit."""
+        """SIGKILL every engine's process group now, without waiting: for a forced exit.
+
+        Those a clean stop already left running for the next agent too: a forced exit leaves none.
+        """
         for shard in self._shards.values():
             if shard.process is not None and shard.process.returncode is None:
                 launcher.kill_group(shard.process.pid)
+        for pid in self._left_running:
+            launcher.kill_group(pid)
 
     def advertise(self, address: str) -> None:
         """Advertise engines started from now on at address: the node's, as the control plane reaches it.
@@ -617,6 +625,7 @@ class Supervisor:
                 continue
             process.close()
             if process.returncode is None:
+                self._left_running.append(process.pid)
                 log.info(
                     "leaving an engine running for the next agent", shard=shard.req.shard_id, pid=process.pid
                 )

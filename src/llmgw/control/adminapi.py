@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -22,6 +23,7 @@ from typing import Any, cast
 from aiohttp import web
 
 import llmgw
+from llmgw.bodies import read_text
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.config.yamltext import MAX_BYTES as MAX_YAML_BYTES
@@ -400,7 +402,11 @@ async def set_node_state(request: web.Request) -> web.Response:
     if isinstance(node, web.Response):
         return node
     try:
-        body = await request.json()
+        text = await read_text(request)
+    except ValueError as exc:
+        return error(400, str(exc))
+    try:
+        body = json.loads(text)
     except ValueError:
         return error(400, 'the body is not JSON; send {"state": "cordoned"}')
     state = body.get("state") if isinstance(body, dict) else None
@@ -437,7 +443,11 @@ async def post_model(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > MAX_YAML_BYTES:
         return error(413, f"a model's definition is at most {MAX_YAML_BYTES:,} bytes")
     try:
-        model, replaced = await catalog.add(await request.text(), source)
+        text = await read_text(request)
+    except ValueError as exc:
+        return error(400, str(exc))
+    try:
+        model, replaced = await catalog.add(text, source)
     except ConfigError as exc:
         return error(400, str(exc))
     except DeclaredModel as exc:
@@ -515,6 +525,9 @@ async def get_explain_placement(request: web.Request) -> web.Response:
 
 async def post_weights_collect(request: web.Request) -> web.Response:
     """Ask every node to remove the weights no catalog model uses (control/weights.py)."""
+    # JSON only, as set_node_state: a POST with no body is one a page elsewhere may send.
+    if request.content_type != "application/json":
+        return error(415, "send Content-Type: application/json (an empty object {} will do)")
     inventory = request.config_dict[INVENTORY_KEY]
     models = request.config_dict[CATALOG_KEY].models()
     done = await collect_weights(inventory, {m.source for m in models if m.source})

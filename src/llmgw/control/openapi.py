@@ -34,15 +34,22 @@ _NODE_ID = {
 }
 
 
-def _page(operation: str, summary: str, parameters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _html(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"text/html": {"schema": {"type": "string"}}}}
+
+
+def _page(
+    operation: str,
+    summary: str,
+    parameters: list[dict[str, Any]] | None = None,
+    refusals: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """An HTML page of the admin app, listed so that the document covers every route."""
     get: dict[str, Any] = {
         "operationId": operation,
         "summary": summary,
         "tags": ["pages"],
-        "responses": {
-            "200": {"description": "HTML.", "content": {"text/html": {"schema": {"type": "string"}}}}
-        },
+        "responses": {"200": _html("HTML."), **(refusals or {})},
     }
     if parameters:
         get["parameters"] = parameters
@@ -244,19 +251,42 @@ def document(version: str) -> dict[str, Any]:
                     {
                         "name": "lines",
                         "in": "query",
-                        "schema": {"type": "integer", "enum": list(LOG_PAGE_LINES)},
+                        "description": f"How many of the newest lines; the page offers {LOG_PAGE_LINES}.",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_LINES,
+                            "default": DEFAULT_LINES,
+                        },
                     },
-                    {"name": "follow", "in": "query", "schema": {"type": "string", "enum": ["1"]}},
+                    {
+                        "name": "follow",
+                        "in": "query",
+                        "description": "1: reload every few seconds.",
+                        "schema": {"type": "string", "enum": ["1"]},
+                    },
                 ],
+                {
+                    "400": _html("A lines or follow the page cannot show, in a sentence."),
+                    "404": _html("No such node: the page says so."),
+                },
             ),
             "/api/v1/weights/collect": {
                 "post": {
                     "operationId": "collectWeights",
                     "summary": "Ask every node to remove weights no catalog model uses, never any in use.",
+                    "description": "Send Content-Type: application/json (an empty object will do; the "
+                    "body is not read): without it a page elsewhere could make this change through a "
+                    "browser.",
+                    "requestBody": {
+                        "required": False,
+                        "content": {"application/json": {"schema": {"description": "Not read."}}},
+                    },
                     "responses": {
                         "200": _json(
                             ref(views.Collected), "What each node was asked to remove, and what it keeps."
-                        )
+                        ),
+                        "415": _ERROR,
                     },
                 }
             },

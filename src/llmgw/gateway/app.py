@@ -9,12 +9,13 @@ from typing import Literal
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from llmgw.bodies import decode_bodies
 from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.gateway import access
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
-from llmgw.gateway.errors import ApiError, openai_errors
+from llmgw.gateway.errors import ApiError, answer, openai_errors
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
 from llmgw.gateway.proxy import UPSTREAM_ERRORS_KEY, client_session, proxy
@@ -52,7 +53,19 @@ def make_gateway_app(
     """
     if metrics is None:
         metrics = GatewayMetrics(CollectorRegistry(), catalog)
-    app = web.Application(client_max_size=_MAX_BODY, middlewares=[openai_errors])
+    app = web.Application(
+        client_max_size=_MAX_BODY,
+        middlewares=[
+            openai_errors,
+            # /v1/models/ and /admin/ lead where /v1/models and /admin do (they were 404s); before the body is
+            # read, which would keep it from redirecting.
+            web.normalize_path_middleware(append_slash=False, remove_slash=True),
+            decode_bodies(
+                lambda request, status, message: answer(request, status, message, code="invalid_body"),
+                _MAX_BODY,
+            ),
+        ],
+    )
     router = Router(catalog, replicas, metrics.in_flight)
     app[ROUTER_KEY] = router
     app[CATALOG_KEY] = catalog

@@ -42,6 +42,28 @@ class ApiError(Exception):
         )
 
 
+# `llmgw ctl` and the OpenAPI document expect the admin API's own shape ({"error": "..."}).
+_ADMIN_API = "/admin/api/"
+
+
+def answer(
+    request: web.Request,
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """A refusal in the shape of the API the request went to.
+
+    OpenAI's, except under /admin/api/: the admin API on the client port answers as it does on
+    the admin listener.
+    """
+    if request.path.startswith(_ADMIN_API):
+        return web.json_response({"error": message}, status=status, headers=headers)
+    return ApiError(status, message, code=code, headers=headers).response()
+
+
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp's own refusals (unknown path, wrong method, body too large) in OpenAI's shape too."""
@@ -57,4 +79,4 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
             405: f"{request.path} does not accept {request.method}",
         }.get(exc.status, exc.text or exc.reason)
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return ApiError(exc.status, message, code=code, headers=headers).response()
+        return answer(request, exc.status, message, code=code, headers=headers)

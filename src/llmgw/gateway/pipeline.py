@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 from aiohttp import web
 
+from llmgw import bodies
 from llmgw.gateway.errors import ApiError
 from llmgw.routes import EngineRoute
 from llmgw.store.keys import KeyRecord
@@ -87,7 +88,7 @@ def endpoint(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamRe
 
 async def read_request(call: Call, rest: Handler) -> web.StreamResponse:
     """Read the body once and find the model; the proxy forwards these same bytes."""
-    body = await call.request.read()
+    body = await bodies.read(call.request)
     try:
         payload = json.loads(body)
     except ValueError as exc:

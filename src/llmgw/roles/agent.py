@@ -33,14 +33,15 @@ class AgentHandle:
     supervisor: Supervisor
     # metrics_listen's URL; "" when it is not set.
     metrics_url: str = attrs.field(default="", kw_only=True)
-    # keep_engines_on_stop: then even a forced exit leaves them to the next agent (the state file
-    # lists them already); only dev mode, which promises no engine outlives it, kills them.
-    keep_engines: bool = False
 
     def kill_engines(self) -> None:
-        """Kill every engine's process group now, for a forced exit; unless they are kept."""
-        if not self.keep_engines:
-            self.supervisor.kill_all()
+        """Kill every engine's process group now, for a forced exit.
+
+        Whatever keep_engines_on_stop says: that setting is for an agent that stops cleanly and
+        leaves its engines to the next one. A person who sends a second signal wants everything
+        gone now, and an engine left behind there held its GPU and port with no agent to say so.
+        """
+        self.supervisor.kill_all()
 
 
 @contextlib.asynccontextmanager
@@ -117,12 +118,7 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
         for task in owned:
             stack.callback(task.cancel)
         log.info("agent started", node=cfg.node_id, servers=cfg.servers, metrics=metrics_url)
-        yield AgentHandle(
-            client=client,
-            supervisor=supervisor,
-            keep_engines=cfg.keep_engines_on_stop,
-            metrics_url=metrics_url,
-        )
+        yield AgentHandle(client=client, supervisor=supervisor, metrics_url=metrics_url)
         log.info("agent stopping")
 
 

@@ -18,6 +18,7 @@ import structlog
 from aiohttp import web
 
 from llmgw import bound
+from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, PRICES_KEY
@@ -103,7 +104,7 @@ async def _serve_app(
 ) -> AsyncIterator[tuple[str, int]]:
     """Serve app on address; the host and port it bound (the port the system picked, for port 0)."""
     host, port = split_host_port(address, key)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_s)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_s, **SERVER_OPTIONS)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, backlog=1024)

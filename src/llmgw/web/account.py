@@ -27,6 +27,7 @@ from llmgw.store.users import (
 )
 from llmgw.web.context import WEB_KEY
 from llmgw.web.guards import forbidden, require_login
+from llmgw.web.logins import Throttled
 from llmgw.web.render import render
 from llmgw.web.sessions import (
     CSRF_COOKIE,
@@ -66,6 +67,20 @@ def _local(target: str) -> str:
     return target
 
 
+def client_address(request: web.Request) -> str:
+    """Who is signing in: the last X-Forwarded-For address (the one the proxy in front added), else the peer.
+
+    Behind the TLS-terminating proxy the pages expect, every connection comes from the proxy:
+    counting failures per peer would lock every person out at once.
+    """
+    forwarded = request.headers.getall("X-Forwarded-For", [])
+    if forwarded:
+        last = forwarded[-1].rsplit(",", 1)[-1].strip()
+        if last:
+            return last[:64]
+    return request.remote or "unknown"
+
+
 async def _form(request: web.Request) -> dict[str, str]:
     return {name: value for name, value in (await request.post()).items() if isinstance(value, str)}
 
@@ -96,7 +111,27 @@ async def login(request: web.Request) -> web.StreamResponse:
             request, "login.html", status=403, next=target, email=email, error=_STALE_FORM
         )
     ctx = request.config_dict[WEB_KEY]
-    user = await authenticate(ctx.store, email, form.get("password", ""))
+    try:
+        with ctx.logins.attempt(email, client_address(request)) as attempt:
+            user = await authenticate(ctx.store, email, form.get("password", ""))
+            if user is None:
+                attempt.failed()
+            else:
+                attempt.succeeded()
+    except Throttled as exc:
+        # The same words and wait for an email with no account as for one with: they must not
+        # tell which emails have accounts.
+        response = await _pre_session_page(
+            request,
+            "login.html",
+            status=429,
+            next=target,
+            email=email,
+            error=f"Too many failed sign-ins for this email or from your address. "
+            f"Try again in {exc.retry_after_s} s.",
+        )
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
     error = None
     if user is None:
         error = "Wrong email or password."
@@ -247,7 +282,28 @@ async def change_password(request: web.Request) -> web.StreamResponse:
     form = await _form(request)
     async with ctx.store.db.execute("SELECT password_hash FROM users WHERE id = ?", (user.id,)) as cursor:
         row = await cursor.fetchone()
-    if row is None or row[0] is None or not await verify_password(form.get("current", ""), row[0]):
+    # The current password is a password to guess too, for whoever holds a stolen session.
+    try:
+        with ctx.logins.attempt(user.email, client_address(request)) as attempt:
+            right = (
+                row is not None
+                and row[0] is not None
+                and await verify_password(form.get("current", ""), row[0])
+            )
+            if right:
+                attempt.succeeded()
+            else:
+                attempt.failed()
+    except Throttled as exc:
+        response = await _profile(
+            request,
+            429,
+            flash=f"Too many wrong passwords for this account. Try again in {exc.retry_after_s} s.",
+            flash_kind="error",
+        )
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
+    if not right:
         return await _profile(request, 400, flash="The current password is wrong.", flash_kind="error")
     if form.get("password", "") != form.get("password2", ""):
         return await _profile(request, 400, flash="The two new passwords differ.", flash_kind="error")

@@ -79,6 +79,7 @@ async def _users_page(
         memberships=memberships,
         projects=projects,
         me=me,
+        failed_logins=ctx.logins.recent(),
         flash=flash,
         flash_kind=kind,
     )

@@ -15,6 +15,7 @@ import hmac
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from llmgw.bodies import decode_bodies
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import tenancyapi
@@ -33,6 +34,9 @@ _LOCAL_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 _CHANGE_TYPES = frozenset({"application/json", "application/yaml", "application/x-yaml", "text/yaml"})
 
 
+# aiohttp's default: a model's definition or a node's new state is a few kilobytes.
+_MAX_BODY = 1024**2
+
 # Where a script in an administrator's browser puts the session's CSRF token to change something.
 CSRF_HEADER = "X-CSRF-Token"
 
@@ -42,6 +46,28 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host[1:].partition("]")[0]
     return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _api_error(request: web.Request, status: int, message: str) -> web.StreamResponse:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def _api_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals (no such path, wrong method, body too large) in the admin API's shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or not request.path.startswith("/api/"):
+            raise
+        message = {
+            404: f"there is no {request.path} in the admin API; /api/v1/openapi.json lists its paths",
+            405: f"{request.path} does not accept {request.method}",
+        }.get(exc.status, exc.text or exc.reason)
+        response = web.json_response({"error": message}, status=exc.status)
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
 
 
 def make_admin_app(
@@ -65,7 +91,14 @@ def make_admin_app(
                 },
                 status=421,
             )
-        if request.method not in ("GET", "HEAD", "OPTIONS") and request.content_type not in _CHANGE_TYPES:
+        # POST only: it is the one change a page elsewhere may send without a preflight (a form, or
+        # a fetch with no body); DELETE and the rest are preflighted. A path or method no route
+        # takes is a 404 or 405, not a 415.
+        if (
+            request.method == "POST"
+            and request.match_info.http_exception is None
+            and request.content_type not in _CHANGE_TYPES
+        ):
             return web.json_response(
                 {
                     "error": "changes are accepted as JSON only (Content-Type: application/json), "
@@ -75,7 +108,15 @@ def make_admin_app(
             )
         return await handler(request)
 
-    app = web.Application(middlewares=[this_machine_only])
+    app = web.Application(
+        middlewares=[
+            _api_errors,
+            this_machine_only,
+            # /models/ leads where /models does; before the body is read, which keeps it from redirecting.
+            web.normalize_path_middleware(append_slash=False, remove_slash=True),
+            decode_bodies(_api_error, _MAX_BODY),
+        ]
+    )
     app[WEB_KEY] = pages
     app[ACCOUNTS_KEY] = False
 

@@ -18,7 +18,6 @@ from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
-from llmgw.control.nodelogs import DEFAULT_LINES
 from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES, ago, node_row, refused_line
 from llmgw.web.context import AdminLink, add_admin_links
 from llmgw.web.history import HISTORY_KEY, gpu_charts, model_charts
@@ -96,10 +95,16 @@ async def node_logs_page(request: web.Request) -> web.StreamResponse:
     paths = request.config_dict[PATHS_KEY]
     node = request.match_info["id"]
     source = request.query.get("source", "") or "agent"
+    # A link with a lines or follow the page cannot honour is refused in words: shown the default
+    # instead, it read as if the page had done what was asked.
     try:
         count = adminapi.parse_lines(request.query.get("lines"))
-    except ValueError:
-        count = DEFAULT_LINES
+    except ValueError as exc:
+        return await _bad_link(request, f"{exc}.")
+    if request.query.get("follow", "") not in ("", "1"):
+        return await _bad_link(
+            request, f"follow is {request.query['follow']!r}; expected 1 (follow) or nothing (do not)."
+        )
     follow = request.query.get("follow", "") == "1"
     _, view = await adminapi.fetch_log(inventory, node, source, count)
 
@@ -129,6 +134,10 @@ async def node_logs_page(request: web.Request) -> web.StreamResponse:
         # The page reloads itself, without a script: the header works where scripts are refused.
         response.headers["Refresh"] = str(LOG_PAGE_FOLLOW_S)
     return response
+
+
+async def _bad_link(request: web.Request, message: str) -> web.StreamResponse:
+    return await render(request, "message.html", status=400, title="This link is not right", message=message)
 
 
 async def asset(request: web.Request) -> web.StreamResponse:

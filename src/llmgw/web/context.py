@@ -11,6 +11,7 @@ from aiohttp import web
 from llmgw.config import ServerConfig
 from llmgw.store import Store
 from llmgw.store.scopes import Scope
+from llmgw.web.logins import LoginThrottle
 
 
 @attrs.define
@@ -23,6 +24,8 @@ class WebContext:
     # Loaded in a thread when the app starts (reading templates would block the loop).
     templates: jinja2.Environment | None = None
     css: bytes = b""
+    # Failed sign-ins per email and per address; tests give it a clock they move by hand.
+    logins: LoginThrottle = attrs.field(factory=LoginThrottle)
 
 
 WEB_KEY = web.AppKey("llmgw.web", WebContext)

@@ -1,0 +1,182 @@
+"""Request bodies that are not what they say, answered in the words of the API they were sent to.
+
+aiohttp decoded `Content-Encoding` itself, and a body that did not decode went
+wrong in three ways: read by a handler, a 500 in plain text and a traceback;
+not read (a 401, a 404), another traceback after the answer; and a deflate body
+cut short left the request waiting forever, holding its connection. So the
+listeners are served with aiohttp's decoding off (SERVER_OPTIONS) and the
+middleware here decodes gzip and deflate itself, before any handler runs,
+refusing in the API's shape a body that does not decode (400), a coding it does
+not know (415), or one that decodes past the body limit (413, a zip bomb).
+
+What aiohttp still refuses before any handler runs (a request line or header
+it cannot parse) is logged as one line, not a traceback: it is the client's
+mistake, not the server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Handler, Middleware
+from aiohttp.web_protocol import RequestPayloadError
+
+log = structlog.get_logger(__name__)
+
+# Answers status with message, in the shape of the API the request was sent to.
+Answer = Callable[[web.Request, int, str], web.StreamResponse]
+
+_IDENTITY = frozenset({"", "identity"})
+_CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_FORMS = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
+_DECODED = web.RequestKey("llmgw.bodies.decoded", bytes)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _decompress(raw: bytes, coding: str, limit: int) -> bytes:
+    """raw decoded as coding, at most limit bytes of it; _Refused saying what is wrong with it."""
+    wbits = _CODINGS[coding]
+    # Deflate as many clients send it: raw, without the zlib header RFC 9110 asks for.
+    if coding == "deflate" and raw[:1] and raw[0] & 0x0F != 8:
+        wbits = -zlib.MAX_WBITS
+    decompressor = zlib.decompressobj(wbits)
+    try:
+        out = decompressor.decompress(raw, limit + 1)
+    except zlib.error:
+        raise _Refused(
+            400,
+            f"the request body is not {coding} as its Content-Encoding says; "
+            "send it encoded as it says, or without Content-Encoding",
+        ) from None
+    if len(out) > limit:
+        raise _Refused(413, f"the request body decodes to more than {limit} bytes, the most accepted here")
+    if raw and not decompressor.eof:
+        raise _Refused(400, f"the request body ends before its {coding} data does: it was cut short")
+    return out
+
+
+def decode_bodies(answer: Answer, limit: int) -> Middleware:
+    """A middleware decoding a body's Content-Encoding before any handler runs; read it with read().
+
+    limit is the app's body limit, which the decoded body is held to as well.
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        coding = request.headers.get("Content-Encoding", "").strip().lower()
+        if request.body_exists and coding not in _IDENTITY:
+            refused = await _decode(request, coding, limit)
+            if refused is not None:
+                log.warning("refused a request body", path=request.path, reason=str(refused))
+                response = answer(request, refused.status, str(refused))
+                # What is left of the body cannot be told from a next request: the connection ends.
+                response.force_close()
+                return response
+        if request.method == "POST" and request.content_type in _FORMS:
+            # Parsed here, once (aiohttp keeps it for the handler's own post()): a form that is not
+            # UTF-8, or a multipart body that is not one, raised inside the handler, a 500.
+            try:
+                await request.post()
+            except (ValueError, LookupError, RequestPayloadError) as exc:
+                return answer(request, 400, f"the form could not be read: {exc}")
+        return await handler(request)
+
+    return middleware
+
+
+async def _decode(request: web.Request, coding: str, limit: int) -> _Refused | None:
+    if request.content.total_compressed_bytes is not None:
+        # Decoded by aiohttp already (a server not given SERVER_OPTIONS): only its failure to report.
+        try:
+            await request.read()
+        except RequestPayloadError as exc:
+            return _Refused(
+                400, f"the request body is not {coding} as its Content-Encoding says: {_words(exc)}"
+            )
+        return None
+    if coding not in _CODINGS:
+        return _Refused(
+            415, f"Content-Encoding {coding} is not one this server decodes; send gzip, deflate or none"
+        )
+    if request.content_type in _FORMS:
+        return _Refused(415, "forms are taken without Content-Encoding; send this one as it is")
+    raw = await request.read()
+    try:
+        # In a thread: up to the body limit of decompression would stall every other request.
+        request[_DECODED] = await asyncio.to_thread(_decompress, raw, coding, limit)
+    except _Refused as exc:
+        return exc
+    return None
+
+
+async def read(request: web.Request) -> bytes:
+    """The request's body, decoded from its Content-Encoding: what every handler reads."""
+    decoded = request.get(_DECODED)
+    return decoded if decoded is not None else await request.read()
+
+
+async def read_text(request: web.Request) -> str:
+    """The body as text in the charset it says (UTF-8 when it says none); ValueError in words when it is not.
+
+    aiohttp's own text() raised UnicodeDecodeError, or LookupError for a charset Python does not
+    know, and either was a 500.
+    """
+    body = await read(request)
+    charset = request.charset or "utf-8"
+    try:
+        return body.decode(charset)
+    except LookupError:
+        raise ValueError(
+            f"the Content-Type names a charset ({charset}) that is not known here; send UTF-8"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"the request body is not {charset} text (byte {exc.start + 1} is not); send it as UTF-8"
+        ) from None
+
+
+def _words(exc: BaseException) -> str:
+    """What went wrong, as aiohttp says it, without its class names and status codes."""
+    cause = exc.__cause__ or exc
+    if isinstance(cause, HttpProcessingError):
+        return cause.message or type(cause).__name__
+    return str(cause) or type(cause).__name__
+
+
+class ServerLogger(logging.Logger):
+    """aiohttp's server logger, for the listeners: a client's malformed request is one line, not a traceback.
+
+    aiohttp logs what it refuses before any handler (a request line or header it cannot parse)
+    with the traceback of its parser; a client could fill the log with them. Anything else (a
+    fault of llmgw's) keeps its traceback.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("aiohttp.server")
+        self.parent = logging.getLogger("aiohttp")
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(exc, HttpProcessingError | RequestPayloadError):
+            log.warning("refused a request that could not be read", reason=_words(exc))
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+SERVER_LOGGER = ServerLogger()
+
+# What every llmgw listener's aiohttp runner is given: decoding is decode_bodies' (see above).
+SERVER_OPTIONS: dict[str, Any] = {"logger": SERVER_LOGGER, "auto_decompress": False}

@@ -1,0 +1,211 @@
+"""Bodies that are not what they say: a 4xx in the API's own shape, at once, and never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import zlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import structlog
+from aiohttp.test_utils import TestServer
+
+from llmgw.bodies import SERVER_OPTIONS
+from llmgw.catalog import Catalog
+from llmgw.config import AuthConfig, ModelConfig, ServerConfig
+from llmgw.control.inventory import Inventory
+from llmgw.gateway.app import make_gateway_app
+from llmgw.gateway.auth import KeyCache
+from llmgw.store import open_store
+from llmgw.web.admin_listener import make_admin_app
+from llmgw.web.app import mount_pages
+from llmgw.web.context import WebContext
+
+from .threaded import ErrorRecords, error_records
+
+JSON = {"Content-Type": "application/json"}
+CHAT = b'{"model": "sim-chat", "messages": [{"role": "user", "content": "hi"}]}'
+YAML = {"Content-Type": "application/yaml"}
+
+
+@pytest.fixture
+def tracebacks() -> AsyncIterator[ErrorRecords]:
+    with error_records() as records:
+        yield records  # type: ignore[misc]
+    assert [r.getMessage() for r in records.records] == [], "a request made the server log an error"
+
+
+@pytest.fixture
+async def urls(tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
+    """(the gateway's URL, the admin listener's), served as the server serves them."""
+    cfg = ServerConfig(
+        models=[ModelConfig(name="sim-chat")], auth=AuthConfig(enabled=False), admin_listen="127.0.0.1:0"
+    )
+    async with open_store(tmp_path / "llmgw.db") as store:
+        catalog, inventory = Catalog(cfg, store), Inventory(5.0)
+        pages = WebContext(cfg=cfg, store=store)
+        gateway_app = make_gateway_app(cfg, catalog, inventory, KeyCache())
+        mount_pages(gateway_app, pages)
+        gateway = TestServer(gateway_app, host="127.0.0.1", port=0)
+        admin = TestServer(make_admin_app(cfg, inventory, catalog, pages), host="127.0.0.1", port=0)
+        await gateway.start_server(**SERVER_OPTIONS)
+        await admin.start_server(**SERVER_OPTIONS)
+        try:
+            yield str(gateway.make_url("")).rstrip("/"), str(admin.make_url("")).rstrip("/")
+        finally:
+            await admin.close()
+            await gateway.close()
+
+
+async def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str, object]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session,
+        session.post(url, data=body, headers=headers) as reply,
+    ):
+        return reply.status, reply.content_type, await reply.json(content_type=None)
+
+
+def _openai_error(body: object) -> str:
+    assert isinstance(body, dict) and isinstance(body["error"], dict), body
+    assert {"message", "type", "code", "param"} <= body["error"].keys()
+    return str(body["error"]["message"])
+
+
+class TestContentEncoding:
+    async def test_a_body_that_says_gzip_and_is_not_is_a_400_in_openais_shape(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        status, kind, body = await _post(
+            f"{urls[0]}/v1/chat/completions", b"not gzip at all", {**JSON, "Content-Encoding": "gzip"}
+        )
+        assert (status, kind) == (400, "application/json")
+        assert "is not gzip as its Content-Encoding says" in _openai_error(body)
+
+    async def test_a_gzip_body_is_decoded_for_the_gateway(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ):
+        status, _, body = await _post(
+            f"{urls[0]}/v1/chat/completions", gzip.compress(CHAT), {**JSON, "Content-Encoding": "gzip"}
+        )
+        # Read and understood: the model is named, and it has no replica here.
+        assert status == 503 and "no ready replica" in _openai_error(body)
+
+    @pytest.mark.parametrize("raw", [True, False], ids=["raw deflate", "zlib deflate"])
+    async def test_a_deflate_body_cut_short_is_refused_at_once(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords, raw: bool
+    ) -> None:
+        """It left the request waiting for the rest for ever, holding its connection."""
+        packed = zlib.compress(CHAT)
+        body = (packed[2:-4] if raw else packed)[:20]
+        status, _, reply = await _post(
+            f"{urls[0]}/v1/chat/completions", body, {**JSON, "Content-Encoding": "deflate"}
+        )
+        assert status == 400 and "cut short" in _openai_error(reply)
+
+    async def test_a_body_that_decodes_past_the_limit_is_a_413(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        bomb = gzip.compress(b"\0" * (2 * 1024 * 1024))
+        status, _, body = await _post(f"{urls[1]}/api/v1/models", bomb, {**YAML, "Content-Encoding": "gzip"})
+        assert status == 413 and "decodes to more than" in str(body)
+
+    async def test_a_coding_the_server_does_not_know_is_a_415_in_the_apis_shape(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        for coding in ("br", "zstd", "x-unknown"):
+            status, _, body = await _post(
+                f"{urls[0]}/v1/chat/completions", CHAT, {**JSON, "Content-Encoding": coding}
+            )
+            assert status == 415 and f"Content-Encoding {coding} is not one" in _openai_error(body)
+            status, _, body = await _post(
+                f"{urls[1]}/api/v1/models", b"name: x", {**YAML, "Content-Encoding": coding}
+            )
+            assert status == 415 and isinstance(body, dict) and isinstance(body["error"], str)
+
+
+class TestText:
+    async def test_a_model_definition_that_is_not_utf8_is_a_400_in_the_admin_apis_shape(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        status, _, body = await _post(f"{urls[1]}/api/v1/models", b"name: caf\xe9\n", YAML)
+        assert (status, body) == (
+            400,
+            {"error": "the request body is not utf-8 text (byte 10 is not); send it as UTF-8"},
+        )
+
+    async def test_a_charset_that_does_not_exist_is_a_400(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ):
+        status, _, body = await _post(
+            f"{urls[1]}/api/v1/models", b"name: x", {"Content-Type": "application/yaml; charset=klingon"}
+        )
+        assert status == 400 and "charset (klingon)" in str(body)
+
+    async def test_a_nul_in_a_model_definition_is_a_400(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ):
+        status, _, body = await _post(f"{urls[1]}/api/v1/models", b"\x00", YAML)
+        assert status == 400 and "not valid YAML" in str(body)
+
+    async def test_a_form_that_is_not_utf8_or_not_multipart_is_a_400(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        for body, kind in (
+            (b"email=%ff&password=\xff", "application/x-www-form-urlencoded"),
+            (b"--x\r\n", "multipart/form-data; boundary=x"),
+        ):
+            status, _, reply = await _post(f"{urls[0]}/login", body, {"Content-Type": kind})
+            assert status == 400 and "the form could not be read" in _openai_error(reply)
+
+
+class TestMethodsAndPaths:
+    async def test_a_method_no_route_takes_is_a_405_and_a_delete_needs_no_body(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        async with aiohttp.ClientSession() as session:
+            async with session.request("TRACE", f"{urls[1]}/api/v1/status") as reply:
+                assert reply.status == 405
+                assert await reply.json() == {"error": "/api/v1/status does not accept TRACE"}
+            async with session.delete(f"{urls[1]}/api/v1/models/nope") as reply:
+                assert reply.status == 404, "a DELETE with no body was a 415"
+            # POST is what a page elsewhere can send without asking: it still needs JSON.
+            async with session.post(f"{urls[1]}/api/v1/weights/collect") as reply:
+                assert reply.status == 415
+
+    async def test_a_trailing_slash_leads_where_the_path_without_it_does(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        async with aiohttp.ClientSession() as session:
+            for url, where in ((f"{urls[0]}/admin/", "/admin"), (f"{urls[1]}/models/", "/models")):
+                async with session.get(url, allow_redirects=False) as reply:
+                    assert (reply.status, reply.headers["Location"]) == (308, where)
+
+    @pytest.mark.parametrize("query", ["lines=0", "lines=99999", "lines=ten", "follow=2"])
+    async def test_a_logs_page_link_it_cannot_honour_is_a_400(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords, query: str
+    ) -> None:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{urls[1]}/nodes/n1/logs?{query}") as reply,
+        ):
+            assert reply.status == 400 and "This link is not right" in await reply.text()
+
+
+async def test_a_request_aiohttp_cannot_parse_is_logged_as_one_line_not_a_traceback(
+    urls: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    host, port = urls[0].removeprefix("http://").split(":")
+    with structlog.testing.capture_logs() as logged, caplog.at_level(logging.DEBUG):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+        await writer.wait_closed()
+    assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request")
+    assert not [r for r in caplog.records if r.exc_info]
+    assert [e["event"] for e in logged] == ["refused a request that could not be read"]
