@@ -273,6 +273,14 @@ async def test_every_status_of_every_route_is_asked_and_its_reply_validates(
     await ask("GET", "/api/v1/usage", "/api/v1/usage?by=model&since=2026-01-01&until=2026-12-31")
     await ask("GET", "/api/v1/usage", "/api/v1/usage?by=colour")
     await ask("GET", "/api/v1/usage", "/api/v1/usage?since=yesterday")
+    # Every route that takes a body refuses one that is not JSON, and a field it does not take.
+    for route in tenancyapi.ROUTES:
+        if route.body is None:
+            continue
+        url = route.path.format(item="default", model="sim-chat", scope="project:default")
+        async with client.request(route.method, url, data=b"name=x") as answer:
+            replies.append((route.method.lower(), route.path, answer.status, await answer.json()))
+        await ask(route.method, route.path, url, {"nmae": "typo"})
 
     ours = {route.path for route in tenancyapi.ROUTES}
     documented = {

@@ -225,14 +225,14 @@ ROUTES: tuple[Route, ...] = (
             {
                 "name": "since",
                 "in": "query",
-                "description": "The first day, YYYY-MM-DD (UTC).",
-                "schema": {"type": "string", "format": "date"},
+                "description": "The first day, YYYY-MM-DD (UTC); empty or absent: from the first.",
+                "schema": {"type": "string", "pattern": r"^(\d{4}-\d{2}-\d{2})?$"},
             },
             {
                 "name": "until",
                 "in": "query",
-                "description": "The last day, YYYY-MM-DD (UTC).",
-                "schema": {"type": "string", "format": "date"},
+                "description": "The last day, YYYY-MM-DD (UTC); empty or absent: to the last.",
+                "schema": {"type": "string", "pattern": r"^(\d{4}-\d{2}-\d{2})?$"},
             },
         ),
     ),
@@ -260,6 +260,15 @@ def paths() -> dict[str, Any]:
         if route.parameters:
             operation["parameters"] = list(route.parameters)
         if route.body is not None:
+            # A body that is not JSON is refused before the route reads it; a field it does not take, 400.
+            for status, text in (
+                ("400", _BAD),
+                ("415", "The body is not JSON (Content-Type: application/json)."),
+            ):
+                operation["responses"].setdefault(
+                    status,
+                    {"description": text, "content": {"application/json": {"schema": ref(views.Error)}}},
+                )
             operation["requestBody"] = {
                 "required": True,
                 "content": {"application/json": {"schema": ref(route.body)}},

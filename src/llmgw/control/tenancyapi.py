@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import date
 from typing import Any
 
+import attrs
 from aiohttp import web
 
 from llmgw.catalog import CATALOG_KEY
@@ -51,6 +52,21 @@ async def _body(request: web.Request, example: str) -> dict[str, Any]:
     return body
 
 
+async def _no_unknown_fields(request: web.Request, fields: list[str]) -> None:
+    # A misspelt field ("prompt_per_1K") must not be read as "left as it was" and answered 200.
+    try:
+        sent = await request.json()
+    except ValueError:
+        return  # the handler says what a body must be
+    if isinstance(sent, dict):
+        unknown = sorted(set(sent) - set(fields))
+        if unknown:
+            raise BadQuery(
+                f"the body has {', '.join(repr(u) for u in unknown)}, which this route does not take; "
+                f"it takes {', '.join(fields)}"
+            )
+
+
 def _text(body: dict[str, Any], name: str, example: str, required: bool = True) -> str:
     value = body.get(name, "")
     if not isinstance(value, str) or (required and not value.strip()):
@@ -73,11 +89,19 @@ def _number(body: dict[str, Any], name: str, kind: type, example: str) -> Any:
     return kind(value)
 
 
-def _json_route(handler: Callable[[web.Request, Store], Any]) -> Handler:
-    """handler's view as the reply; a bad body a 400, an error its status."""
+def _json_route(handler: Callable[[web.Request, Store], Any], body: type | None = None) -> Handler:
+    """handler's view as the reply; a bad body a 400 (a field body does not have too), an error its status."""
+    fields = sorted(a.name for a in attrs.fields(body)) if body is not None else []
 
     async def route(request: web.Request) -> web.StreamResponse:
+        if body is not None and request.content_type != "application/json":
+            # JSON only: a form a browser could send from another site must change nothing.
+            return error(
+                415, f"send the body as JSON (Content-Type: application/json) with {', '.join(fields)}"
+            )
         try:
+            if body is not None:
+                await _no_unknown_fields(request, fields)
             result = await handler(request, request.config_dict[STORE_KEY])
         except BadQuery as exc:
             return error(400, str(exc))
@@ -279,5 +303,5 @@ def install(
     for route in ROUTES:
         # Model names may hold slashes (meta-llama/Llama-3.1-8B).
         path = route.path.replace("{model}", "{model:.+}")
-        handler = _json_route(HANDLERS[(route.method, route.path)])
+        handler = _json_route(HANDLERS[(route.method, route.path)], route.body)
         app.router.add_route(route.method, prefix + path, guard(handler) if guard else handler)
