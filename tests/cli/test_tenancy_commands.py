@@ -185,6 +185,22 @@ class TestQuotas:
         scopes = {str(limit.scope) for limit in _in_store(config, list_limits)}
         assert scopes == {"org:2", "team:2", "project:2", f"key:{key.id}"}
 
+    def test_a_budget_set_while_a_model_has_no_price_warns_until_it_has_one(
+        self, llmgw, config: Path
+    ) -> None:
+        config.write_text(
+            config.read_text().replace(
+                "models:\n", "models:\n  - name: free-chat\n    profiles: [{engine: sim}]\n"
+            )
+        )
+        code, _, err = llmgw("quotas", "set", "project:default", "--budget", "5", "--period", "month")
+        assert code == 0
+        assert "warning: no price applies to free-chat, so budgets never bind on what it serves" in err
+        assert llmgw("quotas", "set", "project:default", "--rpm", "5")[2] == ""
+        llmgw("prices", "set", "free-chat", "--prompt-per-1k", "0.1", "--completion-per-1k", "0.1")
+        code, _, err = llmgw("quotas", "set", "project:default", "--budget", "6")
+        assert code == 0 and err == ""
+
     def test_a_first_budget_needs_its_period(self, llmgw, acme) -> None:
         code, _, err = llmgw("quotas", "set", "project:web", "--budget", "5")
         assert code == 1 and "say how often the budget of project 'web'" in err

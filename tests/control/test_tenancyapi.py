@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import jsonschema
 import pytest
 from aiohttp import web
@@ -127,12 +128,33 @@ class TestQuotas:
             "budget": 5.0,
             "period": "day",
             "spent": 1.25,
+            "unpriced": None,
         }
         status, quota = await _json(client, "PUT", url, {"tpm": None})
         assert (quota["rpm"], quota["tpm"], quota["budget"]) == (60, None, 5.0)
         assert [q["scope"] for q in (await _json(client, "GET", "/api/v1/quotas"))[1]] == ["project:2"]
         status, quota = await _json(client, "DELETE", url)
         assert status == 200 and (quota["rpm"], quota["budget"]) == (None, None)
+
+    async def test_setting_a_budget_while_a_model_has_no_price_says_so_until_it_has_one(
+        self, store: Store
+    ) -> None:
+        free = ModelConfig(name="free-chat", profiles=[ProfileConfig(engine="sim")])
+        cfg = attrs.evolve(CFG, models=[SIM, free])
+        app = web.Application()
+        adminapi.install(app, cfg, Inventory(5.0), Catalog(cfg))
+        tenancyapi.install(app, store, None)
+        async with TestClient(TestServer(app)) as client:
+            url = "/api/v1/quotas/project:default"
+            status, quota = await _json(client, "PUT", url, {"budget": 5, "period": "month"})
+            assert status == 200
+            assert quota["unpriced"].startswith("no price applies to free-chat, so budgets never bind")
+            # A limit alone is not a budget: nothing to say.
+            assert (await _json(client, "PUT", url, {"rpm": 5}))[1]["unpriced"] is None
+            price = {"prompt_per_1k": 0.1, "completion_per_1k": 0.1}
+            assert (await _json(client, "PUT", "/api/v1/prices/free-chat", price))[0] == 200
+            status, quota = await _json(client, "PUT", url, {"budget": 6})
+            assert status == 200 and quota["unpriced"] is None
 
     async def test_a_key_is_named_by_its_prefix(self, client: Client, store: Store) -> None:
         _, key = await create_key(store, "ci")

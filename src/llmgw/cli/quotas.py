@@ -11,10 +11,13 @@ from pathlib import Path
 
 import click
 
+from llmgw.catalog import Catalog
 from llmgw.cli.hierarchy import echo_rows
-from llmgw.cli.store_command import server_config_option, with_store
+from llmgw.cli.store_command import server_config_option, with_config, with_store
+from llmgw.config import ServerConfig
 from llmgw.control import tenancy
 from llmgw.control import tenancy_views as tv
+from llmgw.store import Store
 from llmgw.store.quotas import PERIODS
 
 _config_option = server_config_option("limits and budgets")
@@ -66,18 +69,25 @@ def set_(
     """Set SCOPE's limits and budget; what is not given stays as it was."""
     if rpm is None and tpm is None and budget is None and period is None:
         raise click.UsageError("say what to set: --rpm, --tpm, or --budget with --period")
-    quota = with_store(
-        config_path,
-        lambda store: tenancy.set_quota(
+
+    async def run(cfg: ServerConfig, store: Store) -> tv.Quota:
+        quota = await tenancy.set_quota(
             store,
             scope,
             rpm=tenancy.KEEP if rpm is None else rpm,
             tpm=tenancy.KEEP if tpm is None else tpm,
             budget=tenancy.KEEP if budget is None else budget,
             period=period,
-        ),
-    )
+        )
+        if budget is None and period is None:
+            return quota
+        catalog = await Catalog.open(cfg, store)
+        return await tenancy.with_unpriced(store, cfg, catalog.models(), quota)
+
+    quota = with_config(config_path, run)
     click.echo(describe(quota) + "; a running gateway applies it within a second")
+    if quota.unpriced:
+        click.echo(f"warning: {quota.unpriced}", err=True)
 
 
 set_.help = f"{set_.help} {_SCOPE_HELP}"

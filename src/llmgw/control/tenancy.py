@@ -17,9 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import date
 from typing import Final, Literal
 
+import attrs
+
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.control import tenancy_views as tv
-from llmgw.gateway.admission import price_of
+from llmgw.gateway.admission import price_of, unpriced, unpriced_sentence
 from llmgw.store import Store, scopes
 from llmgw.store import prices as stored_prices
 from llmgw.store.keys import KeyRecord, list_keys
@@ -316,6 +318,20 @@ async def set_quota(
             raise ScopeError(f"{name} has no budget to give a period to; set one with an amount")
         await set_budget(store, scope, before.budget, period)
     return await _quota(store, scope, spent, name)
+
+
+async def with_unpriced(
+    store: Store, cfg: ServerConfig, models: Sequence[ModelConfig], quota: tv.Quota
+) -> tv.Quota:
+    """quota, saying that budgets never bind on the catalog's unpriced models when it has a budget.
+
+    Said where the budget is set (the API's reply, `llmgw quotas set`), not only at the next start.
+    """
+    if quota.budget is None:
+        return quota
+    stored = {p.model: p.price for p in await stored_prices.list_prices(store)}
+    missing = unpriced(cfg, models, stored)
+    return attrs.evolve(quota, unpriced=unpriced_sentence(missing)) if missing else quota
 
 
 async def clear_quota(store: Store, text: str) -> tv.Quota:

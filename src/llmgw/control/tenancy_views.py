@@ -77,6 +77,13 @@ class Quota:
     spent: float | None = attrs.field(
         metadata={"doc": "What the running gateway counts as spent this period; null without a budget."}
     )
+    unpriced: str | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "In the reply to setting a budget: that budgets never bind on the catalog's models with "
+            "no price, naming them. Null otherwise."
+        },
+    )
 
 
 @attrs.frozen

@@ -203,7 +203,7 @@ async def _set_quota(request: web.Request, store: Store) -> Any:
     period = body.get("period")
     if period is not None and not isinstance(period, str):
         raise BadQuery(f"period must be day, week, month or total: {_QUOTA}")
-    return await tenancy.set_quota(
+    quota = await tenancy.set_quota(
         store,
         request.match_info["scope"],
         rpm=_number(body, "rpm", int, _QUOTA),
@@ -212,6 +212,10 @@ async def _set_quota(request: web.Request, store: Store) -> Any:
         period=period,
         spent=request.config_dict.get(SPENT_KEY),
     )
+    if "budget" not in body and "period" not in body:
+        return quota
+    catalog = request.config_dict[CATALOG_KEY]
+    return await tenancy.with_unpriced(store, request.config_dict[CONFIG_KEY], catalog.models(), quota)
 
 
 async def _clear_quota(request: web.Request, store: Store) -> Any:
