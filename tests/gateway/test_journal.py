@@ -79,13 +79,31 @@ class TestReplay:
             _record(recorder, 2)
         (segment,) = sorted((tmp_path / "j").iterdir())[-1:]
         data = bytearray(segment.read_bytes())
-        end = data.index(b"\0")
+        end = len(data.rstrip(b"\0"))
         torn = Entry(99, time.time(), "2026-01-01", 1, 1, "m", 200, 1, 1, 0.0, 1.0, True).encode()
         data[end : end + 20] = torn[:20]
         segment.write_bytes(bytes(data))
         async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
             assert journal.next_seq == 3
         assert (await _totals(store))[0] == 2
+
+    async def test_a_record_whose_bytes_were_damaged_is_not_replayed_as_other_numbers(
+        self, store: Store, tmp_path: Path
+    ) -> None:
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 3)
+            _die(journal)
+        (segment,) = sorted((tmp_path / "j").iterdir())[-1:]
+        data = bytearray(segment.read_bytes())
+        # A byte of the second record's token counts, as a bad sector or a stray write leaves it.
+        second = len(Entry(1, time.time(), "2026-01-01", 1, 1, "m", 200, 10, 5, 0.25, 3.0, True).encode())
+        data[second + 40] ^= 0x10
+        segment.write_bytes(bytes(data))
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            pass
+        # Only what precedes the damage: a budget is never charged numbers no request used.
+        assert await _totals(store) == (1, 10, 5, pytest.approx(0.25))
 
     async def test_the_sync_task_rotates_segments_and_deletes_those_the_store_has(
         self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -84,6 +84,8 @@ def _asked(payload: dict[str, Any], name: str) -> int | None:
 
 def _choices(payload: dict[str, Any]) -> int:
     """How many completions the engine generates: n, or best_of (legacy completions) when larger."""
+    if "n" not in payload and "best_of" not in payload:
+        return 1  # most requests: two lookups, not four calls
     return max(_asked(payload, "n") or 1, _asked(payload, "best_of") or 1)
 
 
@@ -102,24 +104,18 @@ class Admission:
         # The live catalog: a model added with ctl brings its own price.
         self._catalog = catalog
         self._generation = -1
-        self._prices: dict[str, PriceConfig | None] = {}
-        self._limits: dict[str, int] = {}
+        self._terms_of: dict[str, tuple[PriceConfig | None, int]] = {}
 
-    def _reload(self) -> None:
+    def _terms(self, model: str) -> tuple[PriceConfig | None, int]:
+        """The model's price and `max_tokens`; for a model not in the catalog (the router refuses it)
+        the default price and the default's max_tokens."""
         if self._generation != self._catalog.generation:
-            models = self._catalog.models()
-            self._prices = {m.name: price_of(self._cfg, m.name, m) for m in models}
-            self._limits = {m.name: m.max_tokens for m in models}
+            self._terms_of = {
+                m.name: (price_of(self._cfg, m.name, m), m.max_tokens) for m in self._catalog.models()
+            }
             self._generation = self._catalog.generation
-
-    def _price(self, model: str) -> PriceConfig | None:
-        self._reload()
-        return self._prices[model] if model in self._prices else price_of(self._cfg, model)
-
-    def _max_tokens(self, model: str) -> int:
-        """The model's `max_tokens`; a model not in the catalog (the router refuses it) the default's."""
-        self._reload()
-        return self._limits.get(model, _DEFAULT_MAX_TOKENS)
+        terms = self._terms_of.get(model)
+        return terms if terms is not None else (price_of(self._cfg, model), _DEFAULT_MAX_TOKENS)
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
         key = call.key
@@ -137,7 +133,7 @@ class Admission:
             )
         started = time.perf_counter()
         admitted_at = time.time()
-        limit = self._max_tokens(model)
+        price, limit = self._terms(model)
         payload = call.payload
         asked = _asked(payload, _MAX_NAMES[0]) or _asked(payload, _MAX_NAMES[1])
         completion = (asked or limit) * _choices(payload)
@@ -150,7 +146,6 @@ class Admission:
                 code="max_tokens_too_large",
             )
         prompt = len(call.body) + TEMPLATE_OVERHEAD
-        price = self._price(model)
         try:
             ticket = self._quotas.admit(key, prompt + completion, cost(price, prompt, completion))
         except ApiError as refusal:
@@ -213,3 +208,6 @@ class Admission:
             raise
         finally:
             done(status)
+            # done refers to call and call to done: a cycle only the garbage collector would free, with
+            # the request, its body and its reply in it, on every request.
+            call.done = None
