@@ -102,8 +102,8 @@ class TestReplay:
         segment.write_bytes(bytes(data))
         async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
             pass
-        # Only what precedes the damage: a budget is never charged numbers no request used.
-        assert await _totals(store) == (1, 10, 5, pytest.approx(0.25))
+        # The damaged one skipped, the others replayed: a budget is never charged numbers no request used.
+        assert await _totals(store) == (2, 20, 10, pytest.approx(0.5))
 
     async def test_the_sync_task_rotates_segments_and_deletes_those_the_store_has(
         self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -132,8 +132,9 @@ class Entry:
 
 
 def _decode(data: bytes) -> list[Entry]:
-    """The whole records at the start of data, up to the first that is cut short or damaged (its server
-    died while writing it; nothing after it was written) or the zeros of the unused part."""
+    """The whole records in data: up to one cut short (its server died while writing it; nothing after
+    it was written) or the zeros of the unused part. A record whose bytes were damaged but whose frame
+    holds is skipped, not charged as other numbers."""
     entries: list[Entry] = []
     at = 0
     while at + _LENGTH.size <= len(data):
@@ -143,19 +144,19 @@ def _decode(data: bytes) -> list[Entry]:
         if not _FIXED.size <= length <= _MAX_BODY or end > len(data) or data[end - 1 : end] != _END:
             break
         body = data[body_at : body_at + length]
+        at = end
         if _CRC.unpack_from(data, body_at + length)[0] != zlib.crc32(body):
-            break
+            continue
         fields = _FIXED.unpack_from(body)
         day_end = _FIXED.size + fields[-1]
         try:
             day, model = body[_FIXED.size : day_end].decode(), body[day_end:].decode()
         except UnicodeDecodeError:
-            break
+            continue
         seq, t, key_id, project_id, status, prompt, completion, cost, latency, admitted, _ = fields
         entries.append(
             Entry(seq, t, day, key_id, project_id, model, status, prompt, completion, cost, latency, admitted)
         )
-        at = end
     return entries
 
 
