@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -79,13 +80,48 @@ class TestReplay:
             _record(recorder, 2)
         (segment,) = sorted((tmp_path / "j").iterdir())[-1:]
         data = bytearray(segment.read_bytes())
-        end = data.index(b"\0")
+        end = len(data.rstrip(b"\0"))
         torn = Entry(99, time.time(), "2026-01-01", 1, 1, "m", 200, 1, 1, 0.0, 1.0, True).encode()
         data[end : end + 20] = torn[:20]
         segment.write_bytes(bytes(data))
         async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
             assert journal.next_seq == 3
         assert (await _totals(store))[0] == 2
+
+    async def test_a_record_whose_bytes_were_damaged_is_not_replayed_as_other_numbers(
+        self, store: Store, tmp_path: Path
+    ) -> None:
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 3)
+            _die(journal)
+        (segment,) = sorted((tmp_path / "j").iterdir())[-1:]
+        data = bytearray(segment.read_bytes())
+        # A byte of the second record's token counts, as a bad sector or a stray write leaves it.
+        second = len(Entry(1, time.time(), "2026-01-01", 1, 1, "m", 200, 10, 5, 0.25, 3.0, True).encode())
+        data[second + 40] ^= 0x10
+        segment.write_bytes(bytes(data))
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            pass
+        # The damaged one skipped, the others replayed: a budget is never charged numbers no request used.
+        assert await _totals(store) == (2, 20, 10, pytest.approx(0.5))
+
+    async def test_a_segment_the_previous_release_wrote_as_json_lines_is_replayed(
+        self, store: Store, tmp_path: Path
+    ) -> None:
+        """An upgrade straight after a crash: its journal is in the older format, and still counts."""
+        directory = tmp_path / "j"
+        directory.mkdir()
+        now = time.time()
+        lines = b"".join(
+            json.dumps([seq, now, "2026-01-01", 1, 1, "m", 200, 10, 5, 0.25, 3.0, True]).encode() + b"\n"
+            for seq in (1, 2)
+        )
+        # The line a killed server was writing, then the segment's unused zeros.
+        (directory / "usage-00000000000000000001.journal").write_bytes(lines + b"[3,17" + bytes(4096))
+        async with open_journal(directory, store, 1.0) as (journal, _):
+            assert journal.next_seq == 3
+        assert await _totals(store) == (2, 20, 10, pytest.approx(0.5))
 
     async def test_the_sync_task_rotates_segments_and_deletes_those_the_store_has(
         self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

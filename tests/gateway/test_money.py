@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,6 +21,7 @@ from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.pipeline import Call
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder, find_usage
 from llmgw.store import Store
@@ -307,3 +309,27 @@ class TestFallbackStreams:
         await recorder.flush(store)
         rows = await usage_by_day(store)
         assert (sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)) == (3, 3)
+
+
+class TestWhatAccountingCosts:
+    async def test_a_request_through_admission_leaves_nothing_for_the_garbage_collector(
+        self, money: MoneyFactory
+    ) -> None:
+        # A call kept alive by a reference cycle waits, with its request, body and reply, for the cycle
+        # collector: on every request, a cost the gateway's throughput pays.
+        gw = await money()
+        key = await gw.key()
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for body in (_chat("one two three"), _chat("one two three", stream=True)):
+                status, _, _ = await gw.post(key, body)
+                assert status == 200
+            gc.collect()
+            left = [o for o in gc.garbage if isinstance(o, Call)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert left == []

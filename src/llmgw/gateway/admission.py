@@ -116,6 +116,8 @@ def _asked(payload: dict[str, Any], name: str) -> int | None:
 
 def _choices(payload: dict[str, Any]) -> int:
     """How many completions the engine generates: n, or best_of (legacy completions) when larger."""
+    if "n" not in payload and "best_of" not in payload:
+        return 1  # most requests: two lookups, not four calls
     return max(_asked(payload, "n") or 1, _asked(payload, "best_of") or 1)
 
 
@@ -134,8 +136,7 @@ class Admission:
         # The live catalog: a model added with ctl brings its own price.
         self._catalog = catalog
         self._generation = (-1, -1)
-        self._prices: dict[str, PriceConfig | None] = {}
-        self._limits: dict[str, int] = {}
+        self._terms_of: dict[str, tuple[PriceConfig | None, int]] = {}
         self._embeddings: frozenset[str] = frozenset()
 
     def _reload(self) -> None:
@@ -143,21 +144,18 @@ class Admission:
         if self._generation != generation:
             models = self._catalog.models()
             stored = self._quotas.prices
-            self._prices = {m.name: price_of(self._cfg, m.name, m, stored) for m in models}
-            self._limits = {m.name: m.max_tokens for m in models}
+            self._terms_of = {m.name: (price_of(self._cfg, m.name, m, stored), m.max_tokens) for m in models}
             self._embeddings = frozenset(m.name for m in models if m.kind == "embeddings")
             self._generation = generation
 
-    def _price(self, model: str) -> PriceConfig | None:
+    def _terms(self, model: str) -> tuple[PriceConfig | None, int]:
+        """The model's price and `max_tokens`; for a model not in the catalog (the router refuses it)
+        the default price and the default's max_tokens."""
         self._reload()
-        if model in self._prices:
-            return self._prices[model]
-        return price_of(self._cfg, model, stored=self._quotas.prices)
-
-    def _max_tokens(self, model: str) -> int:
-        """The model's `max_tokens`; a model not in the catalog (the router refuses it) the default's."""
-        self._reload()
-        return self._limits.get(model, _DEFAULT_MAX_TOKENS)
+        terms = self._terms_of.get(model)
+        if terms is not None:
+            return terms
+        return price_of(self._cfg, model, stored=self._quotas.prices), _DEFAULT_MAX_TOKENS
 
     @property
     def hierarchy(self) -> Hierarchy:
@@ -176,7 +174,7 @@ class Admission:
         access.check(key, self._quotas.hierarchy, model)
         started = time.perf_counter()
         admitted_at = time.time()
-        limit = self._max_tokens(model)
+        price, limit = self._terms(model)
         payload = call.payload
         # An embeddings model generates nothing: its request costs its input alone, and is sent as it came.
         embeddings = model in self._embeddings
@@ -192,7 +190,6 @@ class Admission:
                 refusal=("model", "max_tokens"),
             )
         prompt = len(call.body) + TEMPLATE_OVERHEAD
-        price = self._price(model)
         try:
             ticket = self._quotas.admit(key, prompt + completion, cost(price, prompt, completion))
         except ApiError as refusal:
@@ -256,3 +253,6 @@ class Admission:
             raise
         finally:
             done(status)
+            # done refers to call and call to done: a cycle only the garbage collector would free, with
+            # the request, its body and its reply in it, on every request.
+            call.done = None

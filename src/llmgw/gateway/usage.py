@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import structlog
 
-from llmgw.gateway.journal import Entry, Journal
+from llmgw.gateway.journal import Journal
 from llmgw.store.db import Store
 from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 
@@ -111,22 +111,18 @@ class UsageRecorder:
         second at (now when None)."""
         day = self._today()
         if self._journal is not None:
-            self._seq = self._journal.next_seq
-            self._journal.append(
-                Entry(
-                    self._seq,
-                    time.time() if at is None else at,
-                    day,
-                    key_id,
-                    project_id,
-                    model,
-                    status,
-                    prompt_tokens,
-                    completion_tokens,
-                    cost,
-                    latency_ms,
-                    admitted,
-                )
+            self._seq = self._journal.append(
+                time.time() if at is None else at,
+                day,
+                key_id,
+                project_id,
+                model,
+                status,
+                prompt_tokens,
+                completion_tokens,
+                cost,
+                latency_ms,
+                admitted,
             )
         key = UsageKey(day, key_id, project_id, model, status)
         totals = self._pending.get(key)
