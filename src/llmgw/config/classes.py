@@ -305,3 +305,12 @@ class AgentConfig:
 class MirrorConfig:
     listen: str = _field("127.0.0.1:8081", "Address (host:port) the mirror serves model files on.")
     root: str = _field("/var/lib/llmgw-mirror", "Directory whose files the mirror serves.")
+    hf_endpoint: str = _field(
+        "https://huggingface.co",
+        "The Hugging Face–compatible hub `llmgw mirror fetch` downloads model repositories from.",
+    )
+    hf_token_file: str = _field(
+        "",
+        "File holding the hub's access token, for gated and private repositories. "
+        "Empty reads HF_TOKEN from the environment, and no token when that is unset too.",
+    )

@@ -5,6 +5,11 @@ resume an interrupted download of a multi-gigabyte file instead of starting over
 A directory's URL (ending in "/") answers with the listing a node fetches a
 whole directory by: {"files": [{"path": "config.json", "size": 1234}, ...]}
 (agent/weights.py).
+
+No name beginning with a dot is listed or served: the mirror keeps its own
+bookkeeping under such names (downloads in progress under .incoming/, a
+model's pins in .llmgw-model.json, mirror/fetch.py), and a node that fetched a
+half-downloaded file would have to throw it away.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 import attrs
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from llmgw.config import MirrorConfig
 from llmgw.listen import cannot_listen, split_host_port
@@ -44,15 +50,30 @@ def list_files(root: Path, directory: Path) -> list[dict[str, object]] | None:
     if not target.is_dir() or directory.is_symlink():
         return None
     files = []
+    if _hidden(target.relative_to(base).as_posix()):
+        return None
     for path in sorted(target.rglob("*")):
         if path.is_symlink() or not path.is_file() or any(p.is_symlink() for p in path.parents if p != base):
+            continue
+        if _hidden(path.relative_to(target).as_posix()):
             continue
         files.append({"path": path.relative_to(target).as_posix(), "size": path.stat().st_size})
     return files
 
 
+def _hidden(path: str) -> bool:
+    return any(part.startswith(".") and part != "." for part in path.split("/"))
+
+
+@web.middleware
+async def _no_hidden_names(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path.startswith("/files/") and _hidden(request.path.removeprefix("/files/")):
+        raise web.HTTPNotFound(text="no such file on this mirror")
+    return await handler(request)
+
+
 def make_mirror_app(root: Path) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[_no_hidden_names])
 
     async def listing(request: web.Request) -> web.Response:
         files = await asyncio.to_thread(list_files, root, root / request.match_info["path"])
