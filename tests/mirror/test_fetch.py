@@ -63,6 +63,9 @@ class Hub:
     # (revision, path, Range header) of every file request.
     requests: list[tuple[str, str, str | None]] = attrs.field(factory=list)
     authorizations: list[str | None] = attrs.field(factory=list)
+    # While set, file requests wait for release: a fetch a test can catch in flight.
+    hold: bool = False
+    release: asyncio.Event = attrs.field(factory=asyncio.Event)
 
     def allowed(self, request: web.Request) -> bool:
         self.authorizations.append(request.headers.get("Authorization"))
@@ -104,6 +107,8 @@ async def hub() -> AsyncIterator[Hub]:
         state.requests.append((request.match_info["rev"], path, header))
         if not state.allowed(request):
             raise web.HTTPUnauthorized()
+        if state.hold:
+            await state.release.wait()
         if path not in state.files or path in state.gone:
             raise web.HTTPNotFound()
         body = state.tampered.get(path, state.files[path])
@@ -128,6 +133,7 @@ async def hub() -> AsyncIterator[Hub]:
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     yield state
+    state.release.set()
     await runner.cleanup()
 
 

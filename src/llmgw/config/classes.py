@@ -314,3 +314,18 @@ class MirrorConfig:
         "File holding the hub's access token, for gated and private repositories. "
         "Empty reads HF_TOKEN from the environment, and no token when that is unset too.",
     )
+    admin_listen: str = _field(
+        "",
+        "Address (host:port) of the admin listener, over mutual TLS, that the control plane lists, "
+        "fetches and deletes models through (0.0.0.0:8082 by convention). Empty: no admin listener.",
+    )
+    admin_tls: TLSConfig = _field(
+        TLSConfig(),
+        "Certificates of the admin listener: `ca` signed the control plane's client certificate; "
+        "`cert` and `key` are the mirror's own.",
+    )
+    control_plane: str = _field(
+        "",
+        "Common name of the one client certificate the admin listener accepts, the control plane's. "
+        "The authority signs every node's certificate too, and a node must not delete models.",
+    )

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
@@ -590,3 +591,44 @@ def _size(path: Path) -> int:
 
 def _unlink(path: Path) -> None:
     path.unlink(missing_ok=True)
+
+
+def list_models(root: Path) -> list[FetchedModel]:
+    """Every model fetched into root (those with a manifest), by repository and commit. Blocking."""
+    found = []
+    for manifest in sorted(root.glob(f"**/{MANIFEST}")):
+        if manifest.relative_to(root).parts[0] == INCOMING:
+            continue
+        model = read_model(manifest.parent)
+        if model is not None and manifest.parent == model_dir(root, model.repo, model.commit):
+            found.append(model)
+    return found
+
+
+def find_model(root: Path, repo: str, revision: str) -> FetchedModel | None:
+    """The model of repo that revision names on the mirror: its commit, or the revision it was fetched as.
+
+    Blocking. Of several commits fetched as the same branch, the one fetched last.
+    """
+    if _COMMIT.fullmatch(revision):
+        return read_model(model_dir(root, repo, revision))
+    fetched = [
+        (manifest.stat().st_mtime, model)
+        for manifest in (root / repo).glob(f"*/{MANIFEST}")
+        if (model := read_model(manifest.parent)) is not None and model.revision == revision
+    ]
+    return max(fetched, key=lambda pair: pair[0])[1] if fetched else None
+
+
+def remove_model(root: Path, repo: str, commit: str) -> None:
+    """Delete repo's commit from the mirror: the manifest first, so no half-deleted model is served."""
+    directory = model_dir(root, repo, commit)
+    (directory / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
+    for parent in directory.parents:
+        if parent == root:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break

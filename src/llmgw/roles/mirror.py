@@ -26,6 +26,8 @@ from aiohttp.typedefs import Handler
 
 from llmgw.config import MirrorConfig
 from llmgw.listen import cannot_listen, split_host_port
+from llmgw.mirror.admin import Fetches, admin_listener
+from llmgw.mirror.fetch import HubFetcher, read_token
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +35,8 @@ log = structlog.get_logger(__name__)
 @attrs.frozen
 class MirrorHandle:
     url: str
+    # The admin listener's https URL; None when admin_listen is empty.
+    admin_url: str | None = None
 
 
 def list_files(root: Path, directory: Path) -> list[dict[str, object]] | None:
@@ -95,9 +99,12 @@ def make_mirror_app(root: Path) -> web.Application:
 @contextlib.asynccontextmanager
 async def mirror_role(cfg: MirrorConfig) -> AsyncIterator[MirrorHandle]:
     host, port = split_host_port(cfg.listen, "listen")
-    runner = web.AppRunner(make_mirror_app(Path(cfg.root)), access_log=None)
-    await runner.setup()
-    try:
+    root = Path(cfg.root)
+    async with contextlib.AsyncExitStack() as stack:
+        # In a thread: add_static resolves the root on the disk.
+        runner = web.AppRunner(await asyncio.to_thread(make_mirror_app, root), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, host, port)
         try:
             await site.start()
@@ -106,6 +113,10 @@ async def mirror_role(cfg: MirrorConfig) -> AsyncIterator[MirrorHandle]:
         bound = runner.addresses[0][1]
         url = f"http://{host}:{bound}"
         log.info("mirror serving", url=url, root=cfg.root)
-        yield MirrorHandle(url=url)
-    finally:
-        await runner.cleanup()
+        admin_url = None
+        if cfg.admin_listen:
+            token = await asyncio.to_thread(read_token, cfg.hf_token_file)
+            fetcher = await stack.enter_async_context(HubFetcher(root, cfg.hf_endpoint, token))
+            fetches = await stack.enter_async_context(Fetches(fetcher))
+            admin_url = await stack.enter_async_context(admin_listener(cfg, fetches))
+        yield MirrorHandle(url=url, admin_url=admin_url)
