@@ -159,6 +159,25 @@ class EngineMirrorConfig:
 
 
 @attrs.frozen
+class MirrorClientConfig:
+    api: str = _field(
+        "",
+        "The mirror's admin listener (`https://models.internal:8082`), through which `llmgw ctl mirror` "
+        "and /admin/mirror list, fetch and delete models. Empty: no mirror.",
+    )
+    url: str = _field(
+        "",
+        "Where nodes fetch the mirror's files (`http://models.internal:8081`): a model whose `source` "
+        "is `mirror:REPO[@REVISION]` is fetched from `<url>/files/REPO/COMMIT/`.",
+    )
+    tls: TLSConfig = _field(
+        TLSConfig(),
+        "The control plane's client certificate for the mirror's admin listener (its common name is "
+        "mirror.yaml's `control_plane`), and the authority that signed the mirror's.",
+    )
+
+
+@attrs.frozen
 class ServerConfig:
     listen: str = _field("127.0.0.1:8080", "Gateway address (host:port): /v1/*, /health and the pages.")
     admin_listen: str = _field("127.0.0.1:9090", "Admin listener (host:port), for this machine only.")
@@ -180,6 +199,9 @@ class ServerConfig:
         "Engines every node installs, by name, at a version (`llamacpp: b11434`). llama.cpp defaults to "
         '`b11434`, the build this release was checked against; an empty version (`llamacpp: ""`) '
         "removes an engine; `sim` is built in and never listed. See docs/provisioning.md.",
+    )
+    mirror: MirrorClientConfig = _field(
+        MirrorClientConfig(), "The model mirror this control plane administers. See docs/mirror.md."
     )
     engine_mirror: EngineMirrorConfig = _field(
         EngineMirrorConfig(),

@@ -50,7 +50,7 @@ _CHUNK = 1 << 20
 _PROGRESS_STEPS = 100
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 _REVISION = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._/-]*")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
+COMMIT_PATTERN = re.compile(r"[0-9a-f]{40}")
 
 _converter = cattrs.Converter()
 
@@ -451,7 +451,7 @@ def _snapshot_of(info: Any, repo: str, revision: str, endpoint: str) -> Snapshot
             f"{repo}@{revision}: the hub at {endpoint} did not answer with a model's files "
             '({"sha": ..., "siblings": [{"rfilename": ...}]})'
         ) from None
-    if not _COMMIT.fullmatch(commit):
+    if not COMMIT_PATTERN.fullmatch(commit):
         raise FetchError(
             f"{repo}@{revision}: the hub named {commit!r} as its commit, which is not a commit hash"
         )
@@ -610,7 +610,7 @@ def find_model(root: Path, repo: str, revision: str) -> FetchedModel | None:
 
     Blocking. Of several commits fetched as the same branch, the one fetched last.
     """
-    if _COMMIT.fullmatch(revision):
+    if COMMIT_PATTERN.fullmatch(revision):
         return read_model(model_dir(root, repo, revision))
     fetched = [
         (manifest.stat().st_mtime, model)

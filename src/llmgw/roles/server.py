@@ -20,9 +20,11 @@ from aiohttp import web
 from llmgw import bound
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
+from llmgw.control import mirror as mirrorapi
 from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, PRICES_KEY
 from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
+from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
@@ -144,6 +146,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         stack.callback(journal.stop)
         stack.callback(usage.stop)
         owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
+        mirror = await stack.enter_async_context(MirrorClient(cfg.mirror)) if cfg.mirror.api else None
         agent_port = await stack.enter_async_context(serve_agents(cfg, inventory))
         app = make_gateway_app(cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, usage))
         # `ctl model add` of a model with no price says budgets never bind on it.
@@ -163,6 +166,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         url = f"http://{bound.address(*gateway)}"
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
+        # `llmgw ctl mirror` relayed to the mirror's admin listener, on the admin listener only.
+        mirrorapi.install(admin_app, mirror)
         admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]
         admin_app[PRICES_KEY] = app[PRICES_KEY]
         if reconciler is not None:
