@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -11,10 +12,14 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from llmgw.config import MirrorClientConfig, TLSConfig
+from llmgw.catalog import Catalog, parse_model
+from llmgw.config import MirrorClientConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
 from llmgw.control import mirror as mirrorapi
+from llmgw.control.inventory import Inventory
 from llmgw.control.mirror import MirrorClient, MirrorError
-from llmgw.errors import CertificateError
+from llmgw.control.reconciler import Reconciler
+from llmgw.errors import CertificateError, ConfigError
+from llmgw.proto.llmgw import v1 as pb
 from llmgw.roles.mirror import MirrorHandle
 from tests.mirror.test_admin import Certs, certs, mirror  # noqa: F401
 from tests.mirror.test_fetch import COMMIT, WEIGHTS, Hub, hub  # noqa: F401
@@ -63,6 +68,23 @@ async def _ctl(server: str, *args: str) -> tuple[int, str, str]:
     out, err = await process.communicate()
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
+
+
+async def _start_for(source: str, mirror: MirrorHandle, certs: Certs) -> pb.StartShard | str:  # noqa: F811
+    """What the reconciler sends a node for a model whose source is `source`, or why it placed nothing."""
+    model = ModelConfig(name="m", source=source, profiles=[ProfileConfig(engine="sim")])
+    inventory = Inventory(grace_s=10)
+    link = inventory.attach(
+        pb.Register(node_id="n1", engine_versions={"sim": "builtin"}, engines_probed=True)
+    )
+    cfg = ServerConfig(models=[model])
+    assert mirror.admin_url is not None
+    client_cfg = MirrorClientConfig(api=mirror.admin_url, url=mirror.url, tls=certs.control_plane)
+    async with MirrorClient(client_cfg) as client:
+        await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}, mirror=client).reconcile()
+    if link.outbox.empty():
+        return inventory.why_no_ready("m")
+    return link.outbox.get_nowait().start
 
 
 class TestCtlMirror:
@@ -154,6 +176,41 @@ class TestMirrorSources:
                 await client.resolve("mirror:org/model@v2")
         assert url == f"{mirror.url}/files/org/model/{COMMIT}/"
         assert sorted(pins) == ["config.json", "model.safetensors", "tokenizer/tokenizer.json"]
+
+    async def test_a_replica_of_a_mirror_model_starts_with_the_mirrors_url_and_pins(
+        self,
+        mirror: MirrorHandle,  # noqa: F811
+        certs: Certs,  # noqa: F811
+        server: str,
+    ) -> None:
+        code, _, err = await _ctl(server, "fetch", "org/model", "--include", "*.safetensors", "--wait")
+        assert code == 0, err
+        start = await _start_for("mirror:org/model@main", mirror, certs)
+        assert isinstance(start, pb.StartShard)
+        assert start.source == f"{mirror.url}/files/org/model/{COMMIT}/"
+        assert start.sha256 == {"model.safetensors": hashlib.sha256(WEIGHTS).hexdigest()}
+
+    async def test_a_mirror_model_the_mirror_does_not_hold_is_not_placed_and_says_why(
+        self,
+        mirror: MirrorHandle,  # noqa: F811
+        certs: Certs,  # noqa: F811
+    ) -> None:
+        why = await _start_for("mirror:org/model@v2", mirror, certs)
+        assert why == (
+            "m has no ready replica: mirror:org/model@v2: the mirror does not hold org/model@v2 "
+            "(it has none of it); "
+            "`llmgw ctl mirror fetch org/model@v2` fetches it"
+        )
+
+    def test_a_catalog_model_naming_the_mirror_badly_or_with_its_own_pins_is_refused(self) -> None:
+        with pytest.raises(
+            ConfigError, match=r"'source' is 'mirror:\.\./x': '\.\./x' is not a repository name"
+        ):
+            parse_model("name: m\nsource: mirror:../x\nprofiles: [{engine: sim}]\n", "m.yaml")
+        with pytest.raises(ConfigError, match=r"m takes its weights from the mirror, whose pins nodes check"):
+            pinned = f"name: m\nsource: mirror:org/model\nsha256: {{a.gguf: '{'ab' * 32}'}}\n"
+            parse_model(pinned + "profiles: [{engine: sim}]\n", "m.yaml")
+        assert parse_model("name: m\nsource: mirror:org/model@main\nprofiles: [{engine: sim}]\n", "m.yaml")
 
     def test_a_malformed_mirror_source_is_refused_in_words(self) -> None:
         with pytest.raises(MirrorError, match=r"mirror:\.\./x: '\.\./x' is not a repository name"):

@@ -101,7 +101,9 @@ class ModelConfig:
     version: str = _field("", "The model's version, shown with its name; free text.")
     source: str = _field(
         "",
-        "URL of the weights: a file, or a directory when it ends in `/`; empty for engines that need none.",
+        "URL of the weights: a file, or a directory when it ends in `/`; `mirror:REPO[@REVISION]` for a "
+        "model on the mirror (server.yaml's `mirror`), sent to nodes as the mirror's URL and pins; "
+        "empty for engines that need none.",
     )
     sha256: dict[str, str] = _field({}, "Pinned sha256 digests of the weights, by file name.")
     fallbacks: list[str] = _field(

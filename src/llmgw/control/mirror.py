@@ -27,12 +27,11 @@ from aiohttp import web
 
 from llmgw.config import MirrorClientConfig
 from llmgw.errors import LlmgwError
-from llmgw.mirror.fetch import COMMIT_PATTERN, FetchedModel, parse_ref
+from llmgw.mirror.fetch import COMMIT_PATTERN, SOURCE_PREFIX, FetchedModel, parse_ref
 from llmgw.pki import https_client_ssl_context
 
 log = structlog.get_logger(__name__)
 
-SOURCE_PREFIX = "mirror:"
 _TIMEOUT_S = 10.0
 _converter = cattrs.Converter()
 _NO_MIRROR = "no mirror is configured: set mirror.api, mirror.url and mirror.tls in server.yaml"

@@ -45,6 +45,8 @@ INCOMING = ".incoming"
 PART = ".part"
 DEFAULT_REVISION = "main"
 TOKEN_ENV = "HF_TOKEN"
+# A catalog model's `source` naming a model on the mirror: `mirror:REPO[@REVISION]`.
+SOURCE_PREFIX = "mirror:"
 _CHUNK = 1 << 20
 # Progress is reported this many times over a fetch at most (and at each file's start and end).
 _PROGRESS_STEPS = 100

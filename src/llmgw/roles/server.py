@@ -155,7 +155,9 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         reconciler = None
         if cfg.control.enabled:
             # A draining node's replicas are stopped once the gateway has nothing in flight there.
-            reconciler = Reconciler(cfg, inventory, catalog, in_flight=app[ROUTER_KEY].in_flight)
+            reconciler = Reconciler(
+                cfg, inventory, catalog, in_flight=app[ROUTER_KEY].in_flight, mirror=mirror
+            )
             owned.append(tasks.create_task(reconciler.run(), name="reconciler"))
             # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
             app[BACKOFF_KEY] = reconciler.backoff
