@@ -27,6 +27,7 @@ from aiohttp import web
 
 from llmgw.config import MirrorClientConfig
 from llmgw.errors import LlmgwError
+from llmgw.mirror.admin import Fetch
 from llmgw.mirror.fetch import COMMIT_PATTERN, SOURCE_PREFIX, FetchedModel, parse_ref
 from llmgw.pki import https_client_ssl_context
 
@@ -86,6 +87,15 @@ class MirrorClient:
             return _converter.structure(data["models"], list[FetchedModel])
         except (KeyError, cattrs.BaseValidationError):
             raise MirrorError(f"the mirror at {self.api} did not answer with its models") from None
+
+    async def fetches(self) -> list[Fetch]:
+        status, data = await self.call("GET", "/api/v1/fetches")
+        if status != 200 or not isinstance(data, dict):
+            raise MirrorError(f"the mirror at {self.api} answered HTTP {status} when asked for its fetches")
+        try:
+            return _converter.structure(data["fetches"], list[Fetch])
+        except (KeyError, cattrs.BaseValidationError):
+            raise MirrorError(f"the mirror at {self.api} did not answer with its fetches") from None
 
     async def resolve(self, source: str) -> tuple[str, dict[str, str]]:
         """Where nodes fetch `mirror:REPO[@REVISION]` from, and its pins; MirrorError when it is not held."""

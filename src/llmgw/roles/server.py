@@ -38,6 +38,8 @@ from llmgw.store.keys import create_key
 from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
+from llmgw.web.guards import require_admin
+from llmgw.web.mirror_page import mount_mirror_page
 
 log = structlog.get_logger(__name__)
 
@@ -165,11 +167,15 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
         mount_pages(app, pages)
         mount_on_client_port(app, cfg, inventory, catalog)
+        if mirror is not None:
+            mount_mirror_page(app, "/admin", require_admin)
         gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         url = f"http://{bound.address(*gateway)}"
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
         # `llmgw ctl mirror` relayed to the mirror's admin listener, on the admin listener only.
         mirrorapi.install(admin_app, mirror)
+        if mirror is not None:
+            mount_mirror_page(admin_app, "")
         admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]
         admin_app[PRICES_KEY] = app[PRICES_KEY]
         if reconciler is not None:

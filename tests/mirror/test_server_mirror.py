@@ -1,0 +1,88 @@
+"""A running server with a mirror: its admin listener relays to the mirror and shows the mirror page."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from structlog.testing import capture_logs
+
+from llmgw import pki
+from llmgw.config import AuthConfig, ControlConfig, MirrorClientConfig, ServerConfig, TLSConfig
+from llmgw.roles.mirror import MirrorHandle
+from llmgw.roles.server import ServerHandle, server_role
+from tests.mirror.test_admin import Certs, certs, mirror  # noqa: F401
+from tests.mirror.test_fetch import COMMIT, Hub, hub  # noqa: F401
+
+
+def _server_cfg(tmp_path: Path, to_mirror: MirrorClientConfig) -> ServerConfig:
+    pki_dir = tmp_path / "server-pki"
+    pki.init_ca(pki_dir)
+    pki.issue_server(pki_dir, "server", ["127.0.0.1"], pki_dir)
+    return ServerConfig(
+        listen="127.0.0.1:0",
+        admin_listen="127.0.0.1:0",
+        agent_listen="127.0.0.1:0",
+        state_dir=str(tmp_path / "state"),
+        tls=TLSConfig(
+            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
+        ),
+        auth=AuthConfig(enabled=True),
+        control=ControlConfig(enabled=False),
+        mirror=to_mirror,
+    )
+
+
+@pytest.fixture
+async def server(
+    mirror: MirrorHandle,  # noqa: F811
+    certs: Certs,  # noqa: F811
+    tmp_path: Path,
+) -> AsyncIterator[ServerHandle]:
+    assert mirror.admin_url is not None
+    client = MirrorClientConfig(api=mirror.admin_url, url=mirror.url, tls=certs.control_plane)
+    cfg = await asyncio.to_thread(_server_cfg, tmp_path, client)
+    with capture_logs():
+        async with server_role(cfg) as handle:
+            yield handle
+
+
+async def test_the_servers_admin_listener_relays_a_fetch_and_shows_it_on_the_mirror_page(
+    server: ServerHandle,
+    mirror: MirrorHandle,  # noqa: F811
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "org/model", "include": ["*.json"]}
+        async with http.post(server.admin_url + "/api/v1/mirror/fetches", json=body) as reply:
+            assert reply.status == 202
+            fetch = await reply.json()
+        state = fetch["state"]
+        while state == "running":
+            async with http.get(f"{server.admin_url}/api/v1/mirror/fetches/{fetch['id']}") as reply:
+                state = (await reply.json())["state"]
+        assert state == "done"
+        async with http.get(server.admin_url + "/mirror") as page:
+            assert page.status == 200
+            html = await page.text()
+        # On the client port the same page is an administrator's only.
+        async with http.get(server.gateway_url + "/admin/mirror", allow_redirects=False) as anonymous:
+            assert anonymous.status in (302, 303, 401, 403)
+    assert f"mirror:org/model@{COMMIT}" in html
+    assert "org/model@main" in html and "done" in html
+    assert mirror.admin_url is not None and mirror.admin_url in html
+
+
+async def test_a_server_without_a_mirror_has_no_mirror_page_and_its_api_says_what_to_set(
+    tmp_path: Path,
+) -> None:
+    cfg = await asyncio.to_thread(_server_cfg, tmp_path, MirrorClientConfig())
+    with capture_logs():
+        async with server_role(cfg) as handle, aiohttp.ClientSession() as http:
+            async with http.get(handle.admin_url + "/mirror") as page:
+                assert page.status == 404
+            async with http.get(handle.admin_url + "/api/v1/mirror/models") as reply:
+                assert reply.status == 404
+                assert "no mirror is configured" in (await reply.json())["error"]
