@@ -54,6 +54,8 @@ class Hub:
     )
     lfs: set[str] = attrs.field(factory=lambda: {"model.safetensors"})
     gated: bool = False
+    # As the Hugging Face hub does it: a gated model's metadata is public, its files are not.
+    gated_files_only: bool = False
     # What the resolve route sends instead of a file's real bytes.
     tampered: dict[str, bytes] = attrs.field(factory=dict)
     # Files listed by model-info that the resolve route answers with 404.
@@ -79,7 +81,7 @@ async def hub() -> AsyncIterator[Hub]:
     async def info(request: web.Request) -> web.Response:
         if f"{request.match_info['org']}/{request.match_info['name']}" != "org/model":
             return web.json_response({"error": "Repository not found"}, status=404)
-        if not state.allowed(request):
+        if not state.gated_files_only and not state.allowed(request):
             return web.json_response(
                 {"error": "Access to this model is restricted"},
                 status=401,
@@ -105,8 +107,8 @@ async def hub() -> AsyncIterator[Hub]:
         path = request.match_info["path"]
         header = request.headers.get("Range")
         state.requests.append((request.match_info["rev"], path, header))
-        if not state.allowed(request):
-            raise web.HTTPUnauthorized()
+        if not state.allowed(request) or (state.gated_files_only and "Authorization" not in request.headers):
+            raise web.HTTPUnauthorized(headers={"X-Error-Code": "GatedRepo"})
         if state.hold:
             await state.release.wait()
         if path not in state.files or path in state.gone:
@@ -302,6 +304,17 @@ class TestTokens:
                 await fetcher.fetch("org/model", "main")
         assert "the hub wants a token (HTTP 401)" in str(caught.value)
         assert "mirror.hf_token_file" in str(caught.value) and "HF_TOKEN" in str(caught.value)
+
+    async def test_a_repository_whose_files_alone_are_gated_names_the_file_and_the_token_it_needs(
+        self, hub: Hub, root: Path
+    ) -> None:
+        hub.gated_files_only = True
+        async with _fetcher(hub, root) as fetcher:
+            with pytest.raises(FetchError) as caught:
+                await fetcher.fetch("org/model", "main")
+        assert str(caught.value).startswith(
+            "org/model@0123456789ab: config.json: the hub wants a token (HTTP 401)"
+        )
 
     async def test_a_gated_repository_is_fetched_with_its_token_which_no_log_line_shows(
         self, hub: Hub, root: Path
