@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,10 +14,13 @@ from structlog.testing import capture_logs
 
 from llmgw import pki
 from llmgw.config import AuthConfig, ControlConfig, MirrorClientConfig, ServerConfig, TLSConfig
+from llmgw.control.adminapi import hash_token
 from llmgw.roles.mirror import MirrorHandle
 from llmgw.roles.server import ServerHandle, server_role
 from tests.mirror.test_admin import Certs, certs, mirror  # noqa: F401
 from tests.mirror.test_fetch import COMMIT, Hub, hub  # noqa: F401
+
+TOKEN = "llmgw-admin-test"
 
 
 def _server_cfg(tmp_path: Path, to_mirror: MirrorClientConfig) -> ServerConfig:
@@ -33,6 +38,7 @@ def _server_cfg(tmp_path: Path, to_mirror: MirrorClientConfig) -> ServerConfig:
         auth=AuthConfig(enabled=True),
         control=ControlConfig(enabled=False),
         mirror=to_mirror,
+        admin_tokens=[hash_token(TOKEN)],
     )
 
 
@@ -67,6 +73,10 @@ async def test_the_servers_admin_listener_relays_a_fetch_and_shows_it_on_the_mir
         async with http.get(server.admin_url + "/mirror") as page:
             assert page.status == 200
             html = await page.text()
+        # On the client port the API needs an admin token.
+        async with http.get(server.gateway_url + "/admin/api/v1/mirror/models") as refused:
+            assert refused.status == 401
+            assert "needs an admin token" in (await refused.json())["error"]
         # On the client port the same page is an administrator's only.
         async with http.get(server.gateway_url + "/admin/mirror", allow_redirects=False) as anonymous:
             assert anonymous.status in (302, 303, 401, 403)
@@ -86,3 +96,30 @@ async def test_a_server_without_a_mirror_has_no_mirror_page_and_its_api_says_wha
             async with http.get(handle.admin_url + "/api/v1/mirror/models") as reply:
                 assert reply.status == 404
                 assert "no mirror is configured" in (await reply.json())["error"]
+
+
+async def test_ctl_reaches_the_mirror_through_admin_on_the_client_port_with_a_token(
+    server: ServerHandle,
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "llmgw",
+        "ctl",
+        "--server",
+        server.gateway_url + "/admin",
+        "--token",
+        TOKEN,
+        "mirror",
+        "fetch",
+        "org/model",
+        "--include",
+        "config.json",
+        "--wait",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent.parent / "src")},
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    assert f"fetched org/model@main (commit {COMMIT}): 1 files" in out.decode()

@@ -35,7 +35,7 @@ from llmgw.gateway.usage import UsageRecorder
 from llmgw.listen import cannot_listen, split_host_port
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
-from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
+from llmgw.web.admin_listener import client_port_api_guard, make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
 from llmgw.web.guards import require_admin
@@ -167,12 +167,14 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
         mount_pages(app, pages)
         mount_on_client_port(app, cfg, inventory, catalog)
+        # `llmgw ctl --server https://HOST/admin mirror …`, with an admin token.
+        mirrorapi.install(app, mirror, prefix="/admin", guard=client_port_api_guard(cfg))
         if mirror is not None:
             mount_mirror_page(app, "/admin", require_admin)
         gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         url = f"http://{bound.address(*gateway)}"
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
-        # `llmgw ctl mirror` relayed to the mirror's admin listener, on the admin listener only.
+        # `llmgw ctl mirror` relayed to the mirror's admin listener.
         mirrorapi.install(admin_app, mirror)
         if mirror is not None:
             mount_mirror_page(admin_app, "")
