@@ -7,9 +7,12 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import jsonschema
 import pytest
+from openapi_spec_validator import validate
 from structlog.testing import capture_logs
 
 from llmgw import pki
@@ -123,3 +126,31 @@ async def test_ctl_reaches_the_mirror_through_admin_on_the_client_port_with_a_to
     out, err = await process.communicate()
     assert process.returncode == 0, err.decode()
     assert f"fetched org/model@main (commit {COMMIT}): 1 files" in out.decode()
+
+
+async def test_every_mirror_reply_is_what_the_admin_apis_document_says(server: ServerHandle) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(server.admin_url + "/api/v1/openapi.json") as reply:
+            doc = await reply.json()
+        validate(doc)
+
+        async def check(method: str, route: str, url: str, body: Any = None) -> Any:
+            async with http.request(method, server.admin_url + url, json=body) as reply:
+                data = await reply.json()
+                status = reply.status
+            schema = doc["paths"][route][method.lower()]["responses"][str(status)]["content"][
+                "application/json"
+            ]
+            jsonschema.validate(data, {**schema["schema"], "components": doc["components"]})
+            return data
+
+        fetch = await check(
+            "POST", "/api/v1/mirror/fetches", "/api/v1/mirror/fetches", {"model": "org/model"}
+        )
+        while fetch["state"] == "running":
+            fetch = await check("GET", "/api/v1/mirror/fetches/{id}", f"/api/v1/mirror/fetches/{fetch['id']}")
+        await check("GET", "/api/v1/mirror/fetches", "/api/v1/mirror/fetches")
+        assert (await check("GET", "/api/v1/mirror/models", "/api/v1/mirror/models"))["models"]
+        await check("DELETE", "/api/v1/mirror/models", "/api/v1/mirror/models?model=org/model@main", {})
+        await check("DELETE", "/api/v1/mirror/models", "/api/v1/mirror/models?model=org/model@main", {})
+        await check("GET", "/api/v1/mirror/fetches/{id}", "/api/v1/mirror/fetches/999")

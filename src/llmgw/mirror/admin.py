@@ -65,6 +65,28 @@ class Fetch:
     fetched: FetchedModel | None = None
 
 
+@attrs.frozen
+class MirrorModels:
+    """Every model on the mirror, with its files, their sizes and pins."""
+
+    models: list[FetchedModel]
+
+
+@attrs.frozen
+class MirrorFetches:
+    """The fetches started since the mirror started (the last 100 finished ones), newest first."""
+
+    fetches: list[Fetch]
+
+
+@attrs.frozen
+class MirrorRemoved:
+    """A model deleted from the mirror: REPO@COMMIT, and the bytes it held."""
+
+    removed: str
+    bytes: int
+
+
 class Fetches:
     """The fetches started through the admin listener; each a task this owns, cancelled on close."""
 
@@ -146,7 +168,7 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
 
     async def get_models(_: web.Request) -> web.Response:
         models = await asyncio.to_thread(list_models, root)
-        return web.json_response({"models": _converter.unstructure(models)})
+        return web.json_response(_converter.unstructure(MirrorModels(models=models)))
 
     async def post_fetch(request: web.Request) -> web.Response:
         try:
@@ -165,7 +187,7 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
         return web.json_response(_converter.unstructure(fetch), status=202)
 
     async def get_fetches(_: web.Request) -> web.Response:
-        return web.json_response({"fetches": _converter.unstructure(fetches.all())})
+        return web.json_response(_converter.unstructure(MirrorFetches(fetches=fetches.all())))
 
     async def get_fetch(request: web.Request) -> web.Response:
         fetch = fetches.get(request.match_info["id"])
@@ -185,7 +207,8 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
             return _error(404, f"{repo}@{revision} is not on this mirror")
         await asyncio.to_thread(remove_model, root, model.repo, model.commit)
         log.info("model removed", repo=model.repo, commit=model.commit, bytes=model.size)
-        return web.json_response({"removed": f"{model.repo}@{model.commit}", "bytes": model.size})
+        removed = MirrorRemoved(removed=f"{model.repo}@{model.commit}", bytes=model.size)
+        return web.json_response(_converter.unstructure(removed))
 
     app.router.add_get("/api/v1/models", get_models)
     app.router.add_delete("/api/v1/models", delete_model)
@@ -220,3 +243,7 @@ async def admin_listener(cfg: MirrorConfig, fetches: Fetches) -> AsyncIterator[s
         yield url
     finally:
         await runner.cleanup()
+
+
+# The replies of the admin API, for its OpenAPI document (control/openapi.py).
+SHAPES: tuple[type, ...] = (MirrorModels, MirrorFetches, MirrorRemoved, Fetch)

@@ -120,7 +120,7 @@ class FetchedModel:
     repo: str
     revision: str
     commit: str
-    files: tuple[FetchedFile, ...]
+    files: list[FetchedFile]
 
     @property
     def size(self) -> int:
@@ -285,7 +285,7 @@ class HubFetcher:
             done += fetched[-1].size
         now = {f.path: f for f in fetched}
         files = sorted({**kept, **now}.values(), key=_path)
-        model = FetchedModel(repo=repo, revision=snapshot.revision, commit=commit, files=tuple(files))
+        model = FetchedModel(repo=repo, revision=snapshot.revision, commit=commit, files=files)
         await asyncio.to_thread(_place, self.root, staging, final, model, [f.path for f in fetched])
         log.info("model fetched", repo=repo, commit=commit, files=len(model.files), bytes=model.size)
         return model
