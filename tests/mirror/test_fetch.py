@@ -257,6 +257,13 @@ class TestChecks:
                 await fetcher.fetch("org/model", "main")
         assert not (root.parent / "escape.txt").exists()
 
+    async def test_a_root_that_cannot_be_written_is_named(self, hub: Hub, tmp_path: Path) -> None:
+        blocked = tmp_path / "not-a-directory"
+        await asyncio.to_thread(blocked.write_text, "")
+        async with _fetcher(hub, blocked) as fetcher:
+            with pytest.raises(FetchError, match=r"org/model@0123456789ab: cannot write .*not-a-directory"):
+                await fetcher.fetch("org/model", "main")
+
 
 class TestResuming:
     async def test_an_interrupted_download_resumes_where_it_stopped(self, hub: Hub, root: Path) -> None:
@@ -277,6 +284,17 @@ class TestResuming:
         assert hub.requests[-1] == (COMMIT, "model.safetensors", f"bytes={held}-")
         assert (root / "org" / "model" / COMMIT / "model.safetensors").read_bytes() == WEIGHTS
         assert model.pins()["model.safetensors"] == hashlib.sha256(WEIGHTS).hexdigest()
+
+    async def test_a_part_file_already_whole_is_checked_without_asking_the_hub_again(
+        self, hub: Hub, root: Path
+    ) -> None:
+        part = root / INCOMING / "org" / "model" / COMMIT / ("model.safetensors" + PART)
+        await asyncio.to_thread(part.parent.mkdir, parents=True)
+        await asyncio.to_thread(part.write_bytes, WEIGHTS)
+        async with _fetcher(hub, root) as fetcher:
+            await fetcher.fetch("org/model", "main", ["model.safetensors"])
+        assert hub.requests == []
+        assert (root / "org" / "model" / COMMIT / "model.safetensors").read_bytes() == WEIGHTS
 
     async def test_a_connection_dropped_midway_is_resumed_within_the_same_fetch(
         self, hub: Hub, root: Path

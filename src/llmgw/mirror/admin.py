@@ -132,6 +132,10 @@ class Fetches:
         except FetchError as exc:
             fetch.state, fetch.error = "failed", str(exc)
             log.warning("a fetch failed", model=fetch.model, error=str(exc))
+        except Exception as exc:
+            # A fetch must never stay "running" forever on a page: whatever ended it is said.
+            fetch.state, fetch.error = "failed", f"{fetch.model}: {exc or type(exc).__name__}"
+            log.exception("a fetch failed", model=fetch.model)
         finally:
             self._tasks.pop(fetch.id, None)
 

@@ -264,7 +264,14 @@ class HubFetcher:
         key = (repo, snapshot.commit)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            return await self._fetch(snapshot, wanted, progress)
+            try:
+                return await self._fetch(snapshot, wanted, progress)
+            except OSError as exc:
+                # A full disk or a root that cannot be written: the operator's to fix, said in words.
+                where = exc.filename or self.root
+                raise FetchError(
+                    f"{repo}@{snapshot.commit[:12]}: cannot write {where}: {exc.strerror or exc}"
+                ) from None
 
     async def _fetch(
         self, snapshot: Snapshot, wanted: list[HubFile], progress: Progress | None
@@ -276,7 +283,8 @@ class HubFetcher:
         kept = {f.path: f for f in held.files} if held is not None else {}
         # A file already on the mirror with the hub's digest is not downloaded again.
         missing = [f for f in wanted if not _same(kept.get(f.path), f)]
-        total = sum(f.size for f in missing if f.size is not None) if all(f.size for f in missing) else None
+        sizes = [f.size for f in missing]
+        total = None if None in sizes else sum(size for size in sizes if size is not None)
         done = 0
         fetched: list[FetchedFile] = []
         for number, f in enumerate(missing, 1):
@@ -350,6 +358,10 @@ class HubFetcher:
             # Longer than the file: not a prefix of it, whatever it is.
             await asyncio.to_thread(_unlink, part)
             hasher, offset = hashlib.sha256(), 0
+        if size is not None and offset == size:
+            # Whole already (cut off after the last byte, before its check): nothing to ask for.
+            report(offset, size)
+            return hasher.hexdigest(), offset
         headers = self._headers()
         if offset:
             headers["Range"] = f"bytes={offset}-"
