@@ -102,7 +102,8 @@ class TestRefusals:
 
     def test_an_unknown_key_like_no_known_one_lists_the_known_keys(self) -> None:
         assert _refusal(MirrorConfig, "xyzzy: 1\n", "mirror.yaml") == (
-            "mirror.yaml:1: unknown key 'xyzzy'; known keys: listen, root"
+            "mirror.yaml:1: unknown key 'xyzzy'; known keys: listen, root, hf_endpoint, hf_token_file, "
+            "admin_listen, admin_tls, control_plane"
         )
 
     @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from llmgw import config, names
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.engines.registry import ENGINES
 from llmgw.errors import ConfigError, LlmgwError
+from llmgw.mirror.fetch import SOURCE_PREFIX, FetchError, parse_ref
 from llmgw.store import Store
 from llmgw.store import catalog as stored
 
@@ -246,6 +247,18 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
 
 def _check_source(model: ModelConfig, line: Callable[..., str], key: Callable[..., str]) -> None:
     """A source every agent can fetch (agent/weights.py), and pins it can check, or say why not."""
+    if model.source.startswith(SOURCE_PREFIX):
+        try:
+            parse_ref(model.source.removeprefix(SOURCE_PREFIX))
+        except FetchError as exc:
+            raise ConfigError(f"{line('source')}: '{key('source')}' is {model.source!r}: {exc}") from None
+        if model.sha256:
+            # The mirror's pins are the hub's own, for the commit it holds; a second set could only disagree.
+            raise ConfigError(
+                f"{line('sha256')}: {model.name} takes its weights from the mirror, whose pins nodes "
+                "check; remove 'sha256'"
+            )
+        return
     if model.source:
         parsed = urllib.parse.urlsplit(model.source)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:

@@ -102,6 +102,10 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
         (float("nan"), "expected a finite number"),
     ],
     ("agent.yaml", "metrics_listen"): _LISTEN[1:],
+    ("server.yaml", "mirror.api"): [("models.internal:8082", _URL)],
+    ("server.yaml", "mirror.url"): [("ftp://models.internal/", _URL)],
+    ("mirror.yaml", "hf_endpoint"): [("", _URL), ("huggingface.co", _URL)],
+    ("mirror.yaml", "admin_listen"): _LISTEN[1:],
     ("server.yaml", "admin_tokens"): [
         ("llmgw-admin-3q2xyz", "expected a token's sha256 (64 hexadecimal digits)"),
         ("ab" * 31, "never the token itself"),

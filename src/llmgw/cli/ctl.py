@@ -17,6 +17,7 @@ import asyncio
 import json
 import secrets
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote, urlencode
@@ -44,6 +45,8 @@ from llmgw.control.nodelogs import MAX_LINES
 from llmgw.control.present import DASH, ago, failure_line, node_row, refused_line
 from llmgw.errors import ConfigError
 from llmgw.listen import split_host_port
+from llmgw.mirror.admin import Fetch
+from llmgw.mirror.fetch import FetchedModel, human_bytes
 from llmgw.names import url_segment
 
 DEFAULT_CONFIG = Path("/etc/llmgw/server.yaml")
@@ -533,6 +536,105 @@ def weights_collect(ctx: click.Context, as_json: bool) -> None:
             click.echo(f"  removing {source}")
         for kept in entry.kept:
             click.echo(f"  keeping {kept}")
+
+
+@ctl.group()
+def mirror() -> None:
+    """The model mirror, through the server: the models it holds, fetching and deleting them."""
+
+
+@mirror.command("list")
+@json_option
+@click.pass_context
+def mirror_list(ctx: click.Context, as_json: bool) -> None:
+    """The models on the mirror, with their commits, files and sizes; then the fetches running."""
+    target = _target(ctx, as_json)
+    data = _request(target, "GET", "/api/v1/mirror/models")
+    running = _request(target, "GET", "/api/v1/mirror/fetches")
+    if target.as_json:
+        _print_json({**data, **running})
+        return
+    models = _mirror_read(data.get("models"), list[FetchedModel])
+    rows = [
+        [f"{m.repo}@{m.commit[:12]}", m.revision, str(len(m.files)), human_bytes(m.size, None)]
+        for m in models
+    ]
+    echo_table(["MODEL", "FETCHED AS", "FILES", "SIZE"], rows)
+    for fetch in _mirror_read(running.get("fetches"), list[Fetch]):
+        if fetch.state == "running":
+            click.echo(
+                f"fetching {fetch.model}: " + (fetch.progress.describe() if fetch.progress else "starting")
+            )
+
+
+@mirror.command("fetch")
+@click.argument("ref", metavar="REPO[@REVISION]")
+@click.option(
+    "--include",
+    multiple=True,
+    metavar="GLOB",
+    help="Fetch only the files whose path matches GLOB (such as '*.gguf'); repeat it for several.",
+)
+@click.option("--wait", is_flag=True, help="Wait for the fetch to finish, printing its progress.")
+@json_option
+@click.pass_context
+def mirror_fetch(ctx: click.Context, ref: str, include: tuple[str, ...], wait: bool, as_json: bool) -> None:
+    """Have the mirror fetch REPO at REVISION (default main) from its hub, pinned to the commit."""
+    target = _target(ctx, as_json)
+    data = _request(target, "POST", "/api/v1/mirror/fetches", {"model": ref, "include": list(include)})
+    fetch = _mirror_read(data, Fetch)
+    if not wait:
+        if target.as_json:
+            _print_json(data)
+        else:
+            click.echo(f"fetch {fetch.id} started: {fetch.model}; `llmgw ctl mirror list` shows its progress")
+        return
+    said = ""
+    while fetch.state == "running":
+        time.sleep(1)
+        data = _request(target, "GET", f"/api/v1/mirror/fetches/{quote(fetch.id, safe='')}")
+        fetch = _mirror_read(data, Fetch)
+        line = fetch.progress.describe() if fetch.progress else ""
+        if line and line != said and not target.as_json:
+            click.echo(line, err=True)
+            said = line
+    if target.as_json:
+        _print_json(data)
+    elif fetch.fetched is not None:
+        model = fetch.fetched
+        click.echo(
+            f"fetched {model.repo}@{model.revision} (commit {model.commit}): {len(model.files)} files, "
+            f"{human_bytes(model.size, None)}"
+        )
+    if fetch.state == "failed":
+        _fail(fetch.error or "the fetch failed", EXIT_ERROR)
+
+
+@mirror.command("rm")
+@click.argument("ref", metavar="REPO@REVISION")
+@json_option
+@click.pass_context
+def mirror_rm(ctx: click.Context, ref: str, as_json: bool) -> None:
+    """Delete a model from the mirror: a commit of it, or the revision it was fetched as."""
+    target = _target(ctx, as_json)
+    data = _request(target, "DELETE", f"/api/v1/mirror/models?{urlencode({'model': ref})}")
+    if target.as_json:
+        _print_json(data)
+        return
+    click.echo(f"removed {data.get('removed')} ({human_bytes(int(data.get('bytes') or 0), None)})")
+
+
+def _mirror_read(data: Any, view: Any) -> Any:
+    """The mirror's reply as the type it is; a reply of another shape ends the command saying so."""
+    try:
+        return _MIRROR_CONVERTER.structure(data, view)
+    except cattrs.BaseValidationError:
+        _fail(
+            "the mirror's reply is not one this ctl reads; is the mirror another llmgw version?", EXIT_ERROR
+        )
+
+
+_MIRROR_CONVERTER = cattrs.Converter()
 
 
 @ctl.command("new-token")

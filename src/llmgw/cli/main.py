@@ -27,6 +27,10 @@ COMMANDS = {
         "llmgw.cli.ctl:ctl", "The cluster from a shell: nodes, models, replicas, placement and a node's logs."
     ),
     "keys": LazyCommand("llmgw.cli.keys:keys", "API keys for the gateway's /v1 routes."),
+    "mirror": LazyCommand(
+        "llmgw.cli.mirror:mirror",
+        "The model mirror: fetch models from a Hugging Face–compatible hub into its directory.",
+    ),
     "orgs": LazyCommand("llmgw.cli.hierarchy:orgs", "The organisations: create, rename, list, delete."),
     "prices": LazyCommand("llmgw.cli.prices:prices", "What each model costs, kept in the store."),
     "projects": LazyCommand(

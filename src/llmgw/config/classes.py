@@ -127,7 +127,9 @@ class ModelConfig:
     version: str = _field("", "The model's version, shown with its name; free text.")
     source: str = _field(
         "",
-        "URL of the weights: a file, or a directory when it ends in `/`; empty for engines that need none.",
+        "URL of the weights: a file, or a directory when it ends in `/`; `mirror:REPO[@REVISION]` for a "
+        "model on the mirror (server.yaml's `mirror`), sent to nodes as the mirror's URL and pins; "
+        "empty for engines that need none.",
     )
     sha256: dict[str, str] = _field({}, "Pinned sha256 digests of the weights, by file name.")
     fallbacks: list[str] = _field(
@@ -211,6 +213,27 @@ class LogConfig:
 
 
 @attrs.frozen
+class MirrorClientConfig:
+    api: str = _field(
+        "",
+        "The mirror's admin listener (`https://models.internal:8082`), through which `llmgw ctl mirror` "
+        "and /admin/mirror list, fetch and delete models. Empty: no mirror.",
+        http_url(empty_ok=True),
+    )
+    url: str = _field(
+        "",
+        "Where nodes fetch the mirror's files (`http://models.internal:8081`): a model whose `source` "
+        "is `mirror:REPO[@REVISION]` is fetched from `<url>/files/REPO/COMMIT/`.",
+        http_url(empty_ok=True),
+    )
+    tls: TLSConfig = _field(
+        TLSConfig(),
+        "The control plane's client certificate for the mirror's admin listener (its common name is "
+        "mirror.yaml's `control_plane`), and the authority that signed the mirror's.",
+    )
+
+
+@attrs.frozen
 class ServerConfig:
     listen: str = _field(
         "127.0.0.1:8080",
@@ -254,6 +277,9 @@ class ServerConfig:
         "Engines every node installs, by name, at a version (`llamacpp: b11434`). llama.cpp defaults to "
         '`b11434`, the build this release was checked against; an empty version (`llamacpp: ""`) '
         "removes an engine; `sim` is built in and never listed. See docs/provisioning.md.",
+    )
+    mirror: MirrorClientConfig = _field(
+        MirrorClientConfig(), "The model mirror this control plane administers. See docs/mirror.md."
     )
     engine_mirror: EngineMirrorConfig = _field(
         EngineMirrorConfig(),
@@ -422,3 +448,29 @@ class MirrorConfig:
         listen_address("127.0.0.1:8081"),
     )
     root: str = _field("/var/lib/llmgw-mirror", "Directory whose files the mirror serves.")
+    hf_endpoint: str = _field(
+        "https://huggingface.co",
+        "The Hugging Face–compatible hub `llmgw mirror fetch` downloads model repositories from.",
+        http_url(empty_ok=False),
+    )
+    hf_token_file: str = _field(
+        "",
+        "File holding the hub's access token, for gated and private repositories. "
+        "Empty reads HF_TOKEN from the environment, and no token when that is unset too.",
+    )
+    admin_listen: str = _field(
+        "",
+        "Address (host:port) of the admin listener, over mutual TLS, that the control plane lists, "
+        "fetches and deletes models through (0.0.0.0:8082 by convention). Empty: no admin listener.",
+        optional_listen_address("0.0.0.0:8082"),
+    )
+    admin_tls: TLSConfig = _field(
+        TLSConfig(),
+        "Certificates of the admin listener: `ca` signed the control plane's client certificate; "
+        "`cert` and `key` are the mirror's own.",
+    )
+    control_plane: str = _field(
+        "",
+        "Common name of the one client certificate the admin listener accepts, the control plane's. "
+        "The authority signs every node's certificate too, and a node must not delete models.",
+    )

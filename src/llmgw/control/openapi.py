@@ -14,6 +14,7 @@ from llmgw.control import tenancy_doc, tenancy_views, views
 from llmgw.control.nodelogs import ANSWER_TIMEOUT_S, DEFAULT_LINES, MAX_LINES
 from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES
 from llmgw.control.schema import components, ref
+from llmgw.mirror import admin as mirror_admin
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def document(version: str) -> dict[str, Any]:
             "/admin on the client port, where it needs an admin token (`admin_tokens`) or session.",
         },
         "components": {
-            "schemas": components((*views.SHAPES, *tenancy_views.SHAPES)),
+            "schemas": components((*views.SHAPES, *tenancy_views.SHAPES, *mirror_admin.SHAPES)),
             "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
         },
         "paths": {
@@ -290,6 +291,8 @@ def document(version: str) -> dict[str, Any]:
                     },
                 }
             },
+            # The mirror's admin API, relayed (control/mirror.py); 404 where no mirror is configured.
+            **_mirror_paths(),
             "/api/v1/openapi.json": {
                 "get": {
                     "operationId": "openapi",
@@ -300,4 +303,92 @@ def document(version: str) -> dict[str, Any]:
             # Organisations, teams, projects, members, quotas and prices.
             **tenancy_doc.paths(),
         },
+    }
+
+
+def _mirror_paths() -> dict[str, Any]:
+    relayed = "Relayed to the mirror's admin listener; 404 where server.yaml names no mirror, 502 where it "
+    gone = _json(ref(views.Error), "No mirror is configured (or, for one fetch or model, no such one).")
+    unreachable = _json(ref(views.Error), "The mirror cannot be reached.")
+    model = {
+        "name": "model",
+        "in": "query",
+        "required": True,
+        "description": "REPO@REVISION: a commit, or the revision the model was fetched as.",
+        "schema": {"type": "string"},
+    }
+    return {
+        "/api/v1/mirror/models": {
+            "get": {
+                "operationId": "mirrorModels",
+                "summary": "The models on the mirror, their files, sizes and pins. "
+                + relayed
+                + "cannot be reached.",
+                "responses": {
+                    "200": _json(ref(mirror_admin.MirrorModels), "The models."),
+                    "404": gone,
+                    "502": unreachable,
+                },
+            },
+            "delete": {
+                "operationId": "mirrorRemoveModel",
+                "summary": "Delete a model from the mirror. " + relayed + "cannot be reached.",
+                "parameters": [model],
+                "responses": {
+                    "200": _json(ref(mirror_admin.MirrorRemoved), "What was deleted."),
+                    "400": _ERROR,
+                    "404": gone,
+                    "409": _json(ref(views.Error), "The model is being fetched."),
+                    "502": unreachable,
+                },
+            },
+        },
+        "/api/v1/mirror/fetches": {
+            "get": {
+                "operationId": "mirrorFetches",
+                "summary": "The mirror's fetches, newest first. " + relayed + "cannot be reached.",
+                "responses": {
+                    "200": _json(ref(mirror_admin.MirrorFetches), "The fetches."),
+                    "404": gone,
+                    "502": unreachable,
+                },
+            },
+            "post": {
+                "operationId": "mirrorFetch",
+                "summary": 'Start a fetch: {"model": "REPO[@REVISION]", "include": ["GLOB"]}. '
+                + relayed
+                + "cannot be reached.",
+                "responses": {
+                    "202": _json(ref(mirror_admin.Fetch), "The fetch, running."),
+                    "400": _ERROR,
+                    "404": gone,
+                    "502": unreachable,
+                },
+            },
+        },
+        "/api/v1/mirror/fetches/{id}": {
+            "get": {
+                "operationId": "mirrorFetchProgress",
+                "summary": "One fetch: its state, progress, error or model. "
+                + relayed
+                + "cannot be reached.",
+                "parameters": [
+                    {
+                        "name": "id",
+                        "in": "path",
+                        "required": True,
+                        "description": "The fetch's id.",
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "responses": {
+                    "200": _json(ref(mirror_admin.Fetch), "The fetch."),
+                    "404": gone,
+                    "502": unreachable,
+                },
+            }
+        },
+        "/mirror": _page(
+            "mirrorPage", "The models on the mirror and its fetches (where a mirror is configured)."
+        ),
     }

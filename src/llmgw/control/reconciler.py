@@ -23,8 +23,10 @@ from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.failures import Failure
 from llmgw.control.inventory import DRAINING, READY, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.metrics import ControlMetrics, reject_reason
+from llmgw.control.mirror import MirrorClient, MirrorError
 from llmgw.control.placement import Backoff, Scheduler
 from llmgw.engines.registry import ENGINES
+from llmgw.mirror.fetch import SOURCE_PREFIX
 from llmgw.names import shard_stem
 from llmgw.proto.llmgw import v1 as pb
 
@@ -47,11 +49,16 @@ class Reconciler:
         in_flight: Mapping[str, int],
         clock: Callable[[], float] = time.monotonic,
         metrics: ControlMetrics | None = None,
+        mirror: MirrorClient | None = None,
     ) -> None:
         """in_flight is the gateway's table of requests in flight by endpoint (its router's);
-        metrics counts passes and failed placements (in a registry no one reads when None)."""
+        metrics counts passes and failed placements (in a registry no one reads when None).
+
+        mirror resolves a model's `mirror:REPO[@REVISION]` source to the mirror's URL and pins.
+        """
         self._metrics = metrics if metrics is not None else ControlMetrics(CollectorRegistry())
         self._cfg = cfg
+        self._mirror = mirror
         self._inventory = inventory
         # The live catalog: server.yaml's models and those added with ctl.
         self._catalog = catalog
@@ -151,6 +158,20 @@ class Reconciler:
 
     async def _place(self, model: ModelConfig) -> bool:
         """Place one replica; False when there was nowhere to, and the next would find nowhere too."""
+        source, pins = model.source, dict(model.sha256)
+        if source.startswith(SOURCE_PREFIX):
+            # Asked of the mirror at each placement, not once: a model fetched again, or deleted,
+            # there is what nodes get next, and a node never gets a commit the mirror no longer has.
+            try:
+                if self._mirror is None:
+                    raise MirrorError(
+                        f"{source}: no mirror is configured (server.yaml's mirror.api and mirror.url)"
+                    )
+                source, pins = await self._mirror.resolve(source)
+            except MirrorError as exc:
+                self._inventory.set_unplaced(model.name, str(exc))
+                log.warning("cannot place a replica", model=model.name, reason=str(exc))
+                return False
         if self._scheduler is None:
             self._scheduler = Scheduler.for_inventory(
                 self._inventory, self._cfg, self._catalog.models(), self.backoff()
@@ -181,8 +202,8 @@ class Reconciler:
                 args=shard_args(model, profile),
                 env=dict(profile.env),
                 profile=profile.name,
-                source=model.source,
-                sha256=dict(model.sha256),
+                source=source,
+                sha256=pins,
                 gpu_indices=list(rank.gpu_indices),
                 engine_secret=secret,
             )

@@ -5,6 +5,11 @@ resume an interrupted download of a multi-gigabyte file instead of starting over
 A directory's URL (ending in "/") answers with the listing a node fetches a
 whole directory by: {"files": [{"path": "config.json", "size": 1234}, ...]}
 (agent/weights.py).
+
+No name beginning with a dot is listed or served: the mirror keeps its own
+bookkeeping under such names (downloads in progress under .incoming/, a
+model's pins in .llmgw-model.json, mirror/fetch.py), and a node that fetched a
+half-downloaded file would have to throw it away.
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ from pathlib import Path
 import attrs
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from llmgw.config import MirrorConfig
 from llmgw.listen import cannot_listen, split_host_port
+from llmgw.mirror.admin import Fetches, admin_listener
+from llmgw.mirror.fetch import HubFetcher, read_token
 
 log = structlog.get_logger(__name__)
 
@@ -27,6 +35,8 @@ log = structlog.get_logger(__name__)
 @attrs.frozen
 class MirrorHandle:
     url: str
+    # The admin listener's https URL; None when admin_listen is empty.
+    admin_url: str | None = None
 
 
 def list_files(root: Path, directory: Path) -> list[dict[str, object]] | None:
@@ -44,15 +54,30 @@ def list_files(root: Path, directory: Path) -> list[dict[str, object]] | None:
     if not target.is_dir() or directory.is_symlink():
         return None
     files = []
+    if _hidden(target.relative_to(base).as_posix()):
+        return None
     for path in sorted(target.rglob("*")):
         if path.is_symlink() or not path.is_file() or any(p.is_symlink() for p in path.parents if p != base):
+            continue
+        if _hidden(path.relative_to(target).as_posix()):
             continue
         files.append({"path": path.relative_to(target).as_posix(), "size": path.stat().st_size})
     return files
 
 
+def _hidden(path: str) -> bool:
+    return any(part.startswith(".") and part != "." for part in path.split("/"))
+
+
+@web.middleware
+async def _no_hidden_names(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path.startswith("/files/") and _hidden(request.path.removeprefix("/files/")):
+        raise web.HTTPNotFound(text="no such file on this mirror")
+    return await handler(request)
+
+
 def make_mirror_app(root: Path) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[_no_hidden_names])
 
     async def listing(request: web.Request) -> web.Response:
         files = await asyncio.to_thread(list_files, root, root / request.match_info["path"])
@@ -74,9 +99,12 @@ def make_mirror_app(root: Path) -> web.Application:
 @contextlib.asynccontextmanager
 async def mirror_role(cfg: MirrorConfig) -> AsyncIterator[MirrorHandle]:
     host, port = split_host_port(cfg.listen, "listen")
-    runner = web.AppRunner(make_mirror_app(Path(cfg.root)), access_log=None)
-    await runner.setup()
-    try:
+    root = Path(cfg.root)
+    async with contextlib.AsyncExitStack() as stack:
+        # In a thread: add_static resolves the root on the disk.
+        runner = web.AppRunner(await asyncio.to_thread(make_mirror_app, root), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, host, port)
         try:
             await site.start()
@@ -85,6 +113,10 @@ async def mirror_role(cfg: MirrorConfig) -> AsyncIterator[MirrorHandle]:
         bound = runner.addresses[0][1]
         url = f"http://{host}:{bound}"
         log.info("mirror serving", url=url, root=cfg.root)
-        yield MirrorHandle(url=url)
-    finally:
-        await runner.cleanup()
+        admin_url = None
+        if cfg.admin_listen:
+            token = await asyncio.to_thread(read_token, cfg.hf_token_file)
+            fetcher = await stack.enter_async_context(HubFetcher(root, cfg.hf_endpoint, token))
+            fetches = await stack.enter_async_context(Fetches(fetcher))
+            admin_url = await stack.enter_async_context(admin_listener(cfg, fetches))
+        yield MirrorHandle(url=url, admin_url=admin_url)

@@ -21,10 +21,12 @@ from llmgw import bound
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
+from llmgw.control import mirror as mirrorapi
 from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, PRICES_KEY
 from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
 from llmgw.control.metrics import ControlMetrics
+from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
@@ -38,10 +40,12 @@ from llmgw.listen import cannot_listen, split_host_port
 from llmgw.metrics import Metrics, Snapshot, new_registry, serve_metrics
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
-from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
+from llmgw.web.admin_listener import client_port_api_guard, make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
+from llmgw.web.guards import require_admin
 from llmgw.web.history import HISTORY_KEY
+from llmgw.web.mirror_page import mount_mirror_page
 
 log = structlog.get_logger(__name__)
 
@@ -152,6 +156,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         stack.callback(journal.stop)
         stack.callback(usage.stop)
         owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
+        mirror = await stack.enter_async_context(MirrorClient(cfg.mirror)) if cfg.mirror.api else None
         registry = new_registry()
         control_metrics = ControlMetrics(registry, inventory, usage)
         budgets = Snapshot(registry, lambda: budget_families(quotas))
@@ -174,7 +179,12 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         if cfg.control.enabled:
             # A draining node's replicas are stopped once the gateway has nothing in flight there.
             reconciler = Reconciler(
-                cfg, inventory, catalog, in_flight=app[ROUTER_KEY].in_flight, metrics=control_metrics
+                cfg,
+                inventory,
+                catalog,
+                in_flight=app[ROUTER_KEY].in_flight,
+                metrics=control_metrics,
+                mirror=mirror,
             )
             owned.append(tasks.create_task(reconciler.run(), name="reconciler"))
             # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
@@ -183,9 +193,17 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
         mount_pages(app, pages)
         mount_on_client_port(app, cfg, inventory, catalog)
+        # `llmgw ctl --server https://HOST/admin mirror …`, with an admin token.
+        mirrorapi.install(app, mirror, prefix="/admin", guard=client_port_api_guard(cfg))
+        if mirror is not None:
+            mount_mirror_page(app, "/admin", require_admin)
         gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         url = f"http://{bound.address(*gateway)}"
         admin_app = make_admin_app(cfg, inventory, catalog, pages)
+        # `llmgw ctl mirror` relayed to the mirror's admin listener.
+        mirrorapi.install(admin_app, mirror)
+        if mirror is not None:
+            mount_mirror_page(admin_app, "")
         admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]
         admin_app[PRICES_KEY] = app[PRICES_KEY]
         admin_app[HISTORY_KEY] = history

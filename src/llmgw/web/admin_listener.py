@@ -11,6 +11,7 @@ page elsewhere cannot send without a preflight this listener never answers).
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -147,6 +148,11 @@ async def _admin_session(request: web.Request) -> bool:
     session = await current_session(request)
     sent = request.headers.get(CSRF_HEADER, "")
     return session is not None and bool(sent) and hmac.compare_digest(sent, session.csrf)
+
+
+def client_port_api_guard(cfg: ServerConfig) -> Callable[[Handler], Handler]:
+    """The guard of the admin API under /admin on the client port, for routes mounted beside it."""
+    return admin_token_or_session(cfg, _admin_session)
 
 
 def mount_on_client_port(

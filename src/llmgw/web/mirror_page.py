@@ -1,0 +1,52 @@
+"""The mirror page (/mirror on the admin listener, /admin/mirror on the client port).
+
+Mounted only where server.yaml names a mirror. It shows what the mirror holds
+and what it is fetching, asked of the mirror at each view; a mirror that cannot
+be reached is said so on the page rather than failing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from llmgw.control.mirror import MIRROR_CLIENT_KEY, Handler, MirrorError
+from llmgw.mirror.admin import Fetch
+from llmgw.mirror.fetch import FetchedModel, human_bytes
+from llmgw.web.cluster import PATHS_KEY
+from llmgw.web.context import AdminLink, add_admin_links
+from llmgw.web.render import render
+
+
+async def mirror_page(request: web.Request) -> web.StreamResponse:
+    client = request.config_dict[MIRROR_CLIENT_KEY]
+    assert client is not None, "the page is mounted only where a mirror is configured"
+    models: list[FetchedModel] = []
+    fetches: list[Fetch] = []
+    error = None
+    try:
+        models = await client.models()
+        fetches = await client.fetches()
+    except MirrorError as exc:
+        error = str(exc)
+    return await render(
+        request,
+        "admin_mirror.html",
+        status=200 if error is None else 502,
+        paths=request.config_dict[PATHS_KEY],
+        api=client.api,
+        models=models,
+        fetches=fetches,
+        error=error,
+        human_bytes=human_bytes,
+    )
+
+
+def mount_mirror_page(
+    app: web.Application, base: str, guard: Callable[[Handler], Handler] | None = None
+) -> None:
+    """Add the mirror page under base ("" or "/admin") to app, after its cluster pages."""
+    path = f"{base}/mirror"
+    app.router.add_get(path, guard(mirror_page) if guard else mirror_page)
+    add_admin_links(app, AdminLink(path, "Mirror"))
