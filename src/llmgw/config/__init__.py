@@ -19,6 +19,7 @@ from llmgw.config.classes import (
     PriceConfig,
     ProfileConfig,
     ProvisionConfig,
+    RouterConfig,
     ServerConfig,
     TLSConfig,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "PriceConfig",
     "ProfileConfig",
     "ProvisionConfig",
+    "RouterConfig",
     "ServerConfig",
     "TLSConfig",
     "documented_keys",

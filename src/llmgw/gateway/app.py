@@ -47,7 +47,7 @@ def make_gateway_app(
     admission (limits, budgets, usage) applies to calls with a key, so only when auth is enabled.
     """
     app = web.Application(client_max_size=_MAX_BODY, middlewares=[openai_errors])
-    router = Router(catalog, replicas)
+    router = Router(catalog, replicas, cfg.router)
     app[ROUTER_KEY] = router
     app[CATALOG_KEY] = catalog
     app[KEYS_KEY] = keys
