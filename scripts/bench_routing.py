@@ -15,7 +15,7 @@ prompt tokens the engines processed (llama.cpp's `timings.prompt_n`) against pro
 prompt alone. Then, with --decision, the router's own CPU time per decision and the prefix
 index's memory. A measurement, not a test: nothing here asserts a time.
 
-    python scripts/bench_routing.py [--rate 1.0] [--conversations 16] [--turns 5]
+    python scripts/bench_routing.py [--rate 1.0] [--conversations 12] [--turns 4] [--rounds 2] [--decision]
 """
 
 from __future__ import annotations
@@ -122,14 +122,16 @@ def _free_port() -> int:
 
 
 @asynccontextmanager
-async def _llama_server(build: Path, model: Path, log: Path, threads: int) -> AsyncIterator[str]:
+async def _llama_server(build: Path, model: Path, log: Path, threads: int, slots: int) -> AsyncIterator[str]:
     engine = LlamaCppEngine()
     spec = LaunchSpec(
         model=MODEL,
         port=_free_port(),
         model_path=str(model),
-        context_size=16384,
-        parallel=2,
+        # llama-server keeps one prompt's cache per slot, and gives a request the slot whose cache
+        # matches it best: with a slot per conversation it has, a replica can hold them all.
+        context_size=4096 * slots,
+        parallel=slots,
         binary=str(build / "bin" / "llama-server"),
         args=("--threads", str(threads)),
     )
@@ -279,7 +281,9 @@ async def _engines(args: argparse.Namespace) -> dict[str, _Result]:
         async with AsyncExitStack() as stack:
             endpoints = [
                 await stack.enter_async_context(
-                    _llama_server(build, model, work / f"engine-{i}.log", args.engine_threads)
+                    _llama_server(
+                        build, model, work / f"engine-{i}.log", args.engine_threads, args.engine_slots
+                    )
                 )
                 for i in range(2)
             ]
@@ -374,11 +378,12 @@ def _decision(blocks_capacity: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rate", type=float, default=1.0, help="requests per second (default 1)")
-    parser.add_argument("--conversations", type=int, default=16, help="conversations per policy")
-    parser.add_argument("--turns", type=int, default=5, help="user turns per conversation")
+    parser.add_argument("--conversations", type=int, default=12, help="conversations per policy")
+    parser.add_argument("--turns", type=int, default=4, help="user turns per conversation")
     parser.add_argument("--max-tokens", type=int, default=16, help="completion tokens per turn")
     parser.add_argument("--rounds", type=int, default=1, help="times each policy runs, in turn")
     parser.add_argument("--engine-threads", type=int, default=1, help="llama-server --threads")
+    parser.add_argument("--engine-slots", type=int, default=8, help="llama-server -np (parallel slots)")
     parser.add_argument("--seed", type=int, default=0, help="varies the words of every prompt")
     parser.add_argument("--decision", action="store_true", help="also time the router's decision")
     parser.add_argument("--no-engines", action="store_true", help="only the decision and the index")
