@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 from collections.abc import AsyncIterator, Sequence
 
 import attrs
@@ -126,6 +127,19 @@ class TestSessionAffinity:
         moved = [s for s in sessions if on_two[s] != on_three[s]]
         assert all(on_three[s] == C for s in moved)
         assert 100 < len(moved) < 300
+
+    def test_a_long_session_key_is_not_kept(self) -> None:
+        router, _ = _router(A, B, policy="affinity")
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(20):
+                key = f"{i}" + "u" * 1_000_000
+                assert _once(router, key) == _once(router, key)
+                del key
+            assert tracemalloc.get_traced_memory()[0] - before < 1_000_000
+        finally:
+            tracemalloc.stop()
 
     def test_least_in_flight_ignores_sessions(self) -> None:
         router, _ = _router(A, B, policy="least_in_flight")

@@ -52,12 +52,9 @@ class Sessions:
 
     def __init__(self, capacity: int = _SESSIONS) -> None:
         self._capacity = capacity
-        self._homes: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # Keyed by the session key's hash, not the key: a client's `user` may be a megabyte long.
+        self._homes: OrderedDict[tuple[str, int], str] = OrderedDict()
         self._rings: dict[tuple[str, ...], tuple[list[int], list[str]]] = {}
-
-    def home(self, model: str, session: str) -> str | None:
-        """The replica session was last sent to, if remembered."""
-        return self._homes.get((model, session))
 
     def choose(
         self,
@@ -73,13 +70,14 @@ class Sessions:
         joining move no session; one leaving moves only the sessions it had.
         """
         bound = load_bound(endpoints, in_flight, factor)
-        key = (model, session)
+        point = hash(session)
+        key = (model, point)
         home = self._homes.get(key)
         if home is not None and home in endpoints and in_flight.get(home, 0) < bound:
             self._homes.move_to_end(key)
             return home
         points, owners = self._ring(endpoints)
-        start = bisect.bisect(points, hash(session))
+        start = bisect.bisect(points, point)
         chosen = ""
         seen = set[str]()
         for i in range(len(points)):

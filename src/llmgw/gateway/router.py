@@ -58,8 +58,7 @@ class Router:
         config = config if config is not None else RouterConfig()
         self._policy = config.policy
         self._factor = config.session_load_factor
-        # Lower-cased once: aiohttp's headers match any case, but the names are compared per request.
-        self._session_headers = tuple(name.lower() for name in config.session_headers)
+        self._session_headers = tuple(config.session_headers)
         self._session_from_user = config.session_from_user
         self._sessions = Sessions()
         self.prefixes = PrefixIndex(config.prefix_index_entries)
