@@ -204,7 +204,12 @@ class TestAnotherReplicaTakesOver:
         inventory = Inventory(grace_s=15)
         inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", dead)]))
         inventory.attach(pb.Register(node_id="n2", running=[_ready("s2", sim_engine)]))
-        cfg = ServerConfig(models=[ModelConfig(name=MODEL)], auth=AuthConfig(enabled=False))
+        # Least in flight: the same prompt twice would otherwise go where it went first (prefix).
+        cfg = ServerConfig(
+            models=[ModelConfig(name=MODEL)],
+            auth=AuthConfig(enabled=False),
+            router=RouterConfig(policy="least_in_flight"),
+        )
         client = TestClient(
             TestServer(make_gateway_app(cfg, Catalog(cfg), inventory, KeyCache()), host="127.0.0.1", port=0)
         )
