@@ -102,6 +102,8 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
         (float("nan"), "expected a finite number"),
     ],
     ("agent.yaml", "metrics_listen"): _LISTEN[1:],
+    ("server.yaml", "router.session_load_factor"): [(0.5, "expected 1 or more"), (float("nan"), "finite")],
+    ("server.yaml", "router.prefix_index_entries"): [(0, "expected 1 or more"), (10**9, "at most")],
     ("server.yaml", "mirror.api"): [("models.internal:8082", _URL)],
     ("server.yaml", "mirror.url"): [("ftp://models.internal/", _URL)],
     ("mirror.yaml", "hf_endpoint"): [("", _URL), ("huggingface.co", _URL)],

@@ -21,10 +21,10 @@ def _two_nodes(fleet: Fleet, **agent: Any) -> list[dict[str, Any]]:
     return fleet.start(["n1", "n2"], [SIM], **agent)
 
 
-def _ask(gateway: str, key: str) -> tuple[str, str, str, int]:
+def _ask(gateway: str, key: str, question: str = "hello") -> tuple[str, str, str, int]:
     """A chat and a stream with the official client: (reply, its model header, streamed text, usage)."""
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=10)
-    messages: list[Any] = [{"role": "user", "content": "hello"}]
+    messages: list[Any] = [{"role": "user", "content": question}]
     raw = client.chat.completions.with_raw_response.create(model="sim-chat", messages=messages, max_tokens=8)
     reply = raw.parse()
     stream = client.chat.completions.create(
@@ -58,8 +58,10 @@ def test_a_chat_and_a_stream_from_the_control_plane_host_are_served_by_replicas_
         hosts["n2"].address,
     }
 
-    for _ in range(3):
-        reply, model, streamed, usage = fleet.cp.call(_ask, fleet.gateway, fleet.key)
+    # Three different questions: the router sends a prompt where it was served before (router.policy
+    # prefix), and a new one to the replica with the fewest in flight, ties taken in turn.
+    for i in range(3):
+        reply, model, streamed, usage = fleet.cp.call(_ask, fleet.gateway, fleet.key, f"hello {i}")
         assert reply and streamed and usage > 0
         assert model == "sim-chat"
 

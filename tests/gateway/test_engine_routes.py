@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import pytest
@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.catalog import Catalog
-from llmgw.config import AuthConfig, ModelConfig, ServerConfig
+from llmgw.config import AuthConfig, ModelConfig, RouterConfig, ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
@@ -204,7 +204,12 @@ class TestAnotherReplicaTakesOver:
         inventory = Inventory(grace_s=15)
         inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", dead)]))
         inventory.attach(pb.Register(node_id="n2", running=[_ready("s2", sim_engine)]))
-        cfg = ServerConfig(models=[ModelConfig(name=MODEL)], auth=AuthConfig(enabled=False))
+        # Least in flight: the same prompt twice would otherwise go where it went first (prefix).
+        cfg = ServerConfig(
+            models=[ModelConfig(name=MODEL)],
+            auth=AuthConfig(enabled=False),
+            router=RouterConfig(policy="least_in_flight"),
+        )
         client = TestClient(
             TestServer(make_gateway_app(cfg, Catalog(cfg), inventory, KeyCache()), host="127.0.0.1", port=0)
         )
@@ -255,3 +260,71 @@ class TestAnotherReplicaTakesOver:
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 5000
         finally:
             await client.close()
+
+
+class TestCacheAwareRoutingKeepsToReadyReplicas:
+    @pytest.mark.parametrize("policy", ["affinity", "prefix"])
+    async def test_sessions_and_prefixes_leave_a_draining_node_and_a_refusing_engine(
+        self, policy: str
+    ) -> None:
+        """Whatever a replica holds in its cache, a draining node or a dead engine gets no request."""
+        engines = [TestServer(make_sim_app(MODEL, secret=SECRET), host="127.0.0.1", port=0) for _ in range(2)]
+        for engine in engines:
+            await engine.start_server()
+        live = [f"http://127.0.0.1:{engine.port}" for engine in engines]
+        dead = f"http://127.0.0.1:{_closed_port()}"
+        inventory = Inventory(grace_s=15)
+        for i, endpoint in enumerate(live):
+            inventory.attach(pb.Register(node_id=f"n{i + 1}", running=[_ready(f"s{i + 1}", endpoint)]))
+        cfg = ServerConfig(
+            models=[ModelConfig(name=MODEL)],
+            auth=AuthConfig(enabled=False),
+            router=RouterConfig(policy=policy),
+        )
+        app = make_gateway_app(cfg, Catalog(cfg), inventory, KeyCache())
+        client = TestClient(TestServer(app, host="127.0.0.1", port=0))
+        await client.start_server()
+        router = app[ROUTER_KEY]
+        sent: list[str] = []
+        original = router.route
+
+        def spying(model: str, session: str = "", blocks: Sequence[int] = ()) -> tuple[str, str]:
+            served = original(model, session, blocks)
+            sent.append(served[1])
+            return served
+
+        router.route = spying  # type: ignore[method-assign]
+
+        async def conversations(who: str = "user") -> None:
+            for i in range(12):
+                body = {
+                    "model": MODEL,
+                    "messages": [
+                        {"role": "system", "content": f"{who} policy " * 80},
+                        {"role": "user", "content": f"{i}"},
+                    ],
+                    "user": f"{who}-{i}",
+                }
+                resp = await client.post(CHAT, json=body)
+                assert resp.status == 200, await resp.text()
+
+        try:
+            await conversations()
+            assert set(sent) == set(live)
+            inventory.set_admin_state("n1", "draining")
+            sent.clear()
+            await conversations()
+            assert set(sent) == {live[1]}
+            # n1 back, and a third node whose engine is gone: new conversations sent there are
+            # served by another replica, and the dead one leaves the table at its first refusal.
+            inventory.set_admin_state("n1", "ready")
+            inventory.attach(pb.Register(node_id="n3", running=[_ready("s3", dead)]))
+            sent.clear()
+            for who in ("ann", "bob", "cat", "dan"):
+                await conversations(who)
+            assert sent.count(dead) == 1
+            assert set(inventory.ready_endpoints(MODEL)) == set(live)
+        finally:
+            await client.close()
+            for engine in reversed(engines):
+                await engine.close()

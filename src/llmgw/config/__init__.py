@@ -22,6 +22,7 @@ from llmgw.config.classes import (
     PriceConfig,
     ProfileConfig,
     ProvisionConfig,
+    RouterConfig,
     ServerConfig,
     TLSConfig,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "PriceConfig",
     "ProfileConfig",
     "ProvisionConfig",
+    "RouterConfig",
     "ServerConfig",
     "TLSConfig",
     "check_flag",

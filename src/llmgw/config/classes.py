@@ -234,6 +234,39 @@ class MirrorClientConfig:
 
 
 @attrs.frozen
+class RouterConfig:
+    policy: Literal["least_in_flight", "affinity", "prefix"] = _field(
+        "prefix",
+        "How the gateway picks a model's replica: `least_in_flight` (the fewest requests in flight), "
+        "`affinity` (a request with a session key goes to its session's replica, see `session_load_factor`; "
+        "one without, the fewest in flight) or `prefix` (affinity for a request with a session key; one "
+        "without goes to the replica that most recently served the longest start of its prompt). "
+        "See docs/gateway.md, Routing.",
+    )
+    session_load_factor: float = _field(
+        1.25,
+        "How far above the mean load (requests in flight, this one counted) a session's or prefix's "
+        "replica may be and still be chosen; over it a session goes to the next replica on the hash "
+        "ring and stays there, a prefix to a shorter prefix's replica or the fewest in flight.",
+        number(1, high=1000, unit="1 keeps every replica at the mean"),
+    )
+    session_headers: list[str] = _field(
+        ["x-llmgw-session", "x-session-id"],
+        "Request headers that carry a session key, tried in order before the body's `user` field.",
+    )
+    session_from_user: bool = _field(
+        True, "Whether the OpenAI `user` field of the request body is a session key when no header gives one."
+    )
+    prefix_index_entries: int = _field(
+        65536,
+        "How many prompt prefixes the `prefix` policy remembers (one per message of a chat, one per "
+        "1,024 characters of a completion's prompt), for all models together; the least recently "
+        "served are forgotten first. About 80 bytes each (5 MiB at the default).",
+        number(1, high=100_000_000),
+    )
+
+
+@attrs.frozen
 class ServerConfig:
     listen: str = _field(
         "127.0.0.1:8080",
@@ -271,6 +304,7 @@ class ServerConfig:
     tls: TLSConfig = _field(TLSConfig(), "Certificates of the agent service (mutual TLS).")
     auth: AuthConfig = _field(AuthConfig(), "Who may call the gateway.")
     control: ControlConfig = _field(ControlConfig(), "The control plane.")
+    router: RouterConfig = _field(RouterConfig(), "How the gateway chooses a model's replica.")
     models: list[ModelConfig] = _field([], "The model catalog.")
     engines: dict[str, str] = _field(
         {},

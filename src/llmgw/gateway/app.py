@@ -66,7 +66,7 @@ def make_gateway_app(
             ),
         ],
     )
-    router = Router(catalog, replicas, metrics.in_flight)
+    router = Router(catalog, replicas, cfg.router, metrics.in_flight)
     app[ROUTER_KEY] = router
     app[CATALOG_KEY] = catalog
     app[KEYS_KEY] = keys

@@ -1,4 +1,10 @@
-"""Choosing the replica for a request: the ready endpoint of the model with the fewest requests in flight.
+"""Choosing the replica for a request among the model's ready endpoints, by `router.policy`.
+
+`least_in_flight` takes the one with the fewest requests in flight. `affinity` sends a request
+with a session key (a header of `router.session_headers`, else the body's `user`) to its session's
+replica; `prefix` does that too, and sends one without to the replica that most recently served
+the longest start of its prompt (affinity.py). Both give way to the fewest in flight past the load
+bound, and both choose only among ready endpoints: a draining or failed replica is never chosen.
 
 A model with no ready replica is served by the first of its `fallbacks` that
 has one; the request then names the fallback, since an engine answers only
@@ -14,6 +20,8 @@ from typing import Protocol
 from aiohttp import web
 
 from llmgw.catalog import Catalog
+from llmgw.config import RouterConfig
+from llmgw.gateway.affinity import PrefixIndex, Sessions, prompt_blocks
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 from llmgw.gateway.proxy import EngineRefused
@@ -44,13 +52,24 @@ class Router:
     """The pipeline stage that picks call.endpoint and counts the request in flight until it ends."""
 
     def __init__(
-        self, catalog: Catalog, replicas: ReplicaTable, in_flight_by_model: dict[str, int] | None = None
+        self,
+        catalog: Catalog,
+        replicas: ReplicaTable,
+        config: RouterConfig | None = None,
+        in_flight_by_model: dict[str, int] | None = None,
     ) -> None:
         """in_flight_by_model, when given, is kept counting requests in flight by the model serving them
         (the gateway's metrics read it)."""
         # The live one: a model added with ctl is routed to, one removed is a 404, without a restart.
         self._catalog = catalog
         self._replicas = replicas
+        config = config if config is not None else RouterConfig()
+        self._policy = config.policy
+        self._factor = config.session_load_factor
+        self._session_headers = tuple(config.session_headers)
+        self._session_from_user = config.session_from_user
+        self._sessions = Sessions()
+        self.prefixes = PrefixIndex(config.prefix_index_entries)
         self._in_flight: dict[str, int] = {}
         self._by_model = in_flight_by_model if in_flight_by_model is not None else {}
         # Where the search for the least loaded starts, turning each request,
@@ -61,8 +80,12 @@ class Router:
     def in_flight(self) -> Mapping[str, int]:
         return self._in_flight
 
-    def route(self, model: str) -> tuple[str, str]:
-        """(the model that serves, its endpoint): model's own replica, else its first ready fallback's."""
+    def route(self, model: str, session: str = "", blocks: Sequence[int] = ()) -> tuple[str, str]:
+        """(the model that serves, its endpoint): model's own replica, else its first ready fallback's.
+
+        session is the request's session key, blocks its prompt's prefix hashes (affinity.py);
+        both empty when it has none.
+        """
         definition = self._catalog.get(model)
         if definition is None:
             known = ", ".join(sorted(self._catalog.names())) or "none"
@@ -86,6 +109,21 @@ class Router:
                     names = ", ".join(definition.fallbacks)
                     why += f"; nor has any of its fallbacks ({names})"
                 raise ApiError(503, why, type="server_error", code="no_ready_replica")
+        best = ""
+        if self._policy != "least_in_flight":
+            if session:
+                best = self._sessions.choose(served, session, endpoints, self._in_flight, self._factor)
+            elif blocks and self._policy == "prefix":
+                best = self.prefixes.choose(blocks, endpoints, self._in_flight, self._factor) or ""
+        if not best:
+            best = self._least(endpoints)
+        if blocks and self._policy == "prefix":
+            self.prefixes.record(blocks, best)
+        self._in_flight[best] = self._in_flight.get(best, 0) + 1
+        return served, best
+
+    def _least(self, endpoints: Sequence[str]) -> str:
+        """The endpoint with the fewest requests in flight, ties taking turns."""
         self._turn += 1
         start = self._turn % len(endpoints)
         best = endpoints[start]
@@ -95,8 +133,22 @@ class Router:
             load = self._in_flight.get(candidate, 0)
             if load < best_load:
                 best, best_load = candidate, load
-        self._in_flight[best] = best_load + 1
-        return served, best
+        return best
+
+    def session_of(self, call: Call) -> str:
+        """The request's session key: the first of the session headers it carries, else `user`; or empty."""
+        if self._policy == "least_in_flight":
+            return ""
+        headers = call.request.headers
+        for name in self._session_headers:
+            value = headers.get(name)
+            if value:
+                return value
+        if self._session_from_user:
+            user = call.payload.get("user")
+            if isinstance(user, str):
+                return user
+        return ""
 
     def release(self, endpoint: str) -> None:
         left = self._in_flight[endpoint] - 1
@@ -109,8 +161,11 @@ class Router:
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
         body, tried = call.body, set[str]()
         by_model = self._by_model
+        session = self.session_of(call)
+        # Only the prefix policy reads the prompt, and only for a request no session places.
+        blocks = prompt_blocks(call.model, call.payload) if self._policy == "prefix" and not session else []
         while True:
-            call.served_model, call.endpoint = self.route(call.model)
+            call.served_model, call.endpoint = self.route(call.model, session, blocks)
             served = call.served_model
             by_model[served] = by_model.get(served, 0) + 1
             call.route = self._replicas.route(call.endpoint)
