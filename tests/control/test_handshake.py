@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import os
 import ssl
 from typing import Any
 
@@ -11,9 +13,10 @@ from structlog.testing import capture_logs
 
 from llmgw.config import TLSConfig
 from llmgw.control.agentsvc import serve_agents
-from llmgw.control.handshake import EVENT
+from llmgw.control.handshake import EVENT, READ_BUFFER_BYTES, Handshakes
 from llmgw.control.inventory import Inventory
-from llmgw.pki import client_ssl_context
+from llmgw.control.refusals import Refusals
+from llmgw.pki import client_ssl_context, server_ssl_context
 
 
 async def _handshake(port: int, context: ssl.SSLContext) -> None:
@@ -61,3 +64,52 @@ async def test_a_client_without_a_certificate_is_told_to_get_one(server_cfg, fle
     context = await asyncio.to_thread(ssl.create_default_context, cafile=fleet.server.ca)
     failure = await _failure_for(server_cfg, eventually, context)
     assert "presented no certificate" in failure
+
+
+class _Echo(asyncio.Protocol):
+    """Counts what arrives and sends the count back, once all of it is in."""
+
+    def __init__(self, expected: int, connected: asyncio.Future[asyncio.Transport]) -> None:
+        self._expected = expected
+        self._connected = connected
+        self._got = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._connected.set_result(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._got += data
+        if len(self._got) == self._expected:
+            self._transport.write(hashlib.sha256(self._got).digest())
+
+
+async def test_a_connection_reads_one_tls_record_at_a_time_and_large_messages_still_arrive_whole(
+    server_cfg, fleet
+):
+    payload = os.urandom(300 * 1024)
+    loop = asyncio.get_running_loop()
+    connected: asyncio.Future[asyncio.Transport] = loop.create_future()
+    context = await asyncio.to_thread(server_ssl_context, server_cfg.tls)
+    handshakes = Handshakes(context, ["localhost"], Refusals())
+    server = await loop.create_server(
+        lambda: handshakes.wrap(lambda: _Echo(len(payload), connected)), "127.0.0.1", 0
+    )
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = await asyncio.to_thread(client_ssl_context, fleet.agents["n1"])
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client, server_hostname="localhost"
+        )
+        writer.write(payload)
+        assert await reader.readexactly(32) == hashlib.sha256(payload).digest()
+        tls = await connected
+        # asyncio's own buffer is 256 KiB per connection: most of what a node used to cost.
+        assert len(tls._ssl_protocol._ssl_buffer) == READ_BUFFER_BYTES  # type: ignore[attr-defined]
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        server.close()
+        await handshakes.close()
+        await server.wait_closed()

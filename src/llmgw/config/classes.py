@@ -242,7 +242,11 @@ class AgentConfig:
     servers: list[str] = _field(["127.0.0.1:7443"], "Agent service addresses (host:port), tried in order.")
     state_dir: str = _field("/var/lib/llmgw-agent", "Directory for the agent's state and installed engines.")
     weights_cache: str = _field("", "Directory for model weights; empty means `<state_dir>/weights`.")
-    heartbeat_interval_s: float = _field(2.0, "How often the agent sends a heartbeat.")
+    heartbeat_interval_s: float = _field(
+        5.0,
+        "At most how long between the agent's heartbeats (each goes up to a fifth early, at random, "
+        "so nodes do not beat together). Changes go at once whatever this is; see docs/operations.md.",
+    )
     ready_timeout_s: float = _field(120.0, "How long an engine may take to answer its health check.")
     tls: TLSConfig = _field(
         TLSConfig(), "This node's certificate and the authority that signed the server's."

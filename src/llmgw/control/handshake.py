@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from asyncio import sslproto
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -23,6 +24,9 @@ log = structlog.get_logger(__name__)
 
 # As long as asyncio's own default: a slow node on a busy link still gets its handshake.
 HANDSHAKE_TIMEOUT_S = 60.0
+# What a connection reads from its socket at once: one TLS record's worth. asyncio's 256 KiB
+# is most of what a connected node costs the server, and a node's stream carries small messages.
+READ_BUFFER_BYTES = 16 * 1024
 EVENT = "a TLS handshake on the agent service failed"
 
 
@@ -70,6 +74,7 @@ class Handshakes:
             transport.close()
             return
         if tls is not None:
+            small_reads(transport)
             protocol.connection_made(tls)
 
     async def close(self) -> None:
@@ -143,6 +148,24 @@ class _Held(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
+
+
+def small_reads(transport: asyncio.BaseTransport) -> None:
+    """Give the TLS layer on transport a read buffer of READ_BUFFER_BYTES instead of asyncio's 256 KiB.
+
+    asyncio allocates that buffer for every TLS connection and offers no way
+    to size it: at thousands of nodes it was hundreds of megabytes. Larger
+    messages still arrive whole, in more reads. On a Python whose TLS layer is
+    built otherwise, nothing changes.
+    """
+    layer = transport.get_protocol()
+    if not isinstance(layer, sslproto.SSLProtocol) or not isinstance(
+        getattr(layer, "_ssl_buffer", None), bytearray
+    ):
+        return
+    buffer = bytearray(READ_BUFFER_BYTES)
+    # Through vars(): these are the instance's own attributes in asyncio, which its stubs do not list.
+    vars(layer).update(max_size=READ_BUFFER_BYTES, _ssl_buffer=buffer, _ssl_buffer_view=memoryview(buffer))
 
 
 def refusal_reason(exc: BaseException) -> str:

@@ -229,6 +229,16 @@ class Inventory:
         if betterproto.serialized_on_wire(heartbeat.memory):
             node.memory = heartbeat.memory
 
+    def beat(self, node_id: str, memory: tuple[int, int] | None) -> None:
+        """A heartbeat that changes nothing but, perhaps, the memory: (total_mb, available_mb)."""
+        node = self._seen(node_id)
+        if memory is None:
+            return
+        current = node.memory
+        # A new pb.Memory only when it changed: building one costs more than the rest of a beat.
+        if current is None or (current.total_mb, current.available_mb) != memory:
+            node.memory = pb.Memory(total_mb=memory[0], available_mb=memory[1])
+
     def shard_status(self, node_id: str, status: pb.ShardStatus) -> None:
         self._seen(node_id)
         if status.state == "stopped":
