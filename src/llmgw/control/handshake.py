@@ -24,9 +24,8 @@ log = structlog.get_logger(__name__)
 
 # As long as asyncio's own default: a slow node on a busy link still gets its handshake.
 HANDSHAKE_TIMEOUT_S = 60.0
-# What a connection reads from its socket at once: one TLS record's worth. asyncio's 256 KiB
-# is most of what a connected node costs the server, and a node's stream carries small messages.
-READ_BUFFER_BYTES = 16 * 1024
+# What a connection reads from its socket at once: four TLS records' worth.
+READ_BUFFER_BYTES = 64 * 1024
 EVENT = "a TLS handshake on the agent service failed"
 
 
@@ -40,6 +39,8 @@ class Handshakes:
         # The names this server's certificate has, for the message when a client refuses it.
         self._names = list(names)
         self._upgrades: set[asyncio.Task[None]] = set()
+        # One read buffer for every connection, not asyncio's 256 KiB each (see shared_reads).
+        self._reads = bytearray(READ_BUFFER_BYTES)
 
     def wrap(self, inner: Callable[[], asyncio.Protocol]) -> asyncio.Protocol:
         """The protocol asyncio's server is given for one connection; inner() is made after TLS."""
@@ -74,7 +75,7 @@ class Handshakes:
             transport.close()
             return
         if tls is not None:
-            small_reads(transport)
+            shared_reads(transport, self._reads)
             protocol.connection_made(tls)
 
     async def close(self) -> None:
@@ -150,22 +151,27 @@ class _Held(asyncio.Protocol):
         self._inner.resume_writing()
 
 
-def small_reads(transport: asyncio.BaseTransport) -> None:
-    """Give the TLS layer on transport a read buffer of READ_BUFFER_BYTES instead of asyncio's 256 KiB.
+def shared_reads(transport: asyncio.BaseTransport, buffer: bytearray) -> None:
+    """Have the TLS layer on transport read its socket into buffer, which other connections share.
 
-    asyncio allocates that buffer for every TLS connection and offers no way
-    to size it: at thousands of nodes it was hundreds of megabytes. Larger
-    messages still arrive whole, in more reads. On a Python whose TLS layer is
-    built otherwise, nothing changes.
+    asyncio gives each TLS connection a 256 KiB read buffer of its own and no
+    way to size it: at thousands of nodes that was most of the server's
+    memory. Sharing is safe because the buffer is only lent for the moment of
+    a read: the event loop asks for it, receives into it and hands the bytes
+    on (`get_buffer`, `recv_into`, `buffer_updated`) in one step, without
+    yielding to another connection, and the TLS layer copies them out at once.
+    On a Python whose TLS layer is built otherwise, nothing changes.
     """
     layer = transport.get_protocol()
-    if not isinstance(layer, sslproto.SSLProtocol) or not isinstance(
-        getattr(layer, "_ssl_buffer", None), bytearray
+    # A proactor loop holds the buffer for as long as a read is pending: there it could not be shared.
+    if (
+        not isinstance(asyncio.get_running_loop(), asyncio.SelectorEventLoop)
+        or not isinstance(layer, sslproto.SSLProtocol)
+        or not isinstance(getattr(layer, "_ssl_buffer", None), bytearray)
     ):
         return
-    buffer = bytearray(READ_BUFFER_BYTES)
     # Through vars(): these are the instance's own attributes in asyncio, which its stubs do not list.
-    vars(layer).update(max_size=READ_BUFFER_BYTES, _ssl_buffer=buffer, _ssl_buffer_view=memoryview(buffer))
+    vars(layer).update(max_size=len(buffer), _ssl_buffer=buffer, _ssl_buffer_view=memoryview(buffer))
 
 
 def refusal_reason(exc: BaseException) -> str:

@@ -143,6 +143,8 @@ class Inventory:
         self.refused = Refusals(clock)
         # Set whenever placement may have something new to do; the reconciler clears it.
         self.changed = asyncio.Event()
+        # How many times a node has registered: llmgw/heap.py freezes what a burst of them built.
+        self.registrations = 0
 
     # The agent service's side.
 
@@ -154,6 +156,7 @@ class Inventory:
             log.info("node opened a newer stream; closing the old one", node=node_id)
             old.replaced.set()
         link = self._links[node_id] = Link(node_id)
+        self.registrations += 1
         self._nodes[node_id] = Node(
             id=node_id,
             last_seen=self._clock(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ import attrs
 import structlog
 from aiohttp import web
 
-from llmgw import bound
+from llmgw import bound, heap
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, PRICES_KEY
@@ -182,6 +183,15 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         if recorded is not None:
             # Removed before the listeners close, so no ctl dials a port that is going away.
             stack.push_async_callback(bound.forget, recorded, listening.pid)
+        # What start-up built lives as long as the server; what registering nodes build, as long as
+        # they stay: neither should be walked by every full collection (llmgw/heap.py).
+        heap.freeze()
+        stack.callback(gc.unfreeze)
+        owned.append(
+            tasks.create_task(
+                heap.freeze_after_registrations(lambda: inventory.registrations), name="heap-freeze"
+            )
+        )
         log.info(
             "server ready",
             gateway=url,
