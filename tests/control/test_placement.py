@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import random
 from typing import Any
@@ -388,3 +389,33 @@ class TestReconciler:
         cfg = ServerConfig(models=[m])
         await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
         assert links["n1"].outbox.empty() and links["n2"].outbox.empty()
+
+
+async def test_a_snapshot_read_in_slices_places_as_one_read_at_once_and_lets_others_run():
+    inventory = Inventory(15.0)
+    for i in range(2500):
+        inventory.attach(
+            pb.Register(
+                node_id=f"n{i:04d}", gpus=gpus(2), engine_versions={"llamacpp": "b1"}, engines_probed=True
+            )
+        )
+    m = model(profile(gpu_class=H100, gpus_per_node=1), replicas=50)
+    ran = 0
+
+    async def neighbour() -> None:
+        nonlocal ran
+        while True:
+            ran += 1
+            await asyncio.sleep(0)
+
+    beside = asyncio.create_task(neighbour())
+    await asyncio.sleep(0)
+    before = ran
+    sliced = await Scheduler.snapshot(inventory, ServerConfig(), [m])
+    # Three slices of 1,000 nodes: the loop went round between them.
+    assert ran - before >= 2
+    beside.cancel()
+    whole = Scheduler.for_inventory(inventory, ServerConfig(), [m])
+    for _ in range(50):
+        got, want = sliced.place(m), whole.place(m)
+        assert got is not None and want is not None and got.ranks == want.ranks

@@ -146,7 +146,7 @@ class Reconciler:
     async def _place(self, model: ModelConfig) -> bool:
         """Place one replica; False when there was nowhere to, and the next would find nowhere too."""
         if self._scheduler is None:
-            self._scheduler = Scheduler.for_inventory(
+            self._scheduler = await Scheduler.snapshot(
                 self._inventory, self._cfg, self._catalog.models(), self.backoff()
             )
         placement = self._scheduler.place(model)
