@@ -15,6 +15,15 @@ tests/fleet/). Two measurements:
    on another host (n1), and when it is on the control plane's own host,
    listening on loopback.
 
+With `--nodes N` it measures something else, with no root needed: how many
+nodes one control plane holds (scripts/fleet_nodes.py). N simulated nodes in a
+process of their own connect, register and heartbeat, while a steady trickle
+of chat requests goes through the gateway to a sim replica; one JSON line says
+how long registration took, the server's CPU and memory over the steady part,
+and the gateway's chat latency then and with no nodes connected.
+
+    bench_fleet.py --nodes 10000 [--seconds 30] [--heartbeat-s 5]
+
 A measurement, not a test: nothing here asserts a time.
 """
 
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +45,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import fleet_nodes
 from fleet.cluster import Certificates, Fleet
 from fleet.netns import Host, Network, remove_leftovers, unavailable, wait_until
 
@@ -170,8 +181,21 @@ def main() -> None:
     parser.add_argument("--grace-s", type=float, default=15.0, help="server.yaml control.grace_s")
     parser.add_argument("--interval-s", type=float, default=2.0, help="server.yaml control.interval_s")
     parser.add_argument("--replicas", type=int, choices=(1, 2), default=1, help="sim-chat's replicas")
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of each latency cell")
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="length of each latency cell (with --nodes: of each phase)"
+    )
+    parser.add_argument("--nodes", type=int, help="measure N simulated nodes instead (no root needed)")
+    parser.add_argument(
+        "--heartbeat-s", type=float, help="with --nodes: the nodes' heartbeat interval (the agents' default)"
+    )
     args = parser.parse_args()
+    if args.nodes is not None:
+        if args.nodes < 0:
+            sys.exit("bench_fleet: --nodes is a number of nodes, 0 or more")
+        if args.heartbeat_s is not None and args.heartbeat_s <= 0:
+            sys.exit("bench_fleet: --heartbeat-s must be more than 0")
+        print(json.dumps(fleet_nodes.measure(args.nodes, args.seconds, args.heartbeat_s, args.rps)))
+        return
     why = unavailable()
     if why:
         sys.exit(f"bench_fleet {why}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from llmgw import pki
+from llmgw.agent import client
 from llmgw.agent.client import AgentClient
 from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
@@ -274,3 +276,16 @@ def test_the_reconnect_backoff_doubles_up_to_its_cap_and_is_jittered() -> None:
         assert all(ceiling / 2 <= wait <= ceiling for wait in waits)
         # A fleet that lost its control plane at once must not dial back at once.
         assert len(set(waits)) > 100
+
+
+class TestHeartbeatJitter:
+    def test_a_heartbeat_goes_up_to_a_fifth_early_and_never_late(self) -> None:
+        assert client.beat_gap(5.0, lambda: 0.0) == 5.0
+        assert client.beat_gap(5.0, lambda: 1.0) == pytest.approx(4.0)
+
+    def test_nodes_that_connected_together_drift_apart(self) -> None:
+        rng = random.Random(21)
+        # Ten nodes, each beating at its own jittered gaps from the same instant.
+        times = [sum(client.beat_gap(5.0, rng.random) for _ in range(10)) for _ in range(10)]
+        assert max(times) - min(times) > 1.0
+        assert all(t <= 50.0 for t in times)

@@ -27,7 +27,7 @@ from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.weights import WeightsCache
 from llmgw.config import AgentConfig, ControlConfig, ServerConfig, TLSConfig
 from llmgw.control.agentsvc import serve_agents
-from llmgw.control.inventory import Inventory, Link, Node
+from llmgw.control.inventory import Inventory, Node
 from llmgw.engines.registry import ENGINES
 from llmgw.proto.llmgw import v1 as pb
 
@@ -91,16 +91,11 @@ class FakeDisk:
 
 
 class RecordingInventory(Inventory):
-    """The server's inventory, remembering every heartbeat and counting registrations."""
+    """The server's inventory, remembering every heartbeat that changes something."""
 
     def __init__(self) -> None:
         super().__init__(grace_s=5.0)
         self.heartbeats: list[pb.Heartbeat] = []
-        self.registrations = 0
-
-    def attach(self, register: pb.Register, address: str = "") -> Link:
-        self.registrations += 1
-        return super().attach(register, address)
 
     def heartbeat(self, node_id: str, heartbeat: pb.Heartbeat) -> None:
         self.heartbeats.append(heartbeat)

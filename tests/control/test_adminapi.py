@@ -16,7 +16,7 @@ from openapi_spec_validator import validate
 from llmgw.agent.discovery.host import NO_AVX2_WARNING, Host
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control import adminapi
+from llmgw.control import adminapi, views
 from llmgw.control.inventory import Inventory
 from llmgw.control.openapi import document
 from llmgw.control.reconciler import Reconciler
@@ -438,3 +438,26 @@ class TestTokens:
         assert not adminapi.token_allowed("Bearer guess", hashes)
         assert not adminapi.token_allowed("s3cret", hashes)
         assert not adminapi.token_allowed(None, hashes)
+
+
+async def test_a_long_node_list_is_written_a_piece_at_a_time_and_reads_as_one_list():
+    inventory = Inventory(5.0, clock=lambda: 100.0)
+    for i in range(2 * adminapi.NODES_PER_PIECE + 50):
+        inventory.attach(register(f"n{i:04d}", memory=pb.Memory(total_mb=i, available_mb=i)), f"10.0.0.1:{i}")
+    app = web.Application()
+    adminapi.install(app, CFG, inventory, Catalog(CFG))
+    async with TestClient(TestServer(app)) as client:
+        reply = await client.get("/api/v1/nodes")
+        assert reply.status == 200
+        # Streamed, not built whole: no length known up front.
+        assert reply.headers.get("Transfer-Encoding") == "chunked" and "Content-Length" not in reply.headers
+        got = await reply.json()
+    assert got == views.CONVERTER.unstructure(adminapi.nodes_view(inventory))
+
+
+async def test_an_empty_node_list_is_an_empty_list():
+    app = web.Application()
+    adminapi.install(app, CFG, Inventory(5.0), Catalog(CFG))
+    async with TestClient(TestServer(app)) as empty:
+        reply = await empty.get("/api/v1/nodes")
+        assert await reply.json() == []

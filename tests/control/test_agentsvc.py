@@ -220,3 +220,30 @@ async def test_an_agent_port_another_program_holds_is_refused_in_a_sentence(serv
                 pass
     assert str(refused.value).startswith(f"cannot listen on {taken} (address already in use)")
     assert str(refused.value).endswith("change 'agent_listen'")
+
+
+async def test_a_plain_heartbeat_updates_the_nodes_memory_and_keeps_it_reachable(
+    server_cfg, fleet, eventually
+):
+    cfg = attrs.evolve(server_cfg, control=ControlConfig(grace_s=0.3))
+    inventory = Inventory(cfg.control.grace_s)
+    async with serve_agents(cfg, inventory) as port, dial(port, fleet.agents["n1"]) as stream:
+        await stream.send_message(register("n1", memory=pb.Memory(total_mb=64_000, available_mb=60_000)))
+        assert (await stream.recv_message()) is not None
+        await eventually(lambda: inventory.node("n1").state == UNREACHABLE)
+        beat = pb.Heartbeat(sequence=7, memory=pb.Memory(total_mb=64_000, available_mb=12_000))
+        await stream.send_message(pb.AgentMessage(heartbeat=beat))
+        await eventually(lambda: inventory.node("n1").state == READY)
+        assert inventory.node("n1").memory == pb.Memory(total_mb=64_000, available_mb=12_000)
+
+
+async def test_a_heartbeat_before_register_is_refused(server_cfg, fleet):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port:
+        with pytest.raises(GRPCError) as refused:
+            async with dial(port, fleet.agents["n1"]) as stream:
+                await stream.send_message(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=1)))
+                while (await stream.recv_message()) is not None:
+                    pass
+        assert refused.value.status == Status.FAILED_PRECONDITION
+        assert refused.value.message == "node n1 must register before it sends anything else"

@@ -185,3 +185,31 @@ class TestFailures:
             "elsewhere",
             *(f"failure {i}" for i in range(6, 1, -1)),
         ]
+
+
+class TestFacts:
+    """What placement reads of a node is read out of the messages once, and follows their changes."""
+
+    def test_the_facts_are_read_once_until_the_node_reports_a_change(self) -> None:
+        inventory = Inventory(15.0)
+        gpu = pb.Gpu(index=0, gpu_class="h100-80g", healthy=True)
+        reg = pb.Register(
+            node_id="n1", gpus=[gpu], fabrics=[pb.Fabric(name="ib0")], memory=pb.Memory(total_mb=64)
+        )
+        inventory.attach(reg)
+        node = inventory.node("n1")
+        assert node is not None
+        first = node.facts()
+        assert (first.gpus, first.fabrics, first.memory_total_mb) == (
+            ((0, "h100-80g", True, ""),),
+            ("ib0",),
+            64,
+        )
+        assert node.facts().gpus is first.gpus
+        sick = pb.Gpu(index=0, gpu_class="h100-80g", healthy=False, unhealthy_reason="XID 79")
+        inventory.heartbeat("n1", pb.Heartbeat(gpus_changed=True, gpus=[sick]))
+        inventory.beat("n1", (128, 100))
+        assert node.facts().gpus == ((0, "h100-80g", False, "XID 79"),)
+        assert node.facts().memory_total_mb == 128
+        inventory.heartbeat("n1", pb.Heartbeat(fabrics_changed=True, fabrics=[]))
+        assert node.facts().fabrics == ()

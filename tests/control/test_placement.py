@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import random
 from typing import Any
 
 import pytest
@@ -9,7 +12,7 @@ import pytest
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory, Node, Replica
-from llmgw.control.placement import Rank, Scheduler, Verdict, explain
+from llmgw.control.placement import Backoff, Rank, Scheduler, Verdict, explain
 from llmgw.control.reconciler import Reconciler
 from llmgw.proto.llmgw import v1 as pb
 
@@ -215,6 +218,51 @@ class TestFabrics:
             "is on no fabric with the 2 candidate nodes a replica needs (ib-b has 1)",
         ]
 
+    def test_multi_node_replicas_go_where_an_exhaustive_search_puts_them(self) -> None:
+        """Each fabric keeps its own heap; the choice is still the best over every fabric."""
+        rng = random.Random(5)
+        nodes = [
+            node(
+                f"n{i:03d}",
+                gpus=gpus(rng.choice((4, 8)), unhealthy={0: "XID 79"} if i % 7 == 0 else None),
+                fabrics=rng.sample(["ib-a", "ib-b", "ib-c", "ib-d"], rng.choice((1, 2))),
+            )
+            for i in range(24)
+        ]
+        pair = model(profile(gpu_class=H100, gpus_per_node=4, nodes=2), name="pair", replicas=30)
+        single = model(profile(gpu_class=H100, gpus_per_node=2), name="single", replicas=30)
+        backoff = {("pair", "n004"): Backoff(failures=1, remaining_s=5.0, cause="exited")}
+        scheduler = Scheduler(nodes, [], [pair, single], backoff=backoff)
+        reference = Scheduler(nodes, [], [pair, single], backoff=backoff)
+        # Until neither fits any more: nodes placed on must come round again, fuller.
+        for m in [pair, single] * 30:
+            got = scheduler.place(m)
+            want = _exhaustive(reference, m)
+            assert (got and [(r.node, r.gpu_indices) for r in got.ranks]) == want
+
+
+def _exhaustive(scheduler: Scheduler, m: ModelConfig) -> list[tuple[str, tuple[int, ...]]] | None:
+    """Placement as it was done before fabric heaps: every pool member looked at for each replica."""
+    [p] = m.profiles
+    if p.nodes == 1:
+        placement = scheduler.place(m)
+        return placement and [(r.node, r.gpu_indices) for r in placement.ranks]
+    states = scheduler._states
+    by_fabric: dict[str, list[Any]] = {}
+    for st in scheduler._pool(p).members:
+        if st.fits(p) and (m.name, st.id) not in scheduler._backoff:
+            for fabric in st.fabrics:
+                by_fabric.setdefault(fabric, []).append(st)
+    best = None
+    for _, members in sorted(by_fabric.items()):
+        if len(members) >= p.nodes:
+            chosen = heapq.nsmallest(p.nodes, (st.key(scheduler._policy) for st in members))
+            if best is None or chosen < best:
+                best = chosen
+    if best is None:
+        return None
+    return [(key[-1], scheduler._claim(states[key[-1]], p).gpu_indices) for key in best]
+
 
 class TestPolicy:
     nodes = staticmethod(lambda: [node("n1", gpus=gpus(8)), node("n2", gpus=gpus(8))])
@@ -341,3 +389,33 @@ class TestReconciler:
         cfg = ServerConfig(models=[m])
         await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
         assert links["n1"].outbox.empty() and links["n2"].outbox.empty()
+
+
+async def test_a_snapshot_read_in_slices_places_as_one_read_at_once_and_lets_others_run():
+    inventory = Inventory(15.0)
+    for i in range(2500):
+        inventory.attach(
+            pb.Register(
+                node_id=f"n{i:04d}", gpus=gpus(2), engine_versions={"llamacpp": "b1"}, engines_probed=True
+            )
+        )
+    m = model(profile(gpu_class=H100, gpus_per_node=1), replicas=50)
+    ran = 0
+
+    async def neighbour() -> None:
+        nonlocal ran
+        while True:
+            ran += 1
+            await asyncio.sleep(0)
+
+    beside = asyncio.create_task(neighbour())
+    await asyncio.sleep(0)
+    before = ran
+    sliced = await Scheduler.snapshot(inventory, ServerConfig(), [m])
+    # Three slices of 1,000 nodes: the loop went round between them.
+    assert ran - before >= 2
+    beside.cancel()
+    whole = Scheduler.for_inventory(inventory, ServerConfig(), [m])
+    for _ in range(50):
+        got, want = sliced.place(m), whole.place(m)
+        assert got is not None and want is not None and got.ranks == want.ranks

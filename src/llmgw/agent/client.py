@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import random
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -262,7 +263,7 @@ class AgentClient:
         loop = asyncio.get_running_loop()
         interval = self._cfg.heartbeat_interval_s
         sequence = 0
-        due = loop.time() + interval
+        due = loop.time() + beat_gap(interval)
         while True:
             try:
                 # Not wait_for: on 3.11 it swallows a cancel that lands as a message arrives, and the
@@ -275,7 +276,7 @@ class AgentClient:
                 if self._report is not None:
                     self._report.fill_heartbeat(beat)
                 message = pb.AgentMessage(heartbeat=beat)
-                due = loop.time() + interval
+                due = loop.time() + beat_gap(interval)
             await stream.send_message(message)
 
     async def _report_provision(self, provision: Provisioner, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
@@ -418,3 +419,19 @@ def _explain(exc: BaseException, address: str) -> str:
 def _unexpected(exc: BaseException) -> bool:
     """Whether a traceback helps: not for the ways a network or a peer ordinarily fails."""
     return not isinstance(exc, (OSError, GRPCError, StreamTerminatedError, TimeoutError))
+
+
+# How much earlier than its interval a heartbeat may go, as a fraction of it.
+BEAT_JITTER = 0.2
+
+
+def beat_gap(interval_s: float, draw: Callable[[], float] = random.random) -> float:
+    """The wait before the next heartbeat: the interval less up to BEAT_JITTER of it, at random.
+
+    Nodes that connected together (every one of them, after the control plane
+    restarts) would otherwise beat together for ever, and thousands of
+    heartbeats landing in one instant stall the loop the gateway shares. Only
+    ever earlier, never later: the gap the control plane's grace is set
+    against stays at most the interval.
+    """
+    return interval_s * (1.0 - BEAT_JITTER * draw())

@@ -406,7 +406,10 @@ class AgentConfig:
     state_dir: str = _field("/var/lib/llmgw-agent", "Directory for the agent's state and installed engines.")
     weights_cache: str = _field("", "Directory for model weights; empty means `<state_dir>/weights`.")
     heartbeat_interval_s: float = _field(
-        2.0, "How often the agent sends a heartbeat.", seconds(0, above=True, high=3600)
+        5.0,
+        "At most how long between the agent's heartbeats (each goes up to a fifth early, at random, "
+        "so nodes do not beat together). Changes go at once whatever this is; see docs/operations.md.",
+        seconds(0, above=True, high=3600),
     )
     metrics_listen: str = _field(
         "",

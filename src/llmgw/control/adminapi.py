@@ -12,6 +12,7 @@ about its disk must not read as one with a full disk.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import hmac
@@ -378,8 +379,32 @@ async def get_status(request: web.Request) -> web.Response:
     return reply(status_view(request.config_dict[INVENTORY_KEY], models))
 
 
-async def get_nodes(request: web.Request) -> web.Response:
-    return reply(nodes_view(request.config_dict[INVENTORY_KEY]))
+# Nodes per piece of GET /api/v1/nodes: a few milliseconds of the loop each.
+NODES_PER_PIECE = 200
+
+
+async def get_nodes(request: web.Request) -> web.StreamResponse:
+    """The nodes' list, written a piece at a time with the loop given back between pieces.
+
+    Built whole, thousands of nodes made megabytes of JSON in one go on the
+    loop the gateway serves on (`ctl nodes` at 3,000 nodes held it for tenths
+    of a second). The reply is the same list; each node's view is taken as its
+    piece is written.
+    """
+    inventory = request.config_dict[INVENTORY_KEY]
+    nodes = sorted(inventory.nodes(), key=lambda n: n.id)
+    response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
+    await response.prepare(request)
+    await response.write(b"[")
+    for start in range(0, len(nodes), NODES_PER_PIECE):
+        now = inventory.now()
+        piece = [node_view(n, inventory, now) for n in nodes[start : start + NODES_PER_PIECE]]
+        text = json.dumps(views.CONVERTER.unstructure(piece))[1:-1]
+        await response.write(((", " if start else "") + text).encode())
+        await asyncio.sleep(0)
+    await response.write(b"]")
+    await response.write_eof()
+    return response
 
 
 async def get_node_logs(request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from asyncio import sslproto
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -23,6 +24,8 @@ log = structlog.get_logger(__name__)
 
 # As long as asyncio's own default: a slow node on a busy link still gets its handshake.
 HANDSHAKE_TIMEOUT_S = 60.0
+# What a connection reads from its socket at once: four TLS records' worth.
+READ_BUFFER_BYTES = 64 * 1024
 EVENT = "a TLS handshake on the agent service failed"
 
 
@@ -44,6 +47,8 @@ class Handshakes:
         # The names this server's certificate has, for the message when a client refuses it.
         self._names = list(names)
         self._upgrades: set[asyncio.Task[None]] = set()
+        # One read buffer for every connection, not asyncio's 256 KiB each (see shared_reads).
+        self._reads = bytearray(READ_BUFFER_BYTES)
 
     def wrap(self, inner: Callable[[], asyncio.Protocol]) -> asyncio.Protocol:
         """The protocol asyncio's server is given for one connection; inner() is made after TLS."""
@@ -79,6 +84,7 @@ class Handshakes:
             transport.close()
             return
         if tls is not None:
+            shared_reads(transport, self._reads)
             protocol.connection_made(tls)
 
     async def close(self) -> None:
@@ -152,6 +158,29 @@ class _Held(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
+
+
+def shared_reads(transport: asyncio.BaseTransport, buffer: bytearray) -> None:
+    """Have the TLS layer on transport read its socket into buffer, which other connections share.
+
+    asyncio gives each TLS connection a 256 KiB read buffer of its own and no
+    way to size it: at thousands of nodes that was most of the server's
+    memory. Sharing is safe because the buffer is only lent for the moment of
+    a read: the event loop asks for it, receives into it and hands the bytes
+    on (`get_buffer`, `recv_into`, `buffer_updated`) in one step, without
+    yielding to another connection, and the TLS layer copies them out at once.
+    On a Python whose TLS layer is built otherwise, nothing changes.
+    """
+    layer = transport.get_protocol()
+    # A proactor loop holds the buffer for as long as a read is pending: there it could not be shared.
+    if (
+        not isinstance(asyncio.get_running_loop(), asyncio.SelectorEventLoop)
+        or not isinstance(layer, sslproto.SSLProtocol)
+        or not isinstance(getattr(layer, "_ssl_buffer", None), bytearray)
+    ):
+        return
+    # Through vars(): these are the instance's own attributes in asyncio, which its stubs do not list.
+    vars(layer).update(max_size=len(buffer), _ssl_buffer=buffer, _ssl_buffer_view=memoryview(buffer))
 
 
 def refusal_reason(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ hold the event loop for seconds (scripts/bench_placement.py).
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -134,7 +135,8 @@ class _NodeState:
         self.node = node
         self.id = node.id
         self.replicas = 0
-        cards = [(g.index, g.gpu_class, g.healthy, g.unhealthy_reason) for g in node.gpus]
+        facts = node.facts()
+        cards = facts.gpus
         # Every card's class, healthy or not: "wrong class" and "too few free" are different reasons.
         self.classes = Counter(cls for _, cls, _, _ in cards)
         # Healthy, unclaimed cards: index -> class.
@@ -147,9 +149,9 @@ class _NodeState:
         self.unhealthy = [(i, cls, why) for i, cls, healthy, why in cards if not healthy]
         # Total, not available: available already counts the engines placed here, and counting
         # them again as claims would leave a full node looking twice as full.
-        self.memory_total: int | None = node.memory.total_mb if node.memory is not None else None
+        self.memory_total = facts.memory_total_mb
         self.memory_free = self.memory_total
-        self.fabrics = sorted({f.name for f in node.fabrics if f.name})
+        self.fabrics = facts.fabrics
 
     def free_of(self, gpu_class: str) -> list[int]:
         return sorted(i for i, c in self.free.items() if not gpu_class or c == gpu_class)
@@ -199,6 +201,23 @@ class _Pool:
         self.members = members
         self.heap = [st.key(policy) for st in members]
         heapq.heapify(self.heap)
+        # For a multi-node profile: a heap like `heap` per fabric, made on first use. Without them
+        # each replica looked at every member, and 20,000 nodes took seconds to place.
+        self.fabric_heaps: dict[str, list[tuple[int, int, int, str]]] | None = None
+
+    def by_fabric(self, policy: str) -> dict[str, list[tuple[int, int, int, str]]]:
+        if self.fabric_heaps is None:
+            self.fabric_heaps = defaultdict(list)
+            for st in self.members:
+                for fabric in st.fabrics:
+                    self.fabric_heaps[fabric].append(st.key(policy))
+            for heap in self.fabric_heaps.values():
+                heapq.heapify(heap)
+        return self.fabric_heaps
+
+
+# Nodes read per slice of Scheduler.snapshot: a few milliseconds of the loop each.
+SNAPSHOT_SLICE = 1000
 
 
 class Scheduler:
@@ -212,10 +231,44 @@ class Scheduler:
         policy: str = SPREAD,
         backoff: Mapping[tuple[str, str], Backoff] | None = None,
     ) -> None:
+        states = {n.id: _NodeState(n) for n in sorted(nodes, key=lambda n: n.id)}
+        self._take(states, replicas, catalog, policy, backoff)
+
+    @classmethod
+    async def snapshot(
+        cls,
+        inventory: Inventory,
+        cfg: ServerConfig,
+        models: Sequence[ModelConfig],
+        backoff: Mapping[tuple[str, str], Backoff] | None = None,
+    ) -> Scheduler:
+        """for_inventory, its nodes read a slice at a time with the loop given back between slices.
+
+        At 20,000 nodes, reading them all in one go held the loop the gateway
+        serves on for tenths of a second in every pass that placed something.
+        """
+        states: dict[str, _NodeState] = {}
+        nodes = sorted(inventory.nodes(), key=lambda n: n.id)
+        for start in range(0, len(nodes), SNAPSHOT_SLICE):
+            for node in nodes[start : start + SNAPSHOT_SLICE]:
+                states[node.id] = _NodeState(node)
+            await asyncio.sleep(0)
+        scheduler = cls.__new__(cls)
+        scheduler._take(states, inventory.replicas(), models, cfg.control.placement, backoff)
+        return scheduler
+
+    def _take(
+        self,
+        states: dict[str, _NodeState],
+        replicas: Iterable[Replica],
+        catalog: Sequence[ModelConfig],
+        policy: str,
+        backoff: Mapping[tuple[str, str], Backoff] | None,
+    ) -> None:
         self._policy = policy
         # (model, node) -> why the model is not placed there now; the reconciler keeps the clock.
         self._backoff = dict(backoff or {})
-        self._states = {n.id: _NodeState(n) for n in sorted(nodes, key=lambda n: n.id)}
+        self._states = states
         self._profiles = {(m.name, p.name): p for m in catalog for p in m.profiles}
         # By what a profile asks of a node: models with the same needs share one pool.
         self._pools: dict[tuple[object, ...], _Pool] = {}
@@ -369,17 +422,10 @@ class Scheduler:
 
     def _place_across(self, model: ModelConfig, profile: ProfileConfig) -> Placement | None:
         """A multi-node replica: `nodes` candidates that share one fabric, never across two."""
-        by_fabric: dict[str, list[_NodeState]] = defaultdict(list)
-        for st in self._pool(profile).members:
-            if st.fits(profile) and (model.name, st.id) not in self._backoff:
-                for fabric in st.fabrics:
-                    by_fabric[fabric].append(st)
         best: tuple[list[tuple[int, int, int, str]], str] | None = None
-        for fabric, members in sorted(by_fabric.items()):
-            if len(members) < profile.nodes:
-                continue
-            chosen = heapq.nsmallest(profile.nodes, (st.key(self._policy) for st in members))
-            if best is None or chosen < best[0]:
+        for fabric, heap in sorted(self._pool(profile).by_fabric(self._policy).items()):
+            chosen = self._smallest(heap, model, profile)
+            if chosen is not None and (best is None or chosen < best[0]):
                 best = (chosen, fabric)
         if best is None:
             return None
@@ -387,11 +433,39 @@ class Scheduler:
         ranks = tuple(self._claim(self._states[key[-1]], profile) for key in keys)
         return Placement(model=model.name, profile=profile, ranks=ranks, fabric=fabric)
 
+    def _smallest(
+        self, heap: list[tuple[int, int, int, str]], model: ModelConfig, profile: ProfileConfig
+    ) -> list[tuple[int, int, int, str]] | None:
+        """The keys of the first `profile.nodes` nodes in heap that can take model now, or None.
+
+        Entries that are stale or full are dropped for good, as in _place_one;
+        those looked at and kept go back.
+        """
+        chosen: list[tuple[int, int, int, str]] = []
+        skipped: list[tuple[int, int, int, str]] = []
+        try:
+            while heap and len(chosen) < profile.nodes:
+                key = heapq.heappop(heap)
+                st = self._states[key[-1]]
+                if key != st.key(self._policy) or not st.fits(profile):
+                    continue
+                if (model.name, st.id) in self._backoff:
+                    skipped.append(key)
+                else:
+                    chosen.append(key)
+        finally:
+            for key in chosen + skipped:
+                heapq.heappush(heap, key)
+        return chosen if len(chosen) == profile.nodes else None
+
     def _claim(self, st: _NodeState, profile: ProfileConfig) -> Rank:
         taken = st.claim(profile.gpu_class, gpus_needed(profile), (), profile.min_memory_mb)
         key = st.key(self._policy)
         for pool in self._pools_of.get(st.id, ()):
             heapq.heappush(pool.heap, key)
+            if pool.fabric_heaps is not None:
+                for fabric in st.fabrics:
+                    heapq.heappush(pool.fabric_heaps[fabric], key)
         return Rank(node=st.id, gpu_indices=taken)
 
 

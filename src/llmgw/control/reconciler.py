@@ -173,7 +173,7 @@ class Reconciler:
                 log.warning("cannot place a replica", model=model.name, reason=str(exc))
                 return False
         if self._scheduler is None:
-            self._scheduler = Scheduler.for_inventory(
+            self._scheduler = await Scheduler.snapshot(
                 self._inventory, self._cfg, self._catalog.models(), self.backoff()
             )
         placement = self._scheduler.place(model)

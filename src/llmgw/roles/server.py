@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ import attrs
 import structlog
 from aiohttp import web
 
-from llmgw import bound
+from llmgw import bound, heap
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
@@ -227,6 +228,15 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             stack.push_async_callback(bound.forget, recorded, listening.pid)
         metrics_url = await stack.enter_async_context(
             serve_metrics(metrics, cfg.metrics_listen, "metrics_listen")
+        )
+        # What start-up built lives as long as the server; what registering nodes build, as long as
+        # they stay: neither should be walked by every full collection (llmgw/heap.py).
+        heap.freeze()
+        stack.callback(gc.unfreeze)
+        owned.append(
+            tasks.create_task(
+                heap.freeze_after_registrations(lambda: inventory.registrations), name="heap-freeze"
+            )
         )
         log.info(
             "server ready",
