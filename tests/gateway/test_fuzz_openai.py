@@ -174,7 +174,13 @@ def _is_openai_error(reply: requests.Response) -> bool:
 
 
 @pytest.mark.slow
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+    derandomize=True,
+)
 @given(request=_requests())
 def test_whatever_a_client_sends_the_answer_is_never_a_5xx_and_every_refusal_is_in_openais_shape(
     request: dict[str, Any], gateway_url: str, tracebacks: ErrorRecords, http: requests.Session

@@ -362,6 +362,7 @@ def _mirror_paths() -> dict[str, Any]:
                     "202": _json(ref(mirror_admin.Fetch), "The fetch, running."),
                     "400": _ERROR,
                     "404": gone,
+                    "415": _json(ref(views.Error), "The body is not JSON (Content-Type: application/json)."),
                     "502": unreachable,
                 },
             },
@@ -389,6 +390,8 @@ def _mirror_paths() -> dict[str, Any]:
             }
         },
         "/mirror": _page(
-            "mirrorPage", "The models on the mirror and its fetches (where a mirror is configured)."
+            "mirrorPage",
+            "The models on the mirror and its fetches (where a mirror is configured).",
+            refusals={"404": _html("No mirror is configured (server.yaml's `mirror.api`).")},
         ),
     }

@@ -19,6 +19,7 @@ from typing import Final, Literal
 
 import attrs
 
+from llmgw import names
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.control import tenancy_views as tv
 from llmgw.gateway.admission import price_of, unpriced, unpriced_sentence
@@ -387,6 +388,10 @@ async def set_price(
     prompt: float,
     completion: float,
 ) -> tv.Price:
+    # A price may be set before its model is added, so it is held to what a model's name may be.
+    problem = names.model_name_problem(model)
+    if problem is not None:
+        raise ScopeError(problem)
     await stored_prices.set_price(store, model, prompt, completion)
     return next(p for p in await prices(store, cfg, models) if p.model == model)
 

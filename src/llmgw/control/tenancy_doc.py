@@ -216,9 +216,10 @@ ROUTES: tuple[Route, ...] = (
             {
                 "name": "by",
                 "in": "query",
+                "description": "How to add it up; empty or absent: by project.",
                 "schema": {
                     "type": "string",
-                    "enum": ["org", "team", "project", "key", "model"],
+                    "enum": ["", "org", "team", "project", "key", "model"],
                     "default": "project",
                 },
             },

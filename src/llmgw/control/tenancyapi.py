@@ -306,6 +306,6 @@ def install(
         app[SPENT_KEY] = spent
     for route in ROUTES:
         # Model names may hold slashes (meta-llama/Llama-3.1-8B).
-        path = route.path.replace("{model}", "{model:.+}")
+        path = route.path.replace("{model}", r"{model:[\s\S]+}")
         handler = _json_route(HANDLERS[(route.method, route.path)], route.body)
         app.router.add_route(route.method, prefix + path, guard(handler) if guard else handler)

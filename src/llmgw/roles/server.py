@@ -200,9 +200,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             mount_mirror_page(app, "/admin", require_admin)
         gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         url = f"http://{bound.address(*gateway)}"
-        admin_app = make_admin_app(cfg, inventory, catalog, pages)
-        # `llmgw ctl mirror` relayed to the mirror's admin listener.
-        mirrorapi.install(admin_app, mirror)
+        # With `llmgw ctl mirror` relayed to the mirror's admin listener.
+        admin_app = make_admin_app(cfg, inventory, catalog, pages, mirror)
         if mirror is not None:
             mount_mirror_page(admin_app, "")
         admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]

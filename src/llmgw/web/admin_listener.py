@@ -19,13 +19,16 @@ from aiohttp.typedefs import Handler
 from llmgw.bodies import decode_bodies
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
+from llmgw.control import mirror as mirrorapi
 from llmgw.control import tenancyapi
 from llmgw.control.adminapi import admin_token_or_session
 from llmgw.control.inventory import Inventory
+from llmgw.control.mirror import MirrorClient
 from llmgw.listen import split_host_port
 from llmgw.web.cluster import mount_cluster_pages
 from llmgw.web.context import ACCOUNTS_KEY, WEB_KEY, WebContext
 from llmgw.web.guards import require_admin
+from llmgw.web.mirror_page import mirror_page
 from llmgw.web.render import load_templates
 from llmgw.web.sessions import current_session, current_user
 
@@ -72,11 +75,16 @@ async def _api_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 def make_admin_app(
-    cfg: ServerConfig, inventory: Inventory, catalog: Catalog, pages: WebContext
+    cfg: ServerConfig,
+    inventory: Inventory,
+    catalog: Catalog,
+    pages: WebContext,
+    mirror: MirrorClient | None = None,
 ) -> web.Application:
     """The app admin_listen serves: /, /models, /nodes/{id}/logs and /api/v1/*.
 
     catalog is the server's live one, the one its gateway routes by: a model added here is served.
+    mirror relays /api/v1/mirror/* (`llmgw ctl mirror`); None: those routes answer that there is none.
     """
     listen_host, _ = split_host_port(cfg.admin_listen, "admin_listen")
     allowed = _LOCAL_NAMES | {listen_host}
@@ -127,6 +135,11 @@ def make_admin_app(
     app.on_startup.append(load)
     mount_cluster_pages(app, cfg, inventory, catalog, on_admin_listener=True)
     tenancyapi.install(app, pages.store, pages.spent)
+    mirrorapi.install(app, mirror)
+    if mirror is None:
+        # Still routed, so that /mirror says there is no mirror, as the document says (with a mirror,
+        # the server mounts the page and its link).
+        app.router.add_get("/mirror", mirror_page)
 
     async def css(request: web.Request) -> web.StreamResponse:
         return web.Response(

@@ -1,8 +1,9 @@
 """The mirror page (/mirror on the admin listener, /admin/mirror on the client port).
 
-Mounted only where server.yaml names a mirror. It shows what the mirror holds
-and what it is fetching, asked of the mirror at each view; a mirror that cannot
-be reached is said so on the page rather than failing it.
+Where server.yaml names no mirror, the admin listener's /mirror is a 404 saying
+so. It shows what the mirror holds and what it is fetching, asked of the mirror
+at each view; a mirror that cannot be reached is said so on the page rather than
+failing it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from llmgw.web.render import render
 
 async def mirror_page(request: web.Request) -> web.StreamResponse:
     client = request.config_dict[MIRROR_CLIENT_KEY]
-    assert client is not None, "the page is mounted only where a mirror is configured"
+    if client is None:
+        # Routed either way, so that the path answers what the admin API's document says of it.
+        return web.Response(
+            status=404,
+            content_type="text/html",
+            text="<p>No mirror is configured: set <code>mirror.api</code> in server.yaml.</p>",
+        )
     models: list[FetchedModel] = []
     fetches: list[Fetch] = []
     error = None
