@@ -112,6 +112,21 @@ class TestContexts:
         ctx = pki.server_ssl_context(TLSConfig(ca=str(ca / "ca.pem"), cert=str(cert_path), key=str(key_path)))
         assert ctx.verify_mode == ssl.CERT_REQUIRED
 
+    def test_every_context_trusts_the_clusters_authority_and_no_public_one(self, ca: Path, tmp_path: Path):
+        """A certificate a public authority signed for a node's name must not pass as that node."""
+        cert_path, key_path = pki.issue_server(ca, "control", ["127.0.0.1"], tmp_path)
+        tls = TLSConfig(ca=str(ca / "ca.pem"), cert=str(cert_path), key=str(key_path))
+        ours = load(ca / "ca.pem")
+        for ctx in (
+            pki.server_ssl_context(tls),
+            pki.client_ssl_context(tls),
+            pki.https_server_ssl_context(tls, "the mirror"),
+            pki.https_client_ssl_context(tls, "the control plane"),
+        ):
+            trusted = ctx.get_ca_certs(binary_form=True)
+            assert [x509.load_der_x509_certificate(der) for der in trusted] == [ours]
+            assert ctx.verify_mode == ssl.CERT_REQUIRED
+
     def test_a_missing_certificate_file_is_named(self, ca: Path, tmp_path: Path):
         tls = TLSConfig(
             ca=str(ca / "ca.pem"), cert=str(tmp_path / "n1.pem"), key=str(tmp_path / "n1-key.pem")

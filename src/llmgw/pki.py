@@ -106,9 +106,21 @@ def issue_agent(ca_dir: Path, node_id: str, out: Path) -> tuple[Path, Path]:
     return _issue(ca_dir, node_id, [x509.DNSName(node_id)], ExtendedKeyUsageOID.CLIENT_AUTH, out)
 
 
+def _context(purpose: ssl.Purpose) -> ssl.SSLContext:
+    """A context that trusts nothing yet: only tls.ca is loaded into it.
+
+    Not ssl.create_default_context: it loads the system's public authorities too, and then a
+    certificate any of them signed, for a name that equals a node id, would pass as that node.
+    """
+    if purpose is ssl.Purpose.CLIENT_AUTH:
+        return ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    # Verifies the server's certificate and its name, as create_default_context would.
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
 def server_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
     """TLS for the agent service: every client must present a certificate signed by tls.ca."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx = _context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.verify_mode = ssl.CERT_REQUIRED
     _load(ctx, tls, "the agent service")
@@ -118,7 +130,7 @@ def server_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
 
 def client_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
     """TLS for an agent: present this node's certificate, trust only a server signed by tls.ca."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ctx = _context(ssl.Purpose.SERVER_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     _load(ctx, tls, "this agent")
     ctx.set_alpn_protocols(["h2"])
@@ -130,7 +142,7 @@ def https_server_ssl_context(tls: TLSConfig, who: str) -> ssl.SSLContext:
 
     Unlike the agent service's, it offers no ALPN: aiohttp speaks HTTP/1.1.
     """
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx = _context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.verify_mode = ssl.CERT_REQUIRED
     _load(ctx, tls, who)
@@ -139,7 +151,7 @@ def https_server_ssl_context(tls: TLSConfig, who: str) -> ssl.SSLContext:
 
 def https_client_ssl_context(tls: TLSConfig, who: str) -> ssl.SSLContext:
     """TLS for an HTTPS client presenting tls.cert, trusting only a server signed by tls.ca."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ctx = _context(ssl.Purpose.SERVER_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     _load(ctx, tls, who)
     return ctx
