@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry
 from ruamel.yaml import YAML
 from structlog.testing import capture_logs
 
-from llmgw import pki
 from llmgw.agent.discovery.gpus import GpuReading
 from llmgw.agent.metrics import AgentMetrics
-from llmgw.config import ServerConfig, TLSConfig
+from llmgw.config import ServerConfig
 from llmgw.metrics import Metrics
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.roles.server import server_role
+from tests.servers import loopback_server_config
 
 MONITORING = Path(__file__).parent.parent / "monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
@@ -63,17 +63,8 @@ def _exported(page: str) -> set[str]:
 
 @pytest.fixture
 def server_cfg(tmp_path: Path) -> ServerConfig:
-    pki_dir = tmp_path / "pki"
-    pki.init_ca(pki_dir)
-    pki.issue_server(pki_dir, "server", ["127.0.0.1"], pki_dir)
-    return ServerConfig(
-        listen="127.0.0.1:0",
-        admin_listen="127.0.0.1:0",
-        agent_listen="127.0.0.1:0",
-        state_dir=str(tmp_path / "state"),
-        tls=TLSConfig(
-            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
-        ),
+    return loopback_server_config(
+        tmp_path,
     )
 
 

@@ -15,29 +15,21 @@ import pytest
 from openapi_spec_validator import validate
 from structlog.testing import capture_logs
 
-from llmgw import pki
-from llmgw.config import AuthConfig, ControlConfig, MirrorClientConfig, ServerConfig, TLSConfig
+from llmgw.config import AuthConfig, ControlConfig, MirrorClientConfig, ServerConfig
 from llmgw.control.adminapi import hash_token
 from llmgw.roles.mirror import MirrorHandle
 from llmgw.roles.server import ServerHandle, server_role
 from tests.mirror.test_admin import Certs, certs, mirror  # noqa: F401
 from tests.mirror.test_fetch import COMMIT, Hub, hub  # noqa: F401
+from tests.servers import loopback_server_config
 
 TOKEN = "llmgw-admin-test"
 
 
 def _server_cfg(tmp_path: Path, to_mirror: MirrorClientConfig) -> ServerConfig:
-    pki_dir = tmp_path / "server-pki"
-    pki.init_ca(pki_dir)
-    pki.issue_server(pki_dir, "server", ["127.0.0.1"], pki_dir)
-    return ServerConfig(
-        listen="127.0.0.1:0",
-        admin_listen="127.0.0.1:0",
-        agent_listen="127.0.0.1:0",
-        state_dir=str(tmp_path / "state"),
-        tls=TLSConfig(
-            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
-        ),
+    return loopback_server_config(
+        tmp_path,
+        pki_name="server-pki",
         auth=AuthConfig(enabled=True),
         control=ControlConfig(enabled=False),
         mirror=to_mirror,

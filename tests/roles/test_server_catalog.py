@@ -11,13 +11,13 @@ import pytest
 from click.testing import CliRunner
 from structlog.testing import capture_logs
 
-from llmgw import pki
 from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND
-from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
+from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.roles.server import server_role
 from llmgw.store.quotas import set_budget
 from llmgw.store.scopes import Scope
+from tests.servers import loopback_server_config
 
 ADDED = """\
 name: sim-added
@@ -30,17 +30,9 @@ fallbacks: [sim-chat]
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> ServerConfig:
-    pki_dir = tmp_path / "pki"
-    pki.init_ca(pki_dir)
-    pki.issue_server(pki_dir, "server", ["127.0.0.1", "localhost"], pki_dir)
-    return ServerConfig(
-        listen="127.0.0.1:0",
-        admin_listen="127.0.0.1:0",
-        agent_listen="127.0.0.1:0",
-        state_dir=str(tmp_path / "state"),
-        tls=TLSConfig(
-            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
-        ),
+    return loopback_server_config(
+        tmp_path,
+        hosts=("127.0.0.1", "localhost"),
         auth=AuthConfig(enabled=False),
         control=ControlConfig(interval_s=0.2),
         models=[ModelConfig(name="sim-chat", replicas=0, profiles=[ProfileConfig(engine="sim")])],

@@ -12,26 +12,17 @@ import attrs
 import pytest
 from structlog.testing import capture_logs
 
-from llmgw import pki
-from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
+from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.errors import LlmgwError
 from llmgw.roles.server import server_role
+from tests.servers import loopback_server_config
 
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> ServerConfig:
-    pki_dir = tmp_path / "pki"
-    pki.init_ca(pki_dir)
-    pki.issue_server(pki_dir, "server", ["127.0.0.1"], pki_dir)
-    return ServerConfig(
-        listen="127.0.0.1:0",
-        admin_listen="127.0.0.1:0",
-        agent_listen="127.0.0.1:0",
+    return loopback_server_config(
+        tmp_path,
         metrics_listen="127.0.0.1:0",
-        state_dir=str(tmp_path / "state"),
-        tls=TLSConfig(
-            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
-        ),
         auth=AuthConfig(enabled=True),
         control=ControlConfig(interval_s=0.1),
         models=[ModelConfig(name="sim-chat", replicas=1, profiles=[ProfileConfig(engine="sim")])],

@@ -11,8 +11,7 @@ import attrs
 import pytest
 from structlog.testing import capture_logs
 
-from llmgw import pki
-from llmgw.config import AuthConfig, ControlConfig, ModelConfig, PriceConfig, ServerConfig, TLSConfig
+from llmgw.config import AuthConfig, ControlConfig, ModelConfig, PriceConfig, ServerConfig
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
 from llmgw.roles import server as server_module
@@ -21,6 +20,7 @@ from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key, revoke_key
 from llmgw.store.quotas import set_budget
 from llmgw.store.scopes import Scope
+from tests.servers import loopback_server_config
 
 
 @pytest.fixture
@@ -63,17 +63,8 @@ class TestKeyRefresh:
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> ServerConfig:
-    pki_dir = tmp_path / "pki"
-    pki.init_ca(pki_dir)
-    pki.issue_server(pki_dir, "server", ["127.0.0.1"], pki_dir)
-    return ServerConfig(
-        listen="127.0.0.1:0",
-        admin_listen="127.0.0.1:0",
-        agent_listen="127.0.0.1:0",
-        state_dir=str(tmp_path / "state"),
-        tls=TLSConfig(
-            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
-        ),
+    return loopback_server_config(
+        tmp_path,
         auth=AuthConfig(enabled=True),
         control=ControlConfig(enabled=False),
         models=[],

@@ -10,9 +10,8 @@ import pytest
 from click.testing import CliRunner
 from structlog.testing import capture_logs
 
-from llmgw import pki
 from llmgw.cli.main import main
-from llmgw.config import AuthConfig, ControlConfig, ServerConfig, TLSConfig
+from llmgw.config import AuthConfig, ControlConfig, ServerConfig
 from llmgw.control import tenancy
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
@@ -21,23 +20,15 @@ from llmgw.roles.server import server_role
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.store.prices import set_price
+from tests.servers import loopback_server_config
 
 BODY = {"model": "later", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> ServerConfig:
-    pki_dir = tmp_path / "pki"
-    pki.init_ca(pki_dir)
-    pki.issue_server(pki_dir, "server", ["127.0.0.1"], pki_dir)
-    return ServerConfig(
-        listen="127.0.0.1:0",
-        admin_listen="127.0.0.1:0",
-        agent_listen="127.0.0.1:0",
-        state_dir=str(tmp_path / "state"),
-        tls=TLSConfig(
-            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "server.pem"), key=str(pki_dir / "server-key.pem")
-        ),
+    return loopback_server_config(
+        tmp_path,
         auth=AuthConfig(enabled=True),
         control=ControlConfig(enabled=False),
         models=[],
