@@ -2,49 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
-import aiohttp
-import pytest
-from click.testing import CliRunner
 from structlog.testing import capture_logs
 
-from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND
-from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig
+from llmgw.config import ServerConfig
 from llmgw.roles.server import server_role
 from llmgw.store import open_store
 from llmgw.store.catalog import list_models, put_model
-from tests.servers import loopback_server_config
+
+# The catalog tests' server (sim-chat, auth off, a quick reconciler) and their ctl and listing.
+from tests.roles.test_server_catalog import _ctl, _listed, cfg  # noqa: F401
 
 ORG_MODEL = "meta-llama/Llama-3.1-8B"
 
 
-@pytest.fixture
-def cfg(tmp_path: Path) -> ServerConfig:
-    return loopback_server_config(
-        tmp_path,
-        hosts=("127.0.0.1", "localhost"),
-        auth=AuthConfig(enabled=False),
-        control=ControlConfig(interval_s=0.2),
-        models=[ModelConfig(name="sim-chat", replicas=0, profiles=[ProfileConfig(engine="sim")])],
-    )
-
-
-async def _ctl(*args: str) -> tuple[int, str, str]:
-    # In a thread: ctl runs its own event loop, and the server it talks to runs on this one.
-    result = await asyncio.to_thread(CliRunner().invoke, ctl, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
-
-
-async def _listed(gateway_url: str) -> list[str]:
-    async with aiohttp.ClientSession() as session, session.get(gateway_url + "/v1/models") as reply:
-        return [m["id"] for m in (await reply.json())["data"]]
-
-
-async def test_an_org_model_is_added_explained_listed_and_removed_with_ctl(cfg: ServerConfig, tmp_path: Path):
+async def test_an_org_model_is_added_explained_listed_and_removed_with_ctl(
+    cfg: ServerConfig,  # noqa: F811
+    tmp_path: Path,
+):
     model_file = tmp_path / "model.yaml"
     model_file.write_text(f"name: {ORG_MODEL}\nreplicas: 0\nprofiles:\n  - engine: sim\n", encoding="utf-8")
     with capture_logs():
@@ -64,7 +42,8 @@ async def test_an_org_model_is_added_explained_listed_and_removed_with_ctl(cfg: 
 
 
 async def test_a_name_that_climbs_out_of_a_directory_is_refused_by_ctl_with_what_is_allowed(
-    cfg: ServerConfig, tmp_path: Path
+    cfg: ServerConfig,  # noqa: F811
+    tmp_path: Path,
 ):
     escape = tmp_path / "escape.yaml"
     escape.write_text("name: ../../../escape\nprofiles:\n  - engine: sim\n", encoding="utf-8")
@@ -83,7 +62,8 @@ async def test_a_name_that_climbs_out_of_a_directory_is_refused_by_ctl_with_what
 
 
 async def test_a_stored_model_whose_name_is_no_longer_allowed_is_removed_with_ctl(
-    cfg: ServerConfig, tmp_path: Path
+    cfg: ServerConfig,  # noqa: F811
+    tmp_path: Path,
 ):
     """Added by an older release, before names were checked: never served, and ctl takes it out."""
     async with open_store(cfg.database_path) as store:
@@ -99,7 +79,8 @@ async def test_a_stored_model_whose_name_is_no_longer_allowed_is_removed_with_ct
 
 
 async def test_ctl_with_the_config_dials_the_admin_port_the_server_bound_not_the_configured_one(
-    cfg: ServerConfig, tmp_path: Path
+    cfg: ServerConfig,  # noqa: F811
+    tmp_path: Path,
 ):
     """`--admin-listen 127.0.0.1:0`: server.yaml's port is not the one listening; the record is."""
     config_path = tmp_path / "server.yaml"
