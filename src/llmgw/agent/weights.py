@@ -36,12 +36,13 @@ import shutil
 import urllib.parse
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import attrs
 import structlog
 
+from llmgw import partial
 from llmgw.backoff import ExponentialBackoff
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
@@ -411,7 +412,7 @@ class WeightsCache:
                 return await self._attempt(f, part, label, done_before, total, name)
             except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
                 failures += 1
-                have = await asyncio.to_thread(_size, part)
+                have = await asyncio.to_thread(partial.size, part)
                 if failures >= self._attempts:
                     raise WeightsError(
                         f"weights {f.path}: downloading {f.url} failed {failures} times, the last at "
@@ -430,7 +431,7 @@ class WeightsCache:
         file_size = f.size
         try:
             hasher = hashlib.sha256()
-            offset = await asyncio.to_thread(_hash_prefix, part, hasher)
+            offset = await asyncio.to_thread(partial.hash_prefix, part, hasher)
             headers = {"Range": f"bytes={offset}-"} if offset else {}
             async with self._http().get(f.url, headers=headers) as response:
                 if response.status == 416 and offset:
@@ -443,7 +444,7 @@ class WeightsCache:
                     # The server ignored the Range: what it sends is the whole file again.
                     hasher = hashlib.sha256()
                     offset = 0
-                size = _total_size(response, offset)
+                size = partial.total_size(response, offset)
                 file_size = size if size is not None else file_size
                 file_total = total if total is not None else (size if f.size is None else f.size)
                 mode = "ab" if offset else "wb"
@@ -456,7 +457,7 @@ class WeightsCache:
                     )
                     next_report = written + step
                     async for chunk in response.content.iter_chunked(_CHUNK):
-                        await to_thread_to_the_end(_write, fh, hasher, chunk)
+                        await to_thread_to_the_end(partial.write, fh, hasher, chunk)
                         written += len(chunk)
                         self.downloaded_bytes += len(chunk)
                         if written >= next_report:
@@ -481,17 +482,6 @@ class _DiskFull(Exception):
     def __init__(self, size: int | None) -> None:
         super().__init__(size)
         self.size = size
-
-
-def _total_size(response: aiohttp.ClientResponse, offset: int) -> int | None:
-    """The whole file's size, from Content-Range on a resumed answer or Content-Length on a whole one."""
-    if response.status == 206:
-        whole = response.headers.get("Content-Range", "").rpartition("/")[2]
-        if whole.isdigit():
-            return int(whole)
-    if response.content_length is not None:
-        return offset + response.content_length if response.status == 206 else response.content_length
-    return None
 
 
 def _pins(sha256: Mapping[str, str]) -> dict[str, str]:
@@ -551,7 +541,7 @@ def _hash_marker(base: Path, marker: dict[str, Any]) -> dict[str, Any]:
     for f in marker["files"]:
         if "sha256" not in f:
             hasher = hashlib.sha256()
-            _hash_prefix(base / f["path"], hasher)
+            partial.hash_prefix(base / f["path"], hasher)
             f = {**f, "sha256": hasher.hexdigest()}
         files.append(f)
     updated = {**marker, "files": files}
@@ -573,33 +563,8 @@ def _mount_point(path: Path) -> Path:
     return path
 
 
-def _write(fh: IO[bytes], hasher: Any, chunk: bytes) -> None:
-    fh.write(chunk)
-    hasher.update(chunk)
-
-
-def _hash_prefix(part: Path, hasher: Any) -> int:
-    """Feed what an earlier try downloaded to hasher; its length (0 when there is none)."""
-    try:
-        with part.open("rb") as fh:
-            size = 0
-            while block := fh.read(_CHUNK * 8):
-                hasher.update(block)
-                size += len(block)
-            return size
-    except FileNotFoundError:
-        return 0
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
 def _part_bytes(base: Path, paths: list[str]) -> int:
-    return sum(_size(base / p) or _size(base / (p + PART)) for p in paths)
+    return sum(partial.size(base / p) or partial.size(base / (p + PART)) for p in paths)
 
 
 def _unlink(path: Path) -> None:

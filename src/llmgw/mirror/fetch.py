@@ -27,13 +27,14 @@ import shutil
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import attrs
 import cattrs
 import structlog
 
+from llmgw import partial
 from llmgw.backoff import ExponentialBackoff
 from llmgw.errors import LlmgwError
 from llmgw.tasks import to_thread_to_the_end
@@ -339,7 +340,7 @@ class HubFetcher:
                 return await self._attempt(what, url, part, size, report)
             except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
                 failures += 1
-                have = await asyncio.to_thread(_size, part)
+                have = await asyncio.to_thread(partial.size, part)
                 if failures >= self._attempts:
                     raise FetchError(
                         f"{what}: downloading {url} failed {failures} times, the last at "
@@ -353,7 +354,7 @@ class HubFetcher:
         self, what: str, url: str, part: Path, size: int | None, report: _Reporter
     ) -> tuple[str, int]:
         hasher = hashlib.sha256()
-        offset = await asyncio.to_thread(_hash_prefix, part, hasher)
+        offset = await asyncio.to_thread(partial.hash_prefix, part, hasher)
         if size is not None and offset > size:
             # Longer than the file: not a prefix of it, whatever it is.
             await asyncio.to_thread(_unlink, part)
@@ -389,7 +390,7 @@ class HubFetcher:
                 async for chunk in response.content.iter_any():
                     pending += chunk
                     if len(pending) >= _CHUNK:
-                        await to_thread_to_the_end(_write, fh, hasher, bytes(pending))
+                        await to_thread_to_the_end(partial.write, fh, hasher, bytes(pending))
                         written += len(pending)
                         pending.clear()
                     if written >= next_report:
@@ -397,10 +398,10 @@ class HubFetcher:
                         next_report = written + step
             finally:
                 if pending:
-                    await to_thread_to_the_end(_write, fh, hasher, bytes(pending))
+                    await to_thread_to_the_end(partial.write, fh, hasher, bytes(pending))
                     written += len(pending)
                 await to_thread_to_the_end(fh.close)
-            expected = _expected_length(response, offset)
+            expected = partial.total_size(response, offset)
         if expected is not None and written != expected:
             raise aiohttp.ClientPayloadError(f"{url} ended at byte {written} of {expected}")
         return hasher.hexdigest(), written
@@ -523,7 +524,7 @@ def _mismatch(path: Path, f: HubFile, sha256: str, size: int) -> str | None:
 
 def _git_blob_id(path: Path, size: int) -> str:
     hasher = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
-    _hash_prefix(path, hasher)
+    partial.hash_prefix(path, hasher)
     return hasher.hexdigest()
 
 
@@ -532,10 +533,10 @@ def _digest_if_size(path: Path, size: int | None) -> tuple[str, int] | None:
 
     Hashed again rather than trusted: it is checked against the hub like a fresh download.
     """
-    if not path.is_file() or (size is not None and _size(path) != size):
+    if not path.is_file() or (size is not None and partial.size(path) != size):
         return None
     hasher = hashlib.sha256()
-    have = _hash_prefix(path, hasher)
+    have = partial.hash_prefix(path, hasher)
     return hasher.hexdigest(), have
 
 
@@ -565,42 +566,6 @@ def _write_manifest(directory: Path, model: FetchedModel) -> None:
     tmp = directory / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(_converter.unstructure(model), indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, directory / MANIFEST)
-
-
-def _expected_length(response: aiohttp.ClientResponse, offset: int) -> int | None:
-    """The whole file's length, from Content-Range on a resumed answer or Content-Length on a whole one."""
-    if response.status == 206:
-        whole = response.headers.get("Content-Range", "").rpartition("/")[2]
-        if whole.isdigit():
-            return int(whole)
-    if response.content_length is not None:
-        return offset + response.content_length if response.status == 206 else response.content_length
-    return None
-
-
-def _write(fh: IO[bytes], hasher: Any, chunk: bytes) -> None:
-    fh.write(chunk)
-    hasher.update(chunk)
-
-
-def _hash_prefix(path: Path, hasher: Any) -> int:
-    """Feed the file at path to hasher; its length (0 when there is none)."""
-    try:
-        with path.open("rb") as fh:
-            size = 0
-            while block := fh.read(_CHUNK * 8):
-                hasher.update(block)
-                size += len(block)
-            return size
-    except FileNotFoundError:
-        return 0
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def _unlink(path: Path) -> None:
