@@ -8,6 +8,9 @@ import pytest
 import structlog
 from blockbuster import BlockBuster, blockbuster_ctx
 
+from .postgres import Cluster, running_cluster
+from .postgres import unavailable as postgres_unavailable
+
 # Tests log through structlog's default setup, whose console renderer hands a traceback to rich
 # when rich is installed (schemathesis brings it); rich stats every file of the stack, on the loop,
 # and blockbuster fails the test. llmgw's own setup (log.setup) formats tracebacks plainly first;
@@ -28,3 +31,19 @@ def blockbuster() -> Iterator[BlockBuster]:
         for name in ("io.TextIOWrapper.write", "io.BufferedWriter.write"):
             bb.functions[name].can_block_in("llmgw/log.py", "write")
         yield bb
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Cluster]:
+    """A throwaway PostgreSQL cluster for the whole session (tests/postgres.py)."""
+    why = postgres_unavailable()
+    if why:
+        pytest.skip(why)
+    with running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def postgres_url(postgres: Cluster) -> str:
+    """The URL of an empty database of this test's own on the session's cluster."""
+    return postgres.fresh_database()
