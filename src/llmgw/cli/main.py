@@ -20,6 +20,10 @@ ROLES = ("server", "agent", "mirror")
 # Imported only when run, so `llmgw --version` and `llmgw --help` load none of them;
 # a new command goes here, with the first line of its help.
 COMMANDS = {
+    "bundle": LazyCommand(
+        "llmgw.cli.bundle:bundle",
+        "Offline sites: collect what a cluster downloads into one checked bundle, and import it.",
+    ),
     "cert": LazyCommand(
         "llmgw.cli.cert:cert", "Create the certificate authority and issue server and agent certificates."
     ),

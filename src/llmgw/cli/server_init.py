@@ -40,8 +40,30 @@ def server() -> None:
     help="The certificate authority's directory; created with the authority when empty "
     "[default: /etc/llmgw/pki].",
 )
+@click.option(
+    "--bundle",
+    type=click.Path(path_type=Path, exists=True),
+    help="An offline bundle (`llmgw bundle create`) to import into this machine's mirror, "
+    "pointing server.yaml's engine_mirror at it; needs --sha256.",
+)
+@click.option("--sha256", "bundle_sha256", metavar="HEX", help="The bundle's manifest sha256, carried apart.")
+@click.option(
+    "--mirror-url",
+    metavar="URL",
+    default="",
+    help="Where nodes reach the mirror's files "
+    "[default: this machine's first address, at mirror.yaml's port].",
+)
 @click.pass_obj
-def init(obj: object, admin: str | None, hosts: tuple[str, ...], pki: Path | None) -> None:
+def init(
+    obj: object,
+    admin: str | None,
+    hosts: tuple[str, ...],
+    pki: Path | None,
+    bundle: Path | None,
+    bundle_sha256: str | None,
+    mirror_url: str,
+) -> None:
     """Create what a control plane needs and start it: the llmgw user and directories, a
     certificate authority, the server's certificate for every address of this machine,
     server.yaml, the store with its administrator, and the systemd unit.
@@ -53,6 +75,11 @@ def init(obj: object, admin: str | None, hosts: tuple[str, ...], pki: Path | Non
     # Tests hand in a System that acts on a temporary root; a person gets this machine.
     seam = obj if isinstance(obj, InitSeam) else InitSeam(system=HostSystem(), root=Path("/"))
     system = seam.system
+    if bundle is not None and not bundle_sha256:
+        click.echo(
+            "llmgw: --bundle needs --sha256, the manifest's sha256 `llmgw bundle create` printed", err=True
+        )
+        sys.exit(EXIT_ERROR)
     refusal = system.refusal()
     if refusal is not None:
         click.echo(f"llmgw: {refusal}", err=True)
@@ -63,6 +90,9 @@ def init(obj: object, admin: str | None, hosts: tuple[str, ...], pki: Path | Non
         hosts=hosts,
         pki=pki.absolute() if pki is not None else None,
         health_timeout_s=seam.health_timeout_s,
+        bundle=bundle.absolute() if bundle is not None else None,
+        bundle_sha256=bundle_sha256 or "",
+        mirror_url=mirror_url,
     )
     try:
         result = asyncio.run(init_control_plane(opts, system, click.echo))

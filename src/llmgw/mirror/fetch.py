@@ -295,7 +295,7 @@ class HubFetcher:
         now = {f.path: f for f in fetched}
         files = sorted({**kept, **now}.values(), key=_path)
         model = FetchedModel(repo=repo, revision=snapshot.revision, commit=commit, files=files)
-        await asyncio.to_thread(_place, self.root, staging, final, model, [f.path for f in fetched])
+        await asyncio.to_thread(place_model, self.root, staging, final, model, [f.path for f in fetched])
         log.info("model fetched", repo=repo, commit=commit, files=len(model.files), bytes=model.size)
         return model
 
@@ -540,7 +540,7 @@ def _digest_if_size(path: Path, size: int | None) -> tuple[str, int] | None:
     return hasher.hexdigest(), have
 
 
-def _place(root: Path, staging: Path, final: Path, model: FetchedModel, fetched: list[str]) -> None:
+def place_model(root: Path, staging: Path, final: Path, model: FetchedModel, fetched: list[str]) -> None:
     """Put the checked files where the mirror serves them, the manifest last. Blocking.
 
     File by file, never the staging directory whole: it may hold another file's .part

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import pki
+from llmgw import config, pki
+from llmgw.bundle.importing import ImportOptions, import_bundle
 from llmgw.catalog import load_server_config
-from llmgw.config import ServerConfig
+from llmgw.config import MirrorConfig, ServerConfig
 from llmgw.listen import split_host_port
 from llmgw.serverinit.system import Account, InstallError, System
 from llmgw.store import Store, open_store
@@ -62,6 +63,11 @@ class InitOptions:
     pki: Path | None = None
     user: str = "llmgw"
     health_timeout_s: float = HEALTH_TIMEOUT_S
+    # An offline bundle to import into this machine's mirror, and its manifest's sha256.
+    bundle: Path | None = None
+    bundle_sha256: str = ""
+    # Where nodes reach the mirror's files; empty: the mirror role on this machine, at its default port.
+    mirror_url: str = ""
 
     @property
     def etc(self) -> Path:
@@ -100,6 +106,8 @@ async def init_control_plane(opts: InitOptions, system: System, report: Report) 
     """Do each step not yet done; the first to fail raises InstallError, ConfigError or CertificateError."""
     steps = _Steps(opts, system, report)
     cfg = await asyncio.to_thread(steps.prepare)
+    if opts.bundle is not None:
+        cfg = await asyncio.to_thread(steps.import_bundle)
     password = await steps.store(cfg)
     running = await asyncio.to_thread(steps.service)
     url = health_url(cfg)
@@ -316,6 +324,35 @@ class _Steps:
             split_host_port(address, key)
         pki.server_ssl_context(cfg.tls)
         return cfg
+
+    def import_bundle(self) -> ServerConfig:
+        """The bundle checked and placed in this machine's mirror, and server.yaml pointed at it."""
+        opts = self.opts
+        assert opts.bundle is not None
+        mirror_yaml = opts.etc / "mirror.yaml"
+        mirror = config.load(MirrorConfig, mirror_yaml) if mirror_yaml.is_file() else MirrorConfig()
+        _, port = split_host_port(mirror.listen, "listen")
+        address = next(iter(self.wanted_names()), "127.0.0.1")
+        url = opts.mirror_url or f"http://{f'[{address}]' if ':' in address else address}:{port}"
+        done = import_bundle(
+            ImportOptions(
+                bundle=opts.bundle,
+                sha256=opts.bundle_sha256,
+                root=on_machine(opts.root, mirror.root),
+                server_config=opts.config_path,
+                mirror_url=url,
+                trust_dir=opts.etc / "bundle-keys",
+            ),
+            lambda line: None,
+        )
+        signed = f", signed by {done.signer}" if done.signer else ""
+        self.ok(
+            f"bundle {opts.bundle}{signed}: {len(done.manifest.models)} models and "
+            f"{len(done.manifest.engines)} engine releases in the mirror's {mirror.root}"
+        )
+        if done.engine_base_url:
+            self.ok(f"engine_mirror in {opts.config_path}: {done.engine_base_url}")
+        return load_server_config(opts.config_path)
 
     # -- the store: async --------------------------------------------------------
 

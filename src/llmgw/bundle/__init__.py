@@ -1,0 +1,1 @@
+"""Offline bundles: everything a cluster would download, in one checked piece."""
