@@ -434,7 +434,9 @@ class TestSigning:
         await asyncio.to_thread(lambda: signing.trust(site.trust_dir, signing.generate(other), None))
         public = await asyncio.to_thread(signing.load_public, key.with_name(key.name + ".pub"))
         fingerprint = signing.fingerprint(public)
-        with pytest.raises(BundleError, match=re.escape(f"signed by {fingerprint}, a key this machine does not trust")):
+        with pytest.raises(
+            BundleError, match=re.escape(f"signed by {fingerprint}, a key this machine does not trust")
+        ):
             await site.load(made.path, made.sha256)
         site.untouched()
 

@@ -108,3 +108,27 @@ async def test_the_replicas_secret_reaches_llama_server_in_its_environment_not_i
     assert env["LLAMA_API_KEY"] == "replica-secret"
     assert "replica-secret" not in argv and "--api-key" not in argv
     assert "replica-secret" not in repr(spec)
+
+
+class TestModelFile:
+    """A model from the mirror is a directory; llama-server is given the one GGUF in it."""
+
+    def test_a_file_is_served_as_it_is(self, tmp_path: Path) -> None:
+        gguf = tmp_path / "tiny.gguf"
+        gguf.write_bytes(b"GGUF")
+        assert LlamaCppEngine().model_file(gguf) == gguf
+
+    def test_the_one_gguf_of_a_directory_is_served_and_a_split_one_by_its_first_part(
+        self, tmp_path: Path
+    ) -> None:
+        (tmp_path / "config.json").write_text("{}")
+        (tmp_path / "q4").mkdir()
+        for part in (1, 2, 3):
+            (tmp_path / "q4" / f"model-0000{part}-of-00003.gguf").write_bytes(b"GGUF")
+        assert LlamaCppEngine().model_file(tmp_path) == tmp_path / "q4" / "model-00001-of-00003.gguf"
+
+    def test_a_directory_of_several_ggufs_is_refused_naming_them(self, tmp_path: Path) -> None:
+        for name in ("a-q4_k_m.gguf", "a-q8_0.gguf"):
+            (tmp_path / name).write_bytes(b"GGUF")
+        with pytest.raises(LlmgwError, match=r"hold 2 \(a-q4_k_m.gguf, a-q8_0.gguf\); fetch only the one"):
+            LlamaCppEngine().model_file(tmp_path)

@@ -74,9 +74,8 @@ class Hub:
         return not self.gated or request.headers.get("Authorization") == f"Bearer {TOKEN}"
 
 
-@pytest.fixture
-async def hub() -> AsyncIterator[Hub]:
-    state = Hub()
+def hub_app(state: Hub) -> web.Application:
+    """The hub's model-info and resolve routes over state."""
 
     async def info(request: web.Request) -> web.Response:
         if f"{request.match_info['org']}/{request.match_info['name']}" != "org/model":
@@ -130,7 +129,13 @@ async def hub() -> AsyncIterator[Hub]:
     app = web.Application()
     app.router.add_get("/api/models/{org}/{name}/revision/{rev}", info)
     app.router.add_get("/{org}/{name}/resolve/{rev}/{path:.+}", resolve)
-    runner = web.AppRunner(app, access_log=None)
+    return app
+
+
+@pytest.fixture
+async def hub() -> AsyncIterator[Hub]:
+    state = Hub()
+    runner = web.AppRunner(hub_app(state), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"

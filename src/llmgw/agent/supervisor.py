@@ -576,6 +576,17 @@ class Supervisor:
             self._report(failed)
             log.warning("weights could not be fetched", shard=req.shard_id, detail=failed.detail)
             return
+        # An engine that loads one file of a directory of weights (llama.cpp's GGUF, from the mirror)
+        # picks it; the others are given the directory.
+        pick = getattr(shard.engine, "model_file", None)
+        if pick is not None:
+            try:
+                path = await asyncio.to_thread(pick, path)
+            except LlmgwError as exc:
+                failed = self._status(shard, "failed")
+                failed.detail = str(exc)
+                self._report(failed)
+                return
         shard.model_path = str(path)
         if not await self._spawn(shard):
             return

@@ -7,6 +7,9 @@ first; the profile's args come last, so a profile can override any of it.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from llmgw.engines.base import LaunchSpec
 from llmgw.errors import LlmgwError
 
@@ -20,6 +23,9 @@ ALL_LAYERS = "999"
 
 # What llama-server reads its --api-key from when the flag is absent.
 API_KEY_ENV = "LLAMA_API_KEY"
+
+# A split GGUF (model-00001-of-00003.gguf): llama-server is given the first part and finds the others.
+_PART = re.compile(r"-(\d+)-of-\d+\.gguf$")
 
 
 class LlamaCppEngine:
@@ -75,3 +81,25 @@ class LlamaCppEngine:
     def probe_command(self, binary: str) -> list[str]:
         """llama-server prints `version: 11434 (abc1234)` on --version."""
         return [binary or "llama-server", "--version"]
+
+    def model_file(self, weights: Path) -> Path:
+        """The file -m names: weights itself, or the one GGUF in a directory of weights (from the mirror).
+
+        Blocking (it lists the directory). A model from the mirror is a directory,
+        and llama-server given a directory fails with "failed to read magic".
+        """
+        if not weights.is_dir():
+            return weights
+        ggufs = sorted(p for p in weights.rglob("*.gguf") if p.is_file() and _first_part(p.name))
+        if len(ggufs) != 1:
+            found = ", ".join(p.relative_to(weights).as_posix() for p in ggufs) or "none"
+            raise LlmgwError(
+                f"llama.cpp loads one GGUF file, and the model's weights hold {len(ggufs)} ({found}); "
+                "fetch only the one to serve into the mirror (`--include '*q4_k_m.gguf'`)"
+            )
+        return ggufs[0]
+
+
+def _first_part(name: str) -> bool:
+    part = _PART.search(name)
+    return part is None or int(part.group(1)) == 1
