@@ -375,6 +375,30 @@ class TestRefusals:
         site.untouched()
         assert not (tmp_path / "escaped").exists()
 
+    @pytest.mark.parametrize(
+        ("first", "then", "why"),
+        [
+            (MANIFEST, "wheels/extra.whl", "which manifest.json does not list"),
+            ("wheels/extra.whl", MANIFEST, "the tar begins with wheels/extra.whl, not manifest.json"),
+            (MANIFEST, f"wheels/{WHEEL}", f"wheels/{WHEEL} is 4 bytes where the manifest says"),
+        ],
+    )
+    async def test_a_tar_member_the_manifest_does_not_list_as_it_is_is_refused_before_it_is_unpacked(
+        self, first: str, then: str, why: str, made: Made, site: Site, tmp_path: Path
+    ) -> None:
+        bad = tmp_path / "bad.tar"
+        with tarfile.open(bad, "w") as tar:
+            for name in (first, then):
+                if name == MANIFEST:
+                    tar.add(made.path / MANIFEST, arcname=MANIFEST)
+                else:
+                    info = tarfile.TarInfo(name)
+                    info.size = 4
+                    tar.addfile(info, io.BytesIO(b"junk"))
+        with pytest.raises(BundleError, match=re.escape(why)):
+            await site.load(bad, made.sha256)
+        site.untouched()
+
     async def test_pins_that_do_not_match_the_manifest_are_refused(self, made: Made, site: Site) -> None:
         pins_path = made.path / MODEL_DIR / PINS
         pins = json.loads(pins_path.read_text())

@@ -55,6 +55,8 @@ from llmgw.mirror.fetch import INCOMING, FetchedModel, model_dir, place_model, r
 from llmgw.mirror.fetch import MANIFEST as PINS
 
 _READ = 8 << 20
+# A manifest of a hundred thousand files is a few tens of megabytes.
+_MAX_MANIFEST = 64 << 20
 _converter = cattrs.Converter()
 Report = Callable[[str], None]
 
@@ -133,17 +135,31 @@ def _checked_manifest(
     trusted: list[signing.TrustedKey],
     allow_unsigned: bool,
 ) -> tuple[Manifest, str | None]:
+    manifest = _digest_checked(source, data, expected)
+    return manifest, _signed_by(source, data, signature, trusted, allow_unsigned)
+
+
+def _digest_checked(source: Path, data: bytes, expected: str) -> Manifest:
     got = digest(data)
     if got != expected:
         raise BundleError(
             f"{source}: {MANIFEST} has sha256 {got}, not the {expected} given with --sha256: this is not the "
             "bundle that was handed over, or it was changed on the way"
         )
+    return parse(data, str(source))
+
+
+def _signed_by(
+    source: Path,
+    data: bytes,
+    signature: bytes | None,
+    trusted: list[signing.TrustedKey],
+    allow_unsigned: bool,
+) -> str | None:
     try:
-        signer = signing.check(data, signature, trusted, allow_unsigned)
+        return signing.check(data, signature, trusted, allow_unsigned)
     except BundleError as exc:
         raise BundleError(f"{source}: {exc}") from None
-    return parse(data, str(source)), signer
 
 
 def _stage_directory(
@@ -184,8 +200,16 @@ def _stage_tar(
     allow_unsigned: bool,
     report: Report,
 ) -> tuple[Manifest, str | None]:
-    """Unpack the tar member by member into staging, refusing a member that is not a plain file inside it."""
+    """Unpack the tar member by member into staging, refusing a member that is not a plain file inside it.
+
+    The manifest comes first and is checked against --sha256 before anything else is
+    unpacked, and each member after it must be a file it lists, of the size it says:
+    a tar that is not the bundle fills no disk before it is refused.
+    """
     held: dict[str, tuple[str, int]] = {}
+    manifest: Manifest | None = None
+    data = b""
+    signature: bytes | None = None
     member_name = ""
     try:
         with tarfile.open(bundle, "r:*") as tar:
@@ -201,8 +225,32 @@ def _stage_tar(
                         f"{bundle}: the tar member {member.name} is a link or a device, which a bundle never "
                         "holds; nothing was imported"
                     )
-                if member.name in held:
+                if member.name in held or (member.name == SIGNATURE and signature is not None):
                     raise BundleError(f"{bundle}: the tar holds {member.name} twice; nothing was imported")
+                if manifest is None:
+                    if member.name != MANIFEST:
+                        raise BundleError(
+                            f"{bundle}: the tar begins with {member.name}, not {MANIFEST}: it was not made "
+                            "by `llmgw bundle create --tar`; nothing was imported"
+                        )
+                    data = _small(tar, member, bundle)
+                    manifest = _digest_checked(bundle, data, expected)
+                    listed = {f.path: f for f in manifest.files}
+                    continue
+                if member.name == SIGNATURE:
+                    signature = _small(tar, member, bundle)
+                    continue
+                entry = listed.get(member.name)
+                if entry is None:
+                    raise BundleError(
+                        f"{bundle}: the tar holds {member.name}, which {MANIFEST} does not list; "
+                        "nothing was imported"
+                    )
+                if member.size != entry.size:
+                    raise BundleError(
+                        f"{bundle}: {member.name} is {member.size:,} bytes where the manifest says "
+                        f"{entry.size:,}; nothing was imported"
+                    )
                 report(f"unpacking {member.name}")
                 fh = tar.extractfile(member)
                 assert fh is not None  # a regular file always has its data
@@ -219,17 +267,29 @@ def _stage_tar(
         if not member_name:
             raise BundleError(f"{bundle} is not a bundle: neither a directory nor a tar ({exc})") from None
         raise _truncated(bundle, member_name) from None
-    if MANIFEST not in held:
+    if manifest is None:
         raise BundleError(f"{bundle} has no {MANIFEST}: it is not a bundle, or not all of one was copied")
-    data = (staging / MANIFEST).read_bytes()
-    signature = (staging / SIGNATURE).read_bytes() if SIGNATURE in held else None
-    manifest, signer = _checked_manifest(bundle, data, signature, expected, trusted, allow_unsigned)
+    signer = _signed_by(bundle, data, signature, trusted, allow_unsigned)
     for f in manifest.files:
         if f.path not in held:
             raise BundleError(f"{bundle}: {f.path} is missing; nothing was imported")
         sha, size = held[f.path]
         _compare(bundle, f.path, f.size, f.sha256, size, sha)
     return manifest, signer
+
+
+def _small(tar: tarfile.TarFile, member: tarfile.TarInfo, bundle: Path) -> bytes:
+    """A manifest or a signature, read whole: refused past a size no real one comes near."""
+    if member.size > _MAX_MANIFEST:
+        raise BundleError(
+            f"{bundle}: {member.name} is {member.size:,} bytes, more than any bundle's; nothing was imported"
+        )
+    fh = tar.extractfile(member)
+    assert fh is not None
+    data = fh.read()
+    if len(data) != member.size:
+        raise _truncated(bundle, member.name)
+    return data
 
 
 def _truncated(bundle: Path, member: str) -> BundleError:
