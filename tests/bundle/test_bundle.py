@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import re
+import sys
 import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,9 +21,10 @@ from llmgw.bundle.create import CreateOptions, create_bundle, parse_arches, pars
 from llmgw.bundle.importing import Imported, ImportOptions, import_bundle
 from llmgw.bundle.manifest import MANIFEST, SIGNATURE, BundleError, digest
 from llmgw.mirror.fetch import MANIFEST as PINS
-from llmgw.mirror.fetch import read_model
+from llmgw.mirror.fetch import list_models, read_model
 from tests.agent.provision.conftest import CPU_ASSET, FakeRelease, sha256
 from tests.mirror.test_fetch import COMMIT, WEIGHTS, Hub, hub  # noqa: F401
+from tests.waiting import eventually
 
 WHEEL = "llmgw-0.1.0-py3-none-any.whl"
 SERVER_YAML = """\
@@ -505,3 +507,57 @@ class TestSigning:
         assert signing.trusted_keys(trust_dir) == []
         with pytest.raises(BundleError, match="no trusted key is named 'release-team' \\(trusted: none\\)"):
             signing.distrust(trust_dir, "release-team")
+
+
+class TestKilled:
+    async def test_an_import_killed_midway_leaves_no_model_served_and_server_yaml_whole(
+        self,
+        tmp_path: Path,
+        hub: Hub,  # noqa: F811
+        release: FakeRelease,
+        wheelhouse: Path,
+        site: Site,
+    ) -> None:
+        # Big enough that the import is still copying it when the kill lands.
+        hub.files["model.safetensors"] = bytes(range(256)) * (1 << 18)  # 64 MiB
+        made = await _make(tmp_path, hub, release, wheelhouse, tar=True)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "llmgw",
+            "bundle",
+            "import",
+            str(made.path),
+            "--sha256",
+            made.sha256,
+            "--root",
+            str(site.root),
+            "--server-config",
+            str(site.server_yaml),
+            "--mirror-url",
+            "http://models.internal:8081",
+            "--trust-dir",
+            str(site.trust_dir),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        staged = site.root / ".incoming"
+
+        def copying() -> bool:
+            return any(p.name == "model.safetensors" for p in staged.rglob("*")) if staged.exists() else False
+
+        try:
+            await eventually(lambda: process.returncode is not None or copying(), within_s=60)
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+        # Killed while staging: the mirror serves nothing of it, and server.yaml is as it was.
+        served = [p for p in site.root.rglob("*") if not p.relative_to(site.root).parts[0].startswith(".")]
+        assert served == []
+        assert await asyncio.to_thread(list_models, site.root) == []
+        assert site.server_yaml.read_text() == SERVER_YAML
+        # The next import does it all, the abandoned staging left unserved.
+        await site.load(made.path, made.sha256)
+        assert [m.commit for m in await asyncio.to_thread(list_models, site.root)] == [COMMIT]
+        assert "base_url: http://models.internal:8081/files/engines" in site.server_yaml.read_text()
