@@ -303,6 +303,16 @@ class TestRefusals:
             await site.load(made.path, "0" * 64)
         site.untouched()
 
+    async def test_a_mirror_root_that_cannot_be_made_is_refused_in_words(
+        self, made: Made, site: Site, tmp_path: Path
+    ) -> None:
+        (tmp_path / "a-file").write_text("")
+        with pytest.raises(
+            BundleError, match=r"cannot stage the bundle in the mirror's root: .*a-file/mirror"
+        ):
+            await site.load(made.path, made.sha256, root=tmp_path / "a-file" / "mirror")
+        assert site.server_yaml.read_text() == SERVER_YAML
+
     async def test_a_malformed_sha256_is_refused(self, made: Made, site: Site) -> None:
         with pytest.raises(BundleError, match="is not a sha256"):
             await site.load(made.path, "abc")

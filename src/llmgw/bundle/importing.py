@@ -98,8 +98,15 @@ def import_bundle(opts: ImportOptions, report: Report) -> Imported:
     trusted = signing.trusted_keys(opts.trust_dir)
     created_root = not opts.root.exists()
     incoming = opts.root / INCOMING
-    incoming.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="bundle-", dir=incoming))
+    try:
+        incoming.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="bundle-", dir=incoming))
+    except OSError as exc:
+        raise BundleError(
+            f"cannot stage the bundle in the mirror's root: {exc.filename or incoming}: {exc.strerror}; "
+            "nothing was imported"
+        ) from None
+    placing = False
     try:
         if opts.bundle.is_dir():
             manifest, signer = _stage_directory(
@@ -112,19 +119,31 @@ def import_bundle(opts: ImportOptions, report: Report) -> Imported:
         models = _check_pins(opts.bundle, staging, manifest)
         server_text, base_url = _engine_mirror(opts, manifest)
         report(f"checked {len(manifest.files)} files ({manifest.size:,} bytes); placing them in {opts.root}")
+        placing = True
         _place(opts.root, staging, manifest, models)
         if server_text is not None and opts.server_config is not None:
             _replace(opts.server_config, server_text)
             report(f"set engine_mirror in {opts.server_config}: {base_url}")
+    except OSError as exc:
+        _abandon(staging, incoming, opts.root if created_root and not placing else None)
+        # A full disk or a directory that cannot be written, said in words; while staging, nothing
+        # was placed, and while placing, what was placed is whole (a model's pins come last).
+        where = exc.filename or opts.root
+        said = "the import stopped partway; run it again" if placing else "nothing was imported"
+        raise BundleError(f"cannot write {where}: {exc.strerror or exc}; {said}") from None
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        _remove_if_empty(incoming)
-        if created_root:
-            _remove_if_empty(opts.root)
+        _abandon(staging, incoming, opts.root if created_root else None)
         raise
+    _abandon(staging, incoming, None)
+    return Imported(manifest=manifest, signer=signer, engine_base_url=base_url)
+
+
+def _abandon(staging: Path, incoming: Path, root: Path | None) -> None:
+    """Remove the staging, and the directories made for it (the root too, when the import made it)."""
     shutil.rmtree(staging, ignore_errors=True)
     _remove_if_empty(incoming)
-    return Imported(manifest=manifest, signer=signer, engine_base_url=base_url)
+    if root is not None:
+        _remove_if_empty(root)
 
 
 def _checked_manifest(
@@ -370,6 +389,9 @@ def _engine_mirror(opts: ImportOptions, manifest: Manifest) -> tuple[str | None,
             f"where do nodes reach the mirror? {path} sets no mirror.url; give it with --mirror-url "
             "(http://models.internal:8081); nothing was imported"
         )
+    if not os.access(path.parent, os.W_OK) or not os.access(path, os.W_OK):
+        # Found now rather than after the mirror was filled, with server.yaml still pointing elsewhere.
+        raise BundleError(f"cannot write {path}, so engine_mirror cannot be set; nothing was imported")
     base_url = f"{url}/files/{ENGINES}"
     checksums = dict(current.engine_mirror.checksums)
     for engine in manifest.engines:
