@@ -333,7 +333,11 @@ class _Steps:
         mirror = config.load(MirrorConfig, mirror_yaml) if mirror_yaml.is_file() else MirrorConfig()
         _, port = split_host_port(mirror.listen, "listen")
         address = next(iter(self.wanted_names()), "127.0.0.1")
-        url = opts.mirror_url or f"http://{f'[{address}]' if ':' in address else address}:{port}"
+        url = (
+            opts.mirror_url
+            or load_server_config(opts.config_path).mirror.url
+            or f"http://{f'[{address}]' if ':' in address else address}:{port}"
+        )
         done = import_bundle(
             ImportOptions(
                 bundle=opts.bundle,
