@@ -220,13 +220,16 @@ async def _engines(
             digests = await releases.digests(recipe.repo, version)
             directory = work / ENGINES / recipe.repo / "releases" / "download" / version
             await asyncio.to_thread(directory.mkdir, parents=True)
+            # Every digest before any download: a release missing one is refused in seconds, not
+            # after a gigabyte of the others.
+            unchecked = [asset for asset in assets if asset not in digests]
+            if unchecked:
+                raise BundleError(
+                    f"{recipe.repo} {version}: the publisher gives no sha256 for {', '.join(unchecked)}; "
+                    "a bundle carries nothing that cannot be checked"
+                )
             for asset, arch in assets.items():
-                expected = digests.get(asset)
-                if expected is None:
-                    raise BundleError(
-                        f"{recipe.repo} {version}: the publisher gives no sha256 for {asset}; "
-                        "a bundle carries nothing that cannot be checked"
-                    )
+                expected = digests[asset]
                 report(f"downloading {asset}")
                 got = await releases.download(
                     releases.asset_url(recipe.repo, version, asset), directory / asset
