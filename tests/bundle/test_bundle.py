@@ -248,6 +248,8 @@ class TestCreate:
     def test_engines_and_architectures_are_refused_in_words(self) -> None:
         with pytest.raises(BundleError, match="write ENGINE=VERSION"):
             parse_engines(["llamacpp"])
+        with pytest.raises(BundleError, match=re.escape("'../b1' is not a release tag")):
+            parse_engines(["llamacpp=../b1"])
         with pytest.raises(BundleError, match="vllm is installed by hand"):
             parse_engines(["vllm=0.9"])
         with pytest.raises(BundleError, match="name some of x64, arm64"):

@@ -17,6 +17,7 @@ import asyncio
 import datetime
 import hashlib
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -54,6 +55,7 @@ _PIP_PLATFORMS = {
     "arm64": ("manylinux_2_28_aarch64", "manylinux2014_aarch64", "linux_aarch64"),
 }
 _READ = 8 << 20
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 Report = Callable[[str], None]
 
 
@@ -91,6 +93,9 @@ def parse_engines(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:
         engine, eq, version = spec.partition("=")
         if not eq or not version:
             raise BundleError(f"--engines {spec!r}: write ENGINE=VERSION, such as llamacpp=b11434")
+        if not _VERSION.fullmatch(version):
+            # It becomes a directory of the bundle and of the mirror: "../x" would land elsewhere.
+            raise BundleError(f"--engines {spec!r}: {version!r} is not a release tag (such as b11434)")
         if engine not in RECIPES:
             raise BundleError(
                 f"--engines {spec!r}: llmgw installs {', '.join(sorted(RECIPES))} from release archives; "
