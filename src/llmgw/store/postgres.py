@@ -101,16 +101,33 @@ class PostgresStore(Store):
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[_Connection]:
+        # Only the driver's calls are translated, never the caller's block: an OSError of the caller's
+        # own is not the store going away.
         with _translated(self.url):
-            async with self._pool.acquire() as conn:
-                yield _Connection(conn, self.url)
+            conn = await self._pool.acquire()
+        try:
+            yield _Connection(conn, self.url)
+        finally:
+            # A connection PostgreSQL dropped fails its reset here; the pool has closed it already,
+            # and what the caller raised is the error to see.
+            with contextlib.suppress(Exception):
+                await self._pool.release(conn)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Queries]:
         async with self._connection() as queries:
+            transaction = queries._conn.transaction()
             with _translated(self.url):
-                async with queries._conn.transaction():
-                    yield queries
+                await transaction.start()
+            try:
+                yield queries
+            except BaseException:
+                # On a connection that died, ROLLBACK fails too, and PostgreSQL has rolled it back.
+                with contextlib.suppress(Exception):
+                    await transaction.rollback()
+                raise
+            with _translated(self.url):
+                await transaction.commit()
 
     async def fetch_all(self, sql: str, args: Args = ()) -> list[Row]:
         async with self._connection() as queries:
