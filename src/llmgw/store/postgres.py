@@ -180,17 +180,22 @@ async def open_postgres(
         where = PostgresUrl.parse(url)
     except ValueError as exc:
         raise StoreError(f"`database` ({url}) is not a PostgreSQL address: {exc}") from None
+    # min_size=0: connections are made when a statement needs one. With a floor, asyncpg reconnects in
+    # the background while PostgreSQL is away and prints a traceback every second; the server's own
+    # tasks already say, once, that the store is away.
+    pool = await asyncpg.create_pool(
+        url, min_size=0, max_size=POOL_SIZE, timeout=CONNECT_TIMEOUT_S, command_timeout=60
+    )
     try:
-        # min_size=1: the first connection is made here, so an unreachable store stops the start.
-        pool = await asyncpg.create_pool(
-            url, min_size=1, max_size=POOL_SIZE, timeout=CONNECT_TIMEOUT_S, command_timeout=60
-        )
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise StoreError(
-            f"cannot reach the PostgreSQL store at {where} ({_reason(exc)}); check `database` in "
-            "server.yaml, and that PostgreSQL runs there and lets this machine connect"
-        ) from None
-    try:
+        try:
+            # The first connection, made here, so that an unreachable store stops the start.
+            async with pool.acquire():
+                pass
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(
+                f"cannot reach the PostgreSQL store at {where} ({_reason(exc)}); check `database` in "
+                "server.yaml, and that PostgreSQL runs there and lets this machine connect"
+            ) from None
         store = PostgresStore(where, pool)
         try:
             await migrate(store, migrations)
