@@ -34,15 +34,20 @@ def _translated(where: PostgresUrl) -> Iterator[None]:
     try:
         yield
     except asyncpg.UniqueViolationError as exc:
-        raise Duplicate(str(exc)) from None
+        raise Duplicate(_one_line(exc)) from None
     except asyncpg.ForeignKeyViolationError as exc:
-        raise MissingReference(str(exc)) from None
+        raise MissingReference(_one_line(exc)) from None
     except asyncpg.IntegrityConstraintViolationError as exc:
-        raise IntegrityError(str(exc)) from None
+        raise IntegrityError(_one_line(exc)) from None
     except (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
         raise StoreError(f"the PostgreSQL store at {where} cannot be reached ({_reason(exc)})") from None
     except (asyncpg.AdminShutdownError, asyncpg.CannotConnectNowError) as exc:
         raise StoreError(f"the PostgreSQL store at {where} is shutting down or starting ({exc})") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """PostgreSQL's message and its DETAIL on one line: the person reads it in one sentence."""
+    return " ".join(str(exc).split())
 
 
 def _changed(status: str) -> int:
