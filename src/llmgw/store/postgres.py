@@ -166,7 +166,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, socket.gaierror):
         return "no such host"
     if isinstance(exc, TimeoutError):
-        return f"no answer within {CONNECT_TIMEOUT_S:g} seconds"
+        return "it did not answer in time"
     if isinstance(exc, asyncpg.InvalidPasswordError):
         return "the password was refused"
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
