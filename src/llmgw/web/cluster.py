@@ -61,7 +61,9 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         request,
         "admin_cluster.html",
         paths=paths,
-        summary=adminapi.status_view(inventory, request.config_dict[CATALOG_KEY].models()),
+        summary=adminapi.status_view(
+            inventory, request.config_dict[CATALOG_KEY].models(), adminapi.control_plane_view(request)
+        ),
         nodes=[node_row(v) for v in adminapi.nodes_view(inventory)],
         failures=adminapi.failures_view(inventory)[:CLUSTER_PAGE_FAILURES],
         backing_off=_backing_off(request),

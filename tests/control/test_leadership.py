@@ -1,0 +1,195 @@
+"""Several control planes on one real PostgreSQL: one leader by an advisory lock, standbys naming it.
+
+The leader is elected through `pg_try_advisory_lock` on a dedicated connection: it goes with that
+connection, whether the leader's process is killed or its connection is cut, and a standby takes it
+at its next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from structlog.testing import capture_logs
+
+from llmgw.control import STANDBY
+from llmgw.control.leadership import Leadership, while_leading
+
+from ..postgres import Cluster
+from ..waiting import eventually
+
+pytestmark = pytest.mark.slow
+
+POLL_S = 0.1
+# How long an election may take here: a few polls, on a machine other tests load too.
+ELECTED_S = 10.0
+
+
+@contextlib.asynccontextmanager
+async def plane(url: str, name: str, advertise: str, **options: float) -> AsyncIterator[Leadership]:
+    async with Leadership(url, name, advertise, poll_s=POLL_S, **options) as leadership:
+        yield leadership
+
+
+def one_leader(*planes: Leadership) -> bool:
+    return sum(p.leading for p in planes) == 1 and all(p.leader is not None for p in planes)
+
+
+async def backend_pid(url: str, name: str) -> int:
+    """The PostgreSQL session (its server process) that holds name's connection."""
+    connection = await asyncpg.connect(url)
+    try:
+        pid = await connection.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1", f"llmgw {name}"
+        )
+    finally:
+        await connection.close()
+    assert pid is not None, f"{name} has no session"
+    return int(pid)
+
+
+async def terminate(url: str, pid: int) -> None:
+    connection = await asyncpg.connect(url)
+    try:
+        assert await connection.fetchval("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await connection.close()
+
+
+class TestElection:
+    async def test_two_servers_on_one_database_elect_exactly_one_leader_and_the_standby_names_it(
+        self, postgres_url: str
+    ) -> None:
+        async with (
+            plane(postgres_url, "cp1", "198.18.0.1:7443") as first,
+            plane(postgres_url, "cp2", "198.18.0.2:7443") as second,
+        ):
+            await eventually(lambda: one_leader(first, second), ELECTED_S)
+            leader, standby = (first, second) if first.leading else (second, first)
+            assert leader.refusal() is None
+            assert standby.refusal() == f"{STANDBY}; the leader is {leader.name} at {leader.advertise}"
+            # Still one after many polls: a standby never takes a lock that is held.
+            for _ in range(5):
+                await asyncio.sleep(POLL_S)
+                assert one_leader(first, second)
+            assert [p.name for p in await standby.planes()] == ["cp1", "cp2"]
+
+    async def test_a_standby_takes_over_when_the_leaders_process_is_killed(self, postgres_url: str) -> None:
+        """SIGKILL: the kernel closes the leader's socket, PostgreSQL releases its lock at once."""
+        script = (
+            "import asyncio, sys\n"
+            "from llmgw.control.leadership import Leadership\n"
+            "async def main():\n"
+            f"    async with Leadership({postgres_url!r}, 'cp1', '198.18.0.1:7443', poll_s={POLL_S}) as l:\n"
+            "        await l.wait_leading()\n"
+            "        print('leading', flush=True)\n"
+            "        await asyncio.Event().wait()\n"
+            "asyncio.run(main())\n"
+        )
+        leader = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE, env={**os.environ}
+        )
+        try:
+            assert leader.stdout is not None
+            # Its own log goes to stdout as well: read up to the line the script prints.
+            async with asyncio.timeout(60):
+                while await leader.stdout.readline() != b"leading\n":
+                    pass
+            async with plane(postgres_url, "cp2", "198.18.0.2:7443") as standby:
+                await eventually(lambda: standby.leader is not None, ELECTED_S)
+                assert standby.refusal() == f"{STANDBY}; the leader is cp1 at 198.18.0.1:7443"
+                killed = time.monotonic()
+                leader.send_signal(signal.SIGKILL)
+                await leader.wait()
+                await eventually(lambda: standby.leading, ELECTED_S)
+                took_s = time.monotonic() - killed
+                await eventually(lambda: standby.leader is not None and standby.leader.name == "cp2")
+                print(f"takeover after SIGKILL of the leader: {took_s:.2f} s (poll every {POLL_S} s)")
+        finally:
+            if leader.returncode is None:
+                leader.send_signal(signal.SIGKILL)
+                await leader.wait()
+
+    async def test_a_leader_whose_connection_is_cut_steps_down_and_stops_its_leader_work(
+        self, postgres_url: str
+    ) -> None:
+        started, cancelled = [], []
+
+        async def work() -> None:
+            started.append(1)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                cancelled.append(1)
+
+        async with (
+            plane(postgres_url, "cp1", "198.18.0.1:7443") as first,
+            plane(postgres_url, "cp2", "198.18.0.2:7443") as second,
+        ):
+            watchers = [asyncio.create_task(while_leading(p, work)) for p in (first, second)]
+            try:
+                await eventually(lambda: one_leader(first, second), ELECTED_S)
+                leader, standby = (first, second) if first.leading else (second, first)
+                await eventually(lambda: started == [1])
+                with capture_logs() as logs:
+                    await terminate(postgres_url, await backend_pid(postgres_url, leader.name))
+                    await eventually(lambda: standby.leading, ELECTED_S)
+                    await eventually(lambda: cancelled == [1])
+                assert not leader.leading
+                assert any(e["event"] == "this control plane is no longer the leader" for e in logs)
+                # The other's work runs now, and only it.
+                await eventually(lambda: started == [1, 1])
+                assert sum(p.leading for p in (first, second)) == 1
+                # The old leader reconnects as a standby and names the new one.
+                await eventually(lambda: leader.leader is not None and leader.leader.name == standby.name)
+                assert leader.refusal() == f"{STANDBY}; the leader is {standby.name} at {standby.advertise}"
+            finally:
+                for watcher in watchers:
+                    watcher.cancel()
+                await asyncio.gather(*watchers, return_exceptions=True)
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="stopping PostgreSQL's server process needs root")
+    async def test_a_leader_that_postgresql_stops_answering_steps_down_on_its_own(
+        self, postgres_url: str
+    ) -> None:
+        """A leader cut off from PostgreSQL must stop placing before its lock can pass to another."""
+        async with plane(postgres_url, "cp1", "198.18.0.1:7443", query_timeout_s=0.5) as leader:
+            await eventually(lambda: leader.leading, ELECTED_S)
+            pid = await backend_pid(postgres_url, "cp1")
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await eventually(lambda: not leader.leading, ELECTED_S)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            # Once PostgreSQL answers again (the old session gone, the lock with it) it leads again.
+            await eventually(lambda: leader.leading, ELECTED_S * 3)
+
+    async def test_a_postgresql_that_cannot_be_reached_leaves_the_server_a_standby_saying_so(
+        self, postgres: Cluster
+    ) -> None:
+        url = f"postgresql://llmgw@127.0.0.1:{_closed_port()}/nothing"
+        with capture_logs() as logs:
+            async with plane(url, "cp1", "198.18.0.1:7443") as alone:
+                await eventually(
+                    lambda: any("cannot reach PostgreSQL" in e["event"] for e in logs), ELECTED_S
+                )
+                assert not alone.leading
+                assert alone.refusal() == (
+                    f"{STANDBY}; no control plane holds the leadership right now (one takes it within seconds)"
+                )
+        said = next(e for e in logs if "cannot reach PostgreSQL" in e["event"])
+        assert said["database"] == url
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
