@@ -110,7 +110,8 @@ class TestPublishing:
                 admin = await asyncpg.connect(postgres_url)
                 try:
                     await admin.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'llmgw cp2'"
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE application_name = 'llmgw cp2'"
                     )
                     leader.inventory.attach(pb.Register(node_id="n1", running=[ready("n1", "s1", 9102, "x")]))
                 finally:

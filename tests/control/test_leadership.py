@@ -183,7 +183,8 @@ class TestElection:
                 )
                 assert not alone.leading
                 assert alone.refusal() == (
-                    f"{STANDBY}; no control plane holds the leadership right now (one takes it within seconds)"
+                    f"{STANDBY}; no control plane holds the leadership right now "
+                    "(one takes it within seconds)"
                 )
         said = next(e for e in logs if "cannot reach PostgreSQL" in e["event"])
         assert said["database"] == url
