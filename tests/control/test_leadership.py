@@ -20,9 +20,15 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
+from llmgw import config
+from llmgw.agent.client import AgentClient
+from llmgw.config import AgentConfig, ServerConfig
 from llmgw.control import STANDBY
+from llmgw.control.agentsvc import free_port, serve_agents
+from llmgw.control.inventory import Inventory
 from llmgw.control.leadership import Leadership, while_leading
 
+from ..agent.test_client import FakeSupervisor
 from ..postgres import Cluster
 from ..waiting import eventually
 
@@ -194,3 +200,91 @@ def _closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def agent_service(
+    url: str, name: str, cfg: ServerConfig
+) -> AsyncIterator[tuple[Leadership, Inventory, str, list[str]]]:
+    """A control plane's election and agent service: (leadership, inventory, address, refusals)."""
+    inventory = Inventory(grace_s=5.0)
+    refusals: list[str] = []
+    port = await asyncio.to_thread(free_port, "127.0.0.1")
+    address = f"127.0.0.1:{port}"
+    async with (
+        Leadership(url, name, address, poll_s=POLL_S) as leadership,
+        serve_agents(
+            config.evolve(cfg, agent_listen=address), inventory, refused=refusals.append, gate=leadership
+        ),
+    ):
+        yield leadership, inventory, address, refusals
+
+
+class TestAgents:
+    async def test_an_agent_listing_both_servers_connects_to_the_leader_whatever_the_order(
+        self, postgres_url: str, fleet, server_cfg: ServerConfig
+    ) -> None:
+        async with (
+            agent_service(postgres_url, "cp1", server_cfg) as first,
+            agent_service(postgres_url, "cp2", server_cfg) as second,
+        ):
+            await eventually(lambda: one_leader(first[0], second[0]), ELECTED_S)
+            leader, standby = (first, second) if first[0].leading else (second, first)
+            for servers in ([leader[2], standby[2]], [standby[2], leader[2]]):
+                cfg = AgentConfig(
+                    node_id="n1", servers=servers, tls=fleet.agents["n1"], heartbeat_interval_s=0.1
+                )
+                client = AgentClient(
+                    cfg, FakeSupervisor(), {"sim": "1"}, backoff_base_s=0.05, backoff_max_s=0.2
+                )
+                with capture_logs() as logs:
+                    task = asyncio.create_task(client.run())
+                    try:
+                        await asyncio.wait_for(client.connected.wait(), ELECTED_S)
+                        assert client.server == leader[2]
+                        node = leader[1].node("n1")
+                        assert node is not None and node.connected
+                        assert standby[1].node("n1") is None
+                    finally:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
+                turned_away = [e for e in logs if e["event"].startswith("a standby turned this node away")]
+                if servers[0] == standby[2]:
+                    assert [e["said"] for e in turned_away] == [
+                        f"{STANDBY}; the leader is {leader[0].name} at {leader[2]}"
+                    ]
+                    assert standby[3] == ["standby"]
+                    assert not [e for e in logs if e["event"] == "the control plane stream failed"]
+                else:
+                    assert not turned_away
+
+    async def test_a_leader_that_loses_its_lock_lets_go_of_its_agents_and_they_find_the_new_leader(
+        self, postgres_url: str, fleet, server_cfg: ServerConfig
+    ) -> None:
+        async with (
+            agent_service(postgres_url, "cp1", server_cfg) as first,
+            agent_service(postgres_url, "cp2", server_cfg) as second,
+        ):
+            await eventually(lambda: one_leader(first[0], second[0]), ELECTED_S)
+            leader, standby = (first, second) if first[0].leading else (second, first)
+            cfg = AgentConfig(
+                node_id="n1",
+                servers=[leader[2], standby[2]],
+                tls=fleet.agents["n1"],
+                heartbeat_interval_s=0.1,
+            )
+            client = AgentClient(cfg, FakeSupervisor(), {"sim": "1"}, backoff_base_s=0.05, backoff_max_s=0.2)
+            task = asyncio.create_task(client.run())
+            try:
+                await eventually(lambda: client.server == leader[2], ELECTED_S)
+                await terminate(postgres_url, await backend_pid(postgres_url, leader[0].name))
+                await eventually(lambda: standby[0].leading, ELECTED_S)
+                await eventually(lambda: client.server == standby[2], ELECTED_S)
+                node = standby[1].node("n1")
+                assert node is not None and node.connected
+                # The old leader let go of it: no two control planes hold one node.
+                old = leader[1].node("n1")
+                assert old is not None and not old.connected
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
