@@ -31,6 +31,7 @@ from llmgw.control.leadership import Leadership, while_leading
 from ..agent.test_client import FakeSupervisor
 from ..postgres import Cluster
 from ..waiting import eventually
+from .conftest import Fleet
 
 pytestmark = pytest.mark.slow
 
@@ -220,9 +221,14 @@ async def agent_service(
         yield leadership, inventory, address, refusals
 
 
+def agent_of(fleet: Fleet, servers: list[str]) -> AgentClient:
+    cfg = AgentConfig(node_id="n1", servers=servers, tls=fleet.agents["n1"], heartbeat_interval_s=0.1)
+    return AgentClient(cfg, FakeSupervisor(), {"sim": "1"}, backoff_base_s=0.05, backoff_max_s=0.2)
+
+
 class TestAgents:
     async def test_an_agent_listing_both_servers_connects_to_the_leader_whatever_the_order(
-        self, postgres_url: str, fleet, server_cfg: ServerConfig
+        self, postgres_url: str, fleet: Fleet, server_cfg: ServerConfig
     ) -> None:
         async with (
             agent_service(postgres_url, "cp1", server_cfg) as first,
@@ -231,12 +237,7 @@ class TestAgents:
             await eventually(lambda: one_leader(first[0], second[0]), ELECTED_S)
             leader, standby = (first, second) if first[0].leading else (second, first)
             for servers in ([leader[2], standby[2]], [standby[2], leader[2]]):
-                cfg = AgentConfig(
-                    node_id="n1", servers=servers, tls=fleet.agents["n1"], heartbeat_interval_s=0.1
-                )
-                client = AgentClient(
-                    cfg, FakeSupervisor(), {"sim": "1"}, backoff_base_s=0.05, backoff_max_s=0.2
-                )
+                client = agent_of(fleet, servers)
                 with capture_logs() as logs:
                     task = asyncio.create_task(client.run())
                     try:
@@ -259,7 +260,7 @@ class TestAgents:
                     assert not turned_away
 
     async def test_a_leader_that_loses_its_lock_lets_go_of_its_agents_and_they_find_the_new_leader(
-        self, postgres_url: str, fleet, server_cfg: ServerConfig
+        self, postgres_url: str, fleet: Fleet, server_cfg: ServerConfig
     ) -> None:
         async with (
             agent_service(postgres_url, "cp1", server_cfg) as first,
@@ -267,13 +268,7 @@ class TestAgents:
         ):
             await eventually(lambda: one_leader(first[0], second[0]), ELECTED_S)
             leader, standby = (first, second) if first[0].leading else (second, first)
-            cfg = AgentConfig(
-                node_id="n1",
-                servers=[leader[2], standby[2]],
-                tls=fleet.agents["n1"],
-                heartbeat_interval_s=0.1,
-            )
-            client = AgentClient(cfg, FakeSupervisor(), {"sim": "1"}, backoff_base_s=0.05, backoff_max_s=0.2)
+            client = agent_of(fleet, [leader[2], standby[2]])
             task = asyncio.create_task(client.run())
             try:
                 await eventually(lambda: client.server == leader[2], ELECTED_S)
