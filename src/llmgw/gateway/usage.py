@@ -172,7 +172,7 @@ class UsageRecorder:
         """The writer: flush every interval until stop(), then a last time.
 
         Stopped by stop() rather than by cancellation: a flush cancelled while
-        its COMMIT runs in aiosqlite's thread cannot know whether it landed.
+        its COMMIT is on its way (in aiosqlite's thread, or to PostgreSQL) cannot know whether it landed.
         """
         while True:
             with contextlib.suppress(TimeoutError):

@@ -130,7 +130,7 @@ async def _serve_app(
 @contextlib.asynccontextmanager
 async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
     async with contextlib.AsyncExitStack() as stack:
-        store = await stack.enter_async_context(open_store(cfg.database_path, server=True))
+        store = await stack.enter_async_context(open_store(cfg.store, server=True))
         keys = KeyCache()
         await keys.refresh(store)
         # server.yaml's models and those added with `llmgw ctl model add`, which the store kept. The
@@ -141,7 +141,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         # budgets count everything spent before this start, and the last minute refills the windows.
         # Entered before the task group, so that its segments close after the journal's task has ended.
         journal, recent = await stack.enter_async_context(
-            open_journal(cfg.database_path.parent / "usage-journal", store, cfg.usage_sync_s)
+            open_journal(cfg.usage_journal_dir, store, cfg.usage_sync_s)
         )
         owned: list[asyncio.Task[None]] = []
         tasks = await stack.enter_async_context(asyncio.TaskGroup())
