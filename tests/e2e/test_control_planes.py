@@ -233,17 +233,19 @@ def test_killing_the_leader_under_traffic_through_the_standby_fails_no_request_a
                 client.join(timeout=60)
 
             during = [status for when, status in outcomes if killed <= when <= adopted + 1]
+            rate = len(outcomes) / (outcomes[-1][0] - outcomes[0][0])
             failed = [status for _, status in outcomes if status != 200]
             print(
                 f"\nleader killed -> standby leads: {led - killed:.2f} s; -> agent connected: "
                 f"{connected - killed:.2f} s; -> replica adopted: {adopted - killed:.2f} s; "
-                f"requests: {len(outcomes)} ({len(during)} during the takeover), failed: {len(failed)}"
+                f"requests: {len(outcomes)} at {rate:.0f}/s ({len(during)} during the takeover), "
+                f"failed: {len(failed)}"
             )
             assert failed == [], f"{len(failed)} requests failed through the standby's gateway: {failed[:10]}"
             # Adopted: the same shard, the same engine process; no second replica of the model.
             assert after["shard_id"] == before["shard_id"]
             assert [r["shard_id"] for r in _replicas(standby)] == [before["shard_id"]]
-            records = {r.shard_id: r.pid for r in engine_state.read_state(agent_state)}
+            records = {r.request.shard_id: r.pid for r in engine_state.read_state(agent_state)}
             assert records[before["shard_id"]] == engine.pid
             assert len(records) == 2
     finally:

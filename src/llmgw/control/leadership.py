@@ -34,15 +34,18 @@ import structlog
 
 from llmgw.backoff import ExponentialBackoff
 from llmgw.control import STANDBY
+from llmgw.store.url import PostgresUrl
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-# The advisory lock of the leadership: "llmgw" and 1, a 64-bit key no other application is likely to use.
-LOCK_KEY = 0x6C6C6D6777000001
+# The advisory lock of the leadership: "llmgw" and 0x10, a 64-bit key no other application is likely
+# to use. Not the store's migration lock ("llmgw" and 1, store/dialect.py): a standby waiting on the
+# store's migrations behind a leader holding that key would wait for ever.
+LOCK_KEY = 0x6C6C6D6777000010
 # Held for a moment while the tables are made, so two servers starting together do not race on them.
-_SCHEMA_KEY = 0x6C6C6D6777000002
+_SCHEMA_KEY = 0x6C6C6D6777000011
 # How often a standby tries the lock, and every server says it is alive.
 POLL_S = 1.0
 # A poll's query must answer within this, or the connection is taken for lost (and the lock with it).
@@ -96,11 +99,6 @@ _PLANES = """
 SELECT name, advertise, extract(epoch FROM now() - last_seen)::float8 AS age FROM llmgw_control_planes
 ORDER BY name
 """
-
-
-def is_postgresql(database: str) -> bool:
-    """Whether server.yaml's `database` names a PostgreSQL server rather than a SQLite file."""
-    return database.startswith(("postgresql://", "postgres://"))
 
 
 @attrs.frozen
@@ -347,12 +345,10 @@ def _keepalive(connection: asyncpg.Connection) -> None:
 
 def _where(url: str) -> str:
     """The URL without its password, for logs and errors."""
-    scheme, _, rest = url.partition("://")
-    credentials, at, place = rest.rpartition("@")
-    if not at:
-        return url
-    user = credentials.partition(":")[0]
-    return f"{scheme}://{user}@{place}"
+    try:
+        return str(PostgresUrl.parse(url))
+    except ValueError:
+        return url.rpartition("@")[2]
 
 
 def _said(exc: BaseException) -> str:

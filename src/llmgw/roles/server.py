@@ -29,7 +29,7 @@ from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY, 
 from llmgw.control.agentsvc import free_port, serve_agents
 from llmgw.control.fleet_routes import FleetRoutes
 from llmgw.control.inventory import Inventory
-from llmgw.control.leadership import Leadership, advertised, is_postgresql, plane_name, while_leading
+from llmgw.control.leadership import Leadership, advertised, plane_name, while_leading
 from llmgw.control.metrics import ControlMetrics
 from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
@@ -45,6 +45,7 @@ from llmgw.listen import cannot_listen, split_host_port
 from llmgw.metrics import Metrics, Snapshot, new_registry, serve_metrics
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
+from llmgw.store.url import is_postgres_url
 from llmgw.web.admin_listener import client_port_api_guard, make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
@@ -292,7 +293,7 @@ async def _leadership(cfg: ServerConfig) -> tuple[Leadership | None, ServerConfi
     A port is chosen now when agent_listen asks for any (port 0): the leader's address, which
     standbys give agents, must name it before the service listens.
     """
-    if not is_postgresql(cfg.database):
+    if not is_postgres_url(cfg.database):
         return None, cfg
     host, port = split_host_port(cfg.agent_listen, "agent_listen")
     port = port or await asyncio.to_thread(free_port, host)
