@@ -283,3 +283,23 @@ class TestAgents:
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_connection_holding_the_lock_has_keepalives_at_both_ends(postgres_url: str) -> None:
+    """A leader whose machine vanishes must lose its lock within seconds, and notice it the same."""
+    async with plane(postgres_url, "cp1", "198.18.0.1:7443") as leader:
+        await eventually(lambda: leader.leading, ELECTED_S)
+        settings = await leader.use(
+            lambda c: c.fetchrow(
+                "SELECT current_setting('tcp_keepalives_idle') AS idle,"
+                " current_setting('tcp_keepalives_count') AS count,"
+                " current_setting('tcp_user_timeout') AS unacknowledged"
+            )
+        )
+        assert (settings["idle"], settings["count"], settings["unacknowledged"]) == ("3", "3", "6000")
+        sock = await leader.use(lambda c: _socket(c))
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+
+
+async def _socket(connection: asyncpg.Connection) -> socket.socket:
+    return connection._transport.get_extra_info("socket")  # type: ignore[no-any-return]

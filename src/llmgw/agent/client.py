@@ -36,6 +36,7 @@ from llmgw.agent.discovery.node import NodeReport
 from llmgw.backoff import ExponentialBackoff
 from llmgw.config import AgentConfig, TLSConfig
 from llmgw.control import STANDBY
+from llmgw.keepalive import keep_alive
 from llmgw.log import RING, LogRing
 from llmgw.pki import certificate_problem, client_ssl_context
 from llmgw.proto.llmgw import v1 as pb
@@ -222,6 +223,9 @@ class AgentClient:
         # Connected first, so the connection's own local address is known before Register says it,
         # and before any StartShard (which can only come down this stream) needs it.
         await stream.send_request()
+        # A control plane whose machine vanished sends nothing to say so: noticed within seconds
+        # (llmgw/keepalive.py), the agent dials the next server, where a standby is taking over.
+        keep_alive(getattr(stream.peer, "_transport", None))
         advertised = self._cfg.advertise_address or _local_address(stream)
         if not advertised:
             log.warning(

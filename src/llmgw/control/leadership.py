@@ -34,6 +34,7 @@ import structlog
 
 from llmgw.backoff import ExponentialBackoff
 from llmgw.control import STANDBY
+from llmgw.keepalive import keep_alive
 from llmgw.store.url import PostgresUrl
 
 log = structlog.get_logger(__name__)
@@ -62,8 +63,6 @@ _SERVER_SETTINGS = {
     "tcp_keepalives_count": "3",
     "tcp_user_timeout": "6000",
 }
-# The same from this side, so a standby's LISTEN on a connection to a vanished PostgreSQL ends too.
-_KEEPALIVE = {"TCP_KEEPIDLE": 3, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": 3}
 
 
 # The servers sharing the database; and the routing table the leader publishes (fleet_routes.py).
@@ -248,7 +247,8 @@ class Leadership:
     async def _connect(self) -> asyncpg.Connection:
         settings = {**_SERVER_SETTINGS, "application_name": f"llmgw {self.name}"[:63]}
         connection = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT_S, server_settings=settings)
-        _keepalive(connection)
+        # The same from this side (llmgw/keepalive.py), so a connection to a vanished PostgreSQL ends too.
+        keep_alive(getattr(connection, "_transport", None))
         try:
             async with asyncio.timeout(self._query_timeout_s * 3):
                 async with connection.transaction():
@@ -329,18 +329,6 @@ def advertised(configured: str, agent_host: str, agent_port: int) -> str:
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{agent_port}"
-
-
-def _keepalive(connection: asyncpg.Connection) -> None:
-    transport: Any = getattr(connection, "_transport", None)
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in _KEEPALIVE.items():
-        option = getattr(socket, name, None)
-        if option is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def _where(url: str) -> str:
