@@ -60,6 +60,8 @@ _KEY_REFRESH_S = 0.5
 # Limits, budgets, prices and the hierarchy, changed on a page, by a command or the admin API,
 # bind within a second.
 _QUOTA_REFRESH_S = 1.0
+# A model added on another control plane sharing the store is served and placed within a second.
+_CATALOG_REFRESH_S = 1.0
 
 
 @attrs.define
@@ -94,6 +96,19 @@ async def _refresh_keys(
             await keys.refresh(store)
         except Exception:
             log.exception("could not refresh the key cache; keeping the previous one")
+
+
+async def _refresh_catalog(
+    catalog: Catalog, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+) -> None:
+    # Several control planes share the store: a model added or removed on one reaches the others'
+    # catalogs (the leader places it, every gateway routes to it) within a second.
+    while True:
+        await sleep(_CATALOG_REFRESH_S)
+        try:
+            await catalog.reload()
+        except Exception:
+            log.exception("could not reload the catalog from the store; keeping the one in memory")
 
 
 async def _refresh_quotas(
@@ -180,6 +195,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             routes = FleetRoutes(inventory, leadership, catalog, cfg.control.grace_s)
         if routes is not None:
             owned.append(tasks.create_task(routes.follow(), name="routing-table-follow"))
+            owned.append(tasks.create_task(_refresh_catalog(catalog), name="catalog-refresh"))
         gateway_metrics = GatewayMetrics(registry, catalog, log_requests=cfg.log.requests)
         app = make_gateway_app(
             cfg,
