@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 from llmgw import keepalive, pki
 from llmgw.agent import client
 from llmgw.agent.client import AgentClient
+from llmgw.backoff import ExponentialBackoff
 from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
 from llmgw.control.agentsvc import serve_agents
@@ -315,3 +316,16 @@ async def test_the_stream_to_the_control_plane_has_keepalives_so_a_vanished_mach
     ):
         await asyncio.wait_for(connected.connected.wait(), 5)
     assert options == [(1, int(keepalive.UNACKNOWLEDGED_S * 1000))]
+
+
+def test_while_standbys_answer_the_wait_between_rounds_stays_short_however_long_it_has_failed() -> None:
+    backoff = ExponentialBackoff(base_s=0.5, cap_s=30.0)
+    failures = 0
+    for _ in range(20):
+        failures = client.failures_after(failures, registered=False, standby=True)
+        assert backoff.delay(failures) <= 2.0
+    # Without a standby answering, the wait grows as for any failure.
+    for _ in range(5):
+        failures = client.failures_after(failures, registered=False, standby=False)
+    assert backoff.delay(failures) > 2.0
+    assert client.failures_after(failures, registered=True, standby=False) == 1

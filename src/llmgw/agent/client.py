@@ -148,12 +148,7 @@ class AgentClient:
                 if registered:
                     break
                 standby = standby or self._standby
-            # A stream that ended after its Register counts as the first failure: the shortest wait.
-            failures = 1 if registered else failures + 1
-            if standby:
-                # A standby answered: a leader holds the lock, or one takes it within seconds. Waiting
-                # out a long backoff would keep this node from the new leader past the takeover bound.
-                failures = min(failures, _STANDBY_FAILURES)
+            failures = failures_after(failures, registered=registered, standby=standby)
             await asyncio.sleep(self._backoff.delay(failures))
 
     async def _attempt(self, address: str, ssl_context: ssl.SSLContext) -> bool:
@@ -378,7 +373,19 @@ class AgentClient:
 
 
 # Failures in a row the wait is held at while standbys answer: at most 2 s with the default base.
-_STANDBY_FAILURES = 3
+STANDBY_FAILURES = 3
+
+
+def failures_after(failures: int, *, registered: bool, standby: bool) -> int:
+    """The failures in a row after one round of `servers`, which set the wait before the next round.
+
+    A stream that ended after its Register counts as the first failure: the shortest wait. While a
+    standby answers, a leader holds the lock or one takes it within seconds: a wait grown long
+    over earlier failures would keep this node from the new leader past the takeover bound.
+    """
+    failures = 1 if registered else failures + 1
+    return min(failures, STANDBY_FAILURES) if standby else failures
+
 
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
 _NAME_MISMATCH = (62, 64)
