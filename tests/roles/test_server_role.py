@@ -106,3 +106,57 @@ async def test_a_budget_no_price_applies_to_is_reported_when_the_server_starts(c
     warnings = [e["event"] for e in logs if e["log_level"] == "warning"]
     assert "budgets are set but no price applies to free: they never bind" in warnings
     assert not any("priced" in w for w in warnings)
+
+
+class TestLeadership:
+    async def test_a_server_on_sqlite_is_the_leader_and_says_so(self, cfg: ServerConfig) -> None:
+        cfg = attrs.evolve(cfg, control=attrs.evolve(cfg.control, name="cp1"))
+        with capture_logs():
+            async with (
+                server_role(cfg) as server,
+                aiohttp.ClientSession() as session,
+                session.get(server.admin_url + "/api/v1/status") as reply,
+            ):
+                plane = (await reply.json())["control_plane"]
+        assert plane == {"name": "cp1", "role": "leader", "leader": "cp1", "leader_address": ""}
+
+    async def test_two_servers_on_one_postgresql_say_which_leads_and_name_the_leader(
+        self, tmp_path: Path, postgres_url: str
+    ) -> None:
+        configs = [
+            await asyncio.to_thread(
+                loopback_server_config,
+                tmp_path / name,
+                database=postgres_url,
+                auth=AuthConfig(enabled=False),
+                control=ControlConfig(name=name, advertise=f"198.18.0.{i}:7443"),
+                models=[],
+            )
+            for i, name in enumerate(("cp1", "cp2"), start=1)
+        ]
+        with capture_logs():
+            async with (
+                server_role(configs[0]) as first,
+                server_role(configs[1]) as second,
+                aiohttp.ClientSession() as session,
+            ):
+
+                async def plane(server: server_module.ServerHandle) -> dict[str, str]:
+                    async with session.get(server.admin_url + "/api/v1/status") as reply:
+                        said: dict[str, str] = (await reply.json())["control_plane"]
+                        return said
+
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 20
+                while {(await plane(s))["role"] for s in (first, second)} != {"leader", "standby"} or not (
+                    await plane(second)
+                )["leader"]:
+                    assert loop.time() < deadline, "no leader was elected"
+                    await asyncio.sleep(0.05)
+                roles = {(await plane(s))["name"]: await plane(s) for s in (first, second)}
+        leader = next(p for p in roles.values() if p["role"] == "leader")
+        standby = next(p for p in roles.values() if p["role"] == "standby")
+        assert standby["leader"] == leader["name"] == leader["leader"]
+        assert (
+            standby["leader_address"] == {"cp1": "198.18.0.1:7443", "cp2": "198.18.0.2:7443"}[leader["name"]]
+        )
