@@ -87,7 +87,16 @@ class TestElection:
             for _ in range(5):
                 await asyncio.sleep(POLL_S)
                 assert one_leader(first, second)
-            assert [p.name for p in await standby.planes()] == ["cp1", "cp2"]
+
+    async def test_two_servers_given_the_same_name_are_told_so(self, postgres_url: str) -> None:
+        with capture_logs() as logs:
+            async with plane(postgres_url, "cp1", "198.18.0.1:7443") as first:
+                await eventually(lambda: first.leading, ELECTED_S)
+                async with plane(postgres_url, "cp1", "198.18.0.2:7443"):
+                    await eventually(lambda: any(e["log_level"] == "error" for e in logs), ELECTED_S)
+        (said,) = [e for e in logs if e["log_level"] == "error"]
+        assert said["event"].startswith("another control plane sharing this database has the same name")
+        assert (said["name"], said["other"]) == ("cp1", "198.18.0.1:7443")
 
     async def test_a_standby_takes_over_when_the_leaders_process_is_killed(self, postgres_url: str) -> None:
         """SIGKILL: the kernel closes the leader's socket, PostgreSQL releases its lock at once."""

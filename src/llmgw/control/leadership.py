@@ -94,9 +94,10 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
-_PLANES = """
-SELECT name, advertise, extract(epoch FROM now() - last_seen)::float8 AS age FROM llmgw_control_planes
-ORDER BY name
+# Another live session already going by this name: two servers given the same control.name.
+_TWIN = """
+SELECT c.advertise FROM llmgw_control_planes c JOIN pg_stat_activity a ON a.pid = c.pid
+WHERE c.name = $1 AND c.pid <> pg_backend_pid() AND a.application_name = $2
 """
 
 
@@ -106,16 +107,6 @@ class Leader:
 
     name: str
     advertise: str
-
-
-@attrs.frozen
-class ControlPlaneRow:
-    """One server sharing the database, for `ctl status`."""
-
-    name: str
-    advertise: str
-    # Seconds since it last said it was alive.
-    age_s: float
 
 
 class Leadership:
@@ -147,7 +138,6 @@ class Leadership:
         self._leading = asyncio.Event()
         self._standby = asyncio.Event()
         self._standby.set()
-        self._connected = asyncio.Event()
         self.leader: Leader | None = None
         self._on_connect: list[Callable[[asyncpg.Connection], Awaitable[None]]] = []
         self._backoff = ExponentialBackoff(base_s=0.5, cap_s=5.0, jitter=0.5)
@@ -186,11 +176,6 @@ class Leadership:
                 raise ConnectionError(f"no connection to PostgreSQL at {_where(self.url)}")
             async with asyncio.timeout(self._query_timeout_s):
                 return await work(connection)
-
-    async def planes(self) -> list[ControlPlaneRow]:
-        """Every control plane that has shared this database, with how long ago it was seen."""
-        rows = await self.use(lambda c: c.fetch(_PLANES))
-        return [ControlPlaneRow(name=r["name"], advertise=r["advertise"], age_s=r["age"]) for r in rows]
 
     # --- the election
 
@@ -245,7 +230,7 @@ class Leadership:
             await asyncio.sleep(self._backoff.delay(1))
 
     async def _connect(self) -> asyncpg.Connection:
-        settings = {**_SERVER_SETTINGS, "application_name": f"llmgw {self.name}"[:63]}
+        settings = {**_SERVER_SETTINGS, "application_name": _application(self.name)}
         connection = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT_S, server_settings=settings)
         # The same from this side (llmgw/keepalive.py), so a connection to a vanished PostgreSQL ends too.
         keep_alive(getattr(connection, "_transport", None))
@@ -254,11 +239,19 @@ class Leadership:
                 async with connection.transaction():
                     await connection.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_KEY)
                     await connection.execute(_SCHEMA)
+                twin = await connection.fetchval(_TWIN, self.name, _application(self.name))
                 for callback in self._on_connect:
                     await callback(connection)
         except BaseException:
             connection.terminate()
             raise
+        if twin is not None:
+            log.error(
+                "another control plane sharing this database has the same name; give each its own "
+                "control.name, or standbys will name the wrong leader",
+                name=self.name,
+                other=twin,
+            )
         self._connection = connection
         return connection
 
@@ -312,6 +305,11 @@ async def while_leading(leadership: Leadership | None, work: Callable[[], Corout
             log.error("the leader's work failed", exc_info=running.exception())
         # Work that ended on its own is started again only at the next takeover.
         await leadership.wait_standby()
+
+
+def _application(name: str) -> str:
+    """The session's application_name: what pg_stat_activity shows an administrator."""
+    return f"llmgw {name}"[:63]
 
 
 def plane_name(configured: str) -> str:
