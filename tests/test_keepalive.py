@@ -9,7 +9,8 @@ from llmgw import keepalive
 
 
 async def test_a_connection_is_probed_when_idle_and_ended_when_its_data_goes_unacknowledged() -> None:
-    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    accepted: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -23,7 +24,10 @@ async def test_a_connection_is_probed_when_idle_and_ended_when_its_data_goes_una
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 6000
         finally:
             writer.close()
+            await writer.wait_closed()
     finally:
+        for other in accepted:
+            other.close()
         server.close()
         await server.wait_closed()
 

@@ -40,7 +40,7 @@ ADDED = "sim-added"
 WAIT_S = 90.0
 # Clients and the pause each takes between requests: about 50 requests a second in all.
 CLIENTS = 4
-PAUSE_S = 0.08
+PAUSE_S = 0.06
 _BODY = {"model": MODEL, "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4}
 
 
