@@ -33,6 +33,7 @@ from llmgw.control.leadership import Leadership, advertised, plane_name, while_l
 from llmgw.control.metrics import ControlMetrics
 from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
+from llmgw.errors import StoreError
 from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
@@ -90,12 +91,23 @@ async def _refresh_keys(
     store: Store, keys: KeyCache, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 ) -> None:
     # `sleep` is a seam: a test proves the interval and the reload without waiting on a clock.
+    failing = False
     while True:
         await sleep(_KEY_REFRESH_S)
         try:
             await keys.refresh(store)
+        except StoreError as exc:
+            if not failing:
+                log.warning(
+                    "could not refresh the key cache; the gateway keeps the keys it has", error=str(exc)
+                )
+            failing = True
         except Exception:
             log.exception("could not refresh the key cache; keeping the previous one")
+        else:
+            if failing:
+                log.info("the key cache is refreshed from the store again")
+            failing = False
 
 
 async def _refresh_catalog(
@@ -115,12 +127,24 @@ async def _refresh_quotas(
     store: Store, quotas: Quotas, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 ) -> None:
     # `sleep` is a seam, as for the keys: a test proves the interval without waiting on a clock.
+    failing = False
     while True:
         await sleep(_QUOTA_REFRESH_S)
         try:
             await quotas.refresh(store)
+        except StoreError as exc:
+            # The gateway goes on admitting by the limits and budgets it has, counting spending itself.
+            if not failing:
+                log.warning(
+                    "could not reload limits and budgets; the gateway keeps the ones it has", error=str(exc)
+                )
+            failing = True
         except Exception:
             log.exception("could not reload limits and budgets; keeping the previous ones")
+        else:
+            if failing:
+                log.info("limits and budgets are reloaded from the store again")
+            failing = False
 
 
 @contextlib.asynccontextmanager
