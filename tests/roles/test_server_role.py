@@ -11,7 +11,7 @@ import attrs
 import pytest
 from structlog.testing import capture_logs
 
-from llmgw.config import AuthConfig, ControlConfig, ModelConfig, PriceConfig, ServerConfig
+from llmgw.config import AuthConfig, ControlConfig, ModelConfig, PriceConfig, ProfileConfig, ServerConfig
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
 from llmgw.roles import server as server_module
@@ -130,7 +130,7 @@ class TestLeadership:
                 database=postgres_url,
                 auth=AuthConfig(enabled=False),
                 control=ControlConfig(name=name, advertise=f"198.18.0.{i}:7443"),
-                models=[],
+                models=[ModelConfig(name="sim-chat", profiles=[ProfileConfig(engine="sim")])],
             )
             for i, name in enumerate(("cp1", "cp2"), start=1)
         ]
@@ -154,6 +154,20 @@ class TestLeadership:
                     assert loop.time() < deadline, "no leader was elected"
                     await asyncio.sleep(0.05)
                 roles = {(await plane(s))["name"]: await plane(s) for s in (first, second)}
+
+                async def why(server: server_module.ServerHandle) -> str:
+                    body = {"model": "sim-chat", "messages": [{"role": "user", "content": "hi"}]}
+                    async with session.post(server.gateway_url + "/v1/chat/completions", json=body) as reply:
+                        assert reply.status == 503
+                        said: str = (await reply.json())["error"]["message"]
+                        return said
+
+                # The standby answers as the leader does: it read the table the leader published,
+                # which it can only have done through the LISTEN of its very first connection.
+                while await why(first) != await why(second):
+                    assert loop.time() < deadline + 10, "the standby never read the leader's table"
+                    await asyncio.sleep(0.05)
+                assert "no ready replica" in await why(second)
         leader = next(p for p in roles.values() if p["role"] == "leader")
         standby = next(p for p in roles.values() if p["role"] == "standby")
         assert standby["leader"] == leader["name"] == leader["leader"]

@@ -412,6 +412,9 @@ class Inventory:
 
     def set_unplaced(self, model: str, reason: str) -> None:
         """Why placement could not place model, in words why_no_ready repeats."""
+        if self._unplaced.get(model) != reason:
+            # Published to standbys with the routing table: their 503 says what the leader's does.
+            self.routes_changed.set()
         self._unplaced[model] = reason
 
     # The gateway's side.

@@ -115,12 +115,23 @@ async def _refresh_catalog(
 ) -> None:
     # Several control planes share the store: a model added or removed on one reaches the others'
     # catalogs (the leader places it, every gateway routes to it) within a second.
+    failing = False
     while True:
         await sleep(_CATALOG_REFRESH_S)
         try:
             await catalog.reload()
+        except StoreError as exc:
+            if not failing:
+                log.warning(
+                    "could not reload the catalog; the gateway keeps the models it has", error=str(exc)
+                )
+            failing = True
         except Exception:
             log.exception("could not reload the catalog from the store; keeping the one in memory")
+        else:
+            if failing:
+                log.info("the catalog is reloaded from the store again")
+            failing = False
 
 
 async def _refresh_quotas(
@@ -207,16 +218,16 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         budgets = Snapshot(registry, lambda: budget_families(quotas))
         metrics = Metrics(registry, [s for s in (control_metrics.snapshot, budgets) if s is not None])
         leadership, agent_cfg = await _leadership(cfg)
+        # With several control planes, the gateway routes by the leader's published table while this
+        # one is a standby (control/fleet_routes.py); alone, by its own inventory. Made before the
+        # election starts: its LISTEN must be made on the very first connection.
+        routes = None
         if leadership is not None:
+            routes = FleetRoutes(inventory, leadership, catalog, cfg.control.grace_s)
             await stack.enter_async_context(leadership)
         agent_port = await stack.enter_async_context(
             serve_agents(agent_cfg, inventory, refused=control_metrics.agent_refused, gate=leadership)
         )
-        # With several control planes, the gateway routes by the leader's published table while this
-        # one is a standby (control/fleet_routes.py); alone, by its own inventory.
-        routes = None
-        if leadership is not None:
-            routes = FleetRoutes(inventory, leadership, catalog, cfg.control.grace_s)
         if routes is not None:
             owned.append(tasks.create_task(routes.follow(), name="routing-table-follow"))
             owned.append(tasks.create_task(_refresh_catalog(catalog), name="catalog-refresh"))
