@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
@@ -40,8 +40,10 @@ def ready(node: str, shard: str, port: int, secret: str) -> pb.ShardStatus:
 class Plane:
     """One control plane's election and routing table, as the server role wires them."""
 
-    def __init__(self, url: str, name: str, grace_s: float = 5.0) -> None:
-        self.inventory = Inventory(grace_s=grace_s)
+    def __init__(
+        self, url: str, name: str, grace_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.inventory = Inventory(grace_s=grace_s, clock=clock)
         self.leadership = Leadership(url, name, f"127.0.0.1:{7443 if name == 'cp1' else 7444}", poll_s=0.1)
         self.routes = FleetRoutes(self.inventory, self.leadership, Catalog(CFG), grace_s)
         self.settled = asyncio.Event()
@@ -137,6 +139,24 @@ class TestPublishing:
                 assert standby.routes.ready_endpoints(MODEL) == ("http://127.0.0.1:9104",)
                 leader.inventory.attach(pb.Register(node_id="n2", running=[ready("n2", "s3", 9105, "c")]))
                 await eventually(lambda: len(standby.routes.ready_endpoints(MODEL)) == 3, ELECTED_S)
+
+    async def test_a_request_in_flight_through_a_standby_is_abandoned_when_the_leader_loses_its_node(
+        self, postgres_url: str
+    ) -> None:
+        """As on the leader: a 502 naming the node, not a wait on a connection nobody will close."""
+        now = [1000.0]
+        async with running(Plane(postgres_url, "cp1", clock=lambda: now[0])) as leader:
+            await eventually(lambda: leader.settled.is_set(), ELECTED_S)
+            leader.inventory.attach(pb.Register(node_id="n1", running=[ready("n1", "s1", 9108, "k")]))
+            async with running(Plane(postgres_url, "cp2")) as standby:
+                await eventually(lambda: standby.routes.ready_endpoints(MODEL), ELECTED_S)
+                route = standby.routes.route("http://127.0.0.1:9108")
+                assert route is not None
+                now[0] += 60
+                assert leader.inventory.expire() == ["n1"]
+                await eventually(lambda: route.lost.done(), 1.0)
+                assert route.lost.result() == "node n1 is unreachable (the leader has lost its agent)"
+                assert standby.routes.ready_endpoints(MODEL) == ()
 
 
 class TestTakeover:
