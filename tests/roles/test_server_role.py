@@ -168,6 +168,12 @@ class TestLeadership:
                     assert loop.time() < deadline + 10, "the standby never read the leader's table"
                     await asyncio.sleep(0.05)
                 assert "no ready replica" in await why(second)
+                # The standby's cluster page says where the nodes are to be seen.
+                handles = {"cp1": first, "cp2": second}
+                standing_by = next(n for n, p in roles.items() if p["role"] == "standby")
+                async with session.get(handles[standing_by].admin_url + "/") as reply:
+                    page = await reply.text()
+                assert f"Control plane {standing_by}, standby; the leader is " in page
         leader = next(p for p in roles.values() if p["role"] == "leader")
         standby = next(p for p in roles.values() if p["role"] == "standby")
         assert standby["leader"] == leader["name"] == leader["leader"]
