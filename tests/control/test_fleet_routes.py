@@ -12,7 +12,7 @@ import pytest
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control.fleet_routes import FleetRoutes
+from llmgw.control.fleet_routes import FleetRoutes, Published, RoutingTable
 from llmgw.control.inventory import Inventory
 from llmgw.control.leadership import Leadership, while_leading
 from llmgw.proto.llmgw import v1 as pb
@@ -160,6 +160,20 @@ class TestPublishing:
 
 
 class TestTakeover:
+    async def test_a_server_that_has_just_taken_the_lead_serves_the_last_table_before_settling_starts(
+        self,
+    ) -> None:
+        """Between taking the lock and starting its takeover, the new leader's inventory is empty."""
+        leadership = Leadership("postgresql://llmgw@127.0.0.1/none", "cp2", "127.0.0.1:7444")
+        routes = FleetRoutes(Inventory(grace_s=5.0), leadership, Catalog(CFG), 5.0)
+        replica = Published("http://127.0.0.1:9109", "n1", "s1", "k")
+        routes._apply(RoutingTable(ready={MODEL: [replica]}), 1)
+        leadership._step_up()
+        assert routes.ready_endpoints(MODEL) == ("http://127.0.0.1:9109",)
+        route = routes.route("http://127.0.0.1:9109")
+        assert route is not None and route.secret == "k"
+        assert routes.table().ready == {MODEL: [replica]}
+
     async def test_a_new_leader_routes_by_the_last_table_until_its_nodes_reconnect_and_only_then_places(
         self, postgres_url: str
     ) -> None:

@@ -127,6 +127,9 @@ class FleetRoutes:
         self.read = asyncio.Event()
         # The table as it stood when this server took the lead, while it settles; None once settled.
         self._takeover: RoutingTable | None = None
+        # The leadership's term in which this server settled: from the moment it takes the lead until
+        # then, the takeover's table is served as well (even before lead() has started).
+        self._settled_term = 0
         # Endpoints this gateway could not connect to, until the next publication or a grace.
         self._refused: dict[str, float] = {}
         self._lost: dict[str, asyncio.Future[str]] = {}
@@ -138,7 +141,7 @@ class FleetRoutes:
 
     def _own(self) -> bool:
         """Whether the inventory alone is the table: leading and settled."""
-        return self._leadership.leading and self._takeover is None
+        return self._leadership.leading and self._settled_term == self._leadership.term
 
     def ready_endpoints(self, model: str) -> Sequence[str]:
         if self._own():
@@ -177,22 +180,21 @@ class FleetRoutes:
         for endpoint in expired:
             del self._refused[endpoint]
         leading = self._leadership.leading
-        key = (leading, self.generation, self._inventory.version, len(self._refused), id(self._takeover))
+        settling = leading and not self._own()
+        takeover = self._takeover if self._takeover is not None else self.published
+        key = (settling, self.generation, self._inventory.version, len(self._refused), id(takeover))
         if self._view is not None and self._view[0] == key:
             return self._view[1], self._view[2]
         table = self.published
         by_model: dict[str, list[str]] = {}
         by_endpoint: dict[str, Published] = {}
-        if leading and self._takeover is not None:
-            table = self._takeover
+        if settling:
+            table = takeover
             for model in {*self._catalog.names(), *table.ready}:
                 by_model[model] = list(self._inventory.ready_endpoints(model))
             registered = {n.id for n in self._inventory.nodes() if n.connected}
             table = RoutingTable(
-                ready={
-                    m: [p for p in ps if p.node_id not in registered]
-                    for m, ps in self._takeover.ready.items()
-                }
+                ready={m: [p for p in ps if p.node_id not in registered] for m, ps in takeover.ready.items()}
             )
         for model, replicas in table.ready.items():
             for p in replicas:
@@ -224,7 +226,7 @@ class FleetRoutes:
     def table(self) -> RoutingTable:
         """What this leader publishes: its inventory's table, and while it settles, the takeover's too."""
         own = inventory_table(self._inventory, self._catalog.names())
-        if self._takeover is None:
+        if self._own():
             return own
         ready, by_endpoint = self._current()
         merged = {m: [by_endpoint[e] for e in es if e in by_endpoint] for m, es in ready.items()}
@@ -237,6 +239,7 @@ class FleetRoutes:
 
     async def lead(self) -> None:
         """From a takeover until every node of the last table has registered (or grace_s): serve both."""
+        term = self._leadership.term
         self._takeover = self.published
         waiting = self._takeover.nodes()
         log.info(
@@ -252,6 +255,7 @@ class FleetRoutes:
                 waiting -= connected
                 if waiting:
                     await asyncio.sleep(0.1)
+            self._settled_term = term
         finally:
             self._takeover = None
             self._view = None
@@ -284,7 +288,7 @@ class FleetRoutes:
                 log.debug("published the routing table", generation=generation)
             try:
                 # While settling the merge changes as nodes reconnect: look again now and then.
-                async with asyncio.timeout(0.5 if self._takeover is not None else None):
+                async with asyncio.timeout(None if self._own() else 0.5):
                     await changed.wait()
             except TimeoutError:
                 pass

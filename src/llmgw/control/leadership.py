@@ -139,6 +139,8 @@ class Leadership:
         self._standby = asyncio.Event()
         self._standby.set()
         self.leader: Leader | None = None
+        # How many times this server has taken the lead: what was settled in one term is not in the next.
+        self.term = 0
         self._on_connect: list[Callable[[asyncpg.Connection], Awaitable[None]]] = []
         self._backoff = ExponentialBackoff(base_s=0.5, cap_s=5.0, jitter=0.5)
         self._task: asyncio.Task[None] | None = None
@@ -273,6 +275,7 @@ class Leadership:
 
     def _step_up(self) -> None:
         log.info("this control plane is now the leader", name=self.name, advertise=self.advertise)
+        self.term += 1
         self._standby.clear()
         self._leading.set()
 
