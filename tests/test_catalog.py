@@ -395,3 +395,32 @@ class TestTheGatewaySeesIt:
             await catalog.remove("sim-big")
             listed = await (await client.get("/v1/models")).json()
             assert [m["id"] for m in listed["data"]] == ["sim-chat"]
+
+
+class TestSeveralControlPlanes:
+    async def test_a_model_added_or_removed_on_one_control_plane_reaches_the_others_catalog(
+        self, postgres_url: str
+    ) -> None:
+        """The leader must place a model added on a standby, and every gateway route to it."""
+        async with open_store(postgres_url) as one, open_store(postgres_url) as other:
+            first, second = await Catalog.open(CFG, one), await Catalog.open(CFG, other)
+            heard: list[int] = []
+            second.subscribe(lambda: heard.append(second.generation))
+            await first.add(BIG, "big.yaml")
+            assert await second.reload()
+            assert second.get("sim-big") == first.get("sim-big")
+            assert heard, "the reconciler hears of it at once"
+            # Nothing changed: nothing is parsed again, no listener is told.
+            told = len(heard)
+            assert not await second.reload()
+            assert len(heard) == told
+            assert not await first.reload()
+
+            await first.add(BIG.replace("replicas: 2", "replicas: 3"), "big.yaml")
+            assert await second.reload()
+            big = second.get("sim-big")
+            assert big is not None and big.replicas == 3
+
+            await second.remove("sim-big")
+            assert await first.reload()
+            assert first.names() == ["sim-chat"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import re
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -58,9 +58,12 @@ class Catalog:
         store: Store | None = None,
         added: Sequence[ModelConfig] = (),
         unreadable: Sequence[str] = (),
+        texts: Mapping[str, str] | None = None,
     ) -> None:
+        """texts: each stored model's definition as the store holds it, so `reload` parses only changes."""
         self._declared = {m.name: m for m in cfg.models}
         self._added = {m.name: m for m in added if m.name not in self._declared}
+        self._texts = dict(texts or {})
         # Stored models this release refuses (a name no longer allowed, say): not served, but
         # `ctl model remove` must still be able to take them out of the store.
         self._unreadable = set(unreadable)
@@ -78,7 +81,8 @@ class Catalog:
         """The catalog of cfg plus the models the store kept; one that cannot be read is logged, skipped."""
         declared = {m.name for m in cfg.models}
         added, unreadable = [], []
-        for row in await stored.list_models(store):
+        rows = await stored.list_models(store)
+        for row in rows:
             if row.name in declared:
                 log.warning(
                     "a model added with `llmgw ctl model add` is now declared in server.yaml; "
@@ -96,7 +100,7 @@ class Catalog:
                     error=str(exc),
                 )
                 unreadable.append(row.name)
-        return cls(cfg, store, added, unreadable)
+        return cls(cfg, store, added, unreadable, {r.name: r.definition for r in rows})
 
     def models(self) -> Sequence[ModelConfig]:
         return self._models
@@ -134,6 +138,7 @@ class Catalog:
         if self._store is not None:
             await stored.put_model(self._store, model.name, text, source)
         self._added[model.name] = model
+        self._texts[model.name] = text
         self._unreadable.discard(model.name)
         log.info("model added to the catalog", model=model.name, replaced=replaced, source=source)
         self._rebuild()
@@ -159,9 +164,46 @@ class Catalog:
         if self._store is not None:
             await stored.delete_model(self._store, name)
         del self._added[name]
+        self._texts.pop(name, None)
         log.info("model removed from the catalog", model=name)
         self._rebuild()
         return name
+
+    async def reload(self) -> bool:
+        """Follow the store: what another server sharing it added, replaced or removed; whether any.
+
+        With several control planes on one PostgreSQL, `ctl model add` on one of them changes the
+        store only: the leader must place the model, and every standby's gateway route to it.
+        """
+        if self._store is None:
+            return False
+        rows = {r.name: r for r in await stored.list_models(self._store) if r.name not in self._declared}
+        changed = False
+        for name in [n for n in self._added if n not in rows]:
+            del self._added[name]
+            changed = True
+            log.info("a model removed on another control plane left the catalog", model=name)
+        for name in [n for n in self._texts if n not in rows]:
+            del self._texts[name]
+        self._unreadable &= set(rows)
+        for name, row in rows.items():
+            if self._texts.get(name) == row.definition:
+                continue
+            self._texts[name] = row.definition
+            try:
+                model = await asyncio.to_thread(parse_model, row.definition, row.source)
+            except ConfigError as exc:
+                log.error("a model added on another control plane cannot be read", model=name, error=str(exc))
+                self._unreadable.add(name)
+                changed = self._added.pop(name, None) is not None or changed
+                continue
+            self._added[name] = model
+            self._unreadable.discard(name)
+            changed = True
+            log.info("a model added on another control plane joined the catalog", model=name)
+        if changed:
+            self._rebuild()
+        return changed
 
     def _rebuild(self) -> None:
         self._models = (*self._declared.values(), *(self._added[n] for n in sorted(self._added)))

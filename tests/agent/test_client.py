@@ -14,9 +14,10 @@ import attrs
 import pytest
 from structlog.testing import capture_logs
 
-from llmgw import pki
+from llmgw import keepalive, pki
 from llmgw.agent import client
 from llmgw.agent.client import AgentClient
+from llmgw.backoff import ExponentialBackoff
 from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
 from llmgw.control.agentsvc import serve_agents
@@ -289,3 +290,42 @@ class TestHeartbeatJitter:
         times = [sum(client.beat_gap(5.0, rng.random) for _ in range(10)) for _ in range(10)]
         assert max(times) - min(times) > 1.0
         assert all(t <= 50.0 for t in times)
+
+
+async def test_the_stream_to_the_control_plane_has_keepalives_so_a_vanished_machine_is_noticed(
+    certs: Certs, monkeypatch: pytest.MonkeyPatch
+):
+    """A control plane whose machine vanished says nothing: the agent must notice and dial the next."""
+    options: list[tuple[int, int]] = []
+
+    def keep_alive(transport: object) -> bool:
+        done = keepalive.keep_alive(transport)
+        sock = transport.get_extra_info("socket")  # type: ignore[attr-defined]
+        options.append(
+            (
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+            )
+        )
+        return done
+
+    monkeypatch.setattr(client, "keep_alive", keep_alive)
+    async with (
+        serve_agents(server_config(certs), Inventory(5.0)) as port,
+        running(agent(agent_config(certs.n1, port), FakeSupervisor())) as connected,
+    ):
+        await asyncio.wait_for(connected.connected.wait(), 5)
+    assert options == [(1, int(keepalive.UNACKNOWLEDGED_S * 1000))]
+
+
+def test_while_standbys_answer_the_wait_between_rounds_stays_short_however_long_it_has_failed() -> None:
+    backoff = ExponentialBackoff(base_s=0.5, cap_s=30.0)
+    failures = 0
+    for _ in range(20):
+        failures = client.failures_after(failures, registered=False, standby=True)
+        assert backoff.delay(failures) <= 2.0
+    # Without a standby answering, the wait grows as for any failure.
+    for _ in range(5):
+        failures = client.failures_after(failures, registered=False, standby=False)
+    assert backoff.delay(failures) > 2.0
+    assert client.failures_after(failures, registered=True, standby=False) == 1

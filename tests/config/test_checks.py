@@ -64,6 +64,11 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("server.yaml", "control.grace_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.base_backoff_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.drain_timeout_s"): _SECONDS,
+    ("server.yaml", "control.advertise"): [
+        ("cp1", "expected host:port, such as 198.18.0.1:7443"),
+        ("198.18.0.1:0", "port 0 is outside 1-65535"),
+        (":7443", "it names no host"),
+    ],
     ("server.yaml", "models[].replicas"): _COUNT,
     ("server.yaml", "models[].profiles[].gpus_per_node"): _COUNT,
     ("server.yaml", "models[].profiles[].nodes"): _AT_LEAST_ONE,

@@ -11,7 +11,7 @@ import attrs
 import pytest
 from structlog.testing import capture_logs
 
-from llmgw.config import AuthConfig, ControlConfig, ModelConfig, PriceConfig, ServerConfig
+from llmgw.config import AuthConfig, ControlConfig, ModelConfig, PriceConfig, ProfileConfig, ServerConfig
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
 from llmgw.roles import server as server_module
@@ -106,3 +106,77 @@ async def test_a_budget_no_price_applies_to_is_reported_when_the_server_starts(c
     warnings = [e["event"] for e in logs if e["log_level"] == "warning"]
     assert "budgets are set but no price applies to free: they never bind" in warnings
     assert not any("priced" in w for w in warnings)
+
+
+class TestLeadership:
+    async def test_a_server_on_sqlite_is_the_leader_and_says_so(self, cfg: ServerConfig) -> None:
+        cfg = attrs.evolve(cfg, control=attrs.evolve(cfg.control, name="cp1"))
+        with capture_logs():
+            async with (
+                server_role(cfg) as server,
+                aiohttp.ClientSession() as session,
+                session.get(server.admin_url + "/api/v1/status") as reply,
+            ):
+                plane = (await reply.json())["control_plane"]
+        assert plane == {"name": "cp1", "role": "leader", "leader": "cp1", "leader_address": ""}
+
+    async def test_two_servers_on_one_postgresql_say_which_leads_and_name_the_leader(
+        self, tmp_path: Path, postgres_url: str
+    ) -> None:
+        configs = [
+            await asyncio.to_thread(
+                loopback_server_config,
+                tmp_path / name,
+                database=postgres_url,
+                auth=AuthConfig(enabled=False),
+                control=ControlConfig(name=name, advertise=f"198.18.0.{i}:7443"),
+                models=[ModelConfig(name="sim-chat", profiles=[ProfileConfig(engine="sim")])],
+            )
+            for i, name in enumerate(("cp1", "cp2"), start=1)
+        ]
+        with capture_logs():
+            async with (
+                server_role(configs[0]) as first,
+                server_role(configs[1]) as second,
+                aiohttp.ClientSession() as session,
+            ):
+
+                async def plane(server: server_module.ServerHandle) -> dict[str, str]:
+                    async with session.get(server.admin_url + "/api/v1/status") as reply:
+                        said: dict[str, str] = (await reply.json())["control_plane"]
+                        return said
+
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 20
+                while {(await plane(s))["role"] for s in (first, second)} != {"leader", "standby"} or not (
+                    await plane(second)
+                )["leader"]:
+                    assert loop.time() < deadline, "no leader was elected"
+                    await asyncio.sleep(0.05)
+                roles = {(await plane(s))["name"]: await plane(s) for s in (first, second)}
+
+                async def why(server: server_module.ServerHandle) -> str:
+                    body = {"model": "sim-chat", "messages": [{"role": "user", "content": "hi"}]}
+                    async with session.post(server.gateway_url + "/v1/chat/completions", json=body) as reply:
+                        assert reply.status == 503
+                        said: str = (await reply.json())["error"]["message"]
+                        return said
+
+                # The standby answers as the leader does: it read the table the leader published,
+                # which it can only have done through the LISTEN of its very first connection.
+                while await why(first) != await why(second):
+                    assert loop.time() < deadline + 10, "the standby never read the leader's table"
+                    await asyncio.sleep(0.05)
+                assert "no ready replica" in await why(second)
+                # The standby's cluster page says where the nodes are to be seen.
+                handles = {"cp1": first, "cp2": second}
+                standing_by = next(n for n, p in roles.items() if p["role"] == "standby")
+                async with session.get(handles[standing_by].admin_url + "/") as reply:
+                    page = await reply.text()
+                assert f"Control plane {standing_by}, standby; the leader is " in page
+        leader = next(p for p in roles.values() if p["role"] == "leader")
+        standby = next(p for p in roles.values() if p["role"] == "standby")
+        assert standby["leader"] == leader["name"] == leader["leader"]
+        assert (
+            standby["leader_address"] == {"cp1": "198.18.0.1:7443", "cp2": "198.18.0.2:7443"}[leader["name"]]
+        )

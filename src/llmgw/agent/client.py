@@ -27,7 +27,7 @@ from typing import Protocol
 import betterproto
 import structlog
 from grpclib.client import Channel, Stream
-from grpclib.const import Cardinality
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 import llmgw
@@ -35,6 +35,8 @@ from llmgw.agent import logs as agent_logs
 from llmgw.agent.discovery.node import NodeReport
 from llmgw.backoff import ExponentialBackoff
 from llmgw.config import AgentConfig, TLSConfig
+from llmgw.control import STANDBY
+from llmgw.keepalive import keep_alive
 from llmgw.log import RING, LogRing
 from llmgw.pki import certificate_problem, client_ssl_context
 from llmgw.proto.llmgw import v1 as pb
@@ -116,6 +118,8 @@ class AgentClient:
         self._register_timeout_s = register_timeout_s
         self._ring = ring
         self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
+        # Whether the last server dialled said it was a standby.
+        self._standby = False
         # Set while a control plane has accepted this node's Register; server says which one.
         self.connected = asyncio.Event()
         self.server: str | None = None
@@ -137,13 +141,14 @@ class AgentClient:
         ssl_context = await asyncio.to_thread(client_ssl_context, self._cfg.tls)
         failures = 0
         while True:
-            registered = False
+            registered = standby = False
             for address in self._cfg.servers:
+                self._standby = False
                 registered = await self._attempt(address, ssl_context)
                 if registered:
                     break
-            # A stream that ended after its Register counts as the first failure: the shortest wait.
-            failures = 1 if registered else failures + 1
+                standby = standby or self._standby
+            failures = failures_after(failures, registered=registered, standby=standby)
             await asyncio.sleep(self._backoff.delay(failures))
 
     async def _attempt(self, address: str, ssl_context: ssl.SSLContext) -> bool:
@@ -159,6 +164,17 @@ class AgentClient:
                 await stream.end()
         except asyncio.CancelledError:
             raise
+        except GRPCError as exc:
+            if exc.status is not Status.UNAVAILABLE or not (exc.message or "").startswith(STANDBY):
+                self._failed(exc, _explain(exc, address), address)
+            else:
+                # Expected of every standby the list names before the leader: not a warning.
+                self._standby = True
+                log.info(
+                    "a standby turned this node away; trying the next server",
+                    server=address,
+                    said=exc.message,
+                )
         except Exception as exc:
             why = _explain(exc, address)
             if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_code in _NAME_MISMATCH:
@@ -171,9 +187,7 @@ class AgentClient:
                 )
                 if problem:
                     why = f"the server at {address} hung up before this node registered: {problem}"
-            log.warning(
-                "the control plane stream failed", server=address, error=why, exc_info=_unexpected(exc)
-            )
+            self._failed(exc, why, address)
         else:
             log.info("the control plane ended the stream", server=address)
         finally:
@@ -183,6 +197,9 @@ class AgentClient:
             self.server = None
             channel.close()
         return was_connected
+
+    def _failed(self, exc: BaseException, why: str, address: str) -> None:
+        log.warning("the control plane stream failed", server=address, error=why, exc_info=_unexpected(exc))
 
     async def _name_mismatch(self, host: str, port: int, address: str) -> str:
         """Say which names the server's certificate has, when it lacks the one this node dialled."""
@@ -201,6 +218,9 @@ class AgentClient:
         # Connected first, so the connection's own local address is known before Register says it,
         # and before any StartShard (which can only come down this stream) needs it.
         await stream.send_request()
+        # A control plane whose machine vanished sends nothing to say so: noticed within seconds
+        # (llmgw/keepalive.py), the agent dials the next server, where a standby is taking over.
+        keep_alive(getattr(stream.peer, "_transport", None))
         advertised = self._cfg.advertise_address or _local_address(stream)
         if not advertised:
             log.warning(
@@ -350,6 +370,21 @@ class AgentClient:
                     profile=req.profile,
                 )
             )
+
+
+# Failures in a row the wait is held at while standbys answer: at most 2 s with the default base.
+STANDBY_FAILURES = 3
+
+
+def failures_after(failures: int, *, registered: bool, standby: bool) -> int:
+    """The failures in a row after one round of `servers`, which set the wait before the next round.
+
+    A stream that ended after its Register counts as the first failure: the shortest wait. While a
+    standby answers, a leader holds the lock or one takes it within seconds: a wait grown long
+    over earlier failures would keep this node from the new leader past the takeover bound.
+    """
+    failures = 1 if registered else failures + 1
+    return min(failures, STANDBY_FAILURES) if standby else failures
 
 
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.

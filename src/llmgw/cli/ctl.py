@@ -42,7 +42,7 @@ from llmgw.config import ServerConfig
 from llmgw.control import views
 from llmgw.control.adminapi import hash_token
 from llmgw.control.nodelogs import MAX_LINES
-from llmgw.control.present import DASH, ago, failure_line, node_row, refused_line
+from llmgw.control.present import DASH, ago, control_plane_line, failure_line, node_row, refused_line
 from llmgw.errors import ConfigError
 from llmgw.listen import split_host_port
 from llmgw.mirror.admin import Fetch
@@ -228,6 +228,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"nodes     {view.nodes.total}" + (f" ({states})" if states else ""))
     click.echo(f"models    {view.models.serving} of {view.models.total} serving")
     click.echo(f"replicas  {view.replicas.ready} of {view.replicas.total} ready")
+    if view.control_plane is not None:
+        click.echo(f"control   {control_plane_line(view.control_plane)}")
     # A node that never joined is often one refused at the door: its own log says why, and so does this.
     if view.refused:
         click.echo("")

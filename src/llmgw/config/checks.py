@@ -129,6 +129,14 @@ def dial_address(example: str) -> Check:
     )
 
 
+def optional_dial_address(example: str) -> Check:
+    """One address llmgw is reached at, or empty for the default: a host and a port 1-65535."""
+    return Check(
+        "empty, or host:port; host an IP address, [IPv6] or a name; port 1-65535",
+        lambda v: "" if v == "" else _address(v, lowest_port=1, empty_host_ok=False, example=example),
+    )
+
+
 def http_url(*, empty_ok: bool) -> Check:
     """The http:// or https:// URL of a server (empty allowed when empty_ok: the key is then unused)."""
 

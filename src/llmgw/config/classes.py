@@ -22,6 +22,7 @@ from llmgw.config.checks import (
     http_url,
     listen_address,
     number,
+    optional_dial_address,
     optional_listen_address,
     seconds,
 )
@@ -94,6 +95,18 @@ class ControlConfig:
         "spread",
         "How replicas are laid over candidate nodes: `spread` (fewest replicas first) "
         "or `binpack` (the fullest node that still fits first). See docs/placement.md.",
+    )
+    name: str = _field(
+        "",
+        "This control plane's name among several sharing one PostgreSQL `database`, which standbys "
+        "name the leader by; empty means the machine's host name. See docs/operations.md.",
+    )
+    advertise: str = _field(
+        "",
+        "The address agents reach this control plane's agent service at, which standbys give agents "
+        "when they name the leader; empty means `agent_listen` as bound (the host name where it "
+        "listens on every address).",
+        optional_dial_address("198.18.0.1:7443"),
     )
 
 

@@ -48,6 +48,8 @@ BACKOFF_KEY: web.AppKey[Callable[[], Mapping[tuple[str, str], Backoff]]] = web.A
 # with no price while any is set is said to escape them, in the answer to the one who added it.
 BUDGETS_KEY: web.AppKey[Callable[[], Sequence[Budget]]] = web.AppKey("llmgw.admin.budgets")
 # The prices set with `llmgw prices set`, as the gateway last loaded them: they count as prices.
+# Leader or standby (control/leadership.py), read on every status.
+CONTROL_PLANE_KEY: web.AppKey[Callable[[], views.ControlPlane]] = web.AppKey("llmgw.admin.control_plane")
 PRICES_KEY: web.AppKey[Callable[[], Mapping[str, PriceConfig]]] = web.AppKey("llmgw.admin.prices")
 
 
@@ -282,7 +284,9 @@ def models_view(inventory: Inventory, models: Sequence[ModelConfig]) -> list[vie
     return [model_view(m, inventory) for m in models]
 
 
-def status_view(inventory: Inventory, models: Sequence[ModelConfig]) -> views.Status:
+def status_view(
+    inventory: Inventory, models: Sequence[ModelConfig], control_plane: views.ControlPlane | None = None
+) -> views.Status:
     states = Counter(node_state(n) for n in inventory.nodes())
     replicas = inventory.replicas()
     return views.Status(
@@ -303,6 +307,7 @@ def status_view(inventory: Inventory, models: Sequence[ModelConfig]) -> views.St
             views.Refused(peer=r.peer, reason=r.reason, count=r.count, last_s=r.last_s)
             for r in inventory.refused.recent()
         ],
+        control_plane=control_plane,
     )
 
 
@@ -376,7 +381,13 @@ def _known_node(request: web.Request) -> Node | web.Response:
 
 async def get_status(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
-    return reply(status_view(request.config_dict[INVENTORY_KEY], models))
+    return reply(status_view(request.config_dict[INVENTORY_KEY], models, control_plane_view(request)))
+
+
+def control_plane_view(request: web.Request) -> views.ControlPlane | None:
+    """Leader or standby, as the server role says; None where no role said (an app built alone)."""
+    said = request.config_dict.get(CONTROL_PLANE_KEY)
+    return said() if said is not None else None
 
 
 # Nodes per piece of GET /api/v1/nodes: a few milliseconds of the loop each.

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import betterproto
 import structlog
@@ -41,6 +41,18 @@ REGISTER_TIMEOUT_S = 30.0
 _AgentStream = Stream[pb.AgentMessage | Beat, pb.ControlMessage]
 
 
+class Gate(Protocol):
+    """Whether this control plane may take agents: control/leadership.py's Leadership."""
+
+    def refusal(self) -> str | None:
+        """The sentence an agent is refused with while this server is a standby; None while it leads."""
+        ...
+
+    async def wait_standby(self) -> None:
+        """Return once this server is (or is again) a standby."""
+        ...
+
+
 class AgentService:
     """The grpclib handler of AgentService.Connect."""
 
@@ -50,9 +62,15 @@ class AgentService:
         register_timeout_s: float = REGISTER_TIMEOUT_S,
         provision: pb.Provision | None = None,
         refused: Callable[[str], None] = lambda reason: None,
+        gate: Gate | None = None,
     ) -> None:
-        """refused is told why each connection was turned away (a short fixed word, for metrics)."""
+        """refused is told why each connection was turned away (a short fixed word, for metrics).
+
+        gate, with several control planes, turns agents away while this one is a standby, and ends
+        every stream when it stops leading; without one this server always leads.
+        """
         self._inventory = inventory
+        self._gate = gate
         self._refused = refused
         # The engines every node should have, sent after each Ack: a node rebuilt from nothing or
         # an agent restarted converges without anyone asking it to.
@@ -97,6 +115,10 @@ class AgentService:
     async def _serve(self, stream: _AgentStream) -> None:
         if self._closing.is_set():
             raise self._refuse("shutting_down", Status.UNAVAILABLE, "the control plane is shutting down")
+        standby = self._gate.refusal() if self._gate is not None else None
+        if standby is not None:
+            # UNAVAILABLE and a sentence naming the leader: the agent moves on to its next server at once.
+            raise self._refuse("standby", Status.UNAVAILABLE, standby)
         cert_node = _common_name(stream.peer.cert())
         peer = stream.peer.addr()
         where = f"{peer[0]}:{peer[1]}" if peer else ""
@@ -150,17 +172,19 @@ class AgentService:
         link.outbox.put_nowait(pb.ControlMessage(ack=pb.Ack(ref="register", ok=True)))
         if self._provision is not None:
             link.outbox.put_nowait(pb.ControlMessage(provision=self._provision))
+        ends: list[Coroutine[Any, Any, object]] = [link.replaced.wait(), self._closing.wait()]
+        if self._gate is not None:
+            # A leader that lost its lock must let go of its agents, or two control planes would place.
+            ends.append(self._gate.wait_standby())
         try:
-            await first_to_finish(
-                self._receive(stream, cert_node),
-                self._send(stream, link),
-                link.replaced.wait(),
-                self._closing.wait(),
-            )
+            await first_to_finish(self._receive(stream, cert_node), self._send(stream, link), *ends)
         finally:
             self._inventory.detach(link)
         if self._closing.is_set():
             raise GRPCError(Status.UNAVAILABLE, "the control plane is shutting down")
+        stepped_down = self._gate.refusal() if self._gate is not None else None
+        if stepped_down is not None and not link.replaced.is_set():
+            raise GRPCError(Status.UNAVAILABLE, stepped_down)
         if link.replaced.is_set():
             raise GRPCError(
                 Status.ABORTED, f"node {cert_node} opened a newer stream, which replaces this one"
@@ -192,26 +216,29 @@ class AgentService:
 
 @asynccontextmanager
 async def serve_agents(
-    cfg: ServerConfig, inventory: Inventory, refused: Callable[[str], None] = lambda reason: None
+    cfg: ServerConfig,
+    inventory: Inventory,
+    refused: Callable[[str], None] = lambda reason: None,
+    gate: Gate | None = None,
 ) -> AsyncIterator[int]:
     """Listen on cfg.agent_listen with mutual TLS and expire silent nodes; yields the bound port.
 
     refused is told why each connection was turned away: tls, no_common_name, register_timeout,
-    not_registered, wrong_node or shutting_down.
+    not_registered, wrong_node, shutting_down or standby. gate: see AgentService.
     """
     ssl_context = await asyncio.to_thread(server_ssl_context, cfg.tls)
     names = await asyncio.to_thread(certificate_names, Path(cfg.tls.cert))
     handshakes = Handshakes(ssl_context, names, inventory.refused, refused)
     host, port = split_host_port(cfg.agent_listen, "agent_listen")
     service = AgentService(
-        inventory, provision=provision_message(cfg.engines, cfg.engine_mirror), refused=refused
+        inventory, provision=provision_message(cfg.engines, cfg.engine_mirror), refused=refused, gate=gate
     )
     server = _TLSServer([service], handshakes)
     try:
         # grpclib does not say which port it bound, and agent_listen may ask for port 0 (tests,
         # dev): such a port is chosen here first. No ssl either: each connection's handshake is
         # made by `handshakes`, which reports its failures.
-        bound = port or await asyncio.to_thread(_free_port, host)
+        bound = port or await asyncio.to_thread(free_port, host)
         await server.start(host, bound)
     except OSError as exc:
         raise cannot_listen(cfg.agent_listen, "agent_listen", exc) from None
@@ -227,7 +254,7 @@ async def serve_agents(
         await asyncio.gather(sweeper, server.wait_closed(), return_exceptions=True)
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     """A port nothing listens on now at host (the service binds it a moment later)."""
     family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
         0

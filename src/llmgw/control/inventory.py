@@ -191,6 +191,10 @@ class Inventory:
         self.changed = asyncio.Event()
         # How many times a node has registered: llmgw/heap.py freezes what a burst of them built.
         self.registrations = 0
+        # Bumped, and routes_changed set, whenever the routing table is rebuilt: what is derived
+        # from it (the table a leader publishes to its standbys) is kept until it moves.
+        self.version = 0
+        self.routes_changed = asyncio.Event()
 
     # The agent service's side.
 
@@ -408,6 +412,9 @@ class Inventory:
 
     def set_unplaced(self, model: str, reason: str) -> None:
         """Why placement could not place model, in words why_no_ready repeats."""
+        if self._unplaced.get(model) != reason:
+            # Published to standbys with the routing table: their 503 says what the leader's does.
+            self.routes_changed.set()
         self._unplaced[model] = reason
 
     # The gateway's side.
@@ -428,6 +435,10 @@ class Inventory:
             lost=self._routing.lost(replica.node_id),
             refused=lambda reason: self.engine_refused(shard_id, reason),
         )
+
+    def endpoint_replica(self, endpoint: str) -> Replica | None:
+        """The replica behind a ready endpoint; None for one not in the routing table."""
+        return self._by_endpoint.get(endpoint)
 
     def engine_secret(self, shard_id: str) -> str:
         """The secret replica shard_id's engine requires; for the control plane's own reads of it."""
@@ -529,6 +540,8 @@ class Inventory:
             ready.setdefault(model, endpoints)
         self._ready = {model: tuple(endpoints) for model, endpoints in ready.items()}
         self.changed.set()
+        self.version += 1
+        self.routes_changed.set()
 
 
 def _replica(node_id: str, status: pb.ShardStatus, since: float) -> Replica:

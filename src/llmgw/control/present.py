@@ -118,6 +118,15 @@ def refused_line(refused: views.Refused) -> str:
     return f"{refused.count} refused {connections} from {refused.peer} in the last hour: {refused.reason}"
 
 
+def control_plane_line(plane: views.ControlPlane) -> str:
+    """ "cp2, standby; the leader is cp1 at 198.18.0.1:7443"."""
+    if plane.role == "leader":
+        return f"{plane.name}, the leader"
+    if not plane.leader:
+        return f"{plane.name}, standby; no control plane holds the leadership right now"
+    return f"{plane.name}, standby; the leader is {plane.leader} at {plane.leader_address}"
+
+
 def failure_line(failure: views.Failure) -> str:
     """ "n1, 2 min ago: llamacpp exited with code 1: error: failed to load model"."""
     return f"{failure.node}, {ago(failure.ago_s)}: {failure.reason or 'no reason given'}"

@@ -253,6 +253,18 @@ class Refused:
 
 
 @attrs.frozen
+class ControlPlane:
+    """This control plane among those sharing one PostgreSQL store; with SQLite, always the leader."""
+
+    name: str = attrs.field(metadata={"doc": "control.name, or the machine's host name."})
+    role: Literal["leader", "standby"] = attrs.field(
+        metadata={"doc": "Only the leader accepts agents, places and reconciles; all serve their gateway."}
+    )
+    leader: str = attrs.field(metadata={"doc": "The leader's name; empty while none holds the lock."})
+    leader_address: str = attrs.field(metadata={"doc": "The agent address the leader advertises."})
+
+
+@attrs.frozen
 class Status:
     """How many nodes, models and replicas, in which state."""
 
@@ -263,6 +275,10 @@ class Status:
     refused: list[Refused] = attrs.field(
         factory=list,
         metadata={"doc": "Agent connections refused in the last hour, by address and reason."},
+    )
+    control_plane: ControlPlane | None = attrs.field(
+        default=None,
+        metadata={"doc": "Leader or standby, and who leads; absent from a server older than this field."},
     )
 
 

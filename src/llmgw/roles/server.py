@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,14 +19,17 @@ import attrs
 import structlog
 from aiohttp import web
 
-from llmgw import bound, heap
+from llmgw import bound, config, heap
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import mirror as mirrorapi
-from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, PRICES_KEY
-from llmgw.control.agentsvc import serve_agents
+from llmgw.control import views
+from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY, PRICES_KEY
+from llmgw.control.agentsvc import free_port, serve_agents
+from llmgw.control.fleet_routes import FleetRoutes
 from llmgw.control.inventory import Inventory
+from llmgw.control.leadership import Leadership, advertised, plane_name, while_leading
 from llmgw.control.metrics import ControlMetrics
 from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
@@ -42,6 +46,7 @@ from llmgw.listen import cannot_listen, split_host_port
 from llmgw.metrics import Metrics, Snapshot, new_registry, serve_metrics
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
+from llmgw.store.url import is_postgres_url
 from llmgw.web.admin_listener import client_port_api_guard, make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
@@ -56,6 +61,8 @@ _KEY_REFRESH_S = 0.5
 # Limits, budgets, prices and the hierarchy, changed on a page, by a command or the admin API,
 # bind within a second.
 _QUOTA_REFRESH_S = 1.0
+# A model added on another control plane sharing the store is served and placed within a second.
+_CATALOG_REFRESH_S = 1.0
 
 
 @attrs.define
@@ -100,6 +107,30 @@ async def _refresh_keys(
         else:
             if failing:
                 log.info("the key cache is refreshed from the store again")
+            failing = False
+
+
+async def _refresh_catalog(
+    catalog: Catalog, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+) -> None:
+    # Several control planes share the store: a model added or removed on one reaches the others'
+    # catalogs (the leader places it, every gateway routes to it) within a second.
+    failing = False
+    while True:
+        await sleep(_CATALOG_REFRESH_S)
+        try:
+            await catalog.reload()
+        except StoreError as exc:
+            if not failing:
+                log.warning(
+                    "could not reload the catalog; the gateway keeps the models it has", error=str(exc)
+                )
+            failing = True
+        except Exception:
+            log.exception("could not reload the catalog from the store; keeping the one in memory")
+        else:
+            if failing:
+                log.info("the catalog is reloaded from the store again")
             failing = False
 
 
@@ -186,13 +217,34 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         control_metrics = ControlMetrics(registry, inventory, usage)
         budgets = Snapshot(registry, lambda: budget_families(quotas))
         metrics = Metrics(registry, [s for s in (control_metrics.snapshot, budgets) if s is not None])
+        leadership, agent_cfg = await _leadership(cfg)
+        # With several control planes, the gateway routes by the leader's published table while this
+        # one is a standby (control/fleet_routes.py); alone, by its own inventory. Made before the
+        # election starts: its LISTEN must be made on the very first connection.
+        routes = None
+        if leadership is not None:
+            routes = FleetRoutes(inventory, leadership, catalog, cfg.control.grace_s)
+            await stack.enter_async_context(leadership)
         agent_port = await stack.enter_async_context(
-            serve_agents(cfg, inventory, refused=control_metrics.agent_refused)
+            serve_agents(agent_cfg, inventory, refused=control_metrics.agent_refused, gate=leadership)
         )
+        if routes is not None:
+            owned.append(tasks.create_task(routes.follow(), name="routing-table-follow"))
+            owned.append(tasks.create_task(_refresh_catalog(catalog), name="catalog-refresh"))
         gateway_metrics = GatewayMetrics(registry, catalog, log_requests=cfg.log.requests)
         app = make_gateway_app(
-            cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, usage), gateway_metrics
+            cfg,
+            catalog,
+            routes if routes is not None else inventory,
+            keys,
+            Admission(cfg, catalog, quotas, usage),
+            gateway_metrics,
         )
+
+        def plane() -> views.ControlPlane:
+            return control_plane_view(cfg, leadership)
+
+        app[CONTROL_PLANE_KEY] = plane
         # `ctl model add` of a model with no price says budgets never bind on it.
         app[BUDGETS_KEY] = lambda: quotas.budgets
         app[PRICES_KEY] = lambda: quotas.prices
@@ -211,9 +263,11 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
                 metrics=control_metrics,
                 mirror=mirror,
             )
-            owned.append(tasks.create_task(reconciler.run(), name="reconciler"))
             # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
             app[BACKOFF_KEY] = reconciler.backoff
+        # Only the leader places and reconciles (always this server, without PostgreSQL).
+        lead = functools.partial(_lead, routes, reconciler)
+        owned.append(tasks.create_task(while_leading(leadership, lead), name="lead"))
         # The pages (login, profile, /admin) on the same port; /v1/* never looks a session up.
         pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
         mount_pages(app, pages)
@@ -230,6 +284,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             mount_mirror_page(admin_app, "")
         admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]
         admin_app[PRICES_KEY] = app[PRICES_KEY]
+        admin_app[CONTROL_PLANE_KEY] = app[CONTROL_PLANE_KEY]
         admin_app[HISTORY_KEY] = history
         admin_app.router.add_get("/metrics", metrics.handle)
         if reconciler is not None:
@@ -281,6 +336,46 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             metrics_url=metrics_url,
         )
         log.info("server stopping")
+
+
+async def _leadership(cfg: ServerConfig) -> tuple[Leadership | None, ServerConfig]:
+    """The election when the store is PostgreSQL, and the configuration the agent service listens by.
+
+    A port is chosen now when agent_listen asks for any (port 0): the leader's address, which
+    standbys give agents, must name it before the service listens.
+    """
+    if not is_postgres_url(cfg.database):
+        return None, cfg
+    host, port = split_host_port(cfg.agent_listen, "agent_listen")
+    port = port or await asyncio.to_thread(free_port, host)
+    agent_cfg = config.evolve(cfg, agent_listen=f"{bound.address(host, port)}")
+    name = plane_name(cfg.control.name)
+    leadership = Leadership(cfg.database, name, advertised(cfg.control.advertise, host, port))
+    return leadership, agent_cfg
+
+
+async def _lead(routes: FleetRoutes | None, reconciler: Reconciler | None) -> None:
+    """What only the leader does: publish the routing table, and once settled, place and reconcile."""
+    async with asyncio.TaskGroup() as tasks:
+        if routes is not None:
+            tasks.create_task(routes.publish(), name="routing-table-publish")
+            # Nothing is placed before the nodes of the last table have reconnected (or grace_s).
+            await routes.lead()
+        if reconciler is not None:
+            tasks.create_task(reconciler.run(), name="reconciler")
+
+
+def control_plane_view(cfg: ServerConfig, leadership: Leadership | None) -> views.ControlPlane:
+    if leadership is None:
+        name = plane_name(cfg.control.name)
+        return views.ControlPlane(name=name, role="leader", leader=name, leader_address="")
+    leader = leadership.leader
+    return views.ControlPlane(
+        name=leadership.name,
+        role="leader" if leadership.leading else "standby",
+        leader=leader.name if leader is not None else "",
+        leader_address=leader.advertise if leader is not None else "",
+    )
 
 
 def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:

@@ -18,7 +18,14 @@ from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
-from llmgw.control.present import LOG_PAGE_FOLLOW_S, LOG_PAGE_LINES, ago, node_row, refused_line
+from llmgw.control.present import (
+    LOG_PAGE_FOLLOW_S,
+    LOG_PAGE_LINES,
+    ago,
+    control_plane_line,
+    node_row,
+    refused_line,
+)
 from llmgw.web.context import AdminLink, add_admin_links
 from llmgw.web.history import HISTORY_KEY, gpu_charts, model_charts
 from llmgw.web.render import render
@@ -61,11 +68,14 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         request,
         "admin_cluster.html",
         paths=paths,
-        summary=adminapi.status_view(inventory, request.config_dict[CATALOG_KEY].models()),
+        summary=adminapi.status_view(
+            inventory, request.config_dict[CATALOG_KEY].models(), adminapi.control_plane_view(request)
+        ),
         nodes=[node_row(v) for v in adminapi.nodes_view(inventory)],
         failures=adminapi.failures_view(inventory)[:CLUSTER_PAGE_FAILURES],
         backing_off=_backing_off(request),
         refused_line=refused_line,
+        control_plane_line=control_plane_line,
         ago=ago,
         history=history is not None,
         charts=model_charts(history) if history is not None else [],
