@@ -183,10 +183,23 @@ class TestPrefixRouting:
         homes = [_once(router, prompt=_chat(f"conversation {i} " * 30)) for i in range(10)]
         assert homes.count(A) == homes.count(B) == 5
 
-    def test_a_system_prompt_only_one_replica_served_still_draws_new_conversations_to_it(self) -> None:
+    def test_a_system_prompt_only_one_replica_served_draws_new_conversations_while_it_is_least_loaded(
+        self,
+    ) -> None:
         router, _ = _router(A, B, C, policy="prefix")
         home = _once(router, prompt=_chat("first conversation " * 30))
         assert {_once(router, prompt=_chat(f"conversation {i} " * 30)) for i in range(5)} == {home}
+        # One in flight there, none elsewhere: within the load bound, but not among the least
+        # loaded, so the next new conversation goes elsewhere rather than piling up behind it.
+        assert router.route(MODEL, "", _chat("busy conversation " * 30))[1] == home
+        assert router.route(MODEL, "", _chat("new conversation " * 30))[1] != home
+
+    def test_a_one_message_prompt_goes_back_where_it_was_served_within_the_bound(self) -> None:
+        router, _ = _router(A, B, policy="prefix")
+        prompt = prompt_blocks(MODEL, {"messages": [{"role": "user", "content": SYSTEM}]})
+        home = _once(router, prompt=prompt)
+        assert router.route(MODEL, "", prompt)[1] == home
+        assert router.route(MODEL, "", prompt)[1] == home
 
     def test_a_prefix_replica_over_the_load_bound_gives_way_to_the_least_loaded(self) -> None:
         router, _ = _router(A, B, policy="prefix", session_load_factor=1.0)

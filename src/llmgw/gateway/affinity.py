@@ -213,7 +213,16 @@ class PrefixIndex:
             if owner == _SHARED:
                 # Several replicas hold it, and so every shorter prefix: placed by load.
                 return None
-            if owner is not None and owner in endpoints and in_flight.get(owner, 0) < bound:
+            if owner is None or owner not in endpoints:
+                continue
+            load = in_flight.get(owner, 0)
+            if i == 0 and len(blocks) > 1:
+                # Only the first message (a system prompt) matched, of a prompt that goes on: the
+                # cheapest start to prefill again, once, after which both replicas hold it. Followed
+                # only while its replica is among the least loaded, or every new conversation would
+                # pile onto the one replica that served the system prompt first.
+                return owner if all(load <= in_flight.get(e, 0) for e in endpoints) else None
+            if load < bound:
                 return owner
         return None
 
