@@ -24,8 +24,7 @@ def old_llama_server(tmp_path: Path) -> Path:
         'case "$1" in\n'
         "  --version) echo 'version: 1000 (0123abc)' >&2 ;;\n"
         "  --help) printf '%s\\n' '-m, --model FNAME' '--host HOST' '--port PORT' '-a, --alias STRING' "
-        "'-np, --parallel N' '-c, --ctx-size N' '-ngl, --gpu-layers N' "
-        "'-sps, --slot-prompt-similarity SIMILARITY' ;;\n"
+        "'-np, --parallel N' '-c, --ctx-size N' '-ngl, --gpu-layers N' ;;\n"
         "esac\n"
     )
     script.chmod(0o755)
@@ -48,7 +47,7 @@ def test_a_binary_lacking_a_flag_is_listed_with_that_flag_and_exit_code_1(tmp_pa
         "engine   llamacpp",
         f"binary   {binary}",
         "version  version: 1000 (0123abc)",
-        "passes   -m --host --port --alias -np -c -ngl --slot-prompt-similarity --metrics",
+        "passes   -m --host --port --alias -np -c -ngl --metrics",
         "missing  --metrics: llmgw passes it and `llama-server --help` does not mention it",
         "",
         "llamacpp would refuse 1 flag llmgw passes: a replica of it would fail at start. "

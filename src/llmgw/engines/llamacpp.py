@@ -18,15 +18,6 @@ DEFAULT_PARALLEL = 4
 # "all", because builds older than the word take only numbers.
 ALL_LAYERS = "999"
 
-# Given to --slot-prompt-similarity. llama-server's default (0.1) gives a request the idle slot
-# whose cached prompt shares the largest part of it: with a shared system prompt that is any slot,
-# so every conversation was prefilled into the same one and overwrote the last, and the one
-# overwritten was not kept in the host prompt cache (--cache-ram): each conversation's next turn
-# paid its whole history again, whichever replica the gateway chose. At 0 a request takes the
-# least recently used slot, the prompt it displaces goes to the host cache, and a request finds
-# its own prefix there, so a replica keeps the conversations routed to it even past its slots.
-SLOT_PROMPT_SIMILARITY = "0"
-
 # What llama-server reads its --api-key from when the flag is absent.
 API_KEY_ENV = "LLAMA_API_KEY"
 
@@ -68,7 +59,6 @@ class LlamaCppEngine:
         # llama.cpp offloads layers to any GPU it sees unless told not to, so
         # a replica given no GPU says 0 rather than leaving it to "auto".
         argv += ["-ngl", ALL_LAYERS if spec.gpu_indices else "0"]
-        argv += ["--slot-prompt-similarity", SLOT_PROMPT_SIMILARITY]
         argv.append("--metrics")
         argv += spec.args
         return argv

@@ -180,8 +180,9 @@ class PrefixIndex:
     Approximate by design: a prefix's hash names one replica, the one that served it, or none in
     particular once several have (_SHARED); and the prefixes least recently served are forgotten
     first, a generation at a time: recorded into the newer of two tables, the older dropped whole
-    when the newer is full. A prompt's prefixes are recorded together, so what is remembered of a
-    prompt is a prefix of it; where a true LRU would reorder a list on every request.
+    when the newer is full: two dicts swapped whole, where a true LRU would reorder a list on every
+    request. A prompt's prefixes are recorded together, so what is remembered of a prompt is a
+    prefix of it.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -218,7 +219,7 @@ class PrefixIndex:
             load = in_flight.get(owner, 0)
             if i == 0 and len(blocks) > 1:
                 # Only the first message (a system prompt) matched, of a prompt that goes on: the
-                # cheapest start to prefill again, once, after which both replicas hold it. Followed
+                # cheapest start to prefill again, once, after which that replica holds it too. Followed
                 # only while its replica is among the least loaded, or every new conversation would
                 # pile onto the one replica that served the system prompt first.
                 return owner if all(load <= in_flight.get(e, 0) for e in endpoints) else None
