@@ -76,17 +76,27 @@ class TestSessionAffinity:
         router, _ = _router(A, B, policy="affinity", session_load_factor=1.25)
         home = _once(router, "alice")
         other = B if home == A else A
-        # Two requests of other sessions in flight on alice's replica: mean (with hers) 1.5, bound 2.
-        held = [router.route(MODEL)[1] for _ in range(4)]
+        # Three requests of other sessions in flight on alice's replica: mean (with hers) 2, bound 3.
+        held = [router.route(MODEL)[1] for _ in range(6)]
         for endpoint in held:
             if endpoint == other:
                 router.release(endpoint)
-        assert router.in_flight == {home: 2}
+        assert router.in_flight == {home: 3}
         assert router.route(MODEL, "alice")[1] == other
         router.release(other)
-        for endpoint in (home, home):
+        for endpoint in (home, home, home):
             router.release(endpoint)
         assert _once(router, "alice") == other
+
+    def test_a_session_stays_while_its_replica_is_one_request_above_the_mean(self) -> None:
+        """At two replicas, 1.25 × the mean alone would move it: a whole history's prefill for one wait."""
+        router, _ = _router(A, B, policy="affinity", session_load_factor=1.25)
+        home = _once(router, "alice")
+        router.route(MODEL, "alice")
+        router.route(MODEL, "alice")
+        # Two in flight on alice's replica, none on the other: mean (with hers) 1.5, bound 3.
+        assert router.in_flight == {home: 2}
+        assert router.route(MODEL, "alice")[1] == home
 
     def test_a_session_within_the_load_bound_stays_though_its_replica_is_busier(self) -> None:
         router, _ = _router(A, B, policy="affinity", session_load_factor=2.0)
@@ -159,16 +169,46 @@ class TestPrefixRouting:
         one = _once(router, prompt=_chat("first conversation " * 30))
         two = B if one == A else A
         router.prefixes.record(_chat("second conversation " * 30), two)
-        # The system prompt's blocks now name `two`: a new conversation goes there, for its system
-        # prompt; the first conversation's longer prefix still names `one`.
-        assert _once(router, prompt=_chat("a third conversation " * 30)) == two
-        assert _once(router, prompt=_chat("first conversation " * 30, "more")) == one
+        # The system prompt's blocks have been served by both; each conversation's longer prefix
+        # still names its own replica.
+        for _ in range(3):
+            assert _once(router, prompt=_chat("first conversation " * 30, "more")) == one
+            assert _once(router, prompt=_chat("second conversation " * 30, "more")) == two
+
+    def test_new_conversations_under_a_system_prompt_every_replica_served_spread_by_load(self) -> None:
+        """Not all to whichever replica served the shared system prompt last: both cache it."""
+        router, _ = _router(A, B, policy="prefix")
+        router.prefixes.record(_chat("first conversation " * 30), A)
+        router.prefixes.record(_chat("second conversation " * 30), B)
+        homes = [_once(router, prompt=_chat(f"conversation {i} " * 30)) for i in range(10)]
+        assert homes.count(A) == homes.count(B) == 5
+
+    def test_a_system_prompt_only_one_replica_served_draws_new_conversations_while_it_is_least_loaded(
+        self,
+    ) -> None:
+        router, _ = _router(A, B, C, policy="prefix")
+        home = _once(router, prompt=_chat("first conversation " * 30))
+        assert {_once(router, prompt=_chat(f"conversation {i} " * 30)) for i in range(5)} == {home}
+        # One in flight there, none elsewhere: within the load bound, but not among the least
+        # loaded, so the next new conversation goes elsewhere rather than piling up behind it.
+        assert router.route(MODEL, "", _chat("busy conversation " * 30))[1] == home
+        assert router.route(MODEL, "", _chat("new conversation " * 30))[1] != home
+
+    def test_a_one_message_prompt_goes_back_where_it_was_served_within_the_bound(self) -> None:
+        router, _ = _router(A, B, policy="prefix")
+        prompt = prompt_blocks(MODEL, {"messages": [{"role": "user", "content": SYSTEM}]})
+        home = _once(router, prompt=prompt)
+        assert router.route(MODEL, "", prompt)[1] == home
+        assert router.route(MODEL, "", prompt)[1] == home
 
     def test_a_prefix_replica_over_the_load_bound_gives_way_to_the_least_loaded(self) -> None:
         router, _ = _router(A, B, policy="prefix", session_load_factor=1.0)
         prompt = _chat("a long conversation " * 30)
         home = _once(router, prompt=prompt)
-        router.route(MODEL, "", prompt)  # in flight on home: bound ceil(2/2) = 1
+        for _ in range(2):
+            assert router.route(MODEL, "", prompt)[1] == home
+        # Two in flight on home: mean (with this one) 1.5, bound 3; three: mean 2, bound 3.
+        assert router.route(MODEL, "", prompt)[1] == home
         assert router.route(MODEL, "", prompt)[1] != home
 
     def test_a_request_with_a_session_key_is_placed_by_its_session(self) -> None:
@@ -255,6 +295,18 @@ class TestPrefixIndex:
             index.record(blocks, A)
         assert index.choose(prompts[-1], [A, B], {}, 1.25) == A
         assert all(index.choose(blocks, [A, B], {}, 1.25) is None for blocks in prompts[:10])
+
+    def test_a_prefix_two_replicas_served_names_neither(self) -> None:
+        index = PrefixIndex(capacity=100)
+        shared = _chat()
+        index.record(_chat("first conversation"), A)
+        assert index.choose(shared, [A, B], {}, 1.25) == A
+        index.record(_chat("second conversation"), B)
+        assert index.choose(shared, [A, B], {}, 1.25) is None
+        assert index.choose(_chat("first conversation"), [A, B], {}, 1.25) == A
+        assert index.choose(_chat("second conversation"), [A, B], {}, 1.25) == B
+        index.record(shared, A)  # served by A once more: still held by both
+        assert index.choose(shared, [A, B], {}, 1.25) is None
 
     def test_a_chat_has_one_prefix_per_message_each_covering_those_before(self) -> None:
         system = {"role": "system", "content": "be brief"}

@@ -261,9 +261,10 @@ class RouterConfig:
     session_load_factor: float = _field(
         1.25,
         "How far above the mean load (requests in flight, this one counted) a session's or prefix's "
-        "replica may be and still be chosen; over it a session goes to the next replica on the hash "
-        "ring and stays there, a prefix to a shorter prefix's replica or the fewest in flight.",
-        number(1, high=1000, unit="1 keeps every replica at the mean"),
+        "replica may be and still be chosen, and never less than one request above it; over it a "
+        "session goes to the next replica on the hash ring and stays there, a prefix to a shorter "
+        "prefix's replica or the fewest in flight.",
+        number(1, high=1000, unit="1 keeps every replica within a request of the mean"),
     )
     session_headers: list[str] = _field(
         ["x-llmgw-session", "x-session-id"],

@@ -31,6 +31,11 @@ _SESSIONS = 65536
 # Characters in one block of a completion's prompt (a chat's blocks are its messages): a prompt
 # matches a replica's by whole blocks, so a shorter shared start is not worth routing for.
 BLOCK_CHARS = 1024
+# The owner the prefix index gives a prefix that more than one replica has served: a shared system
+# prompt, typically, which every replica then caches. Choosing by it would send every new
+# conversation to whichever replica served that prompt last, piling them onto one; a request whose
+# longest remembered prefix is shared goes to the fewest in flight instead.
+_SHARED = ""
 # Characters of one prompt the index hashes: the first 64K. The decision's cost stays bounded on a
 # prompt of megabytes, and two prompts alike in their first 64K characters are one conversation anyway.
 _MAX_CHARS = 65536
@@ -39,12 +44,17 @@ _MAX_CHARS = 65536
 def load_bound(endpoints: Sequence[str], in_flight: Mapping[str, int], factor: float) -> int:
     """The most requests in flight a replica may have, this one counted, to be chosen for its cache.
 
-    Rounded up, so that some replica is always within it (their bounds add up to at least the load).
+    factor × the mean, rounded up, so that some replica is always within it (their bounds add up to
+    at least the load); and never less than one above the mean rounded up. Without that floor, two
+    replicas at a load of two had a bound of two: a conversation whose replica held two requests
+    while the other held none moved, paying its whole history's prefill to save a wait behind two
+    requests the engine batches with it, and the prefix index then followed it to the other replica.
     """
     total = 0
     for endpoint in endpoints:
         total += in_flight.get(endpoint, 0)
-    return math.ceil(factor * (total + 1) / len(endpoints))
+    mean = (total + 1) / len(endpoints)
+    return max(math.ceil(factor * mean), math.ceil(mean) + 1)
 
 
 class Sessions:
@@ -167,11 +177,12 @@ def prompt_blocks(model: str, payload: Mapping[str, Any]) -> list[int]:
 class PrefixIndex:
     """Which replica most recently served each prompt prefix, for a bounded number of prefixes.
 
-    Approximate by design: a prefix's hash names one replica, the last that served it, and the
-    prefixes least recently served are forgotten first, a generation at a time: recorded into
-    the newer of two tables, the older dropped whole when the newer is full. A prompt's prefixes
-    are recorded together, so what is remembered of a prompt is a prefix of it; recording is one
-    dict update in C, where a true LRU would cost a Python step per prefix on every request.
+    Approximate by design: a prefix's hash names one replica, the one that served it, or none in
+    particular once several have (_SHARED); and the prefixes least recently served are forgotten
+    first, a generation at a time: recorded into the newer of two tables, the older dropped whole
+    when the newer is full: two dicts swapped whole, where a true LRU would reorder a list on every
+    request. A prompt's prefixes are recorded together, so what is remembered of a prompt is a
+    prefix of it.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -194,9 +205,33 @@ class PrefixIndex:
         factor: float,
     ) -> str | None:
         """The ready replica within the bound that served the longest prefix of blocks; None if none did."""
+        low = self.matched(blocks)
+        if not low:
+            return None
+        bound = load_bound(endpoints, in_flight, factor)
+        for i in range(low - 1, -1, -1):
+            owner = self._owner(blocks[i])
+            if owner == _SHARED:
+                # Several replicas hold it, and so every shorter prefix: placed by load.
+                return None
+            if owner is None or owner not in endpoints:
+                continue
+            load = in_flight.get(owner, 0)
+            if i == 0 and len(blocks) > 1:
+                # Only the first message (a system prompt) matched, of a prompt that goes on: the
+                # cheapest start to prefill again, once, after which that replica holds it too. Followed
+                # only while its replica is among the least loaded, or every new conversation would
+                # pile onto the one replica that served the system prompt first.
+                return owner if all(load <= in_flight.get(e, 0) for e in endpoints) else None
+            if load < bound:
+                return owner
+        return None
+
+    def matched(self, blocks: Sequence[int]) -> int:
+        """How many of blocks, from the first, some replica is remembered to have served."""
         new, old = self._new, self._old
-        # The longest remembered prefix, found by halving: what is remembered of a prompt is a prefix
-        # of it (see the class), so this costs a few lookups, not one per block, on a long prompt.
+        # Found by halving: what is remembered of a prompt is a prefix of it (see the class), so
+        # this costs a few lookups, not one per block, on a long prompt.
         low, high = 0, len(blocks)
         while low < high:
             middle = (low + high) // 2
@@ -204,18 +239,16 @@ class PrefixIndex:
                 low = middle + 1
             else:
                 high = middle
-        if not low:
-            return None
-        bound = load_bound(endpoints, in_flight, factor)
-        for i in range(low - 1, -1, -1):
-            owner = self._owner(blocks[i])
-            if owner is not None and owner in endpoints and in_flight.get(owner, 0) < bound:
-                return owner
-        return None
+        return low
 
     def record(self, blocks: Sequence[int], endpoint: str) -> None:
         """endpoint has just been sent a prompt of these blocks: it now holds their prefixes."""
         blocks = blocks[: self._half]
         if len(self._new) + len(blocks) > self._half:
             self._old, self._new = self._new, {}
-        self._new.update(dict.fromkeys(blocks, endpoint))
+        new, old = self._new, self._old
+        for block in blocks:
+            owner = new.get(block)
+            if owner is None:
+                owner = old.get(block, endpoint)
+            new[block] = endpoint if owner == endpoint else _SHARED
