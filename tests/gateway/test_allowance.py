@@ -7,6 +7,7 @@ connection pool of its own, all on one database of the throwaway cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections import Counter
@@ -15,18 +16,29 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.catalog import Catalog
+from llmgw.config import ModelConfig, ServerConfig
+from llmgw.control import tenancy
+from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway import allowance as allowance_module
 from llmgw.gateway import quotas as quotas_module
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.allowance import Allowance, create_table
+from llmgw.gateway.app import make_gateway_app
+from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.quotas import Quotas, Short, Ticket
 from llmgw.gateway.usage import UsageRecorder
-from llmgw.store.keys import KeyRecord
+from llmgw.store import Store
+from llmgw.store.keys import KeyRecord, create_key
 from llmgw.store.quotas import Budget, Limits
 from llmgw.store.scopes import Hierarchy, Org, Project, Scope, Team
 
 from ..postgres import Cluster
+from .conftest import MODEL, FakeReplicas
 
 
 class Clock:
@@ -307,3 +319,42 @@ class TestManyScopes:
                 if refused_in_a_row == 12:
                     break
         assert admitted == 50
+
+
+class TestThroughTheGateways:
+    async def test_200_chat_requests_split_over_two_gateways_at_rpm_60_get_60_answers_and_140_refusals(
+        self, store: Store, postgres_url: str
+    ) -> None:
+        """The admission stage of two whole gateway apps, a sim engine behind both, over loopback HTTP."""
+        plaintext, _ = await create_key(store, "shared")
+        await tenancy.set_quota(store, "project:default", rpm=60)
+        cfg = ServerConfig(models=[ModelConfig(name=MODEL)])
+        sim = TestServer(make_sim_app(MODEL), host="127.0.0.1", port=0)
+        await sim.start_server()
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(sim.close)
+            clients: list[TestClient[web.Request, web.Application]] = []
+            for _ in range(2):
+                pool = await asyncpg.create_pool(postgres_url, min_size=3, max_size=3)
+                stack.push_async_callback(pool.close)
+                await create_table(pool)
+                keys, recorder = KeyCache(), UsageRecorder()
+                await keys.refresh(store)
+                quotas = Quotas(recorder, allowance=Allowance(pool))
+                await quotas.refresh(store)
+                catalog = Catalog(cfg)
+                replicas = FakeReplicas(endpoints={MODEL: [f"http://127.0.0.1:{sim.port}"]})
+                admission = Admission(cfg, catalog, quotas, recorder)
+                app = make_gateway_app(cfg, catalog, replicas, keys, admission)
+                server = TestServer(app, host="127.0.0.1", port=0)
+                clients.append(await stack.enter_async_context(TestClient(server)))
+
+            async def chat(client: TestClient[web.Request, web.Application]) -> int:
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+                headers = {"Authorization": f"Bearer {plaintext}"}
+                async with client.post("/v1/chat/completions", json=body, headers=headers) as reply:
+                    await reply.read()
+                    return reply.status
+
+            statuses = Counter(await asyncio.gather(*(chat(clients[i % 2]) for i in range(200))))
+        assert statuses == {200: 60, 429: 140}
