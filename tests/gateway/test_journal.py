@@ -6,9 +6,12 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from llmgw.errors import StoreError
+from llmgw.gateway import usage as usage_module
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.journal import Entry, Journal, open_journal
 from llmgw.gateway.quotas import Quotas
@@ -199,3 +202,54 @@ class TestAcrossARestart:
             await quotas.refresh(store)
             quotas.restore(recent)
             quotas.admit(key, 1, 0.0)
+
+
+class TestAWriteThatFails:
+    """A store that fails a write may have committed it or not; the usage is written once either way."""
+
+    async def test_a_batch_that_committed_before_the_store_failed_is_not_added_again(
+        self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        real = usage_module.add_usage
+
+        async def commits_then_fails(*args: Any, **kwargs: Any) -> None:
+            await real(*args, **kwargs)
+            raise StoreError("the PostgreSQL store at postgresql://x@db:5432/x cannot be reached")
+
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 3)
+            monkeypatch.setattr(usage_module, "add_usage", commits_then_fails)
+            with pytest.raises(StoreError):
+                await recorder.flush(store)
+            monkeypatch.setattr(usage_module, "add_usage", real)
+            _record(recorder, 2)
+            await recorder.flush(store)
+        assert await _totals(store) == (5, 50, 25, pytest.approx(1.25))
+
+    async def test_a_batch_the_store_never_took_is_written_by_the_next_flush(
+        self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        real = usage_module.add_usage
+
+        async def fails(*args: Any, **kwargs: Any) -> None:
+            raise StoreError("the PostgreSQL store at postgresql://x@db:5432/x cannot be reached")
+
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 3)
+            monkeypatch.setattr(usage_module, "add_usage", fails)
+            with pytest.raises(StoreError):
+                await recorder.flush(store)
+            _record(recorder, 1)
+            with pytest.raises(StoreError):
+                await recorder.flush(store)
+            # While the store is away, budgets still count what waits for it.
+            assert sum(t.requests for _, t in recorder.pending()) == 4
+            monkeypatch.setattr(usage_module, "add_usage", real)
+            await recorder.flush(store)
+        assert await _totals(store) == (4, 40, 20, pytest.approx(1.0))
+        # Nothing of it is replayed again at the next start.
+        async with open_journal(tmp_path / "j", store, 1.0):
+            pass
+        assert await _totals(store) == (4, 40, 20, pytest.approx(1.0))

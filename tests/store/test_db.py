@@ -1,7 +1,8 @@
-"""The store opens in WAL mode and applies each migration exactly once."""
+"""The store applies each migration exactly once, on SQLite (in WAL mode) and on PostgreSQL alike."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,14 +12,15 @@ import pytest
 from llmgw.errors import StoreError
 from llmgw.store import open_store
 from llmgw.store.migrations import MIGRATIONS, Migration, schema_version
+from llmgw.store.scopes import create_org
+from llmgw.store.sqlite import SqliteStore
 
 
-async def _versions(path: Path, migrations: Sequence[Migration] = MIGRATIONS) -> list[int]:
-    async with (
-        open_store(path, migrations) as store,
-        store.db.execute("SELECT version FROM schema_version ORDER BY version") as cursor,
-    ):
-        return [row[0] for row in await cursor.fetchall()]
+async def _versions(database: Path | str, migrations: Sequence[Migration] = MIGRATIONS) -> list[int]:
+    async with open_store(database, migrations) as store:
+        return [
+            row[0] for row in await store.fetch_all("SELECT version FROM schema_version ORDER BY version")
+        ]
 
 
 class TestOpenStore:
@@ -27,51 +29,61 @@ class TestOpenStore:
     ) -> None:
         path = tmp_path / "state" / "llmgw.db"
         async with open_store(path) as store:
+            assert isinstance(store, SqliteStore)
             async with store.db.execute("PRAGMA journal_mode") as cursor:
                 row = await cursor.fetchone()
             assert row is not None and row[0] == "wal"
         assert path.exists()
 
-    async def test_every_migration_is_applied_at_the_first_open(self, tmp_path: Path) -> None:
-        assert await _versions(tmp_path / "llmgw.db") == list(range(1, len(MIGRATIONS) + 1))
+    async def test_every_migration_is_applied_at_the_first_open(self, database: Path | str) -> None:
+        assert await _versions(database) == list(range(1, len(MIGRATIONS) + 1))
 
-    async def test_reopening_applies_nothing_again(self, tmp_path: Path) -> None:
-        path = tmp_path / "llmgw.db"
-        first = await _versions(path)
+    async def test_reopening_applies_nothing_again(self, database: Path | str) -> None:
+        first = await _versions(database)
         # A second run of migration 1 would fail: CREATE TABLE api_keys exists.
-        assert await _versions(path) == first
+        assert await _versions(database) == first
 
-    async def test_a_later_release_applies_only_its_new_migration(self, tmp_path: Path) -> None:
-        path = tmp_path / "llmgw.db"
-        await _versions(path)
+    async def test_a_later_release_applies_only_its_new_migration(self, database: Path | str) -> None:
+        await _versions(database)
         later = (*MIGRATIONS, ("CREATE TABLE added_later (x INTEGER)",))
-        assert await _versions(path, later) == list(range(1, len(later) + 1))
-        async with (
-            open_store(path, later) as store,
-            store.db.execute("SELECT count(*) FROM added_later") as cursor,
-        ):
-            assert await cursor.fetchone() is not None
+        assert await _versions(database, later) == list(range(1, len(later) + 1))
+        async with open_store(database, later) as store:
+            assert await store.fetch_value("SELECT count(*) FROM added_later") == 0
 
-    async def test_a_failing_migration_leaves_nothing_half_applied(self, tmp_path: Path) -> None:
-        path = tmp_path / "llmgw.db"
-        await _versions(path)
+    async def test_a_failing_migration_leaves_nothing_half_applied(self, database: Path | str) -> None:
+        await _versions(database)
         broken = (*MIGRATIONS, ("CREATE TABLE half (x INTEGER)", "THIS IS NOT SQL"))
-        with pytest.raises(StoreError, match="cannot open the store"):
-            async with open_store(path, broken):
+        with pytest.raises(StoreError, match=r"cannot (open|bring) the store"):
+            async with open_store(database, broken):
                 pass
-        async with open_store(path) as store:
-            assert await schema_version(store.db) == len(MIGRATIONS)
-            async with store.db.execute("SELECT name FROM sqlite_master WHERE name = 'half'") as cursor:
-                assert await cursor.fetchone() is None
+        async with open_store(database) as store:
+            assert await schema_version(store) == len(MIGRATIONS)
+            tables = [row[0] for row in await store.fetch_all(store.dialect.tables)]
+            assert "half" not in tables and "api_keys" in tables
 
     async def test_a_store_written_by_a_later_release_is_refused_with_a_sentence(
-        self, tmp_path: Path
+        self, database: Path | str
     ) -> None:
-        path = tmp_path / "llmgw.db"
-        await _versions(path, (*MIGRATIONS, ("CREATE TABLE future (x INTEGER)",)))
+        await _versions(database, (*MIGRATIONS, ("CREATE TABLE future (x INTEGER)",)))
         with pytest.raises(StoreError, match="newer than this llmgw knows"):
-            async with open_store(path):
+            async with open_store(database):
                 pass
+
+    async def test_servers_opening_a_new_store_at_once_apply_each_migration_once(
+        self, database: Path | str
+    ) -> None:
+        """Whichever gets there first migrates; the others wait for it and find nothing left to do."""
+        opened = await asyncio.gather(*(_versions(database) for _ in range(4)))
+        assert opened == [list(range(1, len(MIGRATIONS) + 1))] * 4
+
+    async def test_new_rows_are_numbered_after_the_rows_a_migration_wrote_with_their_own_ids(
+        self, database: Path | str
+    ) -> None:
+        """Migration 3 writes the default org as id 1; the next org must not be given id 1 again."""
+        async with open_store(database) as store:
+            assert (await create_org(store, "acme")).id == 2
+        async with open_store(database) as store:
+            assert (await create_org(store, "globex")).id == 3
 
     async def test_a_server_holds_its_store_alone_and_commands_still_open_it(self, tmp_path: Path) -> None:
         path = tmp_path / "llmgw.db"
@@ -80,7 +92,7 @@ class TestOpenStore:
                 async with open_store(path, server=True):
                     pass
             async with open_store(path) as command:
-                assert await schema_version(command.db) == len(MIGRATIONS)
+                assert await schema_version(command) == len(MIGRATIONS)
         async with open_store(path, server=True):
             pass  # released when the first server closed it
 
@@ -92,8 +104,8 @@ class TestOpenStore:
             async with open_store(path):
                 raise sqlite3.DatabaseError("database disk image is malformed")
 
-    async def test_a_transaction_that_raises_is_rolled_back(self, tmp_path: Path) -> None:
-        async with open_store(tmp_path / "llmgw.db") as store:
+    async def test_a_transaction_that_raises_is_rolled_back(self, database: Path | str) -> None:
+        async with open_store(database) as store:
             with pytest.raises(RuntimeError):
                 async with store.transaction() as db:
                     await db.execute(
@@ -101,6 +113,4 @@ class TestOpenStore:
                         " VALUES ('a', 'p', 'h', 't')"
                     )
                     raise RuntimeError("abandon")
-            async with store.db.execute("SELECT count(*) FROM api_keys") as cursor:
-                row = await cursor.fetchone()
-            assert row is not None and row[0] == 0
+            assert await store.fetch_value("SELECT count(*) FROM api_keys") == 0

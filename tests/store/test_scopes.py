@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
-from llmgw.store import Store, open_store
+from llmgw.store import Store
 from llmgw.store.keys import create_key, list_keys
 from llmgw.store.quotas import list_budgets, list_limits, set_budget, set_limits
 from llmgw.store.scopes import (
@@ -21,12 +18,6 @@ from llmgw.store.scopes import (
 )
 
 NASTY = "x'); DROP TABLE orgs; -- \" <b>&amp;</b> % _ \\ ; SELECT * FROM api_keys"
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    async with open_store(tmp_path / "llmgw.db") as store:
-        yield store
 
 
 class TestHierarchy:

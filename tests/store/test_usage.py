@@ -7,14 +7,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from llmgw.gateway.usage import UsageRecorder
-from llmgw.store import open_store
+from llmgw.store import Store, open_store
 from llmgw.store.scopes import Scope, create_project, create_team
 from llmgw.store.usage import usage_by_day
 
 
-async def test_usage_recorded_before_a_restart_is_there_after_it(tmp_path: Path) -> None:
-    path = tmp_path / "llmgw.db"
-    async with open_store(path) as store:
+async def test_usage_recorded_before_a_restart_is_there_after_it(database: Path | str) -> None:
+    async with open_store(database) as store:
         team = await create_team(store, 1, "ml")
         other = await create_project(store, team.id, "eval")
         recorder = UsageRecorder(interval_s=3600)
@@ -26,7 +25,7 @@ async def test_usage_recorded_before_a_restart_is_there_after_it(tmp_path: Path)
         # Stopping flushes once more: this is what the server does on shutdown.
         recorder.stop()
         await writer
-    async with open_store(path) as store:
+    async with open_store(database) as store:
         today = datetime.now(UTC).date()
         rows = await usage_by_day(store, Scope("project", 1))
         assert [
@@ -40,13 +39,12 @@ async def test_usage_recorded_before_a_restart_is_there_after_it(tmp_path: Path)
         ]
 
 
-async def test_batches_add_up_rather_than_replace(tmp_path: Path) -> None:
-    async with open_store(tmp_path / "llmgw.db") as store:
-        recorder = UsageRecorder()
-        recorder.record(1, 1, "m", 200, 1, 2, 0.0, 1.0)
-        await recorder.flush(store)
-        recorder.record(1, 1, "m", 200, 1, 2, 0.0, 1.0)
-        await recorder.flush(store)
-        assert [(r.requests, r.prompt_tokens, r.completion_tokens) for r in await usage_by_day(store)] == [
-            (2, 2, 4)
-        ]
+async def test_batches_add_up_rather_than_replace(store: Store) -> None:
+    recorder = UsageRecorder()
+    recorder.record(1, 1, "m", 200, 1, 2, 0.0, 1.0)
+    await recorder.flush(store)
+    recorder.record(1, 1, "m", 200, 1, 2, 0.0, 1.0)
+    await recorder.flush(store)
+    assert [(r.requests, r.prompt_tokens, r.completion_tokens) for r in await usage_by_day(store)] == [
+        (2, 2, 4)
+    ]

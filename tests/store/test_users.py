@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
-from llmgw.store import Store, open_store
+from llmgw.store import Store
 from llmgw.store.scopes import DEFAULT_PROJECT_ID
 from llmgw.store.sessions import create_session, end_session, end_user_sessions, lookup_session
 from llmgw.store.users import (
@@ -30,12 +28,6 @@ from llmgw.store.users import (
 NASTY_EMAIL = "o'brien\";DROP/**/TABLE/**/users;--<script>alert(1)</script>&amp;@ex%ample.com"
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    async with open_store(tmp_path / "llmgw.db") as store:
-        yield store
-
-
 class TestPasswords:
     async def test_a_password_is_stored_as_an_scrypt_hash_that_verifies_only_itself(self) -> None:
         stored = await hash_password("correct horse")
@@ -52,8 +44,7 @@ class TestPasswords:
 
     async def test_the_store_holds_no_plaintext_password(self, store: Store) -> None:
         await create_user(store, "a@example.com", "hunter2hunter2")
-        async with store.db.execute("SELECT * FROM users") as cursor:
-            row = tuple(await cursor.fetchone() or ())
+        row = tuple(await store.fetch_one("SELECT * FROM users") or ())
         assert not any("hunter2" in str(value) for value in row)
 
 
@@ -145,8 +136,7 @@ class TestSessions:
         token, session = await create_session(store, user.id, ttl_s=3600)
         assert await lookup_session(store, token) == session
         assert session.csrf and session.csrf != token
-        async with store.db.execute("SELECT token_hash FROM sessions") as cursor:
-            assert token not in str([tuple(r) for r in await cursor.fetchall()])
+        assert token not in str([tuple(r) for r in await store.fetch_all("SELECT token_hash FROM sessions")])
 
     async def test_an_expired_session_is_not_found(self, store: Store) -> None:
         user = await create_user(store, "ann@example.com", "password1", status="active")

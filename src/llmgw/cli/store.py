@@ -11,8 +11,9 @@ from llmgw import config
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.cli.store_command import server_config_option
 from llmgw.config import ServerConfig
-from llmgw.errors import ConfigError, LlmgwError
+from llmgw.errors import ConfigError, LlmgwError, StoreError
 from llmgw.store.backup import backup_store
+from llmgw.store.url import PostgresUrl, is_postgres_url
 
 
 @click.group()
@@ -26,7 +27,15 @@ def store() -> None:
 def backup(out: Path, config_path: Path) -> None:
     """Write a consistent copy of the store to OUT (a new file), while the server runs or not."""
     try:
-        database = config.load(ServerConfig, config_path).database_path
+        cfg = config.load(ServerConfig, config_path)
+        if is_postgres_url(cfg.database):
+            # VACUUM INTO is SQLite's; PostgreSQL's own tool takes a consistent copy while servers run.
+            raise StoreError(
+                f"the store is the PostgreSQL database {PostgresUrl.parse(cfg.database)}: back it up with "
+                f"PostgreSQL's own tool, `pg_dump --format=custom --file={out} DATABASE_URL` "
+                "(docs/operations.md)"
+            )
+        database = cfg.database_path
         size = backup_store(database, out)
     except ConfigError as exc:
         click.echo(f"llmgw: {exc}", err=True)

@@ -43,7 +43,7 @@ def with_config(config_path: Path, action: Callable[[ServerConfig, Store], Await
         cfg = config.load(ServerConfig, config_path)
 
         async def run() -> T:
-            async with open_store(cfg.database_path) as store:
+            async with open_store(cfg.store) as store:
                 return await action(cfg, store)
 
         return asyncio.run(run())

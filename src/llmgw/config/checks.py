@@ -18,6 +18,8 @@ from typing import Any
 
 import attrs
 
+from llmgw.store.url import PostgresUrl, is_postgres_url
+
 # A year: longer than any wait llmgw has a use for, and far inside what datetime and asyncio can add.
 MAX_SECONDS = 365 * 24 * 3600
 # One label of a host name (RFC 1123): letters, digits and inner hyphens.
@@ -141,6 +143,24 @@ def http_url(*, empty_ok: bool) -> Check:
     allowed = "an http:// or https:// URL" + (", or empty" if empty_ok else "")
     return Check(allowed, problem)
 
+
+def _database_problem(value: Any) -> str:
+    text = str(value)
+    if not is_postgres_url(text):
+        return ""
+    try:
+        PostgresUrl.parse(text)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+# database: a PostgreSQL address with no host or database used to be found only at start, as the
+# driver's traceback; anything else is the path of an SQLite file, which opening checks.
+DATABASE = Check(
+    "empty, the path of an SQLite file, or postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE",
+    _database_problem,
+)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 

@@ -15,6 +15,7 @@ import attrs
 from llmgw import addresses
 from llmgw.config.checks import (
     ASSET_DIGESTS,
+    DATABASE,
     TOKEN_DIGESTS,
     Check,
     dial_address,
@@ -24,6 +25,7 @@ from llmgw.config.checks import (
     optional_listen_address,
     seconds,
 )
+from llmgw.store.url import is_postgres_url
 
 
 def _field(default: Any, help: str, check: Check | None = None) -> Any:
@@ -297,7 +299,13 @@ class ServerConfig:
         listen_address("127.0.0.1:7443"),
     )
     state_dir: str = _field("/var/lib/llmgw", "Directory for the store and other state.")
-    database: str = _field("", "SQLite file of the store; empty means `<state_dir>/llmgw.db`.")
+    database: str = _field(
+        "",
+        "The store: the path of an SQLite file (empty means `<state_dir>/llmgw.db`), or "
+        "`postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE` for a PostgreSQL database that several "
+        "control planes may share. See docs/operations.md.",
+        DATABASE,
+    )
     drain_timeout_s: float = _field(
         10.0, "How long a stopping server waits for in-flight requests.", seconds(0)
     )
@@ -361,7 +369,19 @@ class ServerConfig:
 
     @property
     def database_path(self) -> Path:
+        """The SQLite file of the store (meaningless when `database` names PostgreSQL)."""
         return Path(self.database) if self.database else Path(self.state_dir) / "llmgw.db"
+
+    @property
+    def store(self) -> Path | str:
+        """What the store is opened from: the PostgreSQL URL, or the SQLite file."""
+        return self.database if is_postgres_url(self.database) else self.database_path
+
+    @property
+    def usage_journal_dir(self) -> Path:
+        """Beside the SQLite file, or in state_dir when the store is PostgreSQL: each server its own."""
+        base = Path(self.state_dir) if is_postgres_url(self.database) else self.database_path.parent
+        return base / "usage-journal"
 
 
 @attrs.frozen

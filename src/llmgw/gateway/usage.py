@@ -17,9 +17,11 @@ from datetime import UTC, datetime, timedelta
 
 import structlog
 
+from llmgw.backoff import ExponentialBackoff
+from llmgw.errors import StoreError
 from llmgw.gateway.journal import Journal
 from llmgw.store.db import Store
-from llmgw.store.usage import UsageKey, UsageTotals, add_usage
+from llmgw.store.usage import UsageKey, UsageTotals, add_usage, journal_applied
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +33,10 @@ _USAGE_SPAN = 2048
 # How much of a stream's end is kept to find the usage in: its last event
 # (`stream_options.include_usage`) and `data: [DONE]`, with room to spare.
 STREAM_TAIL = 8192
+# After a failed write, the next try waits longer each time, up to 15 s: a store that is down is not
+# asked every second, and one that is back sees the usage within 15 s. Nothing is lost meanwhile (the
+# totals wait in memory, each request's record in the journal).
+_RETRY = ExponentialBackoff(base_s=1.0, cap_s=15.0, jitter=0.2)
 
 
 def find_usage(data: bytes | bytearray) -> tuple[int, int] | None:
@@ -69,6 +75,10 @@ class UsageRecorder:
         self._journal = journal
         self._seq = 0  # the last journal record among the pending totals
         self._pending: dict[UsageKey, UsageTotals] = {}
+        # A batch whose write failed after it may have committed (the connection to PostgreSQL died
+        # around its COMMIT), with the last journal record it covers: the store's high mark says
+        # whether it landed, and it is added again only if it did not. Counted as pending meanwhile.
+        self._unsure: tuple[int, dict[UsageKey, UsageTotals]] | None = None
         self._stopping = asyncio.Event()
         self._day = ""
         self._day_ends = 0.0
@@ -83,7 +93,7 @@ class UsageRecorder:
 
     def lag(self, now: float) -> float:
         """Seconds since usage was last written while some is waiting; 0 when none is."""
-        return max(now - self._written_at, 0.0) if self._pending else 0.0
+        return max(now - self._written_at, 0.0) if self._pending or self._unsure else 0.0
 
     def _today(self) -> str:
         now = time.time()
@@ -136,11 +146,19 @@ class UsageRecorder:
 
     def pending(self) -> Iterable[tuple[UsageKey, UsageTotals]]:
         """What is counted but not yet in the store."""
-        return list(self._pending.items())
+        unsure = list(self._unsure[1].items()) if self._unsure is not None else []
+        return [*self._pending.items(), *unsure]
 
     async def flush(self, store: Store) -> None:
         """Move every pending total into the store in one transaction."""
         async with self.lock:
+            if self._unsure is not None:
+                unsure_seq, unsure = self._unsure
+                if await journal_applied(store) < unsure_seq:
+                    self._merge(unsure)
+                elif self._journal is not None:
+                    self._journal.applied(unsure_seq)
+                self._unsure = None
             if not self._pending:
                 self._written_at = time.monotonic()
                 return
@@ -149,20 +167,26 @@ class UsageRecorder:
             try:
                 await add_usage(store, batch.items(), journal_seq=seq)
             except BaseException:
-                # Back into pending, so that the next flush tries again and
-                # the gateway's budgets keep counting it.
-                for key, totals in batch.items():
-                    into = self._pending.setdefault(key, UsageTotals())
-                    into.requests += totals.requests
-                    into.prompt_tokens += totals.prompt_tokens
-                    into.completion_tokens += totals.completion_tokens
-                    into.cost += totals.cost
-                    into.latency_ms += totals.latency_ms
+                if seq is not None:
+                    self._unsure = (seq, batch)
+                else:
+                    # Back into pending, so that the next flush tries again and
+                    # the gateway's budgets keep counting it.
+                    self._merge(batch)
                 raise
             if self._journal is not None and seq is not None:
                 self._journal.applied(seq)
             self._written_at = time.monotonic()
             self.last_batch = len(batch)
+
+    def _merge(self, batch: dict[UsageKey, UsageTotals]) -> None:
+        for key, totals in batch.items():
+            into = self._pending.setdefault(key, UsageTotals())
+            into.requests += totals.requests
+            into.prompt_tokens += totals.prompt_tokens
+            into.completion_tokens += totals.completion_tokens
+            into.cost += totals.cost
+            into.latency_ms += totals.latency_ms
 
     def stop(self) -> None:
         """Ask the writer to flush once more and return."""
@@ -172,16 +196,38 @@ class UsageRecorder:
         """The writer: flush every interval until stop(), then a last time.
 
         Stopped by stop() rather than by cancellation: a flush cancelled while
-        its COMMIT runs in aiosqlite's thread cannot know whether it landed.
+        its COMMIT is on its way (in aiosqlite's thread, or to PostgreSQL) cannot know whether it landed.
         """
+        failures = 0
         while True:
+            wait = self._interval_s if not failures else _RETRY.delay(failures)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval_s):
+                async with asyncio.timeout(wait):
                     await self._stopping.wait()
             last = self._stopping.is_set()
             try:
                 await self.flush(store)
-            except Exception:
-                log.exception("could not write usage to the store; keeping it to try again")
+            except Exception as exc:
+                failures += 1
+                # Once per outage, in a sentence: a store that is away for minutes (a PostgreSQL
+                # restarted, failed over) would otherwise print a traceback every second.
+                if failures == 1 or last:
+                    kept = len(self._pending) + (len(self._unsure[1]) if self._unsure else 0)
+                    if isinstance(exc, StoreError):
+                        log.warning(
+                            "could not write usage to the store; it is kept in memory and in the usage "
+                            "journal, and written when the store answers again"
+                            if not last
+                            else "could not write usage to the store before stopping; the usage "
+                            "journal keeps it, and the next start writes it",
+                            error=str(exc),
+                            totals_waiting=kept,
+                        )
+                    else:
+                        log.exception("could not write usage to the store; keeping it to try again")
+            else:
+                if failures:
+                    log.info("usage written to the store again", failed_tries=failures)
+                failures = 0
             if last:
                 return

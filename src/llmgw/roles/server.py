@@ -29,6 +29,7 @@ from llmgw.control.inventory import Inventory
 from llmgw.control.metrics import ControlMetrics
 from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
+from llmgw.errors import StoreError
 from llmgw.gateway.admission import Admission, budget_warnings
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
@@ -83,24 +84,47 @@ async def _refresh_keys(
     store: Store, keys: KeyCache, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 ) -> None:
     # `sleep` is a seam: a test proves the interval and the reload without waiting on a clock.
+    failing = False
     while True:
         await sleep(_KEY_REFRESH_S)
         try:
             await keys.refresh(store)
+        except StoreError as exc:
+            if not failing:
+                log.warning(
+                    "could not refresh the key cache; the gateway keeps the keys it has", error=str(exc)
+                )
+            failing = True
         except Exception:
             log.exception("could not refresh the key cache; keeping the previous one")
+        else:
+            if failing:
+                log.info("the key cache is refreshed from the store again")
+            failing = False
 
 
 async def _refresh_quotas(
     store: Store, quotas: Quotas, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 ) -> None:
     # `sleep` is a seam, as for the keys: a test proves the interval without waiting on a clock.
+    failing = False
     while True:
         await sleep(_QUOTA_REFRESH_S)
         try:
             await quotas.refresh(store)
+        except StoreError as exc:
+            # The gateway goes on admitting by the limits and budgets it has, counting spending itself.
+            if not failing:
+                log.warning(
+                    "could not reload limits and budgets; the gateway keeps the ones it has", error=str(exc)
+                )
+            failing = True
         except Exception:
             log.exception("could not reload limits and budgets; keeping the previous ones")
+        else:
+            if failing:
+                log.info("limits and budgets are reloaded from the store again")
+            failing = False
 
 
 @contextlib.asynccontextmanager
@@ -126,7 +150,7 @@ async def _serve_app(
 @contextlib.asynccontextmanager
 async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
     async with contextlib.AsyncExitStack() as stack:
-        store = await stack.enter_async_context(open_store(cfg.database_path, server=True))
+        store = await stack.enter_async_context(open_store(cfg.store, server=True))
         keys = KeyCache()
         await keys.refresh(store)
         # server.yaml's models and those added with `llmgw ctl model add`, which the store kept. The
@@ -137,7 +161,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         # budgets count everything spent before this start, and the last minute refills the windows.
         # Entered before the task group, so that its segments close after the journal's task has ended.
         journal, recent = await stack.enter_async_context(
-            open_journal(cfg.database_path.parent / "usage-journal", store, cfg.usage_sync_s)
+            open_journal(cfg.usage_journal_dir, store, cfg.usage_sync_s)
         )
         owned: list[asyncio.Task[None]] = []
         tasks = await stack.enter_async_context(asyncio.TaskGroup())

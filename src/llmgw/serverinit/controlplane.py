@@ -321,13 +321,15 @@ class _Steps:
 
     async def store(self, cfg: ServerConfig) -> str | None:
         path = cfg.database_path
-        existed = await asyncio.to_thread(path.exists)
+        where = cfg.store
+        # A PostgreSQL store is kept: its database is made (and owned) by whoever runs PostgreSQL.
+        existed = isinstance(where, str) or await asyncio.to_thread(path.exists)
         password: str | None = None
-        async with open_store(path) as store:
+        async with open_store(where) as store:
             if existed:
-                self.kept(f"store {path}")
+                self.kept(f"store {store.where}")
             else:
-                self.ok(f"store {path}")
+                self.ok(f"store {store.where}")
             await self._default_scopes(store)
             if self.opts.admin:
                 password = await self._administrator(store, self.opts.admin)
@@ -339,15 +341,16 @@ class _Steps:
                     self.report(
                         "skip  no --admin: run init again with --admin EMAIL to create the administrator"
                     )
-        # Created by root, so the service could not write it; given back before it starts.
-        await asyncio.to_thread(self._give_store_back, path)
+        if not isinstance(where, str):
+            # Created by root, so the service could not write it; given back before it starts.
+            await asyncio.to_thread(self._give_store_back, path)
         return password
 
     async def _default_scopes(self, store: Store) -> None:
         hierarchy = await load_hierarchy(store)
         if DEFAULT_PROJECT_ID not in hierarchy.projects:
             raise InstallError(
-                f"the store {store.path} has no default project; it was created by another "
+                f"the store {store.where} has no default project; it was created by another "
                 "version of llmgw — `llmgw --version` on both sides tells which"
             )
         default = hierarchy.name(Scope("project", DEFAULT_PROJECT_ID))

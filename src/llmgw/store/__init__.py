@@ -1,4 +1,4 @@
-"""The store: what must survive a restart, in SQLite through aiosqlite.
+"""The store: what must survive a restart, in SQLite (aiosqlite) or PostgreSQL (asyncpg).
 
 One module per aggregate (keys.py, ...); migrations.py holds the schema.
 """

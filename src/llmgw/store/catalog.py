@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import attrs
 
-from llmgw.store.db import Store
+from llmgw.store.base import Store
 
 
 @attrs.frozen
@@ -27,10 +27,9 @@ class StoredModel:
 
 async def list_models(store: Store) -> list[StoredModel]:
     """Every stored model, by name."""
-    async with store.db.execute(
+    rows = await store.fetch_all(
         "SELECT name, definition, source, added_at FROM catalog_models ORDER BY name"
-    ) as cursor:
-        rows = await cursor.fetchall()
+    )
     return [
         StoredModel(
             name=row["name"],
@@ -57,5 +56,4 @@ async def put_model(store: Store, name: str, definition: str, source: str) -> No
 async def delete_model(store: Store, name: str) -> bool:
     """Remove the stored model; False when none had that name."""
     async with store.transaction() as db:
-        cursor = await db.execute("DELETE FROM catalog_models WHERE name = ?", (name,))
-        return cursor.rowcount > 0
+        return await db.execute("DELETE FROM catalog_models WHERE name = ?", (name,)) > 0

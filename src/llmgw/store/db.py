@@ -1,170 +1,41 @@
-"""Opening the store: one aiosqlite connection, WAL, the schema brought up to date."""
+"""Opening the store: SQLite in one file (sqlite.py) or PostgreSQL (postgres.py), behind one Store."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import fcntl
-import os
-import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-import aiosqlite
-import attrs
+from llmgw.store.base import Duplicate, IntegrityError, MissingReference, Queries, Row, Store
+from llmgw.store.migrations import MIGRATIONS, Migration
+from llmgw.store.postgres import open_postgres
+from llmgw.store.sqlite import open_sqlite, unusable
+from llmgw.store.url import is_postgres_url
 
-from llmgw.errors import StoreError
-from llmgw.store.migrations import MIGRATIONS, Migration, NewerSchema, migrate
-
-
-@attrs.define
-class Store:
-    """The open store. Modules per aggregate (store/keys.py, ...) take it as their first argument."""
-
-    path: Path
-    db: aiosqlite.Connection
-    # One connection is shared by every task; without the lock two tasks'
-    # statements would interleave inside one another's transaction.
-    _write_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
-
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """A write transaction: committed when the block ends, rolled back if it raises."""
-        async with self._write_lock:
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.db
-            except BaseException:
-                await self.db.execute("ROLLBACK")
-                raise
-            await self.db.execute("COMMIT")
+__all__ = [
+    "Duplicate",
+    "IntegrityError",
+    "MissingReference",
+    "Queries",
+    "Row",
+    "Store",
+    "open_store",
+    "unusable",
+]
 
 
 @contextlib.asynccontextmanager
 async def open_store(
-    path: Path, migrations: Sequence[Migration] = MIGRATIONS, *, server: bool = False
+    database: Path | str, migrations: Sequence[Migration] = MIGRATIONS, *, server: bool = False
 ) -> AsyncIterator[Store]:
-    """Open (creating if need be) the SQLite store at path, in WAL mode, migrated to the latest schema.
+    """Open the store database names: a `postgresql://` URL, or the path of an SQLite file (created
+    with its directory if need be); its schema brought up to date either way.
 
-    server: open it as the server does, for as long as it runs: alone (another server on the same
-    file is refused) and checked whole first, so that a damaged store stops the start with one
-    sentence rather than failing requests later. Any sqlite error that ends the caller's block is
-    raised as a StoreError saying what to do.
+    server: open it as the server does (for SQLite: alone, and checked whole first; sqlite.py).
     """
-    try:
-        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StoreError(f"cannot create the directory of the store {path}: {exc.strerror}") from None
-    async with contextlib.AsyncExitStack() as held:
-        if server:
-            await _hold_alone(held, path)
-        try:
-            # isolation_level=None: the store issues BEGIN/COMMIT itself, so a
-            # migration or a write is exactly one transaction.
-            db = await aiosqlite.connect(path, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise unusable(path, exc) from None
-        try:
-            db.row_factory = aiosqlite.Row
-            async with db.execute("PRAGMA journal_mode = WAL") as cursor:
-                row = await cursor.fetchone()
-            if row is None or str(row[0]).lower() != "wal":
-                raise StoreError(
-                    f"the store {path} cannot use write-ahead logging (journal mode is {row and row[0]}); "
-                    "is it on a network file system?"
-                )
-            # Another process (`llmgw keys create` while the server runs) may hold
-            # the write lock for a moment; wait rather than fail.
-            await db.execute("PRAGMA busy_timeout = 5000")
-            await db.execute("PRAGMA foreign_keys = ON")
-            # Safe with WAL: a power cut may lose the last commits, never corrupt.
-            await db.execute("PRAGMA synchronous = NORMAL")
-            await migrate(db, migrations)
-            if server:
-                await _check_whole(db, path)
-        except NewerSchema as exc:
-            await db.close()
-            raise StoreError(
-                f"the store {path} is at schema version {exc.found}, newer than this llmgw knows "
-                f"({exc.known}): it was written by a later release; run that release (or later), or "
-                "restore a backup made before the upgrade"
-            ) from None
-        except sqlite3.Error as exc:
-            await db.close()
-            raise unusable(path, exc) from None
-        except BaseException:
-            await db.close()
-            raise
-        try:
-            yield Store(path=path, db=db)
-        except sqlite3.DatabaseError as exc:
-            # What ends the block is the store failing under it (a damaged page the check at open did
-            # not read): the person gets the sentence, not the driver's traceback.
-            raise unusable(path, exc) from None
-        finally:
-            await db.close()
-
-
-def unusable(path: Path, exc: sqlite3.Error) -> StoreError:
-    """One sentence naming the store and what to do, for an sqlite error that keeps it from being used."""
-    name = getattr(exc, "sqlite_errorname", "")
-    detail = str(exc)
-    if name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "malformed" in detail:
-        return StoreError(
-            f"the store {path} is damaged ({detail}): stop every llmgw using it and restore it from a "
-            f"backup (docs/operations.md), or save what can still be read with "
-            f"`sqlite3 {path} .recover | sqlite3 {path}.recovered` and point `database` at that file"
-        )
-    if name.startswith("SQLITE_READONLY") or name in ("SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH"):
-        return StoreError(
-            f"the store {path} cannot be written ({detail}): llmgw needs to write it and to create "
-            f"{path.name}-wal and {path.name}-shm beside it; give the user llmgw runs as write access "
-            "to the file and its directory, or point `database` at a writable place"
-        )
-    if name.startswith("SQLITE_BUSY") or name.startswith("SQLITE_LOCKED"):
-        return StoreError(
-            f"the store {path} is locked by another process ({detail}): another llmgw may be using it; "
-            "stop it, or wait for it to finish and start again"
-        )
-    return StoreError(f"cannot open the store {path}: {detail}")
-
-
-async def _hold_alone(held: contextlib.AsyncExitStack, path: Path) -> None:
-    """Take the server's lock on the store's file for as long as held is open; StoreError if taken."""
-
-    def take() -> int:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            # flock, not fcntl: SQLite's own locks are fcntl ones and would not see this one, nor it
-            # them, so `llmgw keys create` still opens the store while the server runs.
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    try:
-        fd = await asyncio.to_thread(take)
-    except BlockingIOError:
-        raise StoreError(
-            f"the store {path} is in use by another llmgw server on this machine: stop that server, "
-            "or give this one its own `database` (or `state_dir`) in server.yaml"
-        ) from None
-    except OSError as exc:
-        raise StoreError(
-            f"the store {path} cannot be opened ({exc.strerror}): give the user llmgw runs as write "
-            "access to the file and its directory, or point `database` at a writable place"
-        ) from None
-    # Closed after the connection (the stack unwinds in reverse): closing any descriptor of the
-    # file drops this process's fcntl locks on it, SQLite's among them.
-    held.callback(os.close, fd)
-
-
-async def _check_whole(db: aiosqlite.Connection, path: Path) -> None:
-    """StoreError when a page of the store is damaged. quick_check reads every page, not the indexes'
-    agreement with their tables: the seconds a full integrity_check takes on a large store are not
-    worth it at every start."""
-    async with db.execute("PRAGMA quick_check(1)") as cursor:
-        row = await cursor.fetchone()
-    if row is not None and str(row[0]) != "ok":
-        raise sqlite3.DatabaseError(f"database disk image is malformed: {' '.join(str(row[0]).split())}")
+    if isinstance(database, str) and is_postgres_url(database):
+        async with open_postgres(database, migrations) as store:
+            yield store
+    else:
+        async with open_sqlite(Path(database), migrations, server=server) as sqlite_store:
+            yield sqlite_store

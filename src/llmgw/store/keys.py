@@ -5,16 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import sqlite3
 import string
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import aiosqlite
 import attrs
 
 from llmgw.names import key_name_problem
-from llmgw.store.db import Store
+from llmgw.store.base import Duplicate, Row, Store
 
 KEY_PREFIX = "sk-llmgw-"
 # Characters of the random part shown in listings: enough to tell keys apart,
@@ -57,7 +55,7 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def _record(row: aiosqlite.Row) -> KeyRecord:
+def _record(row: Row) -> KeyRecord:
     revoked_at = row["revoked_at"]
     expires_at = row["expires_at"]
     models = row["models"]
@@ -97,10 +95,9 @@ async def create_key(
         plaintext = KEY_PREFIX + "".join(secrets.choice(_ALPHABET) for _ in range(_RANDOM_LENGTH))
         try:
             async with store.transaction() as db:
-                async with db.execute("SELECT 1 FROM projects WHERE id = ?", (project_id,)) as found:
-                    if await found.fetchone() is None:
-                        raise ValueError(f"there is no project {project_id} to put the key '{name}' in")
-                cursor = await db.execute(
+                if await db.fetch_one("SELECT 1 FROM projects WHERE id = ?", (project_id,)) is None:
+                    raise ValueError(f"there is no project {project_id} to put the key '{name}' in")
+                key_id = await db.insert(
                     "INSERT INTO api_keys (name, prefix, key_hash, created_at,"
                     " project_id, expires_at, models) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
@@ -113,10 +110,8 @@ async def create_key(
                         json.dumps(list(models)) if models is not None else None,
                     ),
                 )
-                key_id = cursor.lastrowid
-        except sqlite3.IntegrityError:
+        except Duplicate:
             continue
-        assert key_id is not None
         record = KeyRecord(
             id=key_id,
             name=name,
@@ -134,8 +129,7 @@ async def create_key(
 
 async def list_keys(store: Store) -> list[KeyRecord]:
     """Every key, revoked ones included, oldest first."""
-    async with store.db.execute("SELECT * FROM api_keys ORDER BY id") as cursor:
-        return [_record(row) for row in await cursor.fetchall()]
+    return [_record(row) for row in await store.fetch_all("SELECT * FROM api_keys ORDER BY id")]
 
 
 async def revoke_key(store: Store, prefix_or_key: str) -> KeyRecord | None:
@@ -154,6 +148,5 @@ async def revoke_key(store: Store, prefix_or_key: str) -> KeyRecord | None:
             f"UPDATE api_keys SET revoked_at = ? WHERE {where} AND revoked_at IS NULL",
             (_now().isoformat(), value),
         )
-        async with db.execute(f"SELECT * FROM api_keys WHERE {where}", (value,)) as cursor:
-            row = await cursor.fetchone()
+        row = await db.fetch_one(f"SELECT * FROM api_keys WHERE {where}", (value,))
     return _record(row) if row is not None else None

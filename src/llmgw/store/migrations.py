@@ -4,7 +4,9 @@ Migration N is MIGRATIONS[N - 1]. A migration is never edited once released:
 a store that already applied it would never see the change. Add a new one.
 Each migration is a sequence of single statements rather than one script,
 because sqlite3's executescript commits whatever transaction is open, and a
-half-applied migration must roll back with the rest.
+half-applied migration must roll back with the rest. One set drives both
+databases: statements are written for SQLite and dialect.py translates their
+column types for PostgreSQL.
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import aiosqlite
-
 from llmgw.errors import StoreError
+from llmgw.store.base import Queries, Store
 
 Migration = Sequence[str]
 
@@ -177,49 +178,47 @@ MIGRATIONS: Sequence[Migration] = (
         """,
         "ALTER TABLE projects ADD COLUMN models TEXT",
     ),
+    # 7: email addresses unique whatever their case, in a form both databases index: PostgreSQL has no
+    # COLLATE NOCASE (the users table's own UNIQUE is case-blind only on SQLite), and the lookups
+    # match lower(email) so that they use this index on both.
+    ("CREATE UNIQUE INDEX users_by_email ON users (lower(email))",),
 )
 
 
-async def schema_version(db: aiosqlite.Connection) -> int:
+async def schema_version(queries: Queries) -> int:
     """The highest migration applied; 0 for a new store."""
-    async with db.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
-    ) as cursor:
-        if await cursor.fetchone() is None:
-            return 0
-    async with db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version") as cursor:
-        row = await cursor.fetchone()
-    return int(row[0]) if row is not None else 0
+    tables = {str(row[0]) for row in await queries.fetch_all(queries.dialect.tables)}
+    if "schema_version" not in tables:
+        return 0
+    return int(await queries.fetch_value("SELECT COALESCE(MAX(version), 0) FROM schema_version"))
 
 
-async def migrate(db: aiosqlite.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+async def migrate(store: Store, migrations: Sequence[Migration] = MIGRATIONS) -> int:
     """Apply the migrations the store lacks in one transaction; returns the schema version.
 
-    db must be in autocommit mode (isolation_level=None) so that this function
-    owns the transaction. BEGIN IMMEDIATE takes the write lock before reading
-    the version, so two processes opening a new store at once cannot both
-    apply migration 1.
+    Two servers opening a new store at once must not both apply migration 1: on SQLite the
+    transaction's BEGIN IMMEDIATE takes the write lock before the version is read; on PostgreSQL
+    the dialect's migration lock makes the second wait, then find the migrations applied.
     """
-    await db.execute("BEGIN IMMEDIATE")
-    try:
-        await db.execute(
+    async with store.transaction() as tx:
+        if tx.dialect.migration_lock is not None:
+            await tx.fetch_all(tx.dialect.migration_lock)
+        await tx.schema(
             "CREATE TABLE IF NOT EXISTS schema_version"
             " (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
-        current = await schema_version(db)
+        current = await schema_version(tx)
         if current > len(migrations):
             raise NewerSchema(current, len(migrations))
         for version, statements in enumerate(migrations, start=1):
             if version <= current:
                 continue
             for statement in statements:
-                await db.execute(statement)
-            await db.execute(
+                await tx.schema(statement)
+            await tx.execute(
                 "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
                 (version, datetime.now(UTC).isoformat(timespec="seconds")),
             )
-    except BaseException:
-        await db.execute("ROLLBACK")
-        raise
-    await db.execute("COMMIT")
+        if current < len(migrations) and tx.dialect.realign_ids is not None:
+            await tx.execute(tx.dialect.realign_ids)
     return len(migrations)

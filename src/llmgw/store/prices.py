@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import attrs
 
 from llmgw.config import PriceConfig
-from llmgw.store.db import Store
+from llmgw.store.base import Store
 from llmgw.store.scopes import ScopeError
 
 
@@ -52,17 +52,15 @@ async def set_price(store: Store, model: str, prompt_per_1k: float, completion_p
 async def clear_price(store: Store, model: str) -> bool:
     """Forget the price set for model (server.yaml's applies again); False if none was set."""
     async with store.transaction() as db:
-        cursor = await db.execute("DELETE FROM prices WHERE model = ?", (model,))
-        return bool(cursor.rowcount)
+        return bool(await db.execute("DELETE FROM prices WHERE model = ?", (model,)))
 
 
 async def list_prices(store: Store) -> list[StoredPrice]:
-    async with store.db.execute("SELECT * FROM prices ORDER BY model") as cursor:
-        return [
-            StoredPrice(
-                row["model"],
-                PriceConfig(prompt_per_1k=row["prompt_per_1k"], completion_per_1k=row["completion_per_1k"]),
-                datetime.fromisoformat(row["set_at"]),
-            )
-            for row in await cursor.fetchall()
-        ]
+    return [
+        StoredPrice(
+            row["model"],
+            PriceConfig(prompt_per_1k=row["prompt_per_1k"], completion_per_1k=row["completion_per_1k"]),
+            datetime.fromisoformat(row["set_at"]),
+        )
+        for row in await store.fetch_all("SELECT * FROM prices ORDER BY model")
+    ]

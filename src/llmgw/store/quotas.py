@@ -10,7 +10,7 @@ from typing import Literal, cast
 
 import attrs
 
-from llmgw.store.db import Store
+from llmgw.store.base import Row, Store
 from llmgw.store.scopes import Scope, ScopeError, ScopeKind
 
 Period = Literal["day", "week", "month", "total"]
@@ -33,8 +33,8 @@ class Budget:
     period: Period
 
 
-def _scope(row: object) -> Scope:
-    return Scope(cast(ScopeKind, row["scope_kind"]), int(row["scope_id"]))  # type: ignore[index]
+def _scope(row: Row) -> Scope:
+    return Scope(cast(ScopeKind, row["scope_kind"]), int(row["scope_id"]))
 
 
 async def set_limits(store: Store, scope: Scope, rpm: int | None, tpm: int | None) -> None:
@@ -56,8 +56,8 @@ async def set_limits(store: Store, scope: Scope, rpm: int | None, tpm: int | Non
 
 
 async def list_limits(store: Store) -> list[Limits]:
-    async with store.db.execute("SELECT * FROM limits ORDER BY scope_kind, scope_id") as cursor:
-        return [Limits(_scope(row), row["rpm"], row["tpm"]) for row in await cursor.fetchall()]
+    rows = await store.fetch_all("SELECT * FROM limits ORDER BY scope_kind, scope_id")
+    return [Limits(_scope(row), row["rpm"], row["tpm"]) for row in rows]
 
 
 async def set_budget(store: Store, scope: Scope, amount: float, period: str) -> None:
@@ -81,8 +81,5 @@ async def clear_budget(store: Store, scope: Scope) -> None:
 
 
 async def list_budgets(store: Store) -> list[Budget]:
-    async with store.db.execute("SELECT * FROM budgets ORDER BY scope_kind, scope_id") as cursor:
-        return [
-            Budget(_scope(row), float(row["amount"]), cast(Period, row["period"]))
-            for row in await cursor.fetchall()
-        ]
+    rows = await store.fetch_all("SELECT * FROM budgets ORDER BY scope_kind, scope_id")
+    return [Budget(_scope(row), float(row["amount"]), cast(Period, row["period"])) for row in rows]

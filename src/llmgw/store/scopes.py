@@ -8,15 +8,13 @@ so a fresh install has somewhere to put its first key.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
-import aiosqlite
 import attrs
 
 from llmgw.errors import LlmgwError
-from llmgw.store.db import Store
+from llmgw.store.base import Duplicate, IntegrityError, MissingReference, Queries, Store
 
 ScopeKind = Literal["org", "team", "project", "key"]
 SCOPE_KINDS: tuple[ScopeKind, ...] = ("key", "project", "team", "org")
@@ -161,14 +159,11 @@ def _checked(name: str, what: str) -> str:
 async def _insert(store: Store, sql: str, args: tuple[object, ...], duplicate: str, missing: str) -> int:
     try:
         async with store.transaction() as db:
-            cursor = await db.execute(sql, args)
-            new_id = cursor.lastrowid
-    except sqlite3.IntegrityError as exc:
-        if "FOREIGN KEY" in str(exc):
-            raise UnknownScope(missing) from None
+            return await db.insert(sql, args)
+    except MissingReference:
+        raise UnknownScope(missing) from None
+    except IntegrityError:
         raise ScopeInUse(duplicate) from None
-    assert new_id is not None
-    return new_id
 
 
 async def create_org(store: Store, name: str) -> Org:
@@ -208,8 +203,9 @@ async def create_project(store: Store, team_id: int, name: str) -> Project:
 
 
 async def list_orgs(store: Store) -> list[Org]:
-    async with store.db.execute("SELECT id, name FROM orgs ORDER BY id") as cursor:
-        return [Org(row["id"], row["name"]) for row in await cursor.fetchall()]
+    return [
+        Org(row["id"], row["name"]) for row in await store.fetch_all("SELECT id, name FROM orgs ORDER BY id")
+    ]
 
 
 async def list_teams(store: Store, org_id: int | None = None) -> list[Team]:
@@ -217,8 +213,10 @@ async def list_teams(store: Store, org_id: int | None = None) -> list[Team]:
     args: tuple[int, ...] = ()
     if org_id is not None:
         sql, args = sql + " WHERE org_id = ?", (org_id,)
-    async with store.db.execute(sql + " ORDER BY id", args) as cursor:
-        return [Team(row["id"], row["org_id"], row["name"]) for row in await cursor.fetchall()]
+    return [
+        Team(row["id"], row["org_id"], row["name"])
+        for row in await store.fetch_all(sql + " ORDER BY id", args)
+    ]
 
 
 async def list_projects(store: Store, team_id: int | None = None) -> list[Project]:
@@ -226,16 +224,15 @@ async def list_projects(store: Store, team_id: int | None = None) -> list[Projec
     args: tuple[int, ...] = ()
     if team_id is not None:
         sql, args = sql + " WHERE team_id = ?", (team_id,)
-    async with store.db.execute(sql + " ORDER BY id", args) as cursor:
-        return [
-            Project(
-                row["id"],
-                row["team_id"],
-                row["name"],
-                tuple(json.loads(row["models"])) if row["models"] is not None else None,
-            )
-            for row in await cursor.fetchall()
-        ]
+    return [
+        Project(
+            row["id"],
+            row["team_id"],
+            row["name"],
+            tuple(json.loads(row["models"])) if row["models"] is not None else None,
+        )
+        for row in await store.fetch_all(sql + " ORDER BY id", args)
+    ]
 
 
 async def load_hierarchy(store: Store) -> Hierarchy:
@@ -257,9 +254,8 @@ async def rename(store: Store, scope: Scope, name: str) -> None:
     _checked(name, what)
     try:
         async with store.transaction() as db:
-            cursor = await db.execute(f"UPDATE {table} SET name = ? WHERE id = ?", (name, scope.id))
-            changed = cursor.rowcount
-    except sqlite3.IntegrityError:
+            changed = await db.execute(f"UPDATE {table} SET name = ? WHERE id = ?", (name, scope.id))
+    except Duplicate:
         parent = {
             "org": "there is already an organisation",
             "team": "its organisation already has a team",
@@ -270,9 +266,8 @@ async def rename(store: Store, scope: Scope, name: str) -> None:
         raise UnknownScope(f"there is no {what} {scope.id}")
 
 
-async def _names(db: aiosqlite.Connection, sql: str, args: tuple[object, ...]) -> list[str]:
-    async with db.execute(sql, args) as cursor:
-        return [str(row[0]) for row in await cursor.fetchall()]
+async def _names(db: Queries, sql: str, args: tuple[object, ...]) -> list[str]:
+    return [str(row[0]) for row in await db.fetch_all(sql, args)]
 
 
 def _listed(names: Sequence[str], more_than: int = 5) -> str:
@@ -293,9 +288,8 @@ async def delete(store: Store, scope: Scope) -> str:
     if scope.id == 1:
         raise ScopeInUse(f"the default {what} is where keys and accounts go when none is named; it stays")
     async with store.transaction() as db:
-        async with db.execute(f"SELECT 1 FROM {table} WHERE id = ?", (scope.id,)) as cursor:
-            if await cursor.fetchone() is None:
-                raise UnknownScope(f"there is no {what} {scope.id}")
+        if await db.fetch_one(f"SELECT 1 FROM {table} WHERE id = ?", (scope.id,)) is None:
+            raise UnknownScope(f"there is no {what} {scope.id}")
         left: list[str] = []
         if scope.kind == "project":
             keys = await _names(
@@ -336,9 +330,9 @@ async def set_project_models(store: Store, project_id: int, models: Sequence[str
     if models is not None and any(not m.strip() for m in models):
         raise ScopeError("a model name cannot be empty")
     async with store.transaction() as db:
-        cursor = await db.execute(
+        changed = await db.execute(
             "UPDATE projects SET models = ? WHERE id = ?",
             (json.dumps(list(models)) if models is not None else None, project_id),
         )
-        if not cursor.rowcount:
+        if not changed:
             raise UnknownScope(f"there is no project {project_id}")

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import attrs
 
-from llmgw.store.db import Store
+from llmgw.store.base import Store
 
 # 256 bits: a session token is as good as a password while it lasts.
 _TOKEN_BYTES = 32
@@ -54,10 +54,9 @@ async def create_session(store: Store, user_id: int, ttl_s: float) -> tuple[str,
 
 async def lookup_session(store: Store, token: str) -> Session | None:
     """The live session a cookie's token names; None when unknown or expired."""
-    async with store.db.execute(
+    row = await store.fetch_one(
         "SELECT user_id, csrf, expires_at FROM sessions WHERE token_hash = ?", (_hash(token),)
-    ) as cursor:
-        row = await cursor.fetchone()
+    )
     if row is None:
         return None
     expires_at = datetime.fromisoformat(row["expires_at"])

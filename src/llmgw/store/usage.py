@@ -12,7 +12,7 @@ from typing import Literal
 
 import attrs
 
-from llmgw.store.db import Store
+from llmgw.store.base import Store
 from llmgw.store.scopes import Scope
 
 
@@ -80,26 +80,27 @@ async def add_usage(
     async with store.transaction() as db:
         if journal_seq is not None:
             await db.execute(
-                "UPDATE usage_journal SET applied_seq = MAX(applied_seq, ?) WHERE id = 1", (journal_seq,)
+                "UPDATE usage_journal SET applied_seq = ? WHERE id = 1 AND applied_seq < ?",
+                (journal_seq, journal_seq),
             )
-        await db.executemany(
+        await db.execute_many(
             "INSERT INTO usage_daily (day, key_id, project_id, model, status, requests, prompt_tokens,"
             " completion_tokens, cost, latency_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (day, key_id, project_id, model, status) DO UPDATE SET"
-            " requests = requests + excluded.requests,"
-            " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
-            " completion_tokens = completion_tokens + excluded.completion_tokens,"
-            " cost = cost + excluded.cost,"
-            " latency_ms = latency_ms + excluded.latency_ms",
+            # Named with the table: PostgreSQL reads a bare `requests` as either row's.
+            " requests = usage_daily.requests + excluded.requests,"
+            " prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens,"
+            " completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens,"
+            " cost = usage_daily.cost + excluded.cost,"
+            " latency_ms = usage_daily.latency_ms + excluded.latency_ms",
             rows,
         )
 
 
 async def journal_applied(store: Store) -> int:
     """The highest usage journal record the usage table has."""
-    async with store.db.execute("SELECT applied_seq FROM usage_journal WHERE id = 1") as cursor:
-        row = await cursor.fetchone()
-    return int(row["applied_seq"]) if row is not None else 0
+    applied = await store.fetch_value("SELECT applied_seq FROM usage_journal WHERE id = 1")
+    return int(applied) if applied is not None else 0
 
 
 _SCOPE_FILTER = {
@@ -135,34 +136,31 @@ async def usage_by_day(
         + (" WHERE " + " AND ".join(where) if where else "")
         + " GROUP BY u.day, u.project_id, u.model ORDER BY u.day, u.project_id, u.model"
     )
-    async with store.db.execute(sql, args) as cursor:
-        return [
-            UsageDay(
-                day=date.fromisoformat(row["day"]),
-                project_id=row["project_id"],
-                model=row["model"],
-                requests=row["requests"],
-                errors=row["errors"],
-                prompt_tokens=row["prompt_tokens"],
-                completion_tokens=row["completion_tokens"],
-                cost=float(row["cost"]),
-                latency_ms_avg=float(row["latency_ms"]) / row["requests"] if row["requests"] else 0.0,
-            )
-            for row in await cursor.fetchall()
-        ]
+    # int(): PostgreSQL sums 64-bit integers as numeric, which asyncpg reads as Decimal.
+    return [
+        UsageDay(
+            day=date.fromisoformat(row["day"]),
+            project_id=row["project_id"],
+            model=row["model"],
+            requests=int(row["requests"]),
+            errors=int(row["errors"]),
+            prompt_tokens=int(row["prompt_tokens"]),
+            completion_tokens=int(row["completion_tokens"]),
+            cost=float(row["cost"]),
+            latency_ms_avg=float(row["latency_ms"]) / int(row["requests"]) if row["requests"] else 0.0,
+        )
+        for row in await store.fetch_all(sql, args)
+    ]
 
 
 async def cost_by_day(store: Store, since: str) -> list[tuple[str, int, int, float]]:
     """(day, key_id, project_id, cost) from since (ISO date) on: what budgets are counted from at start."""
-    async with store.db.execute(
+    rows = await store.fetch_all(
         "SELECT day, key_id, project_id, SUM(cost) AS cost FROM usage_daily WHERE day >= ?"
         " GROUP BY day, key_id, project_id",
         (since,),
-    ) as cursor:
-        return [
-            (row["day"], row["key_id"], row["project_id"], float(row["cost"]))
-            for row in await cursor.fetchall()
-        ]
+    )
+    return [(row["day"], row["key_id"], row["project_id"], float(row["cost"])) for row in rows]
 
 
 UsageBy = Literal["org", "team", "project", "key", "model"]
@@ -216,15 +214,14 @@ async def usage_totals(
         + (" WHERE " + " AND ".join(where) if where else "")
         + f" GROUP BY {group} ORDER BY {group}"
     )
-    async with store.db.execute(sql, args) as cursor:
-        return [
-            UsageTotal(
-                group=row["grp"],
-                requests=row["requests"],
-                errors=row["errors"],
-                prompt_tokens=row["prompt_tokens"],
-                completion_tokens=row["completion_tokens"],
-                cost=float(row["cost"]),
-            )
-            for row in await cursor.fetchall()
-        ]
+    return [
+        UsageTotal(
+            group=row["grp"],
+            requests=int(row["requests"]),
+            errors=int(row["errors"]),
+            prompt_tokens=int(row["prompt_tokens"]),
+            completion_tokens=int(row["completion_tokens"]),
+            cost=float(row["cost"]),
+        )
+        for row in await store.fetch_all(sql, args)
+    ]

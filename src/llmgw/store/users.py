@@ -13,15 +13,13 @@ import base64
 import hashlib
 import hmac
 import secrets
-import sqlite3
 from datetime import UTC, datetime
 from typing import Literal
 
-import aiosqlite
 import attrs
 
 from llmgw.errors import LlmgwError
-from llmgw.store.db import Store
+from llmgw.store.base import Duplicate, Row, Store
 from llmgw.store.scopes import DEFAULT_PROJECT_ID
 
 Status = Literal["pending", "active", "disabled"]
@@ -113,7 +111,7 @@ def normalise_email(email: str) -> str:
     return text
 
 
-def _user(row: aiosqlite.Row) -> User:
+def _user(row: Row) -> User:
     return User(
         id=row["id"],
         email=row["email"],
@@ -141,15 +139,13 @@ async def create_user(
     created_at = _now()
     try:
         async with store.transaction() as db:
-            cursor = await db.execute(
+            user_id = await db.insert(
                 "INSERT INTO users (email, password_hash, status, is_admin, project_id, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 (email, password_hash, status, int(is_admin), project_id, created_at.isoformat()),
             )
-            user_id = cursor.lastrowid
-    except sqlite3.IntegrityError:
+    except Duplicate:
         raise AccountError(f"there is already an account for {email}") from None
-    assert user_id is not None
     return User(
         id=user_id,
         email=email,
@@ -182,31 +178,30 @@ async def ensure_admin(store: Store, email: str) -> str | None:
     return password
 
 
+# Email addresses are matched without regard to case (people type them both ways), through the
+# lower(email) index both databases have (migration 7).
+_BY_EMAIL = "SELECT * FROM users WHERE lower(email) = lower(?)"
+
+
 async def get_user(store: Store, user_id: int) -> User | None:
-    async with store.db.execute("SELECT * FROM users WHERE id = ?", (user_id,)) as cursor:
-        row = await cursor.fetchone()
+    row = await store.fetch_one("SELECT * FROM users WHERE id = ?", (user_id,))
     return _user(row) if row is not None else None
 
 
 async def get_user_by_email(store: Store, email: str) -> User | None:
     """Email addresses are matched without regard to case: people type them both ways."""
-    async with store.db.execute(
-        "SELECT * FROM users WHERE email = ? COLLATE NOCASE", (email.strip(),)
-    ) as cursor:
-        row = await cursor.fetchone()
+    row = await store.fetch_one(_BY_EMAIL, (email.strip(),))
     return _user(row) if row is not None else None
 
 
 async def list_users(store: Store) -> list[User]:
     """Every account, oldest first."""
-    async with store.db.execute("SELECT * FROM users ORDER BY id") as cursor:
-        return [_user(row) for row in await cursor.fetchall()]
+    return [_user(row) for row in await store.fetch_all("SELECT * FROM users ORDER BY id")]
 
 
 async def _update(store: Store, user_id: int, assignments: str, values: tuple[object, ...]) -> User:
     async with store.transaction() as db:
-        cursor = await db.execute(f"UPDATE users SET {assignments} WHERE id = ?", (*values, user_id))
-        changed = cursor.rowcount
+        changed = await db.execute(f"UPDATE users SET {assignments} WHERE id = ?", (*values, user_id))
     user = await get_user(store, user_id) if changed else None
     if user is None:
         raise AccountError(f"there is no user {user_id}; `llmgw users list` shows them")
@@ -249,10 +244,7 @@ async def authenticate(store: Store, email: str, password: str) -> User | None:
     The account may be pending or disabled: the caller says so to the person,
     who has proved they own it.
     """
-    async with store.db.execute(
-        "SELECT * FROM users WHERE email = ? COLLATE NOCASE", (email.strip(),)
-    ) as cursor:
-        row = await cursor.fetchone()
+    row = await store.fetch_one(_BY_EMAIL, (email.strip(),))
     if row is None or row["password_hash"] is None:
         # Hash anyway, so that the time taken does not tell which emails have accounts.
         await verify_password(password, _DUMMY_HASH)
@@ -273,7 +265,5 @@ async def link_key(store: Store, key_id: int, user_id: int) -> None:
 
 
 async def user_key_ids(store: Store, user_id: int) -> list[int]:
-    async with store.db.execute(
-        "SELECT key_id FROM user_keys WHERE user_id = ? ORDER BY key_id", (user_id,)
-    ) as cursor:
-        return [int(row[0]) for row in await cursor.fetchall()]
+    rows = await store.fetch_all("SELECT key_id FROM user_keys WHERE user_id = ? ORDER BY key_id", (user_id,))
+    return [int(row[0]) for row in rows]

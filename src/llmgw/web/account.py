@@ -280,8 +280,7 @@ async def change_password(request: web.Request) -> web.StreamResponse:
     assert user is not None
     ctx = request.config_dict[WEB_KEY]
     form = await _form(request)
-    async with ctx.store.db.execute("SELECT password_hash FROM users WHERE id = ?", (user.id,)) as cursor:
-        row = await cursor.fetchone()
+    row = await ctx.store.fetch_one("SELECT password_hash FROM users WHERE id = ?", (user.id,))
     # The current password is a password to guess too, for whoever holds a stolen session.
     try:
         with ctx.logins.attempt(user.email, client_address(request)) as attempt:
