@@ -26,7 +26,7 @@ from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway import allowance as allowance_module
 from llmgw.gateway import quotas as quotas_module
 from llmgw.gateway.admission import Admission
-from llmgw.gateway.allowance import Allowance, create_table
+from llmgw.gateway.allowance import Allowance
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
@@ -34,6 +34,7 @@ from llmgw.gateway.quotas import Quotas, Short, Ticket
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store
 from llmgw.store.keys import KeyRecord, create_key
+from llmgw.store.postgres import open_postgres
 from llmgw.store.quotas import Budget, Limits
 from llmgw.store.scopes import Hierarchy, Org, Project, Scope, Team
 
@@ -105,19 +106,15 @@ Make = Callable[..., Awaitable[Gateway]]
 async def gateways(postgres_url: str) -> AsyncIterator[Make]:
     """Makes gateways on one database; closes their pools in the end."""
     pools: list[asyncpg.Pool] = []
-    made = False
+    # The store's migrations make the leases' table, as a server's start does.
+    async with open_postgres(postgres_url):
+        pass
 
     async def make(
         hierarchy: Hierarchy, limits: Sequence[Limits] = (), budgets: Sequence[Budget] = ()
     ) -> Gateway:
-        nonlocal made
-        # Every connection opened here: asyncpg reads ~/.pgpass for each new one, a blocking call the
-        # loop checker would catch inside a claim (the store opens its pool so too).
-        pool = await asyncpg.create_pool(postgres_url, min_size=3, max_size=3)
+        pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=3)
         pools.append(pool)
-        if not made:
-            await create_table(pool)
-            made = True
         allowance = Allowance(pool)
         quotas = Quotas(UsageRecorder(), allowance=allowance)
         quotas.replace(hierarchy, limits, budgets)
@@ -145,8 +142,8 @@ async def _granted(pool: asyncpg.Pool, scope: str, kind: str) -> float:
     """What every live row of a scope's kind holds together."""
     async with pool.acquire() as conn:
         value = await conn.fetchval(
-            "SELECT coalesce(sum(units), 0) FROM allowance_lease "
-            "WHERE scope = $1 AND kind = $2 AND expires_at > clock_timestamp()",
+            "SELECT coalesce(sum(units), 0) FROM allowance_leases "
+            "WHERE scope = $1 AND kind = $2 AND expires_at > extract(epoch FROM clock_timestamp())",
             scope,
             kind,
         )
@@ -263,7 +260,7 @@ class TestAHolderThatDies:
         # The database's clock moves on as the gateways' does: the window and the lease's term.
         async with survivor.pool.acquire() as conn:
             await conn.execute(
-                "UPDATE allowance_lease SET expires_at = expires_at - $1 * interval '1 second'",
+                "UPDATE allowance_leases SET expires_at = expires_at - $1",
                 allowance_module.TERM_S + 60,
             )
         clock.now += allowance_module.TERM_S + 60
@@ -335,9 +332,8 @@ class TestThroughTheGateways:
             stack.push_async_callback(sim.close)
             clients: list[TestClient[web.Request, web.Application]] = []
             for _ in range(2):
-                pool = await asyncpg.create_pool(postgres_url, min_size=3, max_size=3)
-                stack.push_async_callback(pool.close)
-                await create_table(pool)
+                shared = await stack.enter_async_context(open_postgres(postgres_url))
+                pool = shared.pool
                 keys, recorder = KeyCache(), UsageRecorder()
                 await keys.refresh(store)
                 quotas = Quotas(recorder, allowance=Allowance(pool))

@@ -66,16 +66,8 @@ _PERIOD_MARGIN_S = 3600.0
 # The row that counts what a period's budget spent before its first lease.
 BEFORE = "spent before the leases"
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS allowance_lease (
-    scope TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    holder TEXT NOT NULL,
-    units DOUBLE PRECISION NOT NULL,
-    expires_at TIMESTAMPTZ NOT NULL,
-    PRIMARY KEY (scope, kind, holder)
-)
-"""
+# Seconds of the database's clock: every holder's rows live and lapse by the same one.
+_NOW = "extract(epoch FROM clock_timestamp())"
 
 # A lock per scope and kind: claims for one serialise, claims for others run
 # side by side. A statement of its own, so that the claim after it, in a fresh
@@ -87,38 +79,30 @@ _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('llmgw allowance ' || $1 
 # hold), $7 share of the rest, taken in whole steps of $8 (what one request
 # needs: no sliver too small for a request stranded with this holder), $9
 # seconds the row lives.
-_CLAIM = """
+_CLAIM = f"""
 WITH room AS (
-    SELECT $4::float8 - coalesce(sum(units), 0) AS units FROM allowance_lease
-    WHERE scope = $1 AND kind = $2 AND holder <> $3 AND expires_at > clock_timestamp()
+    SELECT $4::float8 - coalesce(sum(units), 0) AS units FROM allowance_leases
+    WHERE scope = $1 AND kind = $2 AND holder <> $3 AND expires_at > {_NOW}
 ), wanted AS (
     SELECT room.units AS room, greatest(room.units - $6::float8, 0) * $7::float8 AS extra FROM room
 )
-INSERT INTO allowance_lease AS l (scope, kind, holder, units, expires_at)
+INSERT INTO allowance_leases (scope, kind, holder, units, expires_at)
 SELECT $1, $2, $3,
     greatest($5::float8, least(room, $6::float8 + floor(extra / $8::float8) * $8::float8)),
-    CASE WHEN $9::float8 = 'infinity'::float8 THEN 'infinity'::timestamptz
-         ELSE clock_timestamp() + $9::float8 * interval '1 second' END
+    {_NOW} + $9::float8
 FROM wanted
 ON CONFLICT (scope, kind, holder) DO UPDATE SET units = excluded.units, expires_at = excluded.expires_at
 RETURNING units, (SELECT room FROM wanted)
 """
 
-_BEFORE = """
-INSERT INTO allowance_lease (scope, kind, holder, units, expires_at)
-VALUES ($1, $2, $3, $4, CASE WHEN $5::float8 = 'infinity'::float8 THEN 'infinity'::timestamptz
-                             ELSE clock_timestamp() + $5::float8 * interval '1 second' END)
+_BEFORE = f"""
+INSERT INTO allowance_leases (scope, kind, holder, units, expires_at)
+VALUES ($1, $2, $3, $4, {_NOW} + $5::float8)
 ON CONFLICT DO NOTHING
 """
 
 # Rows that ran out long ago: a dead holder's, a past period's.
-_FORGET = "DELETE FROM allowance_lease WHERE expires_at < clock_timestamp() - interval '1 hour'"
-
-
-async def create_table(pool: asyncpg.Pool) -> None:
-    """The leases' table, where no migration made it."""
-    async with pool.acquire() as conn:
-        await conn.execute(SCHEMA)
+_FORGET = f"DELETE FROM allowance_leases WHERE expires_at < {_NOW} - 3600"
 
 
 class StoreUnreachable(Exception):

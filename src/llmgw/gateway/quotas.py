@@ -335,7 +335,10 @@ class Quotas:
                 limited.insert(0, (scopes[0], default_rpm, default_tpm))
         now = time.monotonic()
         allowance = self._allowance
-        leased: list[Shortfall] = []
+        # With PostgreSQL: each lease this request spends, and what it needs of it; those too short.
+        # None until needed: the one-gateway path allocates nothing more than it did.
+        leased: list[tuple[Lease, float]] | None = None
+        short: list[Shortfall] | None = None
         windows: list[_Window] = []
         for scope, rpm, tpm in limited:
             window = self._windows.get(scope)
@@ -349,14 +352,22 @@ class Quotas:
             ):
                 raise self._rate_limited(scope, key, window, rpm, tpm, tokens, now)
             if allowance is not None:
+                if leased is None:
+                    leased = []
                 if rpm is not None:
                     lease = window.rpm_lease or self._rate_lease(allowance, scope, window, "requests")
                     lease.limit = rpm
-                    leased.append(Shortfall(lease, 1, scope, "requests"))
+                    leased.append((lease, 1))
+                    if not lease.fits(window.requests, 1, now):
+                        short = short or []
+                        short.append(Shortfall(lease, 1, scope, "requests"))
                 if tpm is not None:
                     lease = window.tpm_lease or self._rate_lease(allowance, scope, window, "tokens")
                     lease.limit = tpm
-                    leased.append(Shortfall(lease, tokens, scope, "tokens"))
+                    leased.append((lease, tokens))
+                    if not lease.fits(window.tokens, tokens, now):
+                        short = short or []
+                        short.append(Shortfall(lease, tokens, scope, "tokens"))
             windows.append(window)
         budgets: list[_BudgetState] = []
         for scope in scopes:
@@ -368,14 +379,18 @@ class Quotas:
                 if allowance is not None and cost > 0:
                     lease = state.lease or self._budget_lease(allowance, scope, state)
                     lease.limit = state.amount
-                    leased.append(Shortfall(lease, cost, scope, "budget"))
+                    if leased is None:
+                        leased = []
+                    leased.append((lease, cost))
+                    if not lease.fits(state.mine + state.reserved, cost, now):
+                        short = short or []
+                        short.append(Shortfall(lease, cost, scope, "budget"))
                 budgets.append(state)
+        if short:
+            raise Short(short)
         if leased:
-            short = [s for s in leased if not s.lease.fits(s.lease.busy(), s.need, now)]
-            if short:
-                raise Short(short)
-            for shortfall in leased:
-                shortfall.lease.spent += shortfall.need
+            for lease, need in leased:
+                lease.spent += need
         reservation = _Reservation(now, tokens)
         for window in windows:
             window.events.append(reservation)
