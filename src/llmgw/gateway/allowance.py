@@ -289,11 +289,15 @@ class Allowance:
                 except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
                     pass
 
-    async def give_back(self) -> None:
-        """Return all that is not busy when the gateway stops: others need not wait for its rows to lapse."""
-        for lease in self.held():
-            lease.spent = 0.0
-            try:
-                await self.renew(lease)
-            except StoreUnreachable:
-                return
+    async def give_back(self, within_s: float = 5.0) -> None:
+        """Return all that is not busy when the gateway stops: others need not wait for its rows to lapse.
+
+        Within within_s: a PostgreSQL that does not answer must not hold the stop.
+        """
+        try:
+            async with asyncio.timeout(within_s):
+                for lease in self.held():
+                    async with lease.lock:
+                        await self._set(lease, lease.busy(), 0.0, 1.0)
+        except (StoreUnreachable, TimeoutError):
+            log.warning("could not give back the unused allowance; it returns as its leases lapse")
