@@ -485,10 +485,10 @@ class Quotas:
             period = "in total" if state is None or state.period == "total" else f"this {state.period}"
             return ApiError(
                 429,
-                f"the budget of {name} has too little left for this request: every gateway together has "
-                f"spent or holds for requests in flight nearly all of {limit:g} {period}, and this request "
-                f"may cost up to {cost:.4g} (its prompt and max_tokens); try again when requests in "
-                "flight have finished",
+                f"the budget of {name} has too little left for this request: what every gateway together "
+                f"has spent {period} and holds for requests in flight leaves less of its {limit:g} than "
+                f"the {cost:.4g} this request may cost (its prompt and max_tokens); try again when "
+                "requests in flight have finished",
                 type="insufficient_quota",
                 code="insufficient_quota",
                 headers={"Retry-After": "1"},
