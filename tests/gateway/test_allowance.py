@@ -39,6 +39,7 @@ from llmgw.store.quotas import Budget, Limits
 from llmgw.store.scopes import Hierarchy, Org, Project, Scope, Team
 
 from ..postgres import Cluster
+from ..waiting import eventually
 from .conftest import MODEL, FakeReplicas
 
 
@@ -177,6 +178,20 @@ class TestRequestsPerMinute:
         await first.give_back()
         assert _admitted(await _burst([second], [_key(1, 1)], 100)) == 35
         assert _admitted(await _burst([first, second], [_key(1, 1)], 10)) == 0
+
+    async def test_in_the_background_a_gateway_gives_back_what_it_does_not_use(self, gateways: Make) -> None:
+        limits = [Limits(Scope("project", 1), rpm=60, tpm=None)]
+        first, second = await gateways(_hierarchy(1), limits), await gateways(_hierarchy(1), limits)
+        assert _admitted(await _burst([first], [_key(1, 1)], 25)) == 25
+        renewing = asyncio.create_task(first.allowance.run(interval_s=0.01))
+        try:
+            # It may first take more, at the pace it spent; idle, it keeps only what is busy.
+            await eventually(lambda: [lease.units for lease in first.allowance.held()] == [25])
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+        assert _admitted(await _burst([second], [_key(1, 1)], 100)) == 35
 
     async def test_windows_rolling_over_mid_burst_admit_the_limit_in_each_60_seconds_and_no_more(
         self, gateways: Make, monkeypatch: pytest.MonkeyPatch

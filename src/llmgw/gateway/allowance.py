@@ -276,6 +276,14 @@ class Allowance:
         while True:
             await asyncio.sleep(interval_s)
             for lease in self.held():
+                if lease.ends is not None and time.time() >= lease.ends:
+                    # A past period's budget: its rows count until they lapse; nothing more to do.
+                    self._held.pop((lease.scope, lease.kind), None)
+                    continue
+                if lease.spent == 0 and 0 < lease.units <= lease.busy():
+                    # Idle, all of it busy: nothing to give back and nothing being spent; its row
+                    # outlives what is busy. A round trip per idle scope every interval spared.
+                    continue
                 try:
                     await self.renew(lease)
                 except StoreUnreachable:
