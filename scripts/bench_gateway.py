@@ -43,7 +43,7 @@ _NEVER = 10**12
 
 async def _limit_everything(server: ServerConfig) -> None:
     """Limits on the dev key's project, team and org, budgets on its project and org."""
-    async with open_store(server.database_path) as store:
+    async with open_store(server.store) as store:
         for scope in (
             Scope("project", DEFAULT_PROJECT_ID),
             Scope("team", DEFAULT_TEAM_ID),
@@ -55,7 +55,7 @@ async def _limit_everything(server: ServerConfig) -> None:
 
 
 @contextmanager
-def running_llmgw(workdir: Path, auth: bool) -> Iterator[tuple[str, str, str, str]]:
+def running_llmgw(workdir: Path, auth: bool, database: str = "") -> Iterator[tuple[str, str, str, str]]:
     """(gateway URL, API key, the engine's direct URL, its secret) of a dev system with a zero-delay sim."""
     dev_dir = workdir / ".llmgw-dev"
     setup = prepare_dev(dev_dir, ("server",))
@@ -64,6 +64,8 @@ def running_llmgw(workdir: Path, auth: bool) -> Iterator[tuple[str, str, str, st
     zero_delay = ProfileConfig(engine="sim", args=["--ttft-ms", "0", "--tokens-per-s", "0"])
     server = config.evolve(
         setup.server,
+        # Empty: the dev system's SQLite file; a postgresql:// URL: that database.
+        database=database or setup.server.database,
         auth=config.evolve(setup.server.auth, enabled=auth),
         models=[config.evolve(model, profiles=[zero_delay])],
     )
@@ -211,12 +213,18 @@ def main() -> None:
         default="both",
         help="measure the gateway with auth off, the full path (on), or both",
     )
+    parser.add_argument(
+        "--database",
+        default="",
+        help="the store: empty for the dev system's SQLite file, or postgresql://USER@HOST[:PORT]/DATABASE "
+        "(an empty database of its own)",
+    )
     args = parser.parse_args()
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.auth]
     rows = []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
         for auth in modes:
-            with running_llmgw(Path(tmp) / f"auth-{auth}", auth) as (url, key, direct, secret):
+            with running_llmgw(Path(tmp) / f"auth-{auth}", auth, args.database) as (url, key, direct, secret):
                 asyncio.run(_wait_ready(url, key))
                 for concurrency in args.concurrency:
                     for stream in (False, True):

@@ -40,7 +40,9 @@ COMMANDS = {
         "llmgw.cli.quotas:quotas", "Rate limits and budgets of organisations, teams, projects and keys."
     ),
     "server": LazyCommand("llmgw.cli.server_init:server", "Set up the machine the control plane runs on."),
-    "store": LazyCommand("llmgw.cli.store:store", "The store: back it up while the server runs."),
+    "store": LazyCommand(
+        "llmgw.cli.store:store", "The store: back it up while the server runs; move it to another database."
+    ),
     "teams": LazyCommand("llmgw.cli.hierarchy:teams", "The teams: create, rename, list, delete."),
     "usage": LazyCommand(
         "llmgw.cli.usage:usage", "What was used, added up by organisation, team, project, key or model."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -13,12 +14,13 @@ from llmgw.cli.store_command import server_config_option
 from llmgw.config import ServerConfig
 from llmgw.errors import ConfigError, LlmgwError, StoreError
 from llmgw.store.backup import backup_store
+from llmgw.store.transfer import copy_store
 from llmgw.store.url import PostgresUrl, is_postgres_url
 
 
 @click.group()
 def store() -> None:
-    """The store: back it up while the server runs."""
+    """The store: back it up while the server runs; move it to another database."""
 
 
 @store.command()
@@ -44,3 +46,36 @@ def backup(out: Path, config_path: Path) -> None:
         click.echo(f"llmgw: {exc}", err=True)
         sys.exit(EXIT_ERROR)
     click.echo(f"backed up {database} to {out} ({size:,} bytes)")
+
+
+@store.command()
+@click.option(
+    "--from",
+    "source",
+    required=True,
+    metavar="STORE",
+    help="The store to copy: sqlite:///PATH/llmgw.db or postgresql://USER@HOST[:PORT]/DATABASE.",
+)
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    metavar="STORE",
+    help="The store to copy into, written the same way; created (SQLite) or migrated if need be.",
+)
+@click.option(
+    "--replace", is_flag=True, help="Delete what the target holds first (otherwise it must be empty)."
+)
+def migrate(source: str, target: str, replace: bool) -> None:
+    """Copy every table of one store into another: SQLite to PostgreSQL, or back. Stop the servers first."""
+    try:
+        copied = asyncio.run(copy_store(source, target, replace=replace))
+    except LlmgwError as exc:
+        click.echo(f"llmgw: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    width = max(len(table) for table in copied)
+    for table, rows in copied.items():
+        click.echo(f"{table:<{width}}  {rows:>9,} rows")
+    click.echo(
+        f"copied {sum(copied.values()):,} rows in {len(copied)} tables; point `database` at the new store"
+    )

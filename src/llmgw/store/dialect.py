@@ -92,6 +92,17 @@ class Dialect:
         return None if self.name == "sqlite" else _REALIGN_IDS
 
     @property
+    def text_columns(self) -> str | None:
+        """A query for the text columns of the table its one argument names; None where any column
+        takes any value (SQLite)."""
+        if self.name == "sqlite":
+            return None
+        return (
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND table_name = ? AND data_type = 'text'"
+        )
+
+    @property
     def tables(self) -> str:
         """A query for the names of the store's tables, schema_version among them."""
         if self.name == "sqlite":

@@ -34,15 +34,20 @@ def _translated(where: PostgresUrl) -> Iterator[None]:
     try:
         yield
     except asyncpg.UniqueViolationError as exc:
-        raise Duplicate(str(exc)) from None
+        raise Duplicate(_one_line(exc)) from None
     except asyncpg.ForeignKeyViolationError as exc:
-        raise MissingReference(str(exc)) from None
+        raise MissingReference(_one_line(exc)) from None
     except asyncpg.IntegrityConstraintViolationError as exc:
-        raise IntegrityError(str(exc)) from None
+        raise IntegrityError(_one_line(exc)) from None
     except (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
         raise StoreError(f"the PostgreSQL store at {where} cannot be reached ({_reason(exc)})") from None
     except (asyncpg.AdminShutdownError, asyncpg.CannotConnectNowError) as exc:
         raise StoreError(f"the PostgreSQL store at {where} is shutting down or starting ({exc})") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """PostgreSQL's message and its DETAIL on one line: the person reads it in one sentence."""
+    return " ".join(str(exc).split())
 
 
 def _changed(status: str) -> int:
@@ -166,7 +171,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, socket.gaierror):
         return "no such host"
     if isinstance(exc, TimeoutError):
-        return f"no answer within {CONNECT_TIMEOUT_S:g} seconds"
+        return "it did not answer in time"
     if isinstance(exc, asyncpg.InvalidPasswordError):
         return "the password was refused"
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
@@ -185,17 +190,22 @@ async def open_postgres(
         where = PostgresUrl.parse(url)
     except ValueError as exc:
         raise StoreError(f"`database` ({url}) is not a PostgreSQL address: {exc}") from None
+    # min_size=0: connections are made when a statement needs one. With a floor, asyncpg reconnects in
+    # the background while PostgreSQL is away and prints a traceback every second; the server's own
+    # tasks already say, once, that the store is away.
+    pool = await asyncpg.create_pool(
+        url, min_size=0, max_size=POOL_SIZE, timeout=CONNECT_TIMEOUT_S, command_timeout=60
+    )
     try:
-        # min_size=1: the first connection is made here, so an unreachable store stops the start.
-        pool = await asyncpg.create_pool(
-            url, min_size=1, max_size=POOL_SIZE, timeout=CONNECT_TIMEOUT_S, command_timeout=60
-        )
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise StoreError(
-            f"cannot reach the PostgreSQL store at {where} ({_reason(exc)}); check `database` in "
-            "server.yaml, and that PostgreSQL runs there and lets this machine connect"
-        ) from None
-    try:
+        try:
+            # The first connection, made here, so that an unreachable store stops the start.
+            async with pool.acquire():
+                pass
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(
+                f"cannot reach the PostgreSQL store at {where} ({_reason(exc)}); check `database` in "
+                "server.yaml, and that PostgreSQL runs there and lets this machine connect"
+            ) from None
         store = PostgresStore(where, pool)
         try:
             await migrate(store, migrations)
