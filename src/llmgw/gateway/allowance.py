@@ -56,6 +56,9 @@ log = structlog.get_logger(__name__)
 TERM_S = 10.0
 # The background renewal: often enough that a busy lease never lapses.
 RENEW_S = 2.0
+# A claim that takes longer is given up (PostgreSQL unreachable): a request must not wait on a
+# connection to an address that drops packets.
+CLAIM_TIMEOUT_S = 2.0
 # An on-demand claim takes this share of what nobody holds, besides what the
 # waiting requests need: fewer round trips under load, and, as allowance runs
 # low, smaller blocks so that the last units are not stranded with one holder.
@@ -229,7 +232,7 @@ class Allowance:
             ttl = lease.ends - time.time() + _PERIOD_MARGIN_S
         sent = time.monotonic()
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with asyncio.timeout(CLAIM_TIMEOUT_S), self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(_LOCK, lease.scope, lease.kind)
                 if lease.before is not None:
                     # The period's first claim anywhere: what the store counts as spent already binds.
@@ -247,13 +250,11 @@ class Allowance:
                     ttl,
                 )
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
-            if not self._failing:
-                log.warning("cannot reach PostgreSQL for limits and budgets", error=str(exc) or repr(exc))
-            self._failing = True
+            self._unreachable(exc)
+            # Renewed once PostgreSQL answers: what this gateway admits meanwhile, counting alone,
+            # must reach its row before the others claim past it.
+            self._held[(lease.scope, lease.kind)] = lease
             raise StoreUnreachable(str(exc) or type(exc).__name__) from exc
-        if self._failing:
-            log.info("PostgreSQL answers again for limits and budgets")
-            self._failing = False
         lease.before = None
         assert row is not None
         units, room = float(row[0]), float(row[1])
@@ -270,11 +271,38 @@ class Allowance:
     def held(self) -> list[Lease]:
         return list(self._held.values())
 
+    @property
+    def unreachable(self) -> bool:
+        """PostgreSQL failed the last claim and has not answered since: count alone meanwhile."""
+        return self._failing
+
+    def _unreachable(self, exc: BaseException) -> None:
+        if not self._failing:
+            log.warning(
+                "cannot reach PostgreSQL to share limits and budgets with the other gateways; this one "
+                "counts them alone until it answers again, so together they may admit more than a limit",
+                error=str(exc) or type(exc).__name__,
+            )
+        self._failing = True
+
+    async def _answers(self) -> bool:
+        """Whether PostgreSQL answers again, after a failed claim."""
+        try:
+            async with asyncio.timeout(CLAIM_TIMEOUT_S), self._pool.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+            return False
+        log.info("PostgreSQL answers again: limits and budgets are shared with the other gateways again")
+        self._failing = False
+        return True
+
     async def run(self, interval_s: float = RENEW_S) -> None:
         """Renew every lease held, give back what goes unused, forget rows long run out."""
         rounds = 0
         while True:
             await asyncio.sleep(interval_s)
+            if self._failing and not await self._answers():
+                continue
             for lease in self.held():
                 if lease.ends is not None and time.time() >= lease.ends:
                     # A past period's budget: its rows count until they lapse; nothing more to do.
@@ -287,7 +315,7 @@ class Allowance:
                 try:
                     await self.renew(lease)
                 except StoreUnreachable:
-                    # Said once by _set; the lease lapses by itself after TERM_S.
+                    # Said once; admission counts alone until _answers() says otherwise.
                     break
             rounds += 1
             if rounds % 30 == 0:

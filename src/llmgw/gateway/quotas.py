@@ -335,6 +335,9 @@ class Quotas:
                 limited.insert(0, (scopes[0], default_rpm, default_tpm))
         now = time.monotonic()
         allowance = self._allowance
+        if allowance is not None and allowance.unreachable:
+            # PostgreSQL is away: counted alone, as one gateway counts, rather than refuse everything.
+            allowance = None
         # With PostgreSQL: each lease this request spends, and what it needs of it; those too short.
         # None until needed: the one-gateway path allocates nothing more than it did.
         leased: list[tuple[Lease, float]] | None = None
@@ -457,16 +460,9 @@ class Quotas:
             for shortfall in short.shortfalls:
                 try:
                     await allowance.claim(shortfall.lease, shortfall.need)
-                except StoreUnreachable as exc:
-                    raise ApiError(
-                        503,
-                        f"{self._name(shortfall.scope, key)} is limited, and limits are counted in "
-                        f"PostgreSQL, which cannot be reached now ({exc}); try again shortly",
-                        type="service_unavailable",
-                        code="limits_unavailable",
-                        headers={"Retry-After": "1"},
-                        refusal=(shortfall.scope.kind, "store"),
-                    ) from None
+                except StoreUnreachable:
+                    # Marked unreachable (and said once): admitted by this gateway's count alone.
+                    return self.admit(key, tokens, cost)
             try:
                 return self.admit(key, tokens, cost)
             except Short as again:
