@@ -29,9 +29,15 @@ A rate row lives for the window plus TERM_S after it was last renewed, and a
 holder spends its lease only for TERM_S after it asked: a holder that dies
 (its process killed, its connection gone) leaves its row to run out by itself
 once everything it admitted has left the window. Its allowance is lost for at
-most WINDOW_S + TERM_S; never counted twice. A budget's rows live until the
+most the window plus TERM_S; never counted twice. A budget's rows live until the
 period ends: a dead holder's spending still counts, and what it held unspent
 is lost until the period ends (at most the block it held).
+
+When PostgreSQL cannot be reached (a claim fails, or takes over
+CLAIM_TIMEOUT_S), the gateway counts alone, as one gateway does, rather than
+refuse: the one time the gateways together may admit more than a limit. The
+renewal loop asks PostgreSQL again every interval, and once it answers writes
+what was admitted meanwhile into this holder's rows.
 """
 
 from __future__ import annotations
