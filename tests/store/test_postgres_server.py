@@ -3,6 +3,7 @@ gateway serves from memory and no usage is lost."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -17,6 +18,9 @@ from llmgw import config
 from llmgw.cli.exit import EXIT_ERROR
 from llmgw.config import ProfileConfig
 from llmgw.roles.dev import prepare_dev
+from llmgw.store import open_store
+from llmgw.store.quotas import set_limits
+from llmgw.store.scopes import DEFAULT_PROJECT_ID, Scope
 from tests.e2e.conftest import launch_dev, post_json, wait_until
 
 from ..postgres import Cluster
@@ -155,6 +159,24 @@ class TestAPostgresqlThatGoesAwayWhileTheServerRuns:
             outage = [json.loads(line) for line in running.output if "could not write usage" in line]
             assert outage and postgres_url.rsplit("/", 1)[1] in outage[0]["error"]
             assert not any("Traceback" in line for line in running.output)
+
+    def test_a_limit_set_before_it_went_away_still_binds(
+        self, tmp_path: Path, postgres: Cluster, postgres_url: str
+    ) -> None:
+        """Limits are held in memory: the gateway refuses past the project's rpm with the store down."""
+
+        async def limit() -> None:
+            async with open_store(postgres_url) as store:
+                await set_limits(store, Scope("project", DEFAULT_PROJECT_ID), rpm=12, tpm=None)
+
+        asyncio.run(limit())
+        _dev_server_yaml(tmp_path, postgres_url)
+        with launch_dev(tmp_path) as running, _stopped(postgres):
+            during = [
+                post_json(f"{running.url}/v1/chat/completions", _BODY, running.key)[0] for _ in range(20)
+            ]
+        assert 0 < during.count(200) <= 12 and during.count(429) >= 8, during
+        assert during == sorted(during), "a request was admitted after one was refused"
 
 
 class TestCommandsOnAPostgresqlStore:
