@@ -104,7 +104,8 @@ async def copy_store(source: str, target: str, *, replace: bool = False) -> dict
                 )
             for table in reversed(tables):
                 await writing.execute(f"DELETE FROM {table}")
-            # The leases of gateways that ran on what is replaced: a budget's would hold until its period ends.
+            # The leases of the gateways that ran on what is replaced: a budget's would hold its
+            # allowance until the period ends.
             await writing.execute("DELETE FROM allowance_leases")
             for table in tables:
                 if rows[table]:
