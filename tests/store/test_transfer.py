@@ -102,6 +102,25 @@ class TestCopy:
         async with open_store(postgres_url) as store:
             assert [k.name for k in await list_keys(store)] == ["ci", "old"]
 
+    async def test_the_gateways_leases_are_not_copied_and_a_replaced_stores_are_forgotten(
+        self, tmp_path: Path, postgres_url: str
+    ) -> None:
+        """What gateways hold of each scope's allowance belongs to those gateways, not to the data."""
+        lease = (
+            "INSERT INTO allowance_leases (scope, kind, holder, units, expires_at)"
+            " VALUES ('project:1', 'requests', 'gw', 30, 1e18)"
+        )
+        source = tmp_path / "old.db"
+        async with open_store(source) as store:
+            await _fill(store)
+            await store.execute(lease)
+        async with open_store(postgres_url) as store:
+            await store.execute(lease)
+        copied = await copy_store(_sqlite(source), postgres_url, replace=True)
+        assert "allowance_leases" not in copied
+        async with open_store(postgres_url) as store:
+            assert await store.fetch_all("SELECT * FROM allowance_leases") == []
+
     async def test_a_copy_that_fails_halfway_leaves_the_target_as_it_was(
         self, tmp_path: Path, postgres_url: str
     ) -> None:

@@ -24,7 +24,7 @@ from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.gateway import access
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
-from llmgw.gateway.quotas import Quotas
+from llmgw.gateway.quotas import Quotas, Short
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store.keys import KeyRecord
 from llmgw.store.quotas import Budget
@@ -191,7 +191,13 @@ class Admission:
             )
         prompt = len(call.body) + TEMPLATE_OVERHEAD
         try:
-            ticket = self._quotas.admit(key, prompt + completion, cost(price, prompt, completion))
+            try:
+                ticket = self._quotas.admit(key, prompt + completion, cost(price, prompt, completion))
+            except Short as short:
+                # Several gateways: this one's lease is short; wait for a claim rather than refuse.
+                ticket = await self._quotas.admit_leased(
+                    key, prompt + completion, cost(price, prompt, completion), short
+                )
         except ApiError as refusal:
             self._recorder.record(
                 key.id, key.project_id, model, refusal.status, 0, 0, 0.0, 0.0, admitted=False

@@ -11,6 +11,12 @@ estimate and max_tokens), settled to what the engine reported once it ends.
 Budgets count money per period (day, week, month in UTC, or total): what the
 store's usage says was spent, plus what was settled since, plus what requests
 in flight have reserved.
+
+With several gateways on one PostgreSQL, each also holds a lease of every
+limited scope's allowance (gateway/allowance.py) and admits only within it:
+admit() raises Short when a lease has too little, and admit_leased() claims
+more and tries again, refusing only once nothing is left that no other
+gateway holds.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from datetime import UTC, date, datetime, timedelta
 import attrs
 
 from llmgw.config import PriceConfig
+from llmgw.gateway.allowance import RENEW_S, Allowance, Lease, StoreUnreachable
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.journal import Entry
 from llmgw.gateway.usage import UsageRecorder
@@ -50,12 +57,15 @@ class _Reservation:
 class _Window:
     """The requests of the last 60 s of one scope, and the tokens they hold."""
 
-    __slots__ = ("events", "requests", "tokens")
+    __slots__ = ("events", "requests", "rpm_lease", "tokens", "tpm_lease")
 
     def __init__(self) -> None:
         self.events: deque[_Reservation] = deque()
         self.requests = 0
         self.tokens = 0
+        # With PostgreSQL: what this gateway holds of the scope's requests and tokens.
+        self.rpm_lease: Lease | None = None
+        self.tpm_lease: Lease | None = None
 
     def prune(self, now: float) -> None:
         events = self.events
@@ -97,11 +107,21 @@ class _BudgetState:
     ends_at: float = 0.0  # wall-clock second the next one starts at
     spent: float = 0.0
     reserved: float = 0.0
+    # With PostgreSQL: what this gateway settled this period, and its lease of the period's budget.
+    mine: float = 0.0
+    lease: Lease | None = None
 
     def roll(self, now: float) -> None:
         if now >= self.ends_at:
-            self.starts, self.ends_at = _period(self.period, now)
+            self.begin(*_period(self.period, now))
             self.spent = 0.0
+
+    def begin(self, starts: str, ends_at: float) -> None:
+        if starts != self.starts:
+            # A new period: a new lease, and nothing of this gateway's spent in it yet.
+            self.mine = 0.0
+            self.lease = None
+        self.starts, self.ends_at = starts, ends_at
 
 
 def _period(period: Period, now: float) -> tuple[str, float]:
@@ -130,6 +150,24 @@ class Ticket:
     settled: bool = False
 
 
+@attrs.frozen
+class Shortfall:
+    """A lease with too little for one request: what it needs more, and what to say if nobody has it."""
+
+    lease: Lease
+    need: float
+    scope: Scope
+    what: str  # "requests", "tokens" or "budget"
+
+
+class Short(Exception):
+    """This gateway's leases hold too little to admit the request; claim more, then admit again."""
+
+    def __init__(self, shortfalls: list[Shortfall]) -> None:
+        super().__init__("leases too short")
+        self.shortfalls = shortfalls
+
+
 def _over(window: _Window, tpm: int, tokens: int) -> bool:
     """Whether tokens more would pass tpm: a tpm of 0 refuses everything."""
     return window.tokens + tokens > tpm
@@ -142,8 +180,17 @@ def _seconds(value: float) -> str:
 class Quotas:
     """Every scope's limits and budgets, their windows and spending; loaded from the store, refreshed."""
 
-    def __init__(self, recorder: UsageRecorder, *, default_rpm: int = 0, default_tpm: int = 0) -> None:
+    def __init__(
+        self,
+        recorder: UsageRecorder,
+        *,
+        default_rpm: int = 0,
+        default_tpm: int = 0,
+        allowance: Allowance | None = None,
+    ) -> None:
         self._recorder = recorder
+        # None: one gateway (SQLite), whose windows alone decide.
+        self._allowance = allowance
         # 0 in server.yaml means unlimited; None here, like a scope without a limit.
         self._default = (default_rpm or None, default_tpm or None)
         self._hierarchy = Hierarchy({}, {}, {})
@@ -228,7 +275,7 @@ class Quotas:
         self.replace(hierarchy, limits, budgets, prices)
         # Nothing awaited since the rows were read: every settlement since is in them.
         for scope, state in self._budgets.items():
-            state.starts, state.ends_at = _period(state.period, now)
+            state.begin(*_period(state.period, now))
             state.spent = spent[scope]
 
     def restore(self, entries: Iterable[Entry]) -> None:
@@ -287,6 +334,14 @@ class Quotas:
             else:
                 limited.insert(0, (scopes[0], default_rpm, default_tpm))
         now = time.monotonic()
+        allowance = self._allowance
+        if allowance is not None and allowance.unreachable:
+            # PostgreSQL is away: counted alone, as one gateway counts, rather than refuse everything.
+            allowance = None
+        # With PostgreSQL: each lease this request spends, and what it needs of it; those too short.
+        # None until needed: the one-gateway path allocates nothing more than it did.
+        leased: list[tuple[Lease, float]] | None = None
+        short: list[Shortfall] | None = None
         windows: list[_Window] = []
         for scope, rpm, tpm in limited:
             window = self._windows.get(scope)
@@ -299,6 +354,23 @@ class Quotas:
                 tpm is not None and _over(window, tpm, tokens)
             ):
                 raise self._rate_limited(scope, key, window, rpm, tpm, tokens, now)
+            if allowance is not None:
+                if leased is None:
+                    leased = []
+                if rpm is not None:
+                    lease = window.rpm_lease or self._rate_lease(allowance, scope, window, "requests")
+                    lease.limit = rpm
+                    leased.append((lease, 1))
+                    if not lease.fits(window.requests, 1, now):
+                        short = short or []
+                        short.append(Shortfall(lease, 1, scope, "requests"))
+                if tpm is not None:
+                    lease = window.tpm_lease or self._rate_lease(allowance, scope, window, "tokens")
+                    lease.limit = tpm
+                    leased.append((lease, tokens))
+                    if not lease.fits(window.tokens, tokens, now):
+                        short = short or []
+                        short.append(Shortfall(lease, tokens, scope, "tokens"))
             windows.append(window)
         budgets: list[_BudgetState] = []
         for scope in scopes:
@@ -307,7 +379,21 @@ class Quotas:
                 state.roll(time.time())
                 if state.spent + state.reserved + cost > state.amount:
                     raise self._budget_spent(scope, key, state, cost)
+                if allowance is not None and cost > 0:
+                    lease = state.lease or self._budget_lease(allowance, scope, state)
+                    lease.limit = state.amount
+                    if leased is None:
+                        leased = []
+                    leased.append((lease, cost))
+                    if not lease.fits(state.mine + state.reserved, cost, now):
+                        short = short or []
+                        short.append(Shortfall(lease, cost, scope, "budget"))
                 budgets.append(state)
+        if short:
+            raise Short(short)
+        if leased:
+            for lease, need in leased:
+                lease.spent += need
         reservation = _Reservation(now, tokens)
         for window in windows:
             window.events.append(reservation)
@@ -334,6 +420,103 @@ class Quotas:
         for state in ticket.budgets:
             state.reserved -= ticket.cost
             state.spent += cost
+            state.mine += cost
+
+    def _rate_lease(self, allowance: Allowance, scope: Scope, window: _Window, kind: str) -> Lease:
+        def busy() -> float:
+            window.prune(time.monotonic())
+            return window.requests if kind == "requests" else window.tokens
+
+        lease = allowance.lease(str(scope), kind, busy)
+        if kind == "requests":
+            window.rpm_lease = lease
+        else:
+            window.tpm_lease = lease
+        return lease
+
+    def _budget_lease(self, allowance: Allowance, scope: Scope, state: _BudgetState) -> Lease:
+        # One lease per period: its rows are the period's, and a new period starts from none.
+        lease = allowance.lease(
+            str(scope),
+            f"budget {state.period} {state.starts}",
+            lambda: state.mine + state.reserved,
+            ends=state.ends_at,
+            before=lambda: max(state.spent - state.mine, 0.0),
+        )
+        state.lease = lease
+        return lease
+
+    async def admit_leased(self, key: KeyRecord, tokens: int, cost: float, short: Short) -> Ticket:
+        """admit() once the leases it found short have claimed more; refused once nobody holds any more.
+
+        A request waits for the claim rather than being refused while allowance is left that no
+        gateway holds.
+        """
+        allowance = self._allowance
+        assert allowance is not None
+        # Each round either admits, or claims allowance another request here took first; a bound
+        # all the same, should the claims keep coming back with too little.
+        for _ in range(32):
+            for shortfall in short.shortfalls:
+                try:
+                    await allowance.claim(shortfall.lease, shortfall.need)
+                except StoreUnreachable:
+                    # Marked unreachable (and said once): admitted by this gateway's count alone.
+                    return self.admit(key, tokens, cost)
+            try:
+                return self.admit(key, tokens, cost)
+            except Short as again:
+                for shortfall in again.shortfalls:
+                    if shortfall.lease.dry and not shortfall.lease.lock.locked():
+                        raise self._refused_everywhere(shortfall, key, tokens, cost) from None
+                short = again
+        raise self._refused_everywhere(short.shortfalls[0], key, tokens, cost)
+
+    def _refused_everywhere(self, shortfall: Shortfall, key: KeyRecord, tokens: int, cost: float) -> ApiError:
+        """The 429 for a request no gateway has allowance left for: the others hold the rest."""
+        name = self._name(shortfall.scope, key)
+        limit = shortfall.lease.limit
+        if shortfall.what == "budget":
+            state = self._budgets.get(shortfall.scope)
+            period = "in total" if state is None or state.period == "total" else f"this {state.period}"
+            return ApiError(
+                429,
+                f"the budget of {name} has too little left for this request: what every gateway together "
+                f"has spent {period} and holds for requests in flight leaves less of its {limit:g} than "
+                f"the {cost:.4g} this request may cost (its prompt and max_tokens); try again when "
+                "requests in flight have finished",
+                type="insufficient_quota",
+                code="insufficient_quota",
+                headers={"Retry-After": "1"},
+                refusal=(shortfall.scope.kind, "budget"),
+            )
+        window = self._windows.get(shortfall.scope)
+        now = time.monotonic()
+        # Other gateways give back what they do not use at their next renewal; this one's own
+        # requests leave the window on their own time.
+        wait = RENEW_S
+        if window is not None and window.events:
+            wait = min(wait, window.events[0].t + WINDOW_S - now)
+        seconds = max(math.ceil(wait), 1)
+        if shortfall.what == "requests":
+            said = f"{limit:.0f} requests per minute"
+        else:
+            said = (
+                f"{limit:.0f} tokens per minute (this request reserves {tokens}: its prompt and max_tokens)"
+            )
+        return ApiError(
+            429,
+            f"rate limit reached for {name}: {said}, counted across every gateway; try again in {seconds} s",
+            type=shortfall.what,
+            code="rate_limit_exceeded",
+            headers={
+                f"x-ratelimit-limit-{shortfall.what}": f"{limit:.0f}",
+                f"x-ratelimit-remaining-{shortfall.what}": "0",
+                "Retry-After": str(seconds),
+                "retry-after-ms": str(max(math.ceil(wait * 1000), 1)),
+            },
+            refusal=(shortfall.scope.kind, shortfall.what),
+        )
 
     def _rate_limited(
         self,

@@ -35,6 +35,7 @@ from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
 from llmgw.errors import StoreError
 from llmgw.gateway.admission import Admission, budget_warnings
+from llmgw.gateway.allowance import Allowance
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.history import History
@@ -46,6 +47,7 @@ from llmgw.listen import cannot_listen, split_host_port
 from llmgw.metrics import Metrics, Snapshot, new_registry, serve_metrics
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
+from llmgw.store.postgres import PostgresStore
 from llmgw.store.url import is_postgres_url
 from llmgw.web.admin_listener import client_port_api_guard, make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
@@ -200,7 +202,12 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         stack.callback(_cancel_all, owned)
         owned.append(tasks.create_task(_refresh_keys(store, keys), name="key-cache-refresh"))
         usage = UsageRecorder(journal=journal)
-        quotas = Quotas(usage, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm)
+        # Servers sharing one PostgreSQL each admit requests: each leases part of every limited scope's
+        # allowance there, or each would admit a project's whole rpm and budget on its own.
+        allowance = Allowance(store.pool) if isinstance(store, PostgresStore) else None
+        quotas = Quotas(
+            usage, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm, allowance=allowance
+        )
         await quotas.refresh(store)
         quotas.restore(recent)
         for warning in budget_warnings(cfg, quotas.budgets, catalog.models(), quotas.prices):
@@ -212,6 +219,11 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         stack.callback(journal.stop)
         stack.callback(usage.stop)
         owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
+        if allowance is not None:
+            owned.append(tasks.create_task(allowance.run(), name="allowance-renewal"))
+            # Runs once the gateway has drained (it is served later, so stopped earlier): what the
+            # leases hold unused goes back at once, rather than when the rows lapse.
+            stack.push_async_callback(allowance.give_back)
         mirror = await stack.enter_async_context(MirrorClient(cfg.mirror)) if cfg.mirror.api else None
         registry = new_registry()
         control_metrics = ControlMetrics(registry, inventory, usage)

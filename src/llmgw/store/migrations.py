@@ -182,6 +182,21 @@ MIGRATIONS: Sequence[Migration] = (
     # COLLATE NOCASE (the users table's own UNIQUE is case-blind only on SQLite), and the lookups
     # match lower(email) so that they use this index on both.
     ("CREATE UNIQUE INDEX users_by_email ON users (lower(email))",),
+    # 8: what each gateway holds of a scope's rpm, tpm or budget when several share a PostgreSQL store
+    # (gateway/allowance.py); unused on SQLite, whose one gateway counts in memory. expires_at is in
+    # seconds of the database's own clock, so that the gateways' clocks never need to agree.
+    (
+        """
+        CREATE TABLE allowance_leases (
+            scope TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            holder TEXT NOT NULL,
+            units REAL NOT NULL,
+            expires_at REAL NOT NULL,
+            PRIMARY KEY (scope, kind, holder)
+        )
+        """,
+    ),
 )
 
 

@@ -101,6 +101,11 @@ class PostgresStore(Store):
         self._pool = pool
 
     @property
+    def pool(self) -> asyncpg.Pool:
+        """The connections, for what talks to PostgreSQL directly: the gateways' leases of allowance."""
+        return self._pool
+
+    @property
     def where(self) -> str:
         return str(self.url)
 

@@ -24,6 +24,9 @@ from llmgw.store.url import PostgresUrl, is_postgres_url
 _FRESH = {"orgs": 1, "teams": 1, "projects": 1, "usage_journal": 1}
 # Parents before the tables whose foreign keys name them: PostgreSQL checks each row as it goes in.
 _PARENTS_FIRST = ("orgs", "teams", "projects", "api_keys", "users")
+# What the running gateways hold of each scope's allowance (gateway/allowance.py) belongs to them, not to
+# the installation: a copied lease would hold allowance for a gateway that never runs on the copy.
+_NOT_COPIED = ("schema_version", "allowance_leases")
 _SQLITE = "sqlite://"
 
 
@@ -58,7 +61,7 @@ async def _opened(where: Path | str, *, must_exist: bool) -> AsyncIterator[Store
 
 async def _tables(queries: Queries) -> list[str]:
     names = [str(row[0]) for row in await queries.fetch_all(queries.dialect.tables)]
-    names = [n for n in names if n != "schema_version"]
+    names = [n for n in names if n not in _NOT_COPIED]
     return [t for t in _PARENTS_FIRST if t in names] + sorted(n for n in names if n not in _PARENTS_FIRST)
 
 
@@ -101,6 +104,9 @@ async def copy_store(source: str, target: str, *, replace: bool = False) -> dict
                 )
             for table in reversed(tables):
                 await writing.execute(f"DELETE FROM {table}")
+            # The leases of the gateways that ran on what is replaced: a budget's would hold its
+            # allowance until the period ends.
+            await writing.execute("DELETE FROM allowance_leases")
             for table in tables:
                 if rows[table]:
                     try:
