@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.cli.store import store as store_command
+from llmgw.control.leadership import Leadership
 from llmgw.errors import StoreError
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store, open_store
@@ -21,6 +22,8 @@ from llmgw.store.sessions import create_session
 from llmgw.store.sqlite import SqliteStore
 from llmgw.store.transfer import copy_store
 from llmgw.store.users import authenticate, create_user, link_key
+
+from ..waiting import eventually
 
 
 async def _fill(store: Store) -> str:
@@ -120,6 +123,23 @@ class TestCopy:
         assert "allowance_leases" not in copied
         async with open_store(postgres_url) as store:
             assert await store.fetch_all("SELECT * FROM allowance_leases") == []
+
+    async def test_control_planes_own_tables_neither_block_nor_join_a_move(
+        self, tmp_path: Path, postgres_url: str
+    ) -> None:
+        """Who leads and the routing table it published describe the servers that ran on a database,
+        not its data: a move into a database servers have already used, and back out of it, succeeds
+        and leaves them out."""
+        async with Leadership(postgres_url, "cp1", "127.0.0.1:7443", poll_s=0.1) as leadership:
+            await eventually(lambda: leadership.leading)
+        source = tmp_path / "old.db"
+        async with open_store(source) as store:
+            await _fill(store)
+        into = await copy_store(_sqlite(source), postgres_url, replace=True)
+        back = tmp_path / "back.db"
+        out = await copy_store(postgres_url, _sqlite(back))
+        assert not {"llmgw_control_planes", "llmgw_routing"} & (set(into) | set(out))
+        assert await _contents(back) == await _contents(source)
 
     async def test_a_copy_that_fails_halfway_leaves_the_target_as_it_was(
         self, tmp_path: Path, postgres_url: str
