@@ -188,13 +188,22 @@ def main() -> None:
     parser.add_argument(
         "--heartbeat-s", type=float, help="with --nodes: the nodes' heartbeat interval (the agents' default)"
     )
+    parser.add_argument(
+        "--keep-logs",
+        type=Path,
+        help="with --nodes: copy the server's and the agent's logs to this directory",
+    )
     args = parser.parse_args()
     if args.nodes is not None:
         if args.nodes < 0:
             sys.exit("bench_fleet: --nodes is a number of nodes, 0 or more")
         if args.heartbeat_s is not None and args.heartbeat_s <= 0:
             sys.exit("bench_fleet: --heartbeat-s must be more than 0")
-        print(json.dumps(fleet_nodes.measure(args.nodes, args.seconds, args.heartbeat_s, args.rps)))
+        print(
+            json.dumps(
+                fleet_nodes.measure(args.nodes, args.seconds, args.heartbeat_s, args.rps, args.keep_logs)
+            )
+        )
         return
     why = unavailable()
     if why:
