@@ -40,6 +40,7 @@ from ruamel.yaml import YAML
 
 from llmgw import pki
 from llmgw.agent.client import beat_gap
+from llmgw.agent.state import read_state, still_running
 from llmgw.config import AgentConfig, TLSConfig
 from llmgw.control.agentsvc import CONNECT
 from llmgw.proto.llmgw import v1 as pb
@@ -203,10 +204,12 @@ async def _node(
     counts: _Counts,
     total: int,
 ) -> None:
-    ctx = _client_context(tls)
-    channel = Channel("127.0.0.1", port, ssl=ctx, codec=_Raw())
+    channel: Channel | None = None
     try:
         async with dials:
+            # Made here, not before the turn to dial: thousands of nodes each loading their
+            # certificate first held up the handshakes already under way past the server's 60 s.
+            channel = Channel("127.0.0.1", port, ssl=_client_context(tls), codec=_Raw())
             stream = channel.request(CONNECT, Cardinality.STREAM_STREAM, bytes, bytes)  # type: ignore[arg-type]
             await stream.__aenter__()
             await stream.send_message(_register(node_id, index, interval_s))
@@ -237,7 +240,8 @@ async def _node(
         counts.failed[reason] = counts.failed.get(reason, 0) + 1
         print(json.dumps({"failed": node_id, "error": f"{reason}: {exc}"}), file=sys.stderr, flush=True)
     finally:
-        channel.close()
+        if channel is not None:
+            channel.close()
 
 
 async def _simulate(count: int, port: int, pki_dir: Path, interval_s: float) -> None:
@@ -412,6 +416,8 @@ def measure(
             {
                 "listen": f"127.0.0.1:{gateway_port}",
                 "agent_listen": f"127.0.0.1:{agent_port}",
+                # Not the default 9090: another server on the machine may hold it.
+                "admin_listen": f"127.0.0.1:{_free_port()}",
                 "state_dir": str(root / "server"),
                 "admin_tokens": [hashlib.sha256(token.encode()).hexdigest()],
                 "tls": {
@@ -506,6 +512,12 @@ def measure(
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+            # Engines outlive their agent on purpose (the next agent adopts them): the sim replica
+            # is stopped here, or every run would leave one behind.
+            for record in read_state(root / "agent"):
+                if still_running(record):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(record.pid, signal.SIGTERM)
             if keep_logs is not None:
                 shutil.copytree(logs, keep_logs, dirs_exist_ok=True)
         idle_served = _served(logs / "server.log", "idle")

@@ -23,7 +23,6 @@ import attrs
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
-from llmgw.control.register import Gpu
 from llmgw.gateway.metrics import GatewayMetrics
 
 _T = TypeVar("_T")
@@ -33,12 +32,20 @@ SAMPLE_INTERVAL_S = 10.0
 ALL = ""
 
 
+class _Gpu(Protocol):
+    @property
+    def memory_used_mb(self) -> int: ...
+
+    @property
+    def memory_total_mb(self) -> int: ...
+
+
 class _Node(Protocol):
     @property
     def id(self) -> str: ...
 
     @property
-    def gpus(self) -> Sequence[Gpu]: ...
+    def gpus(self) -> Sequence[_Gpu]: ...
 
 
 class Nodes(Protocol):
