@@ -20,9 +20,11 @@ nodes one control plane holds (scripts/fleet_nodes.py). N simulated nodes in a
 process of their own connect, register and heartbeat, while a steady trickle
 of chat requests goes through the gateway to a sim replica; one JSON line says
 how long registration took, the server's CPU and memory over the steady part,
-and the gateway's chat latency then and with no nodes connected.
+and the gateway's chat latency then and with no nodes connected, as the client
+and as the gateway itself timed it, with how long the server's loop waited
+for a core.
 
-    bench_fleet.py --nodes 10000 [--seconds 30] [--heartbeat-s 5]
+    bench_fleet.py --nodes 10000 [--seconds 30] [--heartbeat-s 5] [--keep-logs DIR]
 
 A measurement, not a test: nothing here asserts a time.
 """
