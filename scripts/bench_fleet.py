@@ -20,9 +20,11 @@ nodes one control plane holds (scripts/fleet_nodes.py). N simulated nodes in a
 process of their own connect, register and heartbeat, while a steady trickle
 of chat requests goes through the gateway to a sim replica; one JSON line says
 how long registration took, the server's CPU and memory over the steady part,
-and the gateway's chat latency then and with no nodes connected.
+and the gateway's chat latency then and with no nodes connected, as the client
+and as the gateway itself timed it, with how long the server's loop waited
+for a core.
 
-    bench_fleet.py --nodes 10000 [--seconds 30] [--heartbeat-s 5]
+    bench_fleet.py --nodes 10000 [--seconds 30] [--heartbeat-s 5] [--keep-logs DIR]
 
 A measurement, not a test: nothing here asserts a time.
 """
@@ -188,13 +190,22 @@ def main() -> None:
     parser.add_argument(
         "--heartbeat-s", type=float, help="with --nodes: the nodes' heartbeat interval (the agents' default)"
     )
+    parser.add_argument(
+        "--keep-logs",
+        type=Path,
+        help="with --nodes: copy the server's and the agent's logs to this directory",
+    )
     args = parser.parse_args()
     if args.nodes is not None:
         if args.nodes < 0:
             sys.exit("bench_fleet: --nodes is a number of nodes, 0 or more")
         if args.heartbeat_s is not None and args.heartbeat_s <= 0:
             sys.exit("bench_fleet: --heartbeat-s must be more than 0")
-        print(json.dumps(fleet_nodes.measure(args.nodes, args.seconds, args.heartbeat_s, args.rps)))
+        print(
+            json.dumps(
+                fleet_nodes.measure(args.nodes, args.seconds, args.heartbeat_s, args.rps, args.keep_logs)
+            )
+        )
         return
     why = unavailable()
     if why:

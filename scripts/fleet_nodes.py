@@ -18,6 +18,7 @@ import json
 import os
 import resource
 import secrets
+import shutil
 import signal
 import socket
 import ssl
@@ -39,6 +40,7 @@ from ruamel.yaml import YAML
 
 from llmgw import pki
 from llmgw.agent.client import beat_gap
+from llmgw.agent.state import read_state, still_running
 from llmgw.config import AgentConfig, TLSConfig
 from llmgw.control.agentsvc import CONNECT
 from llmgw.proto.llmgw import v1 as pb
@@ -202,10 +204,12 @@ async def _node(
     counts: _Counts,
     total: int,
 ) -> None:
-    ctx = _client_context(tls)
-    channel = Channel("127.0.0.1", port, ssl=ctx, codec=_Raw())
+    channel: Channel | None = None
     try:
         async with dials:
+            # Made here, not before the turn to dial: thousands of nodes each loading their
+            # certificate first held up the handshakes already under way past the server's 60 s.
+            channel = Channel("127.0.0.1", port, ssl=_client_context(tls), codec=_Raw())
             stream = channel.request(CONNECT, Cardinality.STREAM_STREAM, bytes, bytes)  # type: ignore[arg-type]
             await stream.__aenter__()
             await stream.send_message(_register(node_id, index, interval_s))
@@ -236,7 +240,8 @@ async def _node(
         counts.failed[reason] = counts.failed.get(reason, 0) + 1
         print(json.dumps({"failed": node_id, "error": f"{reason}: {exc}"}), file=sys.stderr, flush=True)
     finally:
-        channel.close()
+        if channel is not None:
+            channel.close()
 
 
 async def _simulate(count: int, port: int, pki_dir: Path, interval_s: float) -> None:
@@ -299,13 +304,20 @@ def simulate(argv: Sequence[str]) -> None:
 # --- the measurement ------------------------------------------------------------------------
 
 
-async def _chat_trickle(url: str, key: str, seconds: float, rps: float) -> list[float]:
-    """Latencies (ms) of one small chat request every 1/rps seconds for seconds, each on its own."""
-    latencies: list[float] = []
-    headers = {"Authorization": f"Bearer {key}"}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+async def _chat_trickle(url: str, key: str, seconds: float, rps: float, phase: str) -> list[float]:
+    """Latencies (ms) of one small chat request every 1/rps seconds for seconds, each on its own.
 
-        async def one() -> None:
+    Each request's x-request-id starts with phase, so the server's request log says what the
+    gateway itself took for the same requests (_served).
+    """
+    latencies: list[float] = []
+    # No cap on connections (aiohttp's default is 100): a slow phase must not queue its requests
+    # in this client, where the wait would be counted against the gateway.
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60), connector=connector) as session:
+
+        async def one(n: int) -> None:
+            headers = {"Authorization": f"Bearer {key}", "x-request-id": f"{phase}-{n}"}
             sent = time.perf_counter()
             async with session.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers) as reply:
                 await reply.read()
@@ -316,10 +328,24 @@ async def _chat_trickle(url: str, key: str, seconds: float, rps: float) -> list[
         start = time.monotonic()
         sent = 0
         while time.monotonic() - start < seconds:
-            tasks.append(asyncio.create_task(one()))
+            tasks.append(asyncio.create_task(one(sent)))
             sent += 1
             await asyncio.sleep(max(0.0, start + sent / rps - time.monotonic()))
         await asyncio.gather(*tasks, return_exceptions=True)
+    return latencies
+
+
+def _served(log: Path, phase: str) -> list[float]:
+    """The gateway's own latency (ms, from its request log) of phase's requests that succeeded."""
+    latencies = []
+    with log.open() as lines:
+        for line in lines:
+            if f'"{phase}-' not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("event") == "request" and entry.get("status") == 200:
+                    latencies.append(float(entry["latency_ms"]))
     return latencies
 
 
@@ -353,12 +379,28 @@ def _answers(url: str, key: str) -> bool:
     return asyncio.run(one())
 
 
+def _waited_s(pid: int) -> float:
+    """How long pid's main thread (the server's event loop) has waited, ready to run, for a CPU.
+
+    When the machine is busier than its cores, a request's latency is mostly
+    this wait: the loop had work but no core to run it on. Linux counts it
+    per thread in schedstat (its second figure, in nanoseconds); 0 where it
+    does not.
+    """
+    try:
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _cpu_s(proc: psutil.Process) -> float:
     times = proc.cpu_times()
     return float(times.user + times.system)
 
 
-def measure(nodes: int, seconds: float, heartbeat_s: float | None, rps: float) -> dict[str, Any]:
+def measure(
+    nodes: int, seconds: float, heartbeat_s: float | None, rps: float, keep_logs: Path | None = None
+) -> dict[str, Any]:
     interval = heartbeat_s if heartbeat_s is not None else AgentConfig().heartbeat_interval_s
     _open_files(nodes + 1000)
     with tempfile.TemporaryDirectory(prefix="bench-nodes-") as tmp:
@@ -374,6 +416,8 @@ def measure(nodes: int, seconds: float, heartbeat_s: float | None, rps: float) -
             {
                 "listen": f"127.0.0.1:{gateway_port}",
                 "agent_listen": f"127.0.0.1:{agent_port}",
+                # Not the default 9090: another server on the machine may hold it.
+                "admin_listen": f"127.0.0.1:{_free_port()}",
                 "state_dir": str(root / "server"),
                 "admin_tokens": [hashlib.sha256(token.encode()).hexdigest()],
                 "tls": {
@@ -382,6 +426,8 @@ def measure(nodes: int, seconds: float, heartbeat_s: float | None, rps: float) -
                     "key": str(ca / "server-key.pem"),
                 },
                 "engines": {"llamacpp": ""},
+                # The gateway's own latency of each chat request, read back by _served.
+                "log": {"requests": True},
                 "models": [
                     {"name": "sim-chat", "replicas": 1, "profiles": [{"engine": "sim", "args": ZERO_DELAY}]}
                 ],
@@ -434,9 +480,10 @@ def measure(nodes: int, seconds: float, heartbeat_s: float | None, rps: float) -
                 )
             _wait("sim replica answering through the gateway", lambda: _answers(url, key), 120, server)
             watched = psutil.Process(server.pid)
-            cpu0, t0 = _cpu_s(watched), time.monotonic()
-            idle = asyncio.run(_chat_trickle(url, key, seconds, rps))
+            cpu0, waited0, t0 = _cpu_s(watched), _waited_s(server.pid), time.monotonic()
+            idle = asyncio.run(_chat_trickle(url, key, seconds, rps, "idle"))
             idle_cpu = (_cpu_s(watched) - cpu0) / (time.monotonic() - t0) * 100
+            idle_waited = (_waited_s(server.pid) - waited0) / (time.monotonic() - t0) * 100
             idle_rss = watched.memory_info().rss
             sim = subprocess.Popen(
                 [sys.executable, __file__, str(nodes), str(agent_port), str(ca), str(interval)],
@@ -449,10 +496,12 @@ def measure(nodes: int, seconds: float, heartbeat_s: float | None, rps: float) -
             registered = json.loads(sim.stdout.readline())
             # One interval for the registrations' garbage to settle, then the steady part.
             time.sleep(interval)
-            cpu0, t0 = _cpu_s(watched), time.monotonic()
-            steady = asyncio.run(_chat_trickle(url, key, seconds, rps))
+            cpu0, waited0, t0 = _cpu_s(watched), _waited_s(server.pid), time.monotonic()
+            steady = asyncio.run(_chat_trickle(url, key, seconds, rps, "steady"))
             cpu = (_cpu_s(watched) - cpu0) / (time.monotonic() - t0) * 100
+            waited = (_waited_s(server.pid) - waited0) / (time.monotonic() - t0) * 100
             rss = watched.memory_info().rss
+            load = os.getloadavg()[0]
             sim.send_signal(signal.SIGTERM)
             ended = json.loads(sim.stdout.readline() or "{}")
         finally:
@@ -463,6 +512,16 @@ def measure(nodes: int, seconds: float, heartbeat_s: float | None, rps: float) -
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+            # Engines outlive their agent on purpose (the next agent adopts them): the sim replica
+            # is stopped here, or every run would leave one behind.
+            for record in read_state(root / "agent"):
+                if still_running(record):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(record.pid, signal.SIGTERM)
+            if keep_logs is not None:
+                shutil.copytree(logs, keep_logs, dirs_exist_ok=True)
+        idle_served = _served(logs / "server.log", "idle")
+        steady_served = _served(logs / "server.log", "steady")
     return {
         "nodes": nodes,
         "heartbeat_s": interval,
@@ -478,6 +537,16 @@ def measure(nodes: int, seconds: float, heartbeat_s: float | None, rps: float) -
         "chat_p99_ms": round(_p(steady, 99), 1),
         "idle_chat_p99_ms": round(_p(idle, 99), 1),
         "chats": len(steady),
+        # The same requests as the gateway saw them (its request log): what the client's figures
+        # add beyond these is the client's own wait and the loopback hop.
+        "served_p50_ms": round(_p(steady_served, 50), 1),
+        "served_p99_ms": round(_p(steady_served, 99), 1),
+        "idle_served_p99_ms": round(_p(idle_served, 99), 1),
+        # The share of the steady part (and of the idle one) that the server's loop spent ready to
+        # run but waiting for a core another process held.
+        "server_loop_waited_pct": round(waited, 1),
+        "idle_server_loop_waited_pct": round(idle_waited, 1),
+        "load_avg_1m": round(load, 2),
     }
 
 

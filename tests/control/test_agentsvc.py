@@ -21,6 +21,7 @@ from llmgw import pki
 from llmgw.config import ControlConfig, ServerConfig, TLSConfig
 from llmgw.control.agentsvc import CONNECT, serve_agents
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory
+from llmgw.control.register import Memory
 from llmgw.errors import LlmgwError
 from llmgw.pki import client_ssl_context
 from llmgw.proto.llmgw import v1 as pb
@@ -234,7 +235,7 @@ async def test_a_plain_heartbeat_updates_the_nodes_memory_and_keeps_it_reachable
         beat = pb.Heartbeat(sequence=7, memory=pb.Memory(total_mb=64_000, available_mb=12_000))
         await stream.send_message(pb.AgentMessage(heartbeat=beat))
         await eventually(lambda: inventory.node("n1").state == READY)
-        assert inventory.node("n1").memory == pb.Memory(total_mb=64_000, available_mb=12_000)
+        assert inventory.node("n1").memory == Memory(total_mb=64_000, available_mb=12_000)
 
 
 async def test_a_heartbeat_before_register_is_refused(server_cfg, fleet):

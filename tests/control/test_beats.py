@@ -42,7 +42,6 @@ def test_a_plain_heartbeat_reads_as_the_generated_classes_read_it():
 @pytest.mark.parametrize(
     "message",
     [
-        pb.AgentMessage(register=pb.Register(node_id="n1")),
         pb.AgentMessage(shard=pb.ShardStatus(shard_id="s1", state="ready")),
         pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=3, gpus_changed=True)),
         pb.AgentMessage(

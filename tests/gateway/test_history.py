@@ -99,6 +99,26 @@ class TestSamples:
         (point,) = memory["gpu-1"]
         assert (point.used_mb, point.total_mb) == (4000, 48000)
 
+    def test_gpu_memory_is_a_point_per_sample_but_kept_only_where_it_changed(self, rig):
+        metrics, inventory, clock = rig
+        history = History(metrics, inventory, window_s=40, clock=clock)
+        used = [1000, 1000, 1000, 5000, 5000, 2000, 2000]
+        for mb in used:
+            gpus = [pb.Gpu(index=0, memory_total_mb=24000, memory_used_mb=mb, healthy=True)]
+            inventory.attach(pb.Register(node_id="gpu-1", gpus=gpus))
+            history.sample()
+            clock.now += 10
+        # The window holds 4 samples; the node's figures the last 4 samples saw, step by step.
+        points = history.gpu_memory()["gpu-1"]
+        assert [(p.at, p.used_mb) for p in points] == [
+            (clock.now - 40, 5000),
+            (clock.now - 30, 5000),
+            (clock.now - 20, 2000),
+            (clock.now - 10, 2000),
+        ]
+        # Three values over seven samples: three kept.
+        assert len(history._gpus["gpu-1"].changes) == 3
+
 
 class TestQuantile:
     def test_no_observation_is_no_quantile(self):

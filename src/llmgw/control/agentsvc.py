@@ -26,6 +26,7 @@ from llmgw.control.beats import AgentMessages, Beat
 from llmgw.control.handshake import Handshakes
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.provision import provision_message
+from llmgw.control.register import Registration, registration
 from llmgw.listen import cannot_listen, split_host_port
 from llmgw.names import node_id_problem
 from llmgw.pki import certificate_names, server_ssl_context
@@ -38,7 +39,7 @@ CONNECT = "/llmgw.v1.AgentService/Connect"
 # An agent that opens a stream and never registers holds a connection for nothing.
 REGISTER_TIMEOUT_S = 30.0
 
-_AgentStream = Stream[pb.AgentMessage | Beat, pb.ControlMessage]
+_AgentStream = Stream[pb.AgentMessage | Beat | Registration, pb.ControlMessage]
 
 
 class Gate(Protocol):
@@ -150,13 +151,17 @@ class AgentService:
             ) from None
         if first is None:
             return
-        if isinstance(first, Beat) or betterproto.which_one_of(first, "kind")[0] != "register":
+        if isinstance(first, Registration):
+            register = first
+        elif isinstance(first, Beat) or betterproto.which_one_of(first, "kind")[0] != "register":
             raise self._refuse(
                 "not_registered",
                 Status.FAILED_PRECONDITION,
                 f"node {cert_node} must register before it sends anything else",
             )
-        named = first.register.node_id
+        else:
+            register = registration(first.register)
+        named = register.node_id
         if named != cert_node:
             log.warning(
                 "refused a node registering as another", peer=where, certificate=cert_node, register=named
@@ -167,7 +172,7 @@ class AgentService:
                 Status.PERMISSION_DENIED,
                 f"node {named} presented a certificate for {cert_node}: a node may only register as itself",
             )
-        link = self._inventory.attach(first.register, where)
+        link = self._inventory.attach(register, where)
         # The agent counts itself connected only on this: a refusal arrives as the stream's status instead.
         link.outbox.put_nowait(pb.ControlMessage(ack=pb.Ack(ref="register", ok=True)))
         if self._provision is not None:
@@ -195,7 +200,11 @@ class AgentService:
             if isinstance(message, Beat):
                 self._inventory.beat(node_id, message.memory)
                 continue
-            kind, value = betterproto.which_one_of(message, "kind")
+            kind, value = (
+                ("register", message)
+                if isinstance(message, Registration)
+                else betterproto.which_one_of(message, "kind")
+            )
             if kind == "heartbeat":
                 self._inventory.heartbeat(node_id, value)
             elif kind == "shard":

@@ -1,4 +1,4 @@
-"""The agent stream's messages, decoded without betterproto when they are plain heartbeats.
+"""The agent stream's messages, decoded without betterproto when they are plain heartbeats or a Register.
 
 Nearly every message a node sends is a heartbeat that changes nothing: a
 sequence number and the node's memory, about fifteen bytes. betterproto's
@@ -7,19 +7,22 @@ generated classes spend hundreds of microseconds on one (their
 filled the event loop the gateway shares. Such a heartbeat is read here by
 hand, from the same wire format; anything else in it (a changed list, a field
 this code does not know) goes to the generated classes as before, so a
-message means the same whichever way it was read.
+message means the same whichever way it was read. A Register is read by hand
+too (control/register.py), into the records the inventory keeps.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from llmgw.control.register import Registration, read_register
 from llmgw.proto.llmgw import v1 as pb
 
 # Tags of the fields read by hand (field number << 3 | wire type): a length-delimited
 # AgentMessage.heartbeat (2), a varint Heartbeat.sequence (1), a length-delimited Heartbeat.memory
 # (2) and Memory's two varints.
 _HEARTBEAT = 2 << 3 | 2
+_REGISTER = 1 << 3 | 2
 _SEQUENCE = 1 << 3 | 0
 _MEMORY = 2 << 3 | 2
 _TOTAL_MB = 1 << 3 | 0
@@ -40,25 +43,37 @@ class AgentMessages:
 
     # The name grpclib's codec calls.
     @staticmethod
-    def FromString(data: bytes) -> pb.AgentMessage | Beat:
+    def FromString(data: bytes) -> pb.AgentMessage | Beat | Registration:
         return decode(data)
 
 
-def decode(data: bytes) -> pb.AgentMessage | Beat:
-    """A Beat when data is a heartbeat of only a sequence and memory, else the generated AgentMessage."""
+def decode(data: bytes) -> pb.AgentMessage | Beat | Registration:
+    """A Beat when data is a heartbeat of only a sequence and memory, a Registration when it is only a
+    Register, else the generated AgentMessage."""
     beat = _plain_heartbeat(data)
     if beat is not None:
         return beat
+    register = _only_field(data, _REGISTER)
+    if register is not None:
+        return read_register(data[register:])
     return pb.AgentMessage.FromString(data)
+
+
+def _only_field(data: bytes, tag: int) -> int | None:
+    """Where the value starts when data is one length-delimited field of tag and nothing else."""
+    if len(data) < 2 or data[0] != tag:
+        return None
+    length, at = _varint(data, 1)
+    if at < 0 or at + length != len(data):
+        return None
+    return at
 
 
 def _plain_heartbeat(data: bytes) -> Beat | None:
     # Any surprise (another field, a repeated one, a truncated varint) answers None: the generated
     # classes then decode it, or raise the error they always raised.
-    if len(data) < 2 or data[0] != _HEARTBEAT:
-        return None
-    length, at = _varint(data, 1)
-    if at < 0 or at + length != len(data):
+    at = _only_field(data, _HEARTBEAT)
+    if at is None:
         return None
     sequence = 0
     memory: tuple[int, int] | None = None
