@@ -218,7 +218,11 @@ def _steady(
     wait_until(lambda: standby.ready(MODEL["name"]) or _served(standby), WAIT_S, "the standby to route")
     traffic = Traffic(fleet.network.hosts["n2"], standby.gateway)
     traffic.start()
-    traffic.wait_for(100)
+    try:
+        traffic.wait_for(100)
+    except BaseException:
+        traffic.stop()
+        raise
     return leader, standby, replica, record.pid, traffic
 
 
