@@ -3,6 +3,8 @@
 The cluster lives in a temporary directory, listens on loopback on a free port (and on any other
 address a test asks for: an address of a network namespace's bridge the test made), trusts every
 local connection, and is stopped and removed at the end of the session even when a test fails.
+Given a `wrap` prefix (`ip netns exec NS`), every command of the cluster, psql included, runs
+inside that namespace: the server is then a host of its own on the test's network.
 Each test gets a database of its own (`fresh_database`), so no test sees another's rows.
 """
 
@@ -64,10 +66,14 @@ class Cluster:
     port: int
     bindir: Path
     _run_as: str | None
+    # The address psql dials and url() names by default: the first the cluster listens on.
+    host: str = "127.0.0.1"
+    # Put before every command, so it runs where the cluster lives (e.g. `ip netns exec NS`).
+    wrap: tuple[str, ...] = ()
     _databases: int = 0
 
-    def url(self, database: str = "postgres", host: str = "127.0.0.1") -> str:
-        return f"postgresql://{USER}@{host}:{self.port}/{database}"
+    def url(self, database: str = "postgres", host: str | None = None) -> str:
+        return f"postgresql://{USER}@{host or self.host}:{self.port}/{database}"
 
     def fresh_database(self) -> str:
         """A new empty database; its URL."""
@@ -79,8 +85,8 @@ class Cluster:
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run one statement with psql; its output without headers."""
         psql = self.bindir / "psql"
-        command = [str(psql) if psql.exists() else "psql"]
-        command += ["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"]
+        command = [*self.wrap, str(psql) if psql.exists() else "psql"]
+        command += ["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", self.host]
         command += ["-p", str(self.port), "-U", USER, "-d", database, "-c", sql]
         done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
         if done.returncode != 0:
@@ -102,14 +108,21 @@ class Cluster:
     def _as_owner(self, command: list[str]) -> None:
         if self._run_as is not None:
             command = ["runuser", "-u", self._run_as, "--", *command]
+        command = [*self.wrap, *command]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed: {done.stderr.strip() or done.stdout.strip()}")
 
 
 @contextlib.contextmanager
-def running_cluster(listen: tuple[str, ...] = ("127.0.0.1",)) -> Iterator[Cluster]:
-    """Make, start, and in the end stop and remove a cluster listening on listen."""
+def running_cluster(
+    listen: tuple[str, ...] = ("127.0.0.1",), wrap: tuple[str, ...] = ()
+) -> Iterator[Cluster]:
+    """Make, start, and in the end stop and remove a cluster listening on listen.
+
+    wrap: the prefix that runs a command where the cluster is to live (`ip netns exec NS`); the
+    cluster then listens on listen's addresses of that namespace, and psql dials listen[0] there.
+    """
     bindir = server_binaries()
     if bindir is None:
         raise RuntimeError(unavailable())
@@ -127,7 +140,9 @@ def running_cluster(listen: tuple[str, ...] = ("127.0.0.1",)) -> Iterator[Cluste
         if run_as is not None:
             owner = pwd.getpwnam(run_as)
             os.chown(directory, owner.pw_uid, owner.pw_gid)
-        cluster = Cluster(directory=directory, port=_free_port(), bindir=bindir, run_as=run_as)
+        cluster = Cluster(
+            directory=directory, port=_free_port(), bindir=bindir, run_as=run_as, host=listen[0], wrap=wrap
+        )
         initdb = [str(bindir / "initdb"), "-D", str(directory / "data"), "-U", USER, "--auth=trust"]
         cluster._as_owner([*initdb, "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"])
         options = {

@@ -150,6 +150,41 @@ async def test_the_agent_registers_and_heartbeats(certs: Certs):
         await eventually(lambda: node.last_seen > first_seen)
 
 
+async def test_a_server_that_accepts_the_connection_but_answers_nothing_is_given_up_on_for_the_next(
+    certs: Certs,
+):
+    # As a machine that vanished behind a router, or one whose process is frozen: without a bound on
+    # the dial, the agent would wait on it (the TLS handshake's 60 s, or the kernel's 2 min) for ever
+    # and never reach the server after it.
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    mute = await asyncio.start_server(silent, "127.0.0.1", 0)
+    inventory = Inventory(5.0)
+    try:
+        with capture_logs() as logs:
+            async with serve_agents(server_config(certs), inventory) as port:
+                cfg = agent_config(certs.n1, mute.sockets[0].getsockname()[1], port)
+                quick = AgentClient(
+                    cfg,
+                    FakeSupervisor(),
+                    {"sim": "1"},
+                    backoff_base_s=0.02,
+                    backoff_max_s=0.1,
+                    dial_timeout_s=0.3,
+                )
+                async with running(quick) as connected:
+                    await asyncio.wait_for(connected.connected.wait(), 5)
+        assert logged(logs, "no answer within 0.3 s"), logs
+    finally:
+        for writer in held:
+            writer.close()
+        mute.close()
+        await mute.wait_closed()
+
+
 async def test_the_agent_fails_over_to_the_next_server_in_order(certs: Certs):
     inventory = Inventory(5.0)
     dead = free_port()

@@ -165,14 +165,25 @@ class Fleet:
 
     # --- roles ------------------------------------------------------------------------
 
-    def server_config(self, models: Sequence[Mapping[str, Any]], **overrides: Any) -> Path:
-        cert = self.certificates.server("server", [self.cp.address])
+    def server_config(
+        self,
+        models: Sequence[Mapping[str, Any]],
+        host: Host | None = None,
+        name: str = "server",
+        **overrides: Any,
+    ) -> Path:
+        """server.yaml for a server on host (default cp) whose certificate names its address.
+
+        name: the file, state directory and certificate of its own, for several servers at once.
+        """
+        host = host or self.cp
+        cert = self.certificates.server(name, [host.address])
         data: dict[str, Any] = {
-            "listen": f"{self.cp.address}:{GATEWAY_PORT}",
+            "listen": f"{host.address}:{GATEWAY_PORT}",
             # Every address of the host, so a node dialling one the certificate does not name
             # reaches the handshake and can be told so.
             "agent_listen": f"0.0.0.0:{AGENT_PORT}",
-            "state_dir": str(self.workdir / "server"),
+            "state_dir": str(self.workdir / name),
             "admin_tokens": [hashlib.sha256(self.admin_token.encode()).hexdigest()],
             "tls": self.certificates.tls(cert),
             "control": {"interval_s": 0.5, "grace_s": 3.0, "base_backoff_s": 1.0},
@@ -180,17 +191,22 @@ class Fleet:
             "models": [dict(m) for m in models],
             **overrides,
         }
-        return _write_yaml(self.workdir / "server.yaml", data)
+        return _write_yaml(self.workdir / f"{name}.yaml", data)
 
     def start_server(self, models: Sequence[Mapping[str, Any]], **overrides: Any) -> Process:
         """The server role on cp, with an API key made beforehand; returns once /health answers."""
         path = self.server_config(models, **overrides)
         if not self.key:
             self.key = llmgw_command("keys", "create", "fleet", "--config", str(path)).strip()
-        self.server = _run_role(self.cp, "server", path, self.workdir / "logs" / "server.log")
-        server = self.server
+        self.server = self.run_server(self.cp, path)
+        return self.server
+
+    def run_server(self, host: Host, path: Path, name: str = "server") -> Process:
+        """The server role on host with the configuration at path; returns once its /health answers."""
+        server = _run_role(host, "server", path, self.workdir / "logs" / f"{name}.log")
+        health = f"http://{host.address}:{GATEWAY_PORT}/health"
         wait_until(
-            lambda: self.cp.call(http, "GET", f"{self.gateway}/health").status == 200 or not server.alive(),
+            lambda: host.call(http, "GET", health).status == 200 or not server.alive(),
             60,
             "the gateway to answer /health",
         )

@@ -291,6 +291,10 @@ class Network:
         _ip("-n", netns, "link", "set", "eth0", "up")
         return host
 
+    def remove_host(self, name: str) -> None:
+        """Stop host `name`'s processes and delete its namespace (its cable goes with it)."""
+        self.hosts.pop(name).close()
+
     def close(self) -> None:
         """Stop every host's processes and delete the namespaces, newest first."""
         self._closers.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from .cluster import AGENT_PORT, Fleet, log_events
@@ -54,3 +56,23 @@ def test_a_server_certificate_that_does_not_name_the_dialled_address_is_reported
     heard = wait_until(server_said, 30, "the server to report the refused handshake")
     assert "does not accept this server's certificate" in heard[0], heard[0]
     assert "n1" not in fleet.nodes()
+
+
+def test_an_agent_whose_first_server_is_silent_gives_up_on_it_and_connects_to_the_second(
+    fleet: Fleet,
+) -> None:
+    # A machine that vanished behind a router answers nothing, not even "unreachable": its SYNs
+    # go out and are dropped. Here, an address n1 believes is on the wire, at a MAC no host has.
+    n1 = fleet.network.hosts["n1"]
+    silent = "198.18.0.99"
+    n1.exec(
+        ["ip", "neigh", "replace", silent, "lladdr", "02:00:00:00:00:99", "dev", "eth0", "nud", "permanent"]
+    )
+    try:
+        fleet.start_server([SIM])
+        started = time.monotonic()
+        fleet.start_agent(n1, servers=[f"{silent}:{AGENT_PORT}", f"{fleet.cp.address}:{AGENT_PORT}"])
+        fleet.wait_connected("n1", timeout_s=60)
+        print(f"\nconnected past a silent server after {time.monotonic() - started:.1f} s")
+    finally:
+        n1.exec(["ip", "neigh", "del", silent, "dev", "eth0"])

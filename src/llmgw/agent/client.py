@@ -45,6 +45,9 @@ from llmgw.tasks import first_to_finish
 log = structlog.get_logger(__name__)
 
 CONNECT = "/llmgw.v1.AgentService/Connect"
+# The connection and TLS handshake to one server must be done within this, or the next is dialled:
+# a lost SYN is sent again after 1 s, and a new leader is still reached within the takeover bound.
+DIAL_TIMEOUT_S = 3.0
 
 _ServerStream = Stream[pb.AgentMessage, pb.ControlMessage]
 
@@ -98,6 +101,7 @@ class AgentClient:
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
         register_timeout_s: float = 30.0,
+        dial_timeout_s: float = DIAL_TIMEOUT_S,
         ring: LogRing = RING,
         provision: Provisioner | None = None,
         host: pb.Host | None = None,
@@ -116,6 +120,7 @@ class AgentClient:
         # Jitter, so a fleet that lost its control plane at once does not dial back at once.
         self._backoff = ExponentialBackoff(base_s=backoff_base_s, cap_s=backoff_max_s, jitter=0.5)
         self._register_timeout_s = register_timeout_s
+        self._dial_timeout_s = dial_timeout_s
         self._ring = ring
         self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
         # Whether the last server dialled said it was a standby.
@@ -217,7 +222,17 @@ class AgentClient:
         self._outbox = outbox
         # Connected first, so the connection's own local address is known before Register says it,
         # and before any StartShard (which can only come down this stream) needs it.
-        await stream.send_request()
+        try:
+            # A server whose machine vanished behind a router answers nothing, not even "unreachable":
+            # the kernel would retry the connection for about two minutes before the next of
+            # `servers` is dialled, far past the takeover bound (docs/operations.md).
+            async with asyncio.timeout(self._dial_timeout_s):
+                await stream.send_request()
+        except TimeoutError:
+            raise TimeoutError(
+                f"no answer within {self._dial_timeout_s:g} s "
+                "(its machine may be down or cut off from this one)"
+            ) from None
         # A control plane whose machine vanished sends nothing to say so: noticed within seconds
         # (llmgw/keepalive.py), the agent dials the next server, where a standby is taking over.
         keep_alive(getattr(stream.peer, "_transport", None))
