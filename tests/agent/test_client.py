@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from llmgw import keepalive, pki
 from llmgw.agent import client
-from llmgw.agent.client import AgentClient
+from llmgw.agent.client import AgentClient, dial_bound
 from llmgw.backoff import ExponentialBackoff
 from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
@@ -183,6 +183,50 @@ async def test_a_server_that_accepts_the_connection_but_answers_nothing_is_given
             writer.close()
         mute.close()
         await mute.wait_closed()
+
+
+async def test_a_server_too_busy_to_answer_within_the_bound_is_given_longer_each_round(certs: Certs):
+    # As a control plane taking a whole fleet's handshakes at once after a takeover: were the bound
+    # fixed, every node would give up on it before its turn came, round after round, for ever.
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.5)
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", port)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        async with asyncio.TaskGroup() as group:
+            group.create_task(pipe(reader, upstream_writer))
+            group.create_task(pipe(upstream_reader, writer))
+
+    inventory = Inventory(5.0)
+    slow = await asyncio.start_server(late, "127.0.0.1", 0)
+    try:
+        with capture_logs() as logs:
+            async with serve_agents(server_config(certs), inventory) as port:
+                cfg = agent_config(certs.n1, slow.sockets[0].getsockname()[1])
+                patient = AgentClient(
+                    cfg,
+                    FakeSupervisor(),
+                    {"sim": "1"},
+                    backoff_base_s=0.02,
+                    backoff_max_s=0.1,
+                    dial_timeout_s=0.2,
+                )
+                async with running(patient) as client:
+                    await asyncio.wait_for(client.connected.wait(), 10)
+        assert logged(logs, "no answer within 0.2 s") and logged(logs, "no answer within 0.4 s"), logs
+    finally:
+        slow.close()
+
+
+def test_the_dial_bound_doubles_each_round_without_a_server_and_stops_at_its_ceiling():
+    assert [dial_bound(3.0, n) for n in range(6)] == [3.0, 6.0, 12.0, 24.0, 30.0, 30.0]
+    assert dial_bound(3.0, 10_000) == 30.0
 
 
 async def test_the_agent_fails_over_to_the_next_server_in_order(certs: Certs):

@@ -48,6 +48,10 @@ CONNECT = "/llmgw.v1.AgentService/Connect"
 # The connection and TLS handshake to one server must be done within this, or the next is dialled:
 # a lost SYN is sent again after 1 s, and a new leader is still reached within the takeover bound.
 DIAL_TIMEOUT_S = 3.0
+# Each round of `servers` in which none took this node doubles the bound, up to this: a control
+# plane handshaking with a whole fleet that reconnects at once may take longer than 3 s to reach
+# this node, and one that every node gives up on keeps doing handshakes nobody waits for.
+DIAL_TIMEOUT_MAX_S = 30.0
 
 _ServerStream = Stream[pb.AgentMessage, pb.ControlMessage]
 
@@ -121,6 +125,8 @@ class AgentClient:
         self._backoff = ExponentialBackoff(base_s=backoff_base_s, cap_s=backoff_max_s, jitter=0.5)
         self._register_timeout_s = register_timeout_s
         self._dial_timeout_s = dial_timeout_s
+        # The bound of this round's dials (dial_bound()).
+        self._dial_s = dial_timeout_s
         self._ring = ring
         self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
         # Whether the last server dialled said it was a standby.
@@ -147,6 +153,7 @@ class AgentClient:
         failures = 0
         while True:
             registered = standby = False
+            self._dial_s = dial_bound(self._dial_timeout_s, failures)
             for address in self._cfg.servers:
                 self._standby = False
                 registered = await self._attempt(address, ssl_context)
@@ -226,12 +233,11 @@ class AgentClient:
             # A server whose machine vanished behind a router answers nothing, not even "unreachable":
             # the kernel would retry the connection for about two minutes before the next of
             # `servers` is dialled, far past the takeover bound (docs/operations.md).
-            async with asyncio.timeout(self._dial_timeout_s):
+            async with asyncio.timeout(self._dial_s):
                 await stream.send_request()
         except TimeoutError:
             raise TimeoutError(
-                f"no answer within {self._dial_timeout_s:g} s "
-                "(its machine may be down or cut off from this one)"
+                f"no answer within {self._dial_s:g} s (its machine may be down or cut off from this one)"
             ) from None
         # A control plane whose machine vanished sends nothing to say so: noticed within seconds
         # (llmgw/keepalive.py), the agent dials the next server, where a standby is taking over.
@@ -385,6 +391,12 @@ class AgentClient:
                     profile=req.profile,
                 )
             )
+
+
+def dial_bound(base_s: float, failures: int) -> float:
+    """How long one dial may take after `failures` rounds in a row in which no server took this node."""
+    grown: float = base_s * 2.0 ** min(failures, 16)
+    return min(grown, max(DIAL_TIMEOUT_MAX_S, base_s))
 
 
 # Failures in a row the wait is held at while standbys answer: at most 2 s with the default base.
