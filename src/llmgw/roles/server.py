@@ -93,23 +93,9 @@ async def _refresh_keys(
     store: Store, keys: KeyCache, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 ) -> None:
     # `sleep` is a seam: a test proves the interval and the reload without waiting on a clock.
-    failing = False
-    while True:
-        await sleep(_KEY_REFRESH_S)
-        try:
-            await keys.refresh(store)
-        except StoreError as exc:
-            if not failing:
-                log.warning(
-                    "could not refresh the key cache; the gateway keeps the keys it has", error=str(exc)
-                )
-            failing = True
-        except Exception:
-            log.exception("could not refresh the key cache; keeping the previous one")
-        else:
-            if failing:
-                log.info("the key cache is refreshed from the store again")
-            failing = False
+    await _keep_refreshing(
+        _KEY_REFRESH_S, lambda: keys.refresh(store), "refresh the key cache", "keys", sleep
+    )
 
 
 async def _refresh_catalog(
@@ -117,22 +103,35 @@ async def _refresh_catalog(
 ) -> None:
     # Several control planes share the store: a model added or removed on one reaches the others'
     # catalogs (the leader places it, every gateway routes to it) within a second.
+    await _keep_refreshing(_CATALOG_REFRESH_S, catalog.reload, "reload the catalog", "models", sleep)
+
+
+async def _keep_refreshing(
+    interval_s: float,
+    refresh: Callable[[], Awaitable[object]],
+    what: str,
+    kept: str,
+    sleep: Callable[[float], Awaitable[None]],
+) -> None:
+    """Call refresh every interval_s for as long as the server runs, keeping what it has meanwhile.
+
+    A store that is away (PostgreSQL restarting) is said once when it goes and once when it is
+    back, not every interval: the gateway goes on serving what it holds in memory.
+    """
     failing = False
     while True:
-        await sleep(_CATALOG_REFRESH_S)
+        await sleep(interval_s)
         try:
-            await catalog.reload()
+            await refresh()
         except StoreError as exc:
             if not failing:
-                log.warning(
-                    "could not reload the catalog; the gateway keeps the models it has", error=str(exc)
-                )
+                log.warning(f"could not {what}; the gateway keeps the {kept} it has", error=str(exc))
             failing = True
         except Exception:
-            log.exception("could not reload the catalog from the store; keeping the one in memory")
+            log.exception(f"could not {what} from the store; keeping the {kept} it has")
         else:
             if failing:
-                log.info("the catalog is reloaded from the store again")
+                log.info("the store answers again", then=what)
             failing = False
 
 
@@ -140,24 +139,10 @@ async def _refresh_quotas(
     store: Store, quotas: Quotas, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 ) -> None:
     # `sleep` is a seam, as for the keys: a test proves the interval without waiting on a clock.
-    failing = False
-    while True:
-        await sleep(_QUOTA_REFRESH_S)
-        try:
-            await quotas.refresh(store)
-        except StoreError as exc:
-            # The gateway goes on admitting by the limits and budgets it has, counting spending itself.
-            if not failing:
-                log.warning(
-                    "could not reload limits and budgets; the gateway keeps the ones it has", error=str(exc)
-                )
-            failing = True
-        except Exception:
-            log.exception("could not reload limits and budgets; keeping the previous ones")
-        else:
-            if failing:
-                log.info("limits and budgets are reloaded from the store again")
-            failing = False
+    # While the store is away the gateway admits by the limits and budgets it has, counting itself.
+    await _keep_refreshing(
+        _QUOTA_REFRESH_S, lambda: quotas.refresh(store), "reload limits and budgets", "ones", sleep
+    )
 
 
 @contextlib.asynccontextmanager
