@@ -149,7 +149,8 @@ async def test_a_sim_engine_becomes_ready_and_answers_a_chat_completion(
     assert reports.states() == ["starting", "ready"]
     assert supervisor.statuses() == [ready]
     assert supervisor.sources() == ["s1"]
-    assert any("serving sim-chat" in line for line in supervisor.output("s1"))
+    # The engine may answer /health before the supervisor has read the line it wrote on starting.
+    await _eventually(lambda: any("serving sim-chat" in line for line in supervisor.output("s1")))
 
 
 async def test_starting_a_running_shard_again_leaves_it_alone(
