@@ -22,9 +22,10 @@ of chat requests goes through the gateway to a sim replica; one JSON line says
 how long registration took, the server's CPU and memory over the steady part,
 and the gateway's chat latency then and with no nodes connected, as the client
 and as the gateway itself timed it, with how long the server's loop waited
-for a core.
+for a core. The simulated nodes run at the lowest CPU priority (`--fleet-nice`):
+on a real fleet they are other machines.
 
-    bench_fleet.py --nodes 10000 [--seconds 30] [--heartbeat-s 5] [--keep-logs DIR]
+    bench_fleet.py --nodes 10000 [--seconds 30] [--heartbeat-s 5] [--fleet-nice 19] [--keep-logs DIR]
 
 A measurement, not a test: nothing here asserts a time.
 """
@@ -191,6 +192,12 @@ def main() -> None:
         "--heartbeat-s", type=float, help="with --nodes: the nodes' heartbeat interval (the agents' default)"
     )
     parser.add_argument(
+        "--fleet-nice",
+        type=int,
+        default=19,
+        help="with --nodes: the simulated nodes' niceness, 0-19 (19: they take only the CPU left over)",
+    )
+    parser.add_argument(
         "--keep-logs",
         type=Path,
         help="with --nodes: copy the server's and the agent's logs to this directory",
@@ -201,9 +208,13 @@ def main() -> None:
             sys.exit("bench_fleet: --nodes is a number of nodes, 0 or more")
         if args.heartbeat_s is not None and args.heartbeat_s <= 0:
             sys.exit("bench_fleet: --heartbeat-s must be more than 0")
+        if not 0 <= args.fleet_nice <= 19:
+            sys.exit("bench_fleet: --fleet-nice is a niceness from 0 (the server's) to 19 (the lowest)")
         print(
             json.dumps(
-                fleet_nodes.measure(args.nodes, args.seconds, args.heartbeat_s, args.rps, args.keep_logs)
+                fleet_nodes.measure(
+                    args.nodes, args.seconds, args.heartbeat_s, args.rps, args.keep_logs, args.fleet_nice
+                )
             )
         )
         return

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import attrs
@@ -15,6 +17,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
+from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from llmgw import pki
@@ -248,3 +251,115 @@ async def test_a_heartbeat_before_register_is_refused(server_cfg, fleet):
                     pass
         assert refused.value.status == Status.FAILED_PRECONDITION
         assert refused.value.message == "node n1 must register before it sends anything else"
+
+
+async def test_heartbeats_sent_right_behind_the_register_before_its_ack_are_not_lost(
+    server_cfg, fleet, eventually
+):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port, dial(port, fleet.agents["n1"]) as stream:
+        # In the same breath as the Register: they arrive with it, before the service reads it.
+        await stream.send_message(register("n1", memory=pb.Memory(total_mb=64_000, available_mb=1)))
+        for available in (2, 3, 4):
+            beat = pb.Heartbeat(sequence=available, memory=pb.Memory(total_mb=64_000, available_mb=available))
+            await stream.send_message(pb.AgentMessage(heartbeat=beat))
+        assert (await stream.recv_message()) is not None
+        await eventually(lambda: inventory.node("n1").memory == Memory(total_mb=64_000, available_mb=4))
+
+
+async def test_a_second_register_on_one_stream_ends_it_saying_so(server_cfg, fleet):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port:
+        with pytest.raises(GRPCError) as refused:
+            async with dial(port, fleet.agents["n1"]) as stream:
+                await stream.send_message(register("n1"))
+                assert (await stream.recv_message()) is not None
+                await stream.send_message(register("n1"))
+                while (await stream.recv_message()) is not None:
+                    pass
+        assert refused.value.status == Status.FAILED_PRECONDITION
+        assert refused.value.message == "node n1 registered twice on one stream"
+
+
+class _Bytes(CodecBase):
+    """Messages as the bytes given: what a node that is not an llmgw agent might send."""
+
+    __content_subtype__ = "proto"
+
+    def encode(self, message: object, message_type: object) -> bytes:
+        return message if isinstance(message, bytes) else bytes(message)  # type: ignore[call-overload]
+
+    def decode(self, data: bytes, message_type: object) -> bytes:
+        return data
+
+
+async def test_a_message_no_agent_would_send_ends_only_that_nodes_stream_in_a_sentence(
+    server_cfg, fleet, eventually
+):
+    inventory = Inventory(server_cfg.control.grace_s)
+    async with serve_agents(server_cfg, inventory) as port, dial(port, fleet.agents["n2"]) as healthy:
+        await healthy.send_message(register("n2"))
+        assert (await healthy.recv_message()) is not None
+        context = await asyncio.to_thread(client_ssl_context, fleet.agents["n1"])
+        channel = Channel("127.0.0.1", port, ssl=context, codec=_Bytes())
+        try:
+            with pytest.raises(GRPCError) as refused:
+                async with channel.request(CONNECT, Cardinality.STREAM_STREAM, bytes, bytes) as stream:  # type: ignore[arg-type]
+                    await stream.send_message(bytes(register("n1")))
+                    assert (await stream.recv_message()) is not None
+                    # A length-delimited field whose length never comes.
+                    await stream.send_message(b"\x12\xff")
+                    while (await stream.recv_message()) is not None:
+                        pass
+        finally:
+            channel.close()
+        assert refused.value.status == Status.INVALID_ARGUMENT
+        assert refused.value.message == "a message of 2 bytes could not be read as one an llmgw agent sends"
+        beat = pb.Heartbeat(sequence=1, memory=pb.Memory(total_mb=8, available_mb=7))
+        await healthy.send_message(pb.AgentMessage(heartbeat=beat))
+        await eventually(lambda: inventory.node("n2").memory == Memory(total_mb=8, available_mb=7))
+
+
+@pytest.fixture(scope="module")
+def forty_nodes(fleet, tmp_path_factory) -> dict[str, TLSConfig]:
+    ca = Path(fleet.server.ca).parent
+    out = tmp_path_factory.mktemp("forty")
+    nodes = {}
+    for i in range(40):
+        cert, key = pki.issue_agent(ca, f"g{i:02d}", out)
+        nodes[f"g{i:02d}"] = TLSConfig(ca=fleet.server.ca, cert=str(cert), key=str(key))
+    return nodes
+
+
+async def test_a_heartbeat_leaves_nothing_alive_for_the_garbage_collector_to_walk(
+    server_cfg, forty_nodes, eventually
+):
+    """Each node's heartbeat once left a dozen objects alive until its next one (a chain of
+    coroutines waiting for it): at 10,000 nodes, collections walking them held the loop 100-280 ms."""
+    inventory = Inventory(server_cfg.control.grace_s)
+    memory = pb.Memory(total_mb=64_000, available_mb=60_000)
+    async with serve_agents(server_cfg, inventory) as port, AsyncExitStack() as stack:
+        streams = [await stack.enter_async_context(dial(port, tls)) for tls in forty_nodes.values()]
+        for node, stream in zip(forty_nodes, streams, strict=True):
+            await stream.send_message(register(node, memory=memory))
+            assert (await stream.recv_message()) is not None
+
+        async def beat_all(sequence: int) -> None:
+            before = time.monotonic()
+            for stream in streams:
+                await stream.send_message(
+                    pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=sequence, memory=memory))
+                )
+            await eventually(lambda: all(inventory.node(n).last_seen > before for n in forty_nodes))
+
+        await beat_all(1)
+        gc.collect()
+        gc.freeze()
+        try:
+            await beat_all(2)
+            gc.collect()
+            # Only what is not frozen: what was made since, and is still alive.
+            alive = len(gc.get_objects())
+        finally:
+            gc.unfreeze()
+    assert alive < len(forty_nodes), f"{alive} objects made by {len(forty_nodes)} heartbeats are still alive"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from llmgw.control.inventory import READY, UNREACHABLE, Inventory, NodeNotConnected
+from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Node, NodeNotConnected
 from llmgw.proto.llmgw import v1 as pb
 
 
@@ -64,6 +66,62 @@ class TestRouting:
         inventory.heartbeat("n1", pb.Heartbeat(sequence=9))
         assert inventory.node("n1").state == READY
         assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:9001",)
+
+
+class TestExpiry:
+    def test_any_mix_of_beats_registrations_and_silences_expires_exactly_the_nodes_past_their_grace(self):
+        rng = random.Random(21)
+        for _ in range(30):
+            clock = Clock()
+            inventory = Inventory(grace_s=5, clock=clock)
+            heard: dict[str, float] = {}
+            unreachable: set[str] = set()
+            for _ in range(300):
+                node = f"n{rng.randrange(12)}"
+                step = rng.random()
+                if step < 0.15 or node not in heard:
+                    inventory.attach(register(node))
+                    heard[node] = clock.now
+                    unreachable.discard(node)
+                elif step < 0.6:
+                    inventory.beat(node, None)
+                    heard[node] = clock.now
+                    unreachable.discard(node)
+                elif step < 0.8:
+                    clock.now += rng.choice([0.5, 1.0, 2.5, 5.0])
+                else:
+                    # What reading every node, as the sweep did, finds past the grace and not yet marked.
+                    due = {n for n, at in heard.items() if clock.now - at > 5 and n not in unreachable}
+                    assert sorted(inventory.expire()) == sorted(due)
+                    unreachable |= due
+                for name in heard:
+                    state = inventory.node(name).state
+                    assert state == (UNREACHABLE if name in unreachable else READY)
+
+    def test_a_sweep_reads_only_the_nodes_past_their_grace_not_the_whole_fleet(self, monkeypatch):
+        clock = Clock()
+        inventory = Inventory(grace_s=5, clock=clock)
+        for i in range(1000):
+            inventory.attach(register(f"n{i}"))
+        clock.now += 3
+        for i in range(10, 1000):
+            inventory.beat(f"n{i}", None)
+        clock.now += 3
+        slot = Node.__dict__["last_seen"]
+        reads = []
+
+        class Counted:
+            def __get__(self, node: Node | None, owner: type) -> object:
+                reads.append(node)
+                return slot.__get__(node, owner)
+
+            def __set__(self, node: Node, value: float) -> None:
+                slot.__set__(node, value)
+
+        monkeypatch.setattr(Node, "last_seen", Counted())
+        assert inventory.expire() == [f"n{i}" for i in range(10)]
+        # The ten silent ones, one to see where the heard ones begin, and the ten log lines' figures.
+        assert len(reads) <= 21
 
 
 class TestRegister:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
@@ -17,6 +19,8 @@ from llmgw.store import Store
 from llmgw.web.admin_listener import make_admin_app
 from llmgw.web.context import WebContext
 from llmgw.web.history import HISTORY_KEY
+
+from ..waiting import eventually
 
 CFG = ServerConfig(admin_listen="127.0.0.1:0", models=[ModelConfig(name="a"), ModelConfig(name="b")])
 
@@ -118,6 +122,61 @@ class TestSamples:
         ]
         # Three values over seven samples: three kept.
         assert len(history._gpus["gpu-1"].changes) == 3
+
+
+class _Gpu:
+    memory_used_mb = 10
+    memory_total_mb = 80
+
+
+class _Watched:
+    """A node that notes, when its GPUs are first read, how often the loop has turned by then."""
+
+    def __init__(self, node_id: str, turns: list[int], seen: dict[str, int]) -> None:
+        self.id = node_id
+        self._turns = turns
+        self._seen = seen
+
+    @property
+    def gpus(self) -> list[_Gpu]:
+        self._seen.setdefault(self.id, self._turns[0])
+        return [_Gpu()]
+
+
+class _Fleet:
+    def __init__(self, nodes: list[_Watched]) -> None:
+        self._nodes = nodes
+
+    def nodes(self) -> list[_Watched]:
+        return self._nodes
+
+
+async def test_a_sample_of_thousands_of_nodes_gives_the_loop_back_between_steps(rig):
+    metrics, _, clock = rig
+    turns: list[int] = [0]
+    seen: dict[str, int] = {}
+    history = History(
+        metrics,
+        _Fleet([_Watched(f"n{i}", turns, seen) for i in range(5000)]),
+        window_s=3600,
+        interval_s=0.01,
+        clock=clock,
+    )
+
+    async def turn() -> None:
+        while True:
+            await asyncio.sleep(0)
+            turns[0] += 1
+
+    other, sampler = asyncio.create_task(turn()), asyncio.create_task(history.run())
+    try:
+        await eventually(lambda: len(seen) == 5000, within_s=30)
+    finally:
+        other.cancel()
+        sampler.cancel()
+        await asyncio.gather(other, sampler, return_exceptions=True)
+    # One sample read the 5,000 nodes over several turns of the loop, not in one go.
+    assert len(set(seen.values())) >= 10
 
 
 class TestQuantile:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -255,6 +255,9 @@ class Inventory:
         self.grace_s = grace_s
         self._clock = clock
         self._nodes: dict[str, Node] = {}
+        # The reachable nodes, the one heard from longest ago first: expire() reads only those
+        # past the grace, not every node every second (4-10 ms of the loop at 10,000 nodes).
+        self._by_last_seen: OrderedDict[str, Node] = OrderedDict()
         self._links: dict[str, Link] = {}
         self._replicas: dict[str, Replica] = {}
         self._ready: dict[str, tuple[str, ...]] = {}
@@ -315,6 +318,8 @@ class Inventory:
         )
         # Read now, once, rather than by the first placement pass after a fleet registers at once.
         self._nodes[node_id].facts()
+        self._by_last_seen[node_id] = self._nodes[node_id]
+        self._by_last_seen.move_to_end(node_id)
         # What the node says it runs is the truth: shards we asked for and it never started are gone.
         before = {r.shard_id: r for r in self._replicas.values() if r.node_id == node_id}
         for shard_id in before:
@@ -413,9 +418,14 @@ class Inventory:
     def expire(self) -> list[str]:
         """Mark nodes silent past the grace unreachable; their replicas stop taking requests now."""
         now = self._clock()
-        gone = [n for n in self._nodes.values() if n.state == READY and now - n.last_seen > self.grace_s]
+        gone: list[Node] = []
+        for node in self._by_last_seen.values():
+            if now - node.last_seen <= self.grace_s:
+                break
+            gone.append(node)
         for node in gone:
             node.state = UNREACHABLE
+            del self._by_last_seen[node.id]
             silent_s = now - node.last_seen
             log.warning(
                 "node is unreachable; its replicas leave the routing table",
@@ -596,7 +606,10 @@ class Inventory:
     def _seen(self, node_id: str) -> Node:
         node = self._nodes[node_id]
         node.last_seen = self._clock()
-        if node.state == UNREACHABLE:
+        if node.state == READY:
+            self._by_last_seen.move_to_end(node_id)
+        else:
+            self._by_last_seen[node_id] = node
             node.state = READY
             log.info("node is reachable again", node=node_id)
             self._rebuild()

@@ -19,7 +19,7 @@ import attrs
 import structlog
 from aiohttp import web
 
-from llmgw import bound, config, heap
+from llmgw import bound, config, heap, openfiles
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
@@ -168,6 +168,11 @@ async def _serve_app(
 @contextlib.asynccontextmanager
 async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
     async with contextlib.AsyncExitStack() as stack:
+        # One open file per connected node: a process starts allowed 1,024 (llmgw/openfiles.py).
+        openfiles.report(openfiles.raise_limit())
+        loop = asyncio.get_running_loop()
+        stack.callback(loop.set_exception_handler, loop.get_exception_handler())
+        openfiles.explain_accept_failures(loop)
         store = await stack.enter_async_context(open_store(cfg.store, server=True))
         keys = KeyCache()
         await keys.refresh(store)
