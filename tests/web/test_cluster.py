@@ -11,6 +11,7 @@ import aiohttp
 import attrs
 import pytest
 from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from llmgw.agent.discovery.host import Host
@@ -21,6 +22,8 @@ from llmgw.control.inventory import Inventory
 from llmgw.control.placement import Backoff
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.history import History
+from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.store import Store, open_store
 from llmgw.store.scopes import DEFAULT_PROJECT_ID
@@ -28,6 +31,7 @@ from llmgw.store.users import create_user
 from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
+from llmgw.web.history import HISTORY_KEY
 
 from .conftest import nav_links
 
@@ -422,3 +426,54 @@ class TestFailuresAndRefusals:
             '<code>sim-chat</code>: <span class="bad">node n1 is backing off after 2 failures '
             f"(next try in 10 s): {cause}</span>"
         ) in html
+
+
+class TestAFleetOfHundreds:
+    """The cluster page draws a hundred nodes at a time: all of 10,000 held the gateway's loop for seconds."""
+
+    @pytest.fixture
+    async def fleet_site(self, cluster_store: Store) -> AsyncIterator[str]:
+        inventory = Inventory(5.0)
+        for i in range(250):
+            gpus = [pb.Gpu(index=0, name="L4", gpu_class="l4-24g", memory_total_mb=24_000, healthy=True)]
+            inventory.attach(pb.Register(node_id=f"n{i:03d}", gpus=gpus))
+        catalog = Catalog(CFG)
+        app = make_admin_app(CFG, inventory, catalog, WebContext(cfg=CFG, store=cluster_store))
+        history = History(GatewayMetrics(CollectorRegistry(), catalog), inventory, window_s=3600)
+        history.sample()
+        app[HISTORY_KEY] = history
+        async with TestServer(app, host="127.0.0.1") as server:
+            yield str(server.make_url("")).rstrip("/")
+
+    async def test_each_page_shows_a_hundred_nodes_their_gpu_charts_and_links_to_its_neighbours(
+        self, fleet_site: str
+    ):
+        status, first = await get(f"{fleet_site}/")
+        assert status == 200
+        assert re.findall(r'id="node-(n\d+)"', first) == [f"n{i:03d}" for i in range(100)]
+        assert "Nodes 1–100 of 250" in first
+        assert 'href="/?page=2" rel="next"' in first and 'rel="prev"' not in first
+        assert "GPU memory, n099" in first and "GPU memory, n100" not in first
+        status, last = await get(f"{fleet_site}/?page=3")
+        assert status == 200
+        assert re.findall(r'id="node-(n\d+)"', last) == [f"n{i:03d}" for i in range(200, 250)]
+        assert "Nodes 201–250 of 250" in last
+        assert 'href="/?page=2" rel="prev"' in last and 'rel="next"' not in last
+        assert "GPU memory, n200" in last and "GPU memory, n199" not in last
+        # The summary still counts every node, not only the page's.
+        assert "250 nodes (250 ready)" in last
+
+    @pytest.mark.parametrize(
+        ("page", "why"),
+        [
+            ("4", "there is no page 4: the nodes fill 3 pages of 100."),
+            ("0", "there is no page 0: the nodes fill 3 pages of 100."),
+            ("two", "page is &#39;two&#39;; expected a page number from 1 to 3."),
+        ],
+    )
+    async def test_a_page_the_nodes_do_not_fill_is_refused_in_words(
+        self, fleet_site: str, page: str, why: str
+    ):
+        status, html = await get(f"{fleet_site}/?page={page}")
+        assert status == 400
+        assert why in html

@@ -44,8 +44,10 @@ class Gpu:
     unhealthy_reason: str = ""
 
 
-@attrs.frozen
+@attrs.define
 class Memory:
+    """A node's memory as it last reported it: its heartbeats change it in place (Node.set_memory)."""
+
     total_mb: int = 0
     available_mb: int = 0
 

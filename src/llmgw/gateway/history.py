@@ -155,9 +155,10 @@ class History:
         """The samples of one model, oldest first; ALL for every model together."""
         return list(self._models.get(name, ()))
 
-    def gpu_memory(self) -> Mapping[str, Sequence[GpuPoint]]:
-        """Each node's GPU memory samples, oldest first; only nodes that have GPUs."""
-        return {node: changes.points(self._times) for node, changes in sorted(self._gpus.items())}
+    def gpu_memory(self, nodes: Iterable[str] | None = None) -> Mapping[str, Sequence[GpuPoint]]:
+        """GPU memory samples, oldest first, of each node (of nodes, when given) that has GPUs."""
+        wanted = sorted(self._gpus) if nodes is None else sorted(set(nodes) & self._gpus.keys())
+        return {node: self._gpus[node].points(self._times) for node in wanted}
 
 
 @attrs.define

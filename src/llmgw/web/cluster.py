@@ -34,6 +34,9 @@ Handler = adminapi.Handler
 
 # The newest failures the cluster page lists; the models page has each model's own.
 CLUSTER_PAGE_FAILURES = 20
+# Nodes on one page of the cluster page, with their GPU charts: a few milliseconds of the loop the
+# gateway serves on to build and draw. All of 10,000 at once held it for seconds.
+NODES_PER_PAGE = 100
 
 _ASSETS = {"cluster.css": "text/css", "cluster.js": "text/javascript"}
 
@@ -60,10 +63,36 @@ ASSETS_KEY = web.AppKey("llmgw.web.cluster.assets", dict[str, bytes])
 # --- pages ------------------------------------------------------------------------------------
 
 
+@attrs.frozen
+class Pager:
+    """Where a page of the cluster page's nodes lies among them all, with links to its neighbours."""
+
+    first: int
+    last: int
+    total: int
+    previous: str
+    next: str
+
+
 async def cluster_page(request: web.Request) -> web.StreamResponse:
     inventory = request.config_dict[adminapi.INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
     history = request.config_dict.get(HISTORY_KEY)
+    nodes = sorted(inventory.nodes(), key=lambda n: n.id)
+    pages = max(1, -(-len(nodes) // NODES_PER_PAGE))
+    try:
+        page = _page(request.query.get("page"), pages)
+    except ValueError as exc:
+        return await _bad_link(request, f"{exc}.")
+    shown = nodes[(page - 1) * NODES_PER_PAGE : page * NODES_PER_PAGE]
+    now = inventory.now()
+    pager = Pager(
+        first=(page - 1) * NODES_PER_PAGE + 1,
+        last=(page - 1) * NODES_PER_PAGE + len(shown),
+        total=len(nodes),
+        previous=f"{paths.cluster}?page={page - 1}" if page > 1 else "",
+        next=f"{paths.cluster}?page={page + 1}" if page < pages else "",
+    )
     return await render(
         request,
         "admin_cluster.html",
@@ -71,7 +100,8 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         summary=adminapi.status_view(
             inventory, request.config_dict[CATALOG_KEY].models(), adminapi.control_plane_view(request)
         ),
-        nodes=[node_row(v) for v in adminapi.nodes_view(inventory)],
+        nodes=[node_row(adminapi.node_view(n, inventory, now)) for n in shown],
+        pager=pager if pages > 1 else None,
         failures=adminapi.failures_view(inventory)[:CLUSTER_PAGE_FAILURES],
         backing_off=_backing_off(request),
         refused_line=refused_line,
@@ -79,8 +109,24 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         ago=ago,
         history=history is not None,
         charts=model_charts(history) if history is not None else [],
-        gpu_charts=gpu_charts(history) if history is not None else [],
+        gpu_charts=gpu_charts(history, [n.id for n in shown]) if history is not None else [],
     )
+
+
+def _page(value: str | None, pages: int) -> int:
+    """The page a link asks for, 1 when it names none; ValueError, in words, for one there is not."""
+    if not value:
+        return 1
+    try:
+        page = int(value)
+    except ValueError:
+        raise ValueError(f"page is {value!r}; expected a page number from 1 to {pages}") from None
+    if not 1 <= page <= pages:
+        raise ValueError(
+            f"there is no page {page}: the nodes fill {pages} page{'s' if pages > 1 else ''} "
+            f"of {NODES_PER_PAGE}"
+        )
+    return page
 
 
 def _backing_off(request: web.Request) -> list[tuple[str, str]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from aiohttp import web
 from markupsafe import Markup
 
@@ -42,10 +44,10 @@ def model_charts(history: History, model: str = ALL) -> list[Markup]:
     ]
 
 
-def gpu_charts(history: History) -> list[Markup]:
-    """GPU memory in use against the total, per node that has GPUs."""
+def gpu_charts(history: History, nodes: Iterable[str]) -> list[Markup]:
+    """GPU memory in use against the total, per node of nodes that has GPUs."""
     charts = []
-    for node, points in history.gpu_memory().items():
+    for node, points in history.gpu_memory(nodes).items():
         times = [p.at for p in points]
         charts.append(
             small_lines(
