@@ -159,6 +159,30 @@ class TestPublishing:
                 assert standby.routes.ready_endpoints(MODEL) == ()
 
 
+class TestSteppingDown:
+    async def test_a_leader_routes_by_what_it_published_once_it_stops_leading_without_reading_it_back(
+        self, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        plane = Plane(postgres_url, "cp1")
+        # No follow(): the leader never reads its publication back, as when PostgreSQL goes away
+        # between the publication and its notification.
+        async with plane.leadership:
+            leading = asyncio.create_task(while_leading(plane.leadership, plane.lead))
+            try:
+                await eventually(lambda: plane.settled.is_set(), ELECTED_S)
+                plane.inventory.attach(pb.Register(node_id="n1", running=[ready("n1", "s1", 9105, "x")]))
+                # Published: its own table, though it never read it back.
+                await eventually(lambda: MODEL in plane.routes.published.ready, ELECTED_S)
+                # It steps down (its lock's connection lost): the gateway routes as a standby does.
+                monkeypatch.setattr(Leadership, "leading", property(lambda self: False))
+                assert plane.routes.ready_endpoints(MODEL) == ("http://127.0.0.1:9105",)
+                route = plane.routes.route("http://127.0.0.1:9105")
+                assert route is not None and (route.node_id, route.secret) == ("n1", "x")
+            finally:
+                leading.cancel()
+                await asyncio.gather(leading, return_exceptions=True)
+
+
 class TestTakeover:
     async def test_a_server_that_has_just_taken_the_lead_serves_the_last_table_before_settling_starts(
         self,

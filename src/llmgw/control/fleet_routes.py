@@ -285,6 +285,10 @@ class FleetRoutes:
                     changed.set()
                     continue
                 last = table
+                # What this server published is its table from now, not once it has read it back: a
+                # leader that steps down first (PostgreSQL gone) routes by it instead of an older one.
+                if generation > self.generation:
+                    self._apply(table, generation)
                 log.debug("published the routing table", generation=generation)
             try:
                 # While settling the merge changes as nodes reconnect: look again now and then.
