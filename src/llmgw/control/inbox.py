@@ -29,8 +29,8 @@ from grpclib.exceptions import GRPCError
 
 # gRPC's own framing: a compressed flag, then the message's length in four bytes, big-endian.
 _PREFIX = 5
-# Far above any message an agent sends (a Register of a large node is tens of KiB, a page of a
-# node's log a few hundred), and well short of what would let one connection fill the server's memory.
+# Above any message an agent sends (a Register is tens of KiB; the largest, a log reply, is at most
+# 2,000 lines of 4,000 characters, 8 MB), and short of letting one connection fill the server's memory.
 MAX_MESSAGE_BYTES = 16 << 20
 
 
