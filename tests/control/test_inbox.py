@@ -112,3 +112,13 @@ async def test_what_the_receiver_raises_ends_the_stream_with_it():
     inbox = Inbox(lambda size: None, bytes, deliver)
     inbox.add(framed(b"beat") + framed(b"again") + framed(b"beat"), 27)
     assert inbox.ended.exception() is refusal
+
+
+async def test_a_closed_inbox_hands_nothing_more_on_but_still_acknowledges():
+    taken = Taken()
+    inbox = taken.inbox()
+    inbox.add(framed(b"one") + framed(b"two")[:6], 14)
+    inbox.close()
+    inbox.add(framed(b"two")[6:] + framed(b"three"), 12)
+    assert taken.messages == [b"one"] and taken.acked == 26
+    assert inbox.ended.done() and inbox.ended.exception() is None

@@ -204,7 +204,12 @@ class AgentService:
         task woken and a chain of coroutines made for every heartbeat held the loop.
         """
         inbox = take_over(stream._stream, AgentMessages.FromString, partial(self._arrived, node_id))
-        await inbox.ended
+        try:
+            await inbox.ended
+        finally:
+            # What arrives once this handler has ended (a newer stream replaced this one) is not the
+            # node's word any more: as when it was read by this task, it is dropped.
+            inbox.close()
 
     def _arrived(self, node_id: str, message: pb.AgentMessage | Beat | Registration) -> None:
         if isinstance(message, Beat):

@@ -73,6 +73,12 @@ class Inbox(protocol.Buffer):
             else:
                 self.ended.set_result(None)
 
+    def close(self) -> None:
+        """Hand nothing more on: the stream's handler has ended (a newer stream, or the server stops)."""
+        self._pending.clear()
+        if not self.ended.done():
+            self.ended.set_result(None)
+
     async def read(self, size: int) -> bytes:
         raise RuntimeError("an Inbox hands its messages on as they arrive; nothing reads them")
 
