@@ -118,6 +118,24 @@ async def test_a_model_that_fails_on_its_only_node_waits_before_its_next_try():
     )
 
 
+async def test_a_failure_that_arrives_while_a_pass_places_an_earlier_model_is_not_placed_back_on_its_node():
+    inventory = Inventory(grace_s=15)
+    link = node(inventory, "n1", ready("s1"))
+    # Placeable nowhere, and first in the catalog: the pass reaches it before sim-chat.
+    cfg = server_config(model("big", 1, "vllm"), model())
+
+    class FailsMidPass(Reconciler):
+        async def _reconcile_model(self, model: ModelConfig) -> None:
+            if model.name == "big":
+                # The node's word that s1 failed, handed on while the pass is busy with "big".
+                inventory.shard_status("n1", failed("s1"))
+            await super()._reconcile_model(model)
+
+    await FailsMidPass(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
+    assert [kind for kind, _ in sent(link)] == ["stop"]
+    assert "backing off" in inventory.why_no_ready("sim-chat")
+
+
 async def test_replicas_beyond_the_wanted_count_are_stopped():
     inventory = Inventory(grace_s=15)
     link = node(inventory, "n1", ready("s1"), ready("s2"))

@@ -123,12 +123,19 @@ class Reconciler:
         for replica in [r for r in replicas if r.state == "failed"]:
             await self._stop(replica, f"it failed: {replica.detail}" if replica.detail else "it failed")
             self._fail(model.name, replica.node_id, now)
+            # A snapshot this pass already took knows nothing of this backoff: the next placement
+            # takes a new one (which counts what this pass placed, now in the inventory).
+            self._scheduler = None
             # The other ranks of a multi-node replica serve nothing without this one.
             for rank in [r for r in replicas if replica.replica_id and r.replica_id == replica.replica_id]:
                 if rank.state != "failed":
                     await self._stop(rank, f"rank {replica.shard_id} of its replica failed")
 
     async def _reconcile_model(self, model: ModelConfig) -> None:
+        # A failure that arrived while this pass placed an earlier model is recorded now, before this
+        # one is placed: counted as merely missing, it was started straight back on the node it had
+        # just failed on, its backoff recorded only by the next pass.
+        await self._replace_failed(model)
         now = self._clock()
         replicas = self._inventory.replicas(model.name)
         for r in replicas:
