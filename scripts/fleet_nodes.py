@@ -42,7 +42,7 @@ from llmgw import pki
 from llmgw.agent.client import beat_gap
 from llmgw.agent.state import read_state, still_running
 from llmgw.config import AgentConfig, TLSConfig
-from llmgw.control.agentsvc import CONNECT
+from llmgw.control.stream.service import CONNECT
 from llmgw.proto.llmgw import v1 as pb
 
 CHAT = {"model": "sim-chat", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8}

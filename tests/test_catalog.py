@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.adminapi import handlers as adminapi
 from llmgw.catalog import Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.reconciler import Reconciler
 from llmgw.errors import ConfigError

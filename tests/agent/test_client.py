@@ -20,9 +20,9 @@ from llmgw.agent.client import AgentClient, dial_bound
 from llmgw.backoff import ExponentialBackoff
 from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
-from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.stream.service import serve_agents
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 

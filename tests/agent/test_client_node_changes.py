@@ -26,8 +26,8 @@ from llmgw.agent.discovery.storage import Statvfs
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.weights import WeightsCache
 from llmgw.config import AgentConfig, ControlConfig, ServerConfig, TLSConfig
-from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory, Node
+from llmgw.control.stream.service import serve_agents
 from llmgw.engines.registry import ENGINES
 from llmgw.proto.llmgw import v1 as pb
 

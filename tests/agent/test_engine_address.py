@@ -27,8 +27,8 @@ from llmgw.agent import state as engine_state
 from llmgw.agent.client import AgentClient
 from llmgw.agent.supervisor import Supervisor
 from llmgw.config import AgentConfig, ServerConfig, TLSConfig
-from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
+from llmgw.control.stream.service import serve_agents
 from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.engines.registry import ENGINES
 from llmgw.engines.sim import SimEngine

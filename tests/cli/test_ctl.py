@@ -14,13 +14,13 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 from structlog.testing import capture_logs
 
+from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi.handlers import admin_token_or_session
 from llmgw.agent.discovery.host import Host
 from llmgw.catalog import Catalog
 from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE, EXIT_USAGE
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control import adminapi
-from llmgw.control.adminapi import admin_token_or_session
 from llmgw.control.inventory import Inventory
 from llmgw.proto.llmgw import v1 as pb
 

@@ -12,10 +12,10 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 from structlog.testing import capture_logs
 
+from llmgw.adminapi import handlers as adminapi
 from llmgw.catalog import Catalog
 from llmgw.cli.ctl import ctl
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
 from llmgw.control.placement import Backoff
 from llmgw.proto.llmgw import v1 as pb

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.cli.main import main
-from llmgw.control import tenancy
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key, revoke_key
 from llmgw.store.usage import USAGE_BY, UsageKey, UsageTotals, add_usage
+from llmgw.tenancy import operations as tenancy
 
 DAYS = ("2026-11-01", "2026-11-15", "2026-11-30")
 

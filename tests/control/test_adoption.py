@@ -25,9 +25,9 @@ from llmgw.agent.client import AgentClient
 from llmgw.agent.supervisor import Supervisor
 from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Replica
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.stream.service import serve_agents
 from llmgw.engines.registry import ENGINES
 
 WAIT_S = 60.0

@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.adminapi import handlers as adminapi
 from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app

@@ -19,15 +19,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw import config
+from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi.explain import explain_placement
 from llmgw.agent.client import AgentClient
 from llmgw.agent.supervisor import Supervisor
 from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, AuthConfig, ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control import adminapi
-from llmgw.control.agentsvc import serve_agents
-from llmgw.control.explain import explain_placement
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.stream.service import serve_agents
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 

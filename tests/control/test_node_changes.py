@@ -16,9 +16,9 @@ from llmgw.agent.discovery.gpus import GpuDiscovery
 from llmgw.agent.discovery.node import NodeReport
 from llmgw.agent.supervisor import Supervisor
 from llmgw.config import AgentConfig, ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
 from llmgw.control.placement import explain
+from llmgw.control.stream.service import serve_agents
 from llmgw.engines.registry import ENGINES
 from llmgw.proto.llmgw import v1 as pb
 

@@ -11,9 +11,9 @@ import pytest
 
 from llmgw.agent.client import AgentClient
 from llmgw.config import AgentConfig, ServerConfig
-from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory, NodeNotConnected
 from llmgw.control.nodelogs import LogRequests, NoAnswer
+from llmgw.control.stream.service import serve_agents
 from llmgw.log import LogRing
 from llmgw.proto.llmgw import v1 as pb
 

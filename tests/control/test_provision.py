@@ -7,7 +7,7 @@ from pathlib import Path
 
 from llmgw import config
 from llmgw.config import EngineMirrorConfig, ServerConfig
-from llmgw.control.provision import DEFAULT_LLAMACPP_VERSION, provision_message, wanted_engines
+from llmgw.control.stream.provision import DEFAULT_LLAMACPP_VERSION, provision_message, wanted_engines
 from llmgw.proto.llmgw import v1 as pb
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,15 +10,15 @@ import pytest
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from structlog.testing import capture_logs
 
+from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi.present import refused_line
 from llmgw.catalog import Catalog
-from llmgw.control import adminapi
-from llmgw.control.agentsvc import serve_agents
-from llmgw.control.handshake import EVENT
 from llmgw.control.inventory import Inventory
-from llmgw.control.present import refused_line
-from llmgw.control.refusals import Refusals, Refused
+from llmgw.control.stream.handshake import EVENT
+from llmgw.control.stream.refusals import Refusals, Refused
+from llmgw.control.stream.service import serve_agents
 
-from .test_agentsvc import dial, register
+from .stream.test_service import dial, register
 
 NOT_OURS = "certificate not signed by this control plane's authority"
 

@@ -10,10 +10,10 @@ import types
 import betterproto
 import pytest
 
-from llmgw.control import register as records
-from llmgw.control.beats import decode
+from llmgw.control import records
 from llmgw.control.inventory import Inventory
-from llmgw.control.register import Registration, read_register
+from llmgw.control.records import Registration, read_register
+from llmgw.control.stream.beats import decode
 from llmgw.proto.llmgw import v1 as pb
 
 EDGES = [0, 1, 127, 128, 300, 2**31 - 1, 2**31, 2**32 + 5, 2**62, 2**63 - 1, -1, -(2**31), -(2**63)]

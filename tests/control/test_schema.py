@@ -7,7 +7,7 @@ from typing import Literal
 import attrs
 import pytest
 
-from llmgw.control.schema import components
+from llmgw.adminapi.schema import components
 
 
 @attrs.frozen

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import betterproto
 
+from llmgw.adminapi.weights import collect_weights, plan_collection
 from llmgw.control.inventory import Inventory
-from llmgw.control.weights import collect_weights, plan_collection
 from llmgw.proto.llmgw import v1 as pb
 
 USED, OPEN, STALE = "http://m/used.gguf", "http://m/open.gguf", "http://m/stale.gguf"

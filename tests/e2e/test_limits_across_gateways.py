@@ -16,9 +16,9 @@ import pytest
 
 from llmgw import bound, config
 from llmgw.config import ModelConfig, ProfileConfig
-from llmgw.control import tenancy
 from llmgw.store.keys import create_key
 from llmgw.store.postgres import open_postgres
+from llmgw.tenancy import operations as tenancy
 
 from ..servers import loopback_server_config
 

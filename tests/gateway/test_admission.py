@@ -17,12 +17,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, PriceConfig, ServerConfig
 from llmgw.engines.sim_server import make_sim_app
-from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission, budget_warnings
+from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder, find_usage
+from llmgw.pricing import budget_warnings
 from llmgw.store import Store
 from llmgw.store.keys import KeyRecord, create_key
 from llmgw.store.quotas import Budget, set_budget, set_limits

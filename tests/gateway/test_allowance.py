@@ -21,7 +21,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
-from llmgw.control import tenancy
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway import allowance as allowance_module
 from llmgw.gateway import quotas as quotas_module
@@ -37,6 +36,7 @@ from llmgw.store.keys import KeyRecord, create_key
 from llmgw.store.postgres import open_postgres
 from llmgw.store.quotas import Budget, Limits
 from llmgw.store.scopes import Hierarchy, Org, Project, Scope, Team
+from llmgw.tenancy import operations as tenancy
 
 from ..postgres import Cluster
 from ..waiting import eventually

@@ -15,7 +15,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
-from llmgw.control import tenancy
 from llmgw.engines.sim_server import EMBEDDING_DIM, embedding, make_sim_app
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
@@ -25,6 +24,7 @@ from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store
 from llmgw.store.keys import create_key
 from llmgw.store.usage import usage_by_day
+from llmgw.tenancy import operations as tenancy
 
 from .conftest import MODEL, FakeReplicas
 

@@ -12,11 +12,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, PriceConfig, ProfileConfig, ServerConfig
 from llmgw.engines.sim_server import make_sim_app
-from llmgw.gateway.admission import Admission, price_of
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
+from llmgw.pricing import price_of
 from llmgw.routes import EngineRoute
 from llmgw.store import Store
 from llmgw.store.keys import create_key

@@ -13,7 +13,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
-from llmgw.control import tenancy
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
@@ -22,6 +21,7 @@ from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store
 from llmgw.store.keys import create_key
+from llmgw.tenancy import operations as tenancy
 
 from .conftest import MODEL, FakeReplicas
 

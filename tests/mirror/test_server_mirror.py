@@ -15,8 +15,8 @@ import pytest
 from openapi_spec_validator import validate
 from structlog.testing import capture_logs
 
+from llmgw.adminapi.handlers import hash_token
 from llmgw.config import AuthConfig, ControlConfig, MirrorClientConfig, ServerConfig
-from llmgw.control.adminapi import hash_token
 from llmgw.roles.mirror import MirrorHandle
 from llmgw.roles.server import ServerHandle, server_role
 from tests.mirror.test_admin import Certs, certs, mirror  # noqa: F401

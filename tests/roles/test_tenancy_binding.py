@@ -12,7 +12,6 @@ from structlog.testing import capture_logs
 
 from llmgw.cli.main import main
 from llmgw.config import AuthConfig, ControlConfig, ServerConfig
-from llmgw.control import tenancy
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.roles import server as server_module
@@ -20,6 +19,7 @@ from llmgw.roles.server import server_role
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.store.prices import set_price
+from llmgw.tenancy import operations as tenancy
 from tests.servers import loopback_server_config
 
 BODY = {"model": "later", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.cli.store import store as store_command
-from llmgw.control.leadership import Leadership
+from llmgw.control.ha.leadership import Leadership
 from llmgw.errors import StoreError
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store, open_store

@@ -14,10 +14,10 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from llmgw.adminapi import handlers as adminapi
 from llmgw.agent.discovery.host import Host
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
-from llmgw.control import adminapi
 from llmgw.control.inventory import Inventory
 from llmgw.control.placement import Backoff
 from llmgw.gateway.app import make_gateway_app
@@ -315,7 +315,7 @@ async def test_every_page_and_api_route_of_the_admin_listener_is_in_the_openapi_
 ):
     from openapi_spec_validator import validate
 
-    from llmgw.control.openapi import document
+    from llmgw.adminapi.openapi import document
 
     app = make_admin_app(CFG, Inventory(5.0), Catalog(CFG), WebContext(cfg=CFG, store=cluster_store))
     doc = document("test")

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import aiohttp
 
-from llmgw.control import tenancy
 from llmgw.store.keys import list_keys
 from llmgw.store.scopes import load_hierarchy
 from llmgw.store.usage import UsageKey, UsageTotals, add_usage
+from llmgw.tenancy import operations as tenancy
 
 from .conftest import Site, login
 

@@ -35,11 +35,11 @@ from llmgw.agent import logs as agent_logs
 from llmgw.agent.discovery.node import NodeReport
 from llmgw.backoff import ExponentialBackoff
 from llmgw.config import AgentConfig, TLSConfig
-from llmgw.control import STANDBY
 from llmgw.keepalive import keep_alive
 from llmgw.log import RING, LogRing
 from llmgw.pki import certificate_problem, client_ssl_context
 from llmgw.proto.llmgw import v1 as pb
+from llmgw.stream_words import STANDBY
 from llmgw.tasks import first_to_finish
 
 log = structlog.get_logger(__name__)

@@ -28,6 +28,9 @@ import cattrs
 import click
 
 from llmgw import bound, config
+from llmgw.adminapi import views
+from llmgw.adminapi.handlers import hash_token
+from llmgw.adminapi.present import DASH, ago, control_plane_line, failure_line, node_row, refused_line
 from llmgw.cli.engine_check import engine_check
 from llmgw.cli.exit import (
     EXIT_CONFIG,
@@ -39,10 +42,7 @@ from llmgw.cli.exit import (
 )
 from llmgw.cli.table import echo_table
 from llmgw.config import ServerConfig
-from llmgw.control import views
-from llmgw.control.adminapi import hash_token
 from llmgw.control.nodelogs import MAX_LINES
-from llmgw.control.present import DASH, ago, control_plane_line, failure_line, node_row, refused_line
 from llmgw.errors import ConfigError
 from llmgw.listen import split_host_port
 from llmgw.mirror.admin import Fetch

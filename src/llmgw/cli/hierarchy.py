@@ -14,9 +14,9 @@ import click
 
 from llmgw.cli.store_command import server_config_option, with_store
 from llmgw.cli.table import echo_table
-from llmgw.control import tenancy
-from llmgw.control import tenancy_views as tv
 from llmgw.store import Store
+from llmgw.tenancy import operations as tenancy
+from llmgw.tenancy import views as tv
 
 _config_option = server_config_option("organisations, teams and projects")
 

@@ -10,9 +10,9 @@ from llmgw.catalog import Catalog
 from llmgw.cli.hierarchy import echo_rows
 from llmgw.cli.store_command import server_config_option, with_config
 from llmgw.config import ServerConfig
-from llmgw.control import tenancy
-from llmgw.control import tenancy_views as tv
 from llmgw.store import Store
+from llmgw.tenancy import operations as tenancy
+from llmgw.tenancy import views as tv
 
 _config_option = server_config_option("prices")
 _SOURCES = {

@@ -9,11 +9,11 @@ from typing import cast
 
 import click
 
+from llmgw.adminapi.views import CONVERTER
 from llmgw.cli.hierarchy import echo_rows
 from llmgw.cli.store_command import server_config_option, with_store
-from llmgw.control import tenancy
-from llmgw.control.views import CONVERTER
 from llmgw.store.usage import USAGE_BY, UsageBy
+from llmgw.tenancy import operations as tenancy
 
 _DAY = click.DateTime(["%Y-%m-%d"])
 

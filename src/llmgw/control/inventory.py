@@ -21,8 +21,7 @@ import structlog
 
 from llmgw.control.failures import Failure, Failures
 from llmgw.control.nodelogs import LogRequests
-from llmgw.control.refusals import Refusals
-from llmgw.control.register import (
+from llmgw.control.records import (
     Fabric,
     Gpu,
     Host,
@@ -34,6 +33,7 @@ from llmgw.control.register import (
     records,
     registration,
 )
+from llmgw.control.stream.refusals import Refusals
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.routes import EngineRoute, Routes
@@ -80,7 +80,7 @@ class Node:
     advertise_address: str = ""
     fabric_address: str = ""
     agent_version: str = ""
-    # The records of control/register.py, not the generated messages: thousands of nodes keep them.
+    # The records of control/records.py, not the generated messages: thousands of nodes keep them.
     host: Host | None = None
     # Meaningful only when engines_probed: an agent that has not probed says nothing.
     engine_versions: dict[str, str] = attrs.field(factory=dict)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -26,8 +25,8 @@ from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 from llmgw.gateway.quotas import Quotas, Short
 from llmgw.gateway.usage import UsageRecorder
+from llmgw.pricing import cost, price_of
 from llmgw.store.keys import KeyRecord
-from llmgw.store.quotas import Budget
 from llmgw.store.scopes import Hierarchy
 
 # A token is at least one byte of the text it stands for with every tokenizer
@@ -40,69 +39,6 @@ from llmgw.store.scopes import Hierarchy
 TEMPLATE_OVERHEAD = 128
 _MAX_NAMES = ("max_completion_tokens", "max_tokens")
 _DEFAULT_MAX_TOKENS = ModelConfig().max_tokens
-
-
-def price_of(
-    cfg: ServerConfig,
-    model: str,
-    definition: ModelConfig | None = None,
-    stored: Mapping[str, PriceConfig] | None = None,
-) -> PriceConfig | None:
-    """The model's price: one set with `llmgw prices set` (stored), its definition's `pricing`, its
-    `pricing` entry, else `default_price` unless that is zero; None: no price."""
-    if stored is not None and model in stored:
-        return stored[model]
-    if definition is not None and definition.pricing is not None:
-        return definition.pricing
-    price = cfg.pricing.get(model)
-    if price is not None:
-        return price
-    default = cfg.default_price
-    if default.prompt_per_1k or default.completion_per_1k:
-        return default
-    return None
-
-
-def cost(price: PriceConfig | None, prompt_tokens: int, completion_tokens: int) -> float:
-    if price is None:
-        return 0.0
-    return (prompt_tokens * price.prompt_per_1k + completion_tokens * price.completion_per_1k) / 1000
-
-
-def budget_warnings(
-    cfg: ServerConfig,
-    budgets: Sequence[Budget],
-    models: Sequence[ModelConfig],
-    stored: Mapping[str, PriceConfig] | None = None,
-) -> list[str]:
-    """A sentence for every model of models (the live catalog's) no price applies to, when budgets are set.
-
-    Logged at start; the quotas page shows them too.
-    """
-    if not budgets:
-        return []
-    return [
-        f"budgets are set but no price applies to {name}: they never bind"
-        for name in unpriced(cfg, models, stored)
-    ]
-
-
-def unpriced(
-    cfg: ServerConfig, models: Sequence[ModelConfig], stored: Mapping[str, PriceConfig] | None = None
-) -> list[str]:
-    """The names of the models no price applies to (stored prices count): budgets never bind on them."""
-    return [model.name for model in models if price_of(cfg, model.name, model, stored) is None]
-
-
-def unpriced_sentence(names: Sequence[str]) -> str:
-    """What setting a budget means while names have no price, said where it is set."""
-    one = len(names) == 1
-    them = names[0] if one else ", ".join(names[:-1]) + f" and {names[-1]}"
-    return (
-        f"no price applies to {them}, so budgets never bind on what {'it serves' if one else 'they serve'}; "
-        f"give {'it' if one else 'each'} `pricing` (in server.yaml or the model's definition) "
-        "or set `default_price`"
-    )
 
 
 def _asked(payload: dict[str, Any], name: str) -> int | None:

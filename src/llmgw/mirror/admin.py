@@ -249,5 +249,5 @@ async def admin_listener(cfg: MirrorConfig, fetches: Fetches) -> AsyncIterator[s
         await runner.cleanup()
 
 
-# The replies of the admin API, for its OpenAPI document (control/openapi.py).
+# The replies of the admin API, for its OpenAPI document (adminapi/openapi.py).
 SHAPES: tuple[type, ...] = (MirrorModels, MirrorFetches, MirrorRemoved, Fetch)

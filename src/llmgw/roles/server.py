@@ -20,21 +20,21 @@ import structlog
 from aiohttp import web
 
 from llmgw import bound, config, heap, openfiles
+from llmgw.adminapi import views
+from llmgw.adminapi.handlers import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY, PRICES_KEY
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import mirror as mirrorapi
-from llmgw.control import views
-from llmgw.control.adminapi import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY, PRICES_KEY
-from llmgw.control.agentsvc import free_port, serve_agents
-from llmgw.control.fleet_routes import FleetRoutes
+from llmgw.control.ha.leadership import Leadership, advertised, plane_name, while_leading
+from llmgw.control.ha.publish import FleetRoutes
 from llmgw.control.inventory import Inventory
-from llmgw.control.leadership import Leadership, advertised, plane_name, while_leading
 from llmgw.control.metrics import ControlMetrics
 from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.stream.service import free_port, serve_agents
 from llmgw.errors import StoreError
-from llmgw.gateway.admission import Admission, budget_warnings
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.allowance import Allowance
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
@@ -45,6 +45,7 @@ from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.listen import cannot_listen, split_host_port
 from llmgw.metrics import Metrics, Snapshot, new_registry, serve_metrics
+from llmgw.pricing import budget_warnings
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.store.postgres import PostgresStore
@@ -221,7 +222,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         metrics = Metrics(registry, [s for s in (control_metrics.snapshot, budgets) if s is not None])
         leadership, agent_cfg = await _leadership(cfg)
         # With several control planes, the gateway routes by the leader's published table while this
-        # one is a standby (control/fleet_routes.py); alone, by its own inventory. Made before the
+        # one is a standby (control/ha/publish.py); alone, by its own inventory. Made before the
         # election starts: its LISTEN must be made on the very first connection.
         routes = None
         if leadership is not None:

@@ -18,7 +18,7 @@ import attrs
 DialectName = Literal["sqlite", "postgresql"]
 
 # Any key of one number: the migration lock is per database. The leadership of several control
-# planes takes others (control/leadership.py).
+# planes takes others (control/ha/leadership.py).
 _MIGRATION_LOCK = 0x6C6C6D67_77000001  # "llmgw" and 1
 
 # A quoted string or identifier, or a placeholder: a `?` inside quotes is text, not a placeholder.

@@ -26,7 +26,7 @@ _FRESH = {"orgs": 1, "teams": 1, "projects": 1, "usage_journal": 1}
 _PARENTS_FIRST = ("orgs", "teams", "projects", "api_keys", "users")
 # What the running gateways hold of each scope's allowance (gateway/allowance.py) belongs to them, not to
 # the installation: a copied lease would hold allowance for a gateway that never runs on the copy. The
-# same goes for the tables of the control planes sharing a PostgreSQL store (control/leadership.py): a
+# same goes for the tables of the control planes sharing a PostgreSQL store (control/ha/leadership.py): a
 # database servers have run on has them and an SQLite file never does, and a move must not stop there.
 _NOT_COPIED = ("schema_version", "allowance_leases", "llmgw_control_planes", "llmgw_routing")
 _SQLITE = "sqlite://"

@@ -10,10 +10,9 @@ import attrs
 import structlog
 from aiohttp import web
 
+from llmgw.adminapi.tenancy import BadQuery, usage_query
 from llmgw.catalog import CATALOG_KEY
-from llmgw.control import tenancy
-from llmgw.control.tenancyapi import BadQuery, usage_query
-from llmgw.gateway.admission import budget_warnings, unpriced, unpriced_sentence
+from llmgw.pricing import budget_warnings, unpriced, unpriced_sentence
 from llmgw.store.keys import list_keys
 from llmgw.store.prices import list_prices
 from llmgw.store.quotas import (
@@ -30,6 +29,7 @@ from llmgw.store.scopes import Scope, ScopeError, load_hierarchy
 from llmgw.store.sessions import end_user_sessions
 from llmgw.store.usage import USAGE_BY, usage_by_day
 from llmgw.store.users import AccountError, approve_user, disable_user, get_user, list_users, promote_user
+from llmgw.tenancy import operations as tenancy
 from llmgw.web.chart import Series, colour, stacked_bars
 from llmgw.web.context import WEB_KEY
 from llmgw.web.guards import require_admin

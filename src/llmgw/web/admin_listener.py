@@ -16,12 +16,12 @@ from collections.abc import Callable
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from llmgw.adminapi import tenancy as tenancyapi
+from llmgw.adminapi.handlers import admin_token_or_session
 from llmgw.bodies import decode_bodies
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control import mirror as mirrorapi
-from llmgw.control import tenancyapi
-from llmgw.control.adminapi import admin_token_or_session
 from llmgw.control.inventory import Inventory
 from llmgw.control.mirror import MirrorClient
 from llmgw.listen import split_host_port

@@ -1,7 +1,7 @@
 """The cluster, models and node-logs pages, on the admin listener and under /admin on the client port.
 
-They render the admin API's own views (control/views.py) through the presenter
-`llmgw ctl` uses too (control/present.py), so a page and ctl never disagree.
+They render the admin API's own views (adminapi/views.py) through the presenter
+`llmgw ctl` uses too (adminapi/present.py), so a page and ctl never disagree.
 """
 
 from __future__ import annotations
@@ -14,11 +14,8 @@ from urllib.parse import quote, urlencode
 import attrs
 from aiohttp import web
 
-from llmgw.catalog import CATALOG_KEY, Catalog
-from llmgw.config import ServerConfig
-from llmgw.control import adminapi
-from llmgw.control.inventory import Inventory
-from llmgw.control.present import (
+from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi.present import (
     LOG_PAGE_FOLLOW_S,
     LOG_PAGE_LINES,
     ago,
@@ -26,6 +23,9 @@ from llmgw.control.present import (
     node_row,
     refused_line,
 )
+from llmgw.catalog import CATALOG_KEY, Catalog
+from llmgw.config import ServerConfig
+from llmgw.control.inventory import Inventory
 from llmgw.web.context import AdminLink, add_admin_links
 from llmgw.web.history import HISTORY_KEY, gpu_charts, model_charts
 from llmgw.web.render import render

@@ -1,6 +1,6 @@
 """The projects page: organisations, teams and projects, their members and models, for administrators.
 
-The same operations as `llmgw orgs|teams|projects` and the admin API (control/tenancy.py);
+The same operations as `llmgw orgs|teams|projects` and the admin API (tenancy/operations.py);
 limits and budgets are on the quotas page, which lists every scope made here.
 """
 
@@ -10,10 +10,10 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from llmgw.control import tenancy
 from llmgw.errors import LlmgwError
 from llmgw.store.scopes import Scope, load_hierarchy
 from llmgw.store.users import list_users
+from llmgw.tenancy import operations as tenancy
 from llmgw.web.context import WEB_KEY
 from llmgw.web.guards import require_admin
 from llmgw.web.render import render

@@ -29,9 +29,9 @@ from llmgw.config import (
     ServerConfig,
     TLSConfig,
 )
-from llmgw.control.agentsvc import serve_agents
 from llmgw.control.inventory import Inventory
 from llmgw.control.placement import Scheduler
+from llmgw.control.stream.service import serve_agents
 from llmgw.proto.llmgw import v1 as pb
 
 from ...waiting import eventually

@@ -1,0 +1,1 @@
+"""The admin API: its route table, handlers, views and OpenAPI document, above the control plane."""

@@ -1,0 +1,137 @@
+"""How the admin API's views read to a person: the cells of the cluster page and of `llmgw ctl`.
+
+One presenter for both, so that a node's free RAM or its notes cannot read one
+way on the page and another in a shell. What a node has not reported reads
+"—", never a zero: a node that was never asked about its disk must not look
+full.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from llmgw.adminapi import views
+
+DASH = "—"
+# The line counts a node's log page offers, and how often it reloads itself when following.
+LOG_PAGE_LINES = (100, 300, 1000, 2000)
+LOG_PAGE_FOLLOW_S = 5
+
+
+@attrs.frozen
+class NodeRow:
+    """A node's view as text, one attribute per column."""
+
+    id: str
+    state: str
+    address: str
+    # "ubuntu 24.04 (noble) amd64, NVIDIA 570.86.15", or empty when the node did not say.
+    os: str
+    gpus: str
+    ram: str
+    disk: str
+    engines: str
+    classes: str
+    fabrics: str
+    models: str
+    replicas: int
+    last_seen: str
+    # (kind, text): kind is "bad" for what keeps the node from work, "note" for what will pass.
+    notes: list[tuple[str, str]]
+
+
+def _gib(mb: int) -> str:
+    return f"{mb / 1024:.1f}"
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return DASH
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def _join(items: list[str] | None) -> str:
+    return ", ".join(items) if items else DASH
+
+
+def _os(host: views.Host | None) -> str:
+    """What an operator checks a build against."""
+    if host is None or not host.os_id:
+        return ""
+    text = " ".join(v for v in (host.os_id, host.os_version) if v)
+    if host.os_codename:
+        text += f" ({host.os_codename})"
+    if host.arch:
+        text += f" {host.arch}"
+    if host.nvidia_driver:
+        text += f", NVIDIA {host.nvidia_driver}"
+    return text
+
+
+def _notes(view: views.Node) -> list[tuple[str, str]]:
+    # In the order a person works through them: what the node cannot run yet, what makes it slow,
+    # then the hardware placement leaves out.
+    notes: list[tuple[str, str]] = []
+    for install in view.installs_not_ready:
+        variant = f" ({install.variant})" if install.variant else ""
+        kind = "bad" if install.state in ("failed", "unsupported") else "note"
+        notes.append((kind, f"{install.engine} {install.version}{variant} {install.state}: {install.detail}"))
+    notes.extend(("bad", warning) for warning in view.warnings)
+    notes.extend(("bad", problem) for problem in view.unhealthy)
+    return notes
+
+
+def node_row(view: views.Node) -> NodeRow:
+    gpus, memory, disk = view.gpus, view.memory, view.disk
+    return NodeRow(
+        id=view.id,
+        state=view.state,
+        address=view.address,
+        os=_os(view.host),
+        gpus=f"{gpus.free}/{gpus.total}" if gpus else DASH,
+        ram=f"{_gib(memory.available_mb)}/{_gib(memory.total_mb)} GiB" if memory else DASH,
+        disk=f"{_bytes(disk.free_bytes)}/{_bytes(disk.total_bytes)}" if disk else DASH,
+        engines=", ".join(view.engines) if view.engines else "none yet",
+        classes=_join(view.classes),
+        fabrics=_join(view.fabrics),
+        models=_join(view.models),
+        replicas=view.replicas,
+        last_seen=_ago(view.last_seen_s),
+        notes=_notes(view),
+    )
+
+
+def refused_line(refused: views.Refused) -> str:
+    """ "3 refused connections from 198.18.0.7 in the last hour: certificate not signed by ..."."""
+    connections = "connection" if refused.count == 1 else "connections"
+    return f"{refused.count} refused {connections} from {refused.peer} in the last hour: {refused.reason}"
+
+
+def control_plane_line(plane: views.ControlPlane) -> str:
+    """ "cp2, standby; the leader is cp1 at 198.18.0.1:7443"."""
+    if plane.role == "leader":
+        return f"{plane.name}, the leader"
+    if not plane.leader:
+        return f"{plane.name}, standby; no control plane holds the leadership right now"
+    return f"{plane.name}, standby; the leader is {plane.leader} at {plane.leader_address}"
+
+
+def failure_line(failure: views.Failure) -> str:
+    """ "n1, 2 min ago: llamacpp exited with code 1: error: failed to load model"."""
+    return f"{failure.node}, {ago(failure.ago_s)}: {failure.reason or 'no reason given'}"
+
+
+def ago(seconds: float | None) -> str:
+    """ "12 s ago", "3 min ago"; "—" for unknown."""
+    return _ago(seconds)

@@ -1,0 +1,78 @@
+"""JSON Schemas (OpenAPI 3.1's dialect) generated from attrs classes.
+
+The admin API's OpenAPI components come from its views (adminapi/views.py)
+through here, rather than being written again by hand: a copy written by hand
+drifted from what the handlers sent the first time a field was added.
+
+Every field is required, since every field is in every reply; a field that
+may be None is nullable, not optional: null says "not reported", and a key
+that comes and goes would say nothing at all.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Literal, Union
+
+import attrs
+
+_SCALARS: dict[Any, dict[str, str]] = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+}
+
+
+def ref(cls: type) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{cls.__name__}"}
+
+
+def components(roots: typing.Iterable[type]) -> dict[str, Any]:
+    """The schema of each class in roots and of every attrs class their fields hold, by class name."""
+    schemas: dict[str, Any] = {}
+    pending = list(roots)
+    while pending:
+        cls = pending.pop(0)
+        if cls.__name__ in schemas:
+            continue
+        schemas[cls.__name__] = _object(cls, pending)
+    return dict(sorted(schemas.items()))
+
+
+def _object(cls: type, pending: list[type]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    schema: dict[str, Any] = {"type": "object"}
+    if cls.__doc__:
+        schema["description"] = " ".join(cls.__doc__.split())
+    properties = {}
+    for field in attrs.fields(cls):
+        prop = _schema(hints[field.name], pending)
+        if "doc" in field.metadata:
+            prop = {**prop, "description": field.metadata["doc"]}
+        properties[field.name] = prop
+    schema["required"] = list(properties)
+    schema["properties"] = properties
+    schema["additionalProperties"] = False
+    return schema
+
+
+def _schema(hint: Any, pending: list[type]) -> dict[str, Any]:
+    if hint in _SCALARS:
+        return dict(_SCALARS[hint])
+    if attrs.has(hint):
+        pending.append(hint)
+        return ref(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        (kind,) = {_SCALARS[type(a)]["type"] for a in args}
+        return {"type": kind, "enum": list(args)}
+    if origin is list:
+        return {"type": "array", "items": _schema(args[0], pending)}
+    if origin is dict and args[0] is str:
+        return {"type": "object", "additionalProperties": _schema(args[1], pending)}
+    if origin in (Union, types.UnionType) and type(None) in args:
+        (present,) = (a for a in args if a is not type(None))
+        return {"oneOf": [_schema(present, pending), {"type": "null"}]}
+    raise TypeError(f"no JSON Schema for {hint!r}: add it to adminapi/schema.py")

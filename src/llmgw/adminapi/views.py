@@ -1,0 +1,365 @@
+"""The admin API's vocabulary: each shape it answers with, as a class.
+
+The API's handlers build these (adminapi/handlers.py), `CONVERTER` turns them
+into the JSON on the wire, `llmgw ctl` turns that JSON back into them, the
+cluster pages render them, and the OpenAPI document's schemas are generated
+from them (adminapi/schema.py): a field added here is in all five at once.
+
+A field's metadata "doc" is its description in the OpenAPI document. None is "the
+node has not said", which is not the same as none: a node never asked about
+its disk must not read as one with a full disk.
+
+Imports nothing of the control plane, so that ctl can read a reply without
+loading it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+import cattrs
+
+AdminState = Literal["ready", "cordoned", "draining"]
+# What is wrong with a node first (it stopped answering, its stream is gone), then what an
+# administrator said.
+NodeState = Literal["ready", "cordoned", "draining", "disconnected", "unreachable"]
+InstallState = Literal["installing", "ready", "failed", "unsupported"]
+
+
+# --- nodes ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class GpuCounts:
+    """A node's GPUs: free is healthy and not used by a replica."""
+
+    total: int
+    free: int
+    healthy: int
+
+
+@attrs.frozen
+class Memory:
+    total_mb: int
+    available_mb: int
+
+
+@attrs.frozen
+class Disk:
+    """Every filesystem the node reported, added up."""
+
+    total_bytes: int
+    free_bytes: int
+
+
+@attrs.frozen
+class Host:
+    """The machine as the agent read it at start."""
+
+    os_id: str = attrs.field(metadata={"doc": 'From /etc/os-release: "ubuntu".'})
+    os_version: str = attrs.field(metadata={"doc": '"24.04".'})
+    os_codename: str = attrs.field(metadata={"doc": '"noble"; empty where the OS has none.'})
+    family: str = attrs.field(metadata={"doc": '"deb", "rpm", or empty when unknown.'})
+    arch: str = attrs.field(metadata={"doc": 'In Debian\'s spelling: "amd64", "arm64".'})
+    cpu_flags: list[str] = attrs.field(
+        metadata={"doc": "The vector extensions inference cares about that the CPU has."}
+    )
+    # Empty when the node has no NVIDIA driver loaded; the CUDA build needs one.
+    nvidia_driver: str = attrs.field(metadata={"doc": "The driver's version; empty when none."})
+
+
+@attrs.frozen
+class Install:
+    """One engine a node was asked to install, in the node's own words."""
+
+    engine: str
+    version: str
+    variant: str
+    state: InstallState
+    detail: str = attrs.field(
+        metadata={"doc": 'What it is doing or what went wrong: "downloading ... (16 MB)".'}
+    )
+
+
+@attrs.frozen
+class Node:
+    """A node. A null value means the node has not reported it, which is not the same as none."""
+
+    id: str = attrs.field(metadata={"doc": "The node's certificate's common name."})
+    state: NodeState = attrs.field(
+        metadata={"doc": "What is wrong with the node first, then what an administrator said."}
+    )
+    admin_state: AdminState = attrs.field(
+        metadata={"doc": "What an administrator said: cordoned and draining take no new replica."}
+    )
+    connected: bool = attrs.field(metadata={"doc": "Whether its agent's stream is open."})
+    reachable: bool = attrs.field(metadata={"doc": "False once it missed its heartbeats."})
+    address: str
+    agent_version: str
+    gpus: GpuCounts | None
+    memory: Memory | None
+    disk: Disk | None
+    engines: list[str] | None = attrs.field(
+        metadata={"doc": "The engines it can run; null until the agent has looked."}
+    )
+    classes: list[str] = attrs.field(metadata={"doc": "Its GPUs' classes, as placement names them."})
+    fabrics: list[str] | None
+    models: list[str] = attrs.field(metadata={"doc": "The models it runs a replica of."})
+    replicas: int
+    last_seen_s: float | None = attrs.field(metadata={"doc": "Seconds since the node was heard."})
+    unhealthy: list[str] = attrs.field(
+        metadata={"doc": '"GPU 1 (H100): XID 79", one per GPU that is not healthy.'}
+    )
+    host: Host | None = attrs.field(metadata={"doc": "Null for an agent older than host discovery."})
+    provision: list[Install] = attrs.field(
+        metadata={"doc": "Every engine the node was asked to install, and where each stands."}
+    )
+    # What keeps an engine from running here yet; an operator's first stop.
+    installs_not_ready: list[Install] = attrs.field(
+        metadata={"doc": "The installs in provision that are not ready."}
+    )
+    warnings: list[str] = attrs.field(
+        metadata={"doc": 'What slows the machine down without making it unhealthy: "no AVX2: ...".'}
+    )
+
+
+@attrs.frozen
+class StateChange:
+    """A node's new state, as `POST /api/v1/nodes/{id}/state` takes it."""
+
+    state: AdminState
+
+
+# --- models and replicas ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class Replica:
+    shard_id: str
+    model: str
+    node: str = attrs.field(metadata={"doc": "The node it runs on."})
+    engine: str
+    profile: str
+    state: str
+    endpoint: str = attrs.field(
+        metadata={"doc": "Where the gateway sends its requests; empty until it is ready."}
+    )
+    detail: str = attrs.field(metadata={"doc": "Why it is not ready, when it is not."})
+    since_s: float | None = attrs.field(
+        default=None,
+        metadata={"doc": "Seconds it has been in its state (for a failed one, since it failed)."},
+    )
+
+
+@attrs.frozen
+class Failure:
+    """A replica that failed lately, kept after the replica itself was stopped and replaced."""
+
+    shard_id: str
+    model: str
+    node: str
+    engine: str
+    profile: str
+    reason: str = attrs.field(
+        metadata={"doc": 'In the node\'s words: "llamacpp exited with code 1: error: failed to load model".'}
+    )
+    last_output: list[str] = attrs.field(metadata={"doc": "The engine's last output lines, oldest first."})
+    ago_s: float = attrs.field(metadata={"doc": "Seconds since it failed."})
+
+
+@attrs.frozen
+class Model:
+    """A catalog model and its replicas."""
+
+    name: str
+    wanted: int = attrs.field(metadata={"doc": "The replicas it should have."})
+    ready: int = attrs.field(metadata={"doc": "Ready and on a reachable node: what the gateway routes to."})
+    engines: list[str] = attrs.field(metadata={"doc": "Its profiles' engines, in order of preference."})
+    replicas: list[Replica]
+    why_not_ready: str | None = attrs.field(
+        metadata={"doc": "Why it serves nothing, in the words a client's 503 carries."}
+    )
+    unpriced: str | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "While any budget is set and no price applies to this model: that budgets never bind on "
+            "what it serves, in words. Null when a price applies or no budget is set."
+        },
+    )
+    failures: list[Failure] = attrs.field(
+        factory=list,
+        metadata={"doc": "Its replicas that failed lately, newest first: the last few per node."},
+    )
+
+
+@attrs.frozen
+class Removed:
+    name: str
+    removed: bool
+
+
+@attrs.frozen
+class ReplicaMetrics:
+    """A replica's engine's own metrics page, read now."""
+
+    shard_id: str
+    model: str
+    node: str
+    engine: str
+    url: str = attrs.field(metadata={"doc": "The page that was read."})
+    metrics: dict[str, float] = attrs.field(
+        metadata={"doc": 'Sample name, labels as in `n{l="v"}`, -> value.'}
+    )
+
+
+# --- the cluster at a glance ------------------------------------------------------------------
+
+
+@attrs.frozen
+class NodeCounts:
+    """How many nodes are in each state, and in all."""
+
+    total: int
+    ready: int
+    cordoned: int
+    draining: int
+    disconnected: int
+    unreachable: int
+
+
+@attrs.frozen
+class ModelCounts:
+    total: int
+    serving: int = attrs.field(metadata={"doc": "Those with a ready replica."})
+
+
+@attrs.frozen
+class ReplicaCounts:
+    total: int
+    ready: int
+
+
+@attrs.frozen
+class Refused:
+    """Agent connections refused from one address for one reason within the last hour."""
+
+    peer: str = attrs.field(metadata={"doc": "The client's address, without its port."})
+    reason: str = attrs.field(
+        metadata={"doc": 'Short: "certificate not signed by this control plane\'s authority".'}
+    )
+    count: int
+    last_s: float = attrs.field(metadata={"doc": "Seconds since the newest of them."})
+
+
+@attrs.frozen
+class ControlPlane:
+    """This control plane among those sharing one PostgreSQL store; with SQLite, always the leader."""
+
+    name: str = attrs.field(metadata={"doc": "control.name, or the machine's host name."})
+    role: Literal["leader", "standby"] = attrs.field(
+        metadata={"doc": "Only the leader accepts agents, places and reconciles; all serve their gateway."}
+    )
+    leader: str = attrs.field(metadata={"doc": "The leader's name; empty while none holds the lock."})
+    leader_address: str = attrs.field(metadata={"doc": "The agent address the leader advertises."})
+
+
+@attrs.frozen
+class Status:
+    """How many nodes, models and replicas, in which state."""
+
+    version: str = attrs.field(metadata={"doc": "The control plane's llmgw."})
+    nodes: NodeCounts
+    models: ModelCounts
+    replicas: ReplicaCounts
+    refused: list[Refused] = attrs.field(
+        factory=list,
+        metadata={"doc": "Agent connections refused in the last hour, by address and reason."},
+    )
+    control_plane: ControlPlane | None = attrs.field(
+        default=None,
+        metadata={"doc": "Leader or standby, and who leads; absent from a server older than this field."},
+    )
+
+
+# --- logs, placement, weights -----------------------------------------------------------------
+
+
+@attrs.frozen
+class Logs:
+    """The newest lines of one of a node's logs."""
+
+    node: str
+    source: str
+    lines: list[str] = attrs.field(metadata={"doc": "Oldest first."})
+    sources: list[str] = attrs.field(metadata={"doc": '"agent", and one per engine the node runs.'})
+    error: str = attrs.field(metadata={"doc": "Empty, or why there are no lines."})
+
+
+@attrs.frozen
+class Candidate:
+    """One node judged for one profile of a model."""
+
+    profile: str
+    node: str
+    candidate: bool
+    reason: str = attrs.field(metadata={"doc": 'Follows the node\'s name: "is cordoned", "is a candidate".'})
+
+
+@attrs.frozen
+class Placement:
+    """Per node, whether a model's next replica could go there, and why."""
+
+    model: str
+    candidates: list[Candidate]
+    why_not_ready: str | None = attrs.field(
+        metadata={"doc": "Why the model serves nothing, when it does not."}
+    )
+    failures: list[Failure] = attrs.field(
+        factory=list,
+        metadata={"doc": "Its replicas that failed lately, newest first: the last few per node."},
+    )
+
+
+@attrs.frozen
+class Collection:
+    """What one node was asked to remove, and what it keeps."""
+
+    node: str
+    removing: list[str]
+    kept: list[str] = attrs.field(metadata={"doc": '"SOURCE (why)" for weights that stay.'})
+    error: str = attrs.field(
+        default="", metadata={"doc": "Why the node was not asked at all, when it was not."}
+    )
+
+
+@attrs.frozen
+class Collected:
+    """What each node was asked to remove, and what it keeps."""
+
+    nodes: list[Collection]
+
+
+@attrs.frozen
+class Error:
+    error: str = attrs.field(metadata={"doc": "A sentence for a person."})
+
+
+# Every shape the admin API answers with, and the one body it takes (StateChange): the OpenAPI
+# document's components (adminapi/openapi.py), with every class their fields hold.
+SHAPES: tuple[type, ...] = (
+    Status,
+    Node,
+    Logs,
+    Model,
+    Removed,
+    Replica,
+    ReplicaMetrics,
+    Placement,
+    Collected,
+    Error,
+    StateChange,
+)
+
+# One converter both ways: the API unstructures with it, ctl structures with it.
+CONVERTER = cattrs.Converter(forbid_extra_keys=False)

@@ -1,0 +1,1 @@
+"""Several control planes on one store: who leads, and the routes the leader publishes."""
