@@ -14,6 +14,7 @@ import attrs
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from structlog.testing import capture_logs
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
@@ -333,3 +334,91 @@ class TestWhatAccountingCosts:
             gc.garbage.clear()
             gc.enable()
         assert left == []
+
+
+@pytest.fixture
+async def lying_engine() -> AsyncIterator[Callable[[dict[str, Any]], Awaitable[str]]]:
+    """An engine that answers every chat with the usage it is told to claim."""
+    runners: list[web.AppRunner] = []
+
+    async def start(usage: dict[str, Any]) -> str:
+        async def chat(request: web.Request) -> web.Response:
+            await request.read()
+            return web.json_response(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "model": MODEL,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                    "usage": usage,
+                }
+            )
+
+        app = web.Application()
+        app.router.add_post(CHAT, chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+LyingEngine = Callable[[dict[str, Any]], Awaitable[str]]
+
+
+class TestUsageAnEngineCannotHaveUsed:
+    async def test_a_reply_claiming_a_trillion_prompt_tokens_is_charged_no_more_than_the_request_reserved(
+        self, money: MoneyFactory, store: Store, lying_engine: LyingEngine
+    ) -> None:
+        engine = await lying_engine({"prompt_tokens": 10**12, "completion_tokens": 1, "total_tokens": 10**12})
+        gw = await money(
+            engine=engine, pricing={MODEL: PriceConfig(prompt_per_1k=0.001, completion_per_1k=0.001)}
+        )
+        key = await gw.key()
+        await set_budget(store, Scope("project", 1), 10.0, "total")
+        await gw.quotas.refresh(store)
+        body = _chat("hello", max_tokens=8)
+        statuses = [(await gw.post(key, body))[0] for _ in range(3)]
+        assert statuses == [200, 200, 200], (
+            "one lying reply must not spend the budget for every later request"
+        )
+        _, prompt, completion, spent = await gw.usage()
+        reserved_prompt = len(_json(body)) + 128
+        assert prompt <= 3 * reserved_prompt
+        assert completion == 3
+        assert spent < 10.0
+
+    async def test_replies_claiming_negative_tokens_never_give_money_back(
+        self, money: MoneyFactory, store: Store, lying_engine: LyingEngine
+    ) -> None:
+        engine = await lying_engine(
+            {"prompt_tokens": 5, "completion_tokens": -1_000_000, "total_tokens": -999_995}
+        )
+        gw = await money(
+            engine=engine, pricing={MODEL: PriceConfig(prompt_per_1k=1.0, completion_per_1k=1.0)}
+        )
+        key = await gw.key()
+        with capture_logs() as logs:
+            for _ in range(2):
+                assert (await gw.post(key, _chat("hello", max_tokens=8)))[0] == 200
+        said = [e for e in logs if e["event"].startswith("engine reported usage that cannot be true")]
+        assert len(said) == 2 and said[0]["reported_completion_tokens"] == -1_000_000
+        _, prompt, completion, spent = await gw.usage()
+        assert (prompt, completion) == (10, 0)
+        assert spent >= 0
+
+    async def test_a_reply_claiming_more_completion_than_max_tokens_is_charged_max_tokens(
+        self, money: MoneyFactory, lying_engine: LyingEngine
+    ) -> None:
+        engine = await lying_engine({"prompt_tokens": 5, "completion_tokens": 500, "total_tokens": 505})
+        gw = await money(engine=engine)
+        key = await gw.key()
+        assert (await gw.post(key, _chat("hello", max_tokens=8, n=2)))[0] == 200
+        _, _, completion, _ = await gw.usage()
+        assert completion == 16

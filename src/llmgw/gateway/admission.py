@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from llmgw.catalog import Catalog
@@ -39,6 +40,38 @@ from llmgw.store.scopes import Hierarchy
 TEMPLATE_OVERHEAD = 128
 _MAX_NAMES = ("max_completion_tokens", "max_tokens")
 _DEFAULT_MAX_TOKENS = ModelConfig().max_tokens
+
+log = structlog.get_logger(__name__)
+
+
+def plausible_usage(call: Call, reported: tuple[int, int], prompt: int, completion: int) -> tuple[int, int]:
+    """The engine's reported usage, held to what can be true of this request.
+
+    An engine is a neighbour, not an authority: one reply claiming a trillion
+    prompt tokens spent a whole budget, and a negative count gave it back with
+    interest. Neither count is below zero; the prompt is at most what was
+    reserved for it (a token is at least a byte of the request, plus the
+    template's overhead) and the completion at most what was reserved for it
+    (max_tokens times n). A report outside those bounds is logged with the
+    replica that sent it.
+    """
+    reported_prompt, reported_completion = reported
+    held = (min(max(reported_prompt, 0), prompt), min(max(reported_completion, 0), completion))
+    if held != reported:
+        route = call.route
+        log.warning(
+            "engine reported usage that cannot be true; charged what it can be",
+            model=call.served_model or call.model,
+            node=route.node_id if route is not None else None,
+            replica=route.shard_id if route is not None else None,
+            endpoint=call.endpoint,
+            reported_prompt_tokens=reported_prompt,
+            reported_completion_tokens=reported_completion,
+            charged_prompt_tokens=held[0],
+            charged_completion_tokens=held[1],
+            request_id=call.request_id,
+        )
+    return held
 
 
 def _asked(payload: dict[str, Any], name: str) -> int | None:
@@ -165,7 +198,7 @@ class Admission:
                 return
             charged = True
             if call.usage is not None:
-                used = call.usage
+                used = plausible_usage(call, call.usage, prompt, completion)
             elif status >= 400 and status != 499:
                 used = (0, 0)
             else:
