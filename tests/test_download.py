@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from llmgw import download
+from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.weights import WeightsCache, cache_key
 from llmgw.backoff import ExponentialBackoff
 from llmgw.download import PART, Downloaded, human_bytes
@@ -307,3 +308,17 @@ async def test_both_callers_judge_a_partial_file_by_the_size_they_expect(
     await asyncio.to_thread(part.write_bytes, on_disk)
     assert await caller.fetch(server, tmp_path) == BLOB
     assert server.ranges == asked
+
+
+async def test_an_engine_archive_cut_off_midway_is_resumed_and_its_size_told_once(
+    server: Server, tmp_path: Path
+) -> None:
+    server.cut_after = [300_000]
+    sizes: list[int | None] = []
+    async with ReleaseClient(retry_base_s=0) as releases:
+        digest = await releases.download(
+            server.url + "/f/blob", tmp_path / "llama.tar.gz", on_size=sizes.append
+        )
+    assert digest == DIGEST
+    assert sizes == [len(BLOB)]
+    assert len(server.ranges) == 2
