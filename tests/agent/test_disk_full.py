@@ -17,9 +17,10 @@ import pytest
 from aiohttp import web
 
 from llmgw.agent.discovery.node import NodeReport
-from llmgw.agent.weights import PART, WeightsCache, WeightsError, cache_key, human_bytes
+from llmgw.agent.weights import PART, WeightsCache, WeightsError, cache_key
 from llmgw.config import AgentConfig
 from llmgw.control.inventory import Replica
+from llmgw.download import human_bytes
 from llmgw.proto.llmgw import v1 as pb
 from tests.agent.test_client_node_changes import GB, Certs, FakeDisk, certs, connected_agent  # noqa: F401
 from tests.waiting import eventually

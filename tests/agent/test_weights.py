@@ -12,7 +12,7 @@ import attrs
 import pytest
 from aiohttp import web
 
-from llmgw.agent.weights import MARKER, PART, WeightsCache, WeightsError, cache_key, human_bytes
+from llmgw.agent.weights import MARKER, PART, WeightsCache, WeightsError, cache_key
 from llmgw.roles.mirror import make_mirror_app
 
 BLOB = bytes(range(256)) * 4096  # 1 MiB, every byte position distinguishable
@@ -355,8 +355,3 @@ class TestCollect:
         (partial / ("half.gguf" + PART)).write_bytes(b"half")
         async with WeightsCache(tmp_path / "w") as second:
             assert [w.source for w in second.present()] == [source]
-
-
-def test_sizes_read_in_the_unit_of_the_total() -> None:
-    assert human_bytes(1_200_000_000, 4_100_000_000) == "1.2 of 4.1 GB"
-    assert human_bytes(300_000, 1_048_576) == "0.3 of 1.0 MB"

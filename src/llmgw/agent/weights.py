@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -42,19 +41,15 @@ import aiohttp
 import attrs
 import structlog
 
-from llmgw import partial
+from llmgw import download
 from llmgw.backoff import ExponentialBackoff
+from llmgw.download import PART, human_bytes
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
-from llmgw.tasks import to_thread_to_the_end
 
 log = structlog.get_logger(__name__)
 
 MARKER = ".complete.json"
-PART = ".part"
-_CHUNK = 1 << 20
-# Progress is reported this many times over a download at most (and at start and end).
-_PROGRESS_STEPS = 100
 
 
 class WeightsError(LlmgwError):
@@ -79,15 +74,6 @@ def cache_key(source: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9._-]', '_', tail)}-{digest}"
 
 
-def human_bytes(done: int, total: int | None) -> str:
-    """ "1.2 of 4.1 GB": the unit of the total, so both numbers read alike."""
-    scale = total if total else done
-    unit, div = next(((u, d) for u, d in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if scale >= d), ("B", 1))
-    if total is None:
-        return f"{done / div:.1f} {unit}"
-    return f"{done / div:.1f} of {total / div:.1f} {unit}"
-
-
 class WeightsCache:
     """Weights on this node's disk, and the downloads that put them there."""
 
@@ -103,9 +89,8 @@ class WeightsCache:
         self.root = root
         # Told when a download fills the disk, so the node's free space is read and sent at once.
         self._on_disk_full = on_disk_full
-        self._attempts = attempts
         # No cap: `attempts` bounds the waits (1 + 2 + 4 + 8 s by default).
-        self._backoff = ExponentialBackoff(base_s=retry_base_s)
+        self._retries = download.Retries(attempts, ExponentialBackoff(base_s=retry_base_s))
         self._session = session
         self._own_session = session is None
         # directory name -> the marker's contents (source, files and their sha256), for every copy
@@ -307,24 +292,18 @@ class WeightsCache:
                 else f"{PurePosixPath(source.rstrip('/')).name}/ ({number} of {len(files)} files)"
             )
             part = base / (f.path + PART)
+            pin = _pin_for(f.path, pins, single=len(files) == 1)
             try:
-                digest, size = await self._fetch_file(name, f, base, label, done_before, total)
-            except _DiskFull as full:
+                got = await self._fetch_file(name, f, base, label, done_before, total, pin)
+            except download.DiskFull as full:
                 # A partial file on a full disk is what keeps it full: every other write there (the
                 # engine's logs, the next download) fails until someone finds and removes it.
                 await asyncio.to_thread(_unlink, part)
                 later = [full.size, *(g.size for g in files[number:])]
                 raise await self._no_space(base, f.path, later) from None
-            pin = _pin_for(f.path, pins, single=len(files) == 1)
-            if pin is not None and pin != digest:
-                await asyncio.to_thread(_unlink, part)
-                raise WeightsError(
-                    f"weights {f.path}: sha256 does not match the pin (expected {pin}, got {digest}); "
-                    f"the file downloaded from {f.url} was removed"
-                )
             await asyncio.to_thread(os.replace, part, base / f.path)
-            recorded.append({"path": f.path, "size": size, "sha256": digest})
-            done_before += size
+            recorded.append({"path": f.path, "size": got.size, "sha256": got.sha256})
+            done_before += got.size
         marker = {"source": source, "files": recorded}
         await asyncio.to_thread(_write_marker, base, marker)
         self._present[name] = marker
@@ -401,87 +380,47 @@ class WeightsCache:
         )
 
     async def _fetch_file(
-        self, name: str, f: _File, base: Path, label: str, done_before: int, total: int | None
-    ) -> tuple[str, int]:
-        """Download one file to its .part, resuming; its sha256 and size."""
-        part = base / (f.path + PART)
-        await asyncio.to_thread(part.parent.mkdir, parents=True, exist_ok=True)
-        failures = 0
-        while True:
-            try:
-                return await self._attempt(f, part, label, done_before, total, name)
-            except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-                failures += 1
-                have = await asyncio.to_thread(partial.size, part)
-                if failures >= self._attempts:
-                    raise WeightsError(
-                        f"weights {f.path}: downloading {f.url} failed {failures} times, the last at "
-                        f"{human_bytes(have, None)}: {exc or type(exc).__name__}; "
-                        "the next try resumes from there"
-                    ) from None
-                log.warning(
-                    "a weights download was interrupted; resuming", url=f.url, at=have, error=str(exc)
-                )
-                await asyncio.sleep(self._backoff.delay(failures))
+        self,
+        name: str,
+        f: _File,
+        base: Path,
+        label: str,
+        done_before: int,
+        total: int | None,
+        pin: str | None,
+    ) -> download.Downloaded:
+        """Download one file to its .part, resuming, checked against its pin and its listed size."""
 
-    async def _attempt(
-        self, f: _File, part: Path, label: str, done_before: int, total: int | None, name: str
-    ) -> tuple[str, int]:
-        # The file's whole size once the server has said it: what a full disk would have needed.
-        file_size = f.size
+        def told(done: int, size: int | None) -> None:
+            whole = done_before + done, total if total is not None else size
+            self._report(name, f"downloading {label}: {human_bytes(*whole)}")
+
+        def received(n: int) -> None:
+            self.downloaded_bytes += n
+
         try:
-            hasher = hashlib.sha256()
-            offset = await asyncio.to_thread(partial.hash_prefix, part, hasher)
-            headers = {"Range": f"bytes={offset}-"} if offset else {}
-            async with self._http().get(f.url, headers=headers) as response:
-                if response.status == 416 and offset:
-                    # The server has nothing past what we hold; start over rather than trust it is whole.
-                    await asyncio.to_thread(_unlink, part)
-                    raise aiohttp.ClientPayloadError(f"{f.url} refused to resume at byte {offset}")
-                if response.status not in (200, 206):
-                    raise WeightsError(f"weights {f.path}: HTTP {response.status} at {f.url}")
-                if response.status == 200 and offset:
-                    # The server ignored the Range: what it sends is the whole file again.
-                    hasher = hashlib.sha256()
-                    offset = 0
-                size = partial.total_size(response, offset)
-                file_size = size if size is not None else file_size
-                file_total = total if total is not None else (size if f.size is None else f.size)
-                mode = "ab" if offset else "wb"
-                fh = await asyncio.to_thread(open, part, mode)
-                try:
-                    written = offset
-                    step = max((file_total or 0) // _PROGRESS_STEPS, 64 * _CHUNK)
-                    self._report(
-                        name, f"downloading {label}: {human_bytes(done_before + written, file_total)}"
-                    )
-                    next_report = written + step
-                    async for chunk in response.content.iter_chunked(_CHUNK):
-                        await to_thread_to_the_end(partial.write, fh, hasher, chunk)
-                        written += len(chunk)
-                        self.downloaded_bytes += len(chunk)
-                        if written >= next_report:
-                            self._report(
-                                name, f"downloading {label}: {human_bytes(done_before + written, file_total)}"
-                            )
-                            next_report = written + step
-                finally:
-                    await to_thread_to_the_end(fh.close)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise _DiskFull(file_size) from exc
-            raise
-        if size is not None and written != size:
-            raise aiohttp.ClientPayloadError(f"{f.url} ended at byte {written} of {size}")
-        return hasher.hexdigest(), written
-
-
-class _DiskFull(Exception):
-    """The disk filled up under a download; size is the whole file's, when the server said it."""
-
-    def __init__(self, size: int | None) -> None:
-        super().__init__(size)
-        self.size = size
+            return await download.fetch(
+                self._http(),
+                f.url,
+                base / (f.path + PART),
+                retries=self._retries,
+                size=f.size,
+                sha256=pin,
+                progress=told,
+                received=received,
+            )
+        except download.Mismatch as exc:
+            if exc.what == "sha256":
+                raise WeightsError(
+                    f"weights {f.path}: sha256 does not match the pin "
+                    f"(expected {exc.expected}, got {exc.got}); the file downloaded from {f.url} was removed"
+                ) from None
+            raise WeightsError(
+                f"weights {f.path}: {exc.got} bytes where the listing says {exc.expected}; "
+                f"the file downloaded from {f.url} was removed"
+            ) from None
+        except download.DownloadError as exc:
+            raise WeightsError(f"weights {f.path}: {exc}") from None
 
 
 def _pins(sha256: Mapping[str, str]) -> dict[str, str]:
@@ -541,7 +480,7 @@ def _hash_marker(base: Path, marker: dict[str, Any]) -> dict[str, Any]:
     for f in marker["files"]:
         if "sha256" not in f:
             hasher = hashlib.sha256()
-            partial.hash_prefix(base / f["path"], hasher)
+            download.hash_prefix(base / f["path"], hasher)
             f = {**f, "sha256": hasher.hexdigest()}
         files.append(f)
     updated = {**marker, "files": files}
@@ -564,7 +503,7 @@ def _mount_point(path: Path) -> Path:
 
 
 def _part_bytes(base: Path, paths: list[str]) -> int:
-    return sum(partial.size(base / p) or partial.size(base / (p + PART)) for p in paths)
+    return sum(download.size_on_disk(base / p) or download.size_on_disk(base / (p + PART)) for p in paths)
 
 
 def _unlink(path: Path) -> None:

@@ -15,8 +15,9 @@ from llmgw.bundle.importing import ImportOptions, import_bundle
 from llmgw.bundle.manifest import BundleError
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.config import MirrorConfig
+from llmgw.download import human_bytes
 from llmgw.errors import ConfigError, LlmgwError
-from llmgw.mirror.fetch import human_bytes, read_token
+from llmgw.mirror.fetch import read_token
 
 DEFAULT_MIRROR_CONFIG = Path("/etc/llmgw/mirror.yaml")
 DEFAULT_SERVER_CONFIG = Path("/etc/llmgw/server.yaml")

@@ -43,10 +43,11 @@ from llmgw.cli.exit import (
 from llmgw.cli.table import echo_table
 from llmgw.config import ServerConfig
 from llmgw.control.nodelogs import MAX_LINES
+from llmgw.download import human_bytes
 from llmgw.errors import ConfigError
 from llmgw.listen import split_host_port
 from llmgw.mirror.admin import Fetch
-from llmgw.mirror.fetch import FetchedModel, human_bytes
+from llmgw.mirror.fetch import FetchedModel
 from llmgw.names import url_segment
 
 DEFAULT_CONFIG = Path("/etc/llmgw/server.yaml")

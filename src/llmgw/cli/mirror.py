@@ -11,8 +11,9 @@ import click
 from llmgw import config
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.config import MirrorConfig
+from llmgw.download import human_bytes
 from llmgw.errors import ConfigError, LlmgwError
-from llmgw.mirror.fetch import FetchedModel, FetchProgress, HubFetcher, human_bytes, parse_ref, read_token
+from llmgw.mirror.fetch import FetchedModel, FetchProgress, HubFetcher, parse_ref, read_token
 
 DEFAULT_CONFIG = Path("/etc/llmgw/mirror.yaml")
 

@@ -30,10 +30,9 @@ from llmgw.control.records import (
     Registration,
     Storage,
     Weights,
-    records,
-    registration,
 )
 from llmgw.control.stream.refusals import Refusals
+from llmgw.control.stream.wire import records, registration
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.routes import EngineRoute, Routes
@@ -80,7 +79,8 @@ class Node:
     advertise_address: str = ""
     fabric_address: str = ""
     agent_version: str = ""
-    # The records of control/records.py, not the generated messages: thousands of nodes keep them.
+    # The records of control/records.py (read from the wire by control/stream/wire.py), not the
+    # generated messages: thousands of nodes keep them.
     host: Host | None = None
     # Meaningful only when engines_probed: an agent that has not probed says nothing.
     engine_versions: dict[str, str] = attrs.field(factory=dict)

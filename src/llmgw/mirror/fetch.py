@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -34,23 +34,19 @@ import attrs
 import cattrs
 import structlog
 
-from llmgw import partial
+from llmgw import download
 from llmgw.backoff import ExponentialBackoff
+from llmgw.download import PART, human_bytes
 from llmgw.errors import LlmgwError
-from llmgw.tasks import to_thread_to_the_end
 
 log = structlog.get_logger(__name__)
 
 MANIFEST = ".llmgw-model.json"
 INCOMING = ".incoming"
-PART = ".part"
 DEFAULT_REVISION = "main"
 TOKEN_ENV = "HF_TOKEN"
 # A catalog model's `source` naming a model on the mirror: `mirror:REPO[@REVISION]`.
 SOURCE_PREFIX = "mirror:"
-_CHUNK = 1 << 20
-# Progress is reported this many times over a fetch at most (and at each file's start and end).
-_PROGRESS_STEPS = 100
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 _REVISION = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._/-]*")
 COMMIT_PATTERN = re.compile(r"[0-9a-f]{40}")
@@ -135,15 +131,6 @@ class FetchedModel:
 Progress = Callable[[FetchProgress], None]
 
 
-def human_bytes(done: int, total: int | None) -> str:
-    """ "1.2 of 4.1 GB": the unit of the total, so both numbers read alike."""
-    scale = total if total else done
-    unit, div = next(((u, d) for u, d in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if scale >= d), ("B", 1))
-    if total is None:
-        return f"{done / div:.1f} {unit}"
-    return f"{done / div:.1f} of {total / div:.1f} {unit}"
-
-
 def parse_ref(ref: str) -> tuple[str, str]:
     """ "org/model@rev" -> (repo, revision); the revision is "main" when none is named."""
     repo, at, revision = ref.partition("@")
@@ -202,8 +189,7 @@ class HubFetcher:
         self.endpoint = endpoint.rstrip("/")
         # Kept out of every message and log line: it is only ever put in a request's header.
         self._token = token
-        self._attempts = attempts
-        self._backoff = ExponentialBackoff(base_s=retry_base_s)
+        self._retries = download.Retries(attempts, ExponentialBackoff(base_s=retry_base_s))
         # No total timeout: a 40 GB file takes as long as it takes. A stalled one is caught by sock_read.
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=60))
         # One fetch per commit at a time: two would write the same .part files.
@@ -227,7 +213,7 @@ class HubFetcher:
         try:
             async with self._session.get(url, headers=self._headers()) as response:
                 if response.status != 200:
-                    raise self._refusal(response, f"{repo}@{revision}", revision)
+                    raise self._refusal(response.status, response.headers, f"{repo}@{revision}", revision)
                 info = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise FetchError(
@@ -237,24 +223,24 @@ class HubFetcher:
             raise FetchError(f"the hub at {self.endpoint} answered {repo}@{revision} with no JSON") from None
         return _snapshot_of(info, repo, revision, self.endpoint)
 
-    def _refusal(self, response: aiohttp.ClientResponse, what: str, revision: str) -> FetchError:
-        code = response.headers.get("X-Error-Code", "")
-        if code == "GatedRepo" or (response.status in (401, 403) and self._token is None):
+    def _refusal(self, status: int, headers: Mapping[str, str], what: str, revision: str) -> FetchError:
+        code = headers.get("X-Error-Code", "")
+        if code == "GatedRepo" or (status in (401, 403) and self._token is None):
             return FetchError(
-                f"{what}: the hub wants a token (HTTP {response.status}): the repository is gated or "
+                f"{what}: the hub wants a token (HTTP {status}): the repository is gated or "
                 f"private; put one in the file mirror.hf_token_file names, or in {TOKEN_ENV}, "
                 "from an account that has been granted access"
             )
-        if response.status in (401, 403):
+        if status in (401, 403):
             return FetchError(
-                f"{what}: the hub refused the token (HTTP {response.status}); "
+                f"{what}: the hub refused the token (HTTP {status}); "
                 "its account may not have been granted access to this repository"
             )
         if code == "RevisionNotFound":
             return FetchError(f"{what}: the repository has no revision {revision!r}")
-        if response.status == 404:
+        if status == 404:
             return FetchError(f"{what}: no such repository or revision on {self.endpoint} (HTTP 404)")
-        return FetchError(f"{what}: the hub at {self.endpoint} answered HTTP {response.status}")
+        return FetchError(f"{what}: the hub at {self.endpoint} answered HTTP {status}")
 
     async def fetch(
         self, repo: str, revision: str, include: Sequence[str] = (), progress: Progress | None = None
@@ -317,9 +303,8 @@ class HubFetcher:
                 f"{self.endpoint}/{urllib.parse.quote(snapshot.repo)}/resolve/{snapshot.commit}/"
                 f"{urllib.parse.quote(f.path)}"
             )
-            digest, size = await self._download(
-                what, url, target.with_name(target.name + PART), f.size, report
-            )
+            got = await self._download(what, url, target.with_name(target.name + PART), f, report)
+            digest, size = got.sha256, got.size
         part = target.with_name(target.name + PART)
         why = await asyncio.to_thread(_mismatch, part if staged is None else target, f, digest, size)
         if why is not None:
@@ -331,80 +316,34 @@ class HubFetcher:
         return FetchedFile(path=f.path, size=size, sha256=digest, blob_id=f.blob_id)
 
     async def _download(
-        self, what: str, url: str, part: Path, size: int | None, report: _Reporter
-    ) -> tuple[str, int]:
-        await asyncio.to_thread(part.parent.mkdir, parents=True, exist_ok=True)
-        failures = 0
-        while True:
-            try:
-                return await self._attempt(what, url, part, size, report)
-            except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-                failures += 1
-                have = await asyncio.to_thread(partial.size, part)
-                if failures >= self._attempts:
-                    raise FetchError(
-                        f"{what}: downloading {url} failed {failures} times, the last at "
-                        f"{human_bytes(have, size)}: {exc or type(exc).__name__}; "
-                        "the next fetch resumes from there"
-                    ) from None
-                log.warning("a model download was interrupted; resuming", url=url, at=have, error=str(exc))
-                await asyncio.sleep(self._backoff.delay(failures))
-
-    async def _attempt(
-        self, what: str, url: str, part: Path, size: int | None, report: _Reporter
-    ) -> tuple[str, int]:
-        hasher = hashlib.sha256()
-        offset = await asyncio.to_thread(partial.hash_prefix, part, hasher)
-        if size is not None and offset > size:
-            # Longer than the file: not a prefix of it, whatever it is.
-            await asyncio.to_thread(_unlink, part)
-            hasher, offset = hashlib.sha256(), 0
-        if size is not None and offset == size:
-            # Whole already (cut off after the last byte, before its check): nothing to ask for.
-            report(offset, size)
-            return hasher.hexdigest(), offset
-        headers = self._headers()
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
-        async with self._session.get(url, headers=headers) as response:
-            if response.status == 416 and offset:
-                # The hub has nothing past what we hold; start over rather than trust it is whole.
-                await asyncio.to_thread(_unlink, part)
-                raise aiohttp.ClientPayloadError(f"{url} refused to resume at byte {offset}")
-            if response.status in (401, 403):
-                raise self._refusal(response, what, "")
-            if response.status not in (200, 206):
-                raise FetchError(f"{what}: HTTP {response.status} at {url}")
-            if response.status == 200 and offset:
-                # The hub ignored the Range: what it sends is the whole file again.
-                hasher, offset = hashlib.sha256(), 0
-            step = max((size or 0) // _PROGRESS_STEPS, 64 * _CHUNK)
-            fh = await asyncio.to_thread(open, part, "ab" if offset else "wb")
-            written = offset
-            # Bytes as they arrive, written a megabyte at a time: what had arrived when the
-            # connection dropped still reaches the .part file, and the next try resumes after it.
-            pending = bytearray()
-            try:
-                report(written, size)
-                next_report = written + step
-                async for chunk in response.content.iter_any():
-                    pending += chunk
-                    if len(pending) >= _CHUNK:
-                        await to_thread_to_the_end(partial.write, fh, hasher, bytes(pending))
-                        written += len(pending)
-                        pending.clear()
-                    if written >= next_report:
-                        report(written, size)
-                        next_report = written + step
-            finally:
-                if pending:
-                    await to_thread_to_the_end(partial.write, fh, hasher, bytes(pending))
-                    written += len(pending)
-                await to_thread_to_the_end(fh.close)
-            expected = partial.total_size(response, offset)
-        if expected is not None and written != expected:
-            raise aiohttp.ClientPayloadError(f"{url} ended at byte {written} of {expected}")
-        return hasher.hexdigest(), written
+        self, what: str, url: str, part: Path, f: HubFile, report: _Reporter
+    ) -> download.Downloaded:
+        try:
+            return await download.fetch(
+                self._session,
+                url,
+                part,
+                retries=self._retries,
+                size=f.size,
+                sha256=f.sha256,
+                headers=self._headers(),
+                progress=report,
+            )
+        except download.Refused as exc:
+            if exc.status in (401, 403):
+                raise self._refusal(exc.status, exc.headers, what, "") from None
+            raise FetchError(f"{what}: {exc}") from None
+        except download.Mismatch as exc:
+            why = (
+                f"{exc.got} bytes where the hub says {exc.expected}"
+                if exc.what == "size"
+                else f"sha256 does not match the hub's (expected {exc.expected}, got {exc.got})"
+            )
+            raise FetchError(
+                f"{what}: {why}; the download was removed, and the next fetch starts it over"
+            ) from None
+        except download.DownloadError as exc:
+            raise FetchError(f"{what}: {exc}") from None
 
 
 @attrs.frozen
@@ -524,7 +463,7 @@ def _mismatch(path: Path, f: HubFile, sha256: str, size: int) -> str | None:
 
 def _git_blob_id(path: Path, size: int) -> str:
     hasher = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
-    partial.hash_prefix(path, hasher)
+    download.hash_prefix(path, hasher)
     return hasher.hexdigest()
 
 
@@ -533,10 +472,10 @@ def _digest_if_size(path: Path, size: int | None) -> tuple[str, int] | None:
 
     Hashed again rather than trusted: it is checked against the hub like a fresh download.
     """
-    if not path.is_file() or (size is not None and partial.size(path) != size):
+    if not path.is_file() or (size is not None and download.size_on_disk(path) != size):
         return None
     hasher = hashlib.sha256()
-    have = partial.hash_prefix(path, hasher)
+    have = download.hash_prefix(path, hasher)
     return hasher.hexdigest(), have
 
 

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from aiohttp import web
 
 from llmgw.control.mirror import MIRROR_CLIENT_KEY, Handler, MirrorError
+from llmgw.download import human_bytes
 from llmgw.mirror.admin import Fetch
-from llmgw.mirror.fetch import FetchedModel, human_bytes
+from llmgw.mirror.fetch import FetchedModel
 from llmgw.web.cluster import PATHS_KEY
 from llmgw.web.context import AdminLink, add_admin_links
 from llmgw.web.render import render

@@ -6,29 +6,27 @@ checksums come from `GET {api}/repos/{repo}/releases/tags/{tag}`, whose
 `{download}/{repo}/releases/download/{tag}/{asset}`. An offline mirror keeps
 the same paths under its own address.
 
-Downloads are written and hashed in a thread, a chunk at a time, so a
-gigabyte of CUDA runtime never holds up a heartbeat.
+Downloads go through llmgw/download.py: written and hashed in a thread, a
+chunk at a time, so a gigabyte of CUDA runtime never holds up a heartbeat,
+and resumed when cut off.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import aiohttp
 
+from llmgw import download
+from llmgw.backoff import ExponentialBackoff
 from llmgw.errors import LlmgwError
-from llmgw.tasks import to_thread_to_the_end
 
 GITHUB_API = "https://api.github.com"
 GITHUB_DOWNLOADS = "https://github.com"
-
-_CHUNK = 1 << 20
 
 
 class ReleaseError(LlmgwError):
@@ -48,12 +46,15 @@ class ReleaseClient:
         *,
         session: aiohttp.ClientSession | None = None,
         timeout_s: float = 1800.0,
+        attempts: int = 3,
+        retry_base_s: float = 1.0,
     ) -> None:
         self.api_url = api_url.rstrip("/")
         self.download_url = download_url.rstrip("/")
         self._session = session
         self._owns_session = session is None
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=30)
+        self._retries = download.Retries(attempts, ExponentialBackoff(base_s=retry_base_s))
 
     async def __aenter__(self) -> ReleaseClient:
         return self
@@ -116,58 +117,38 @@ class ReleaseClient:
     async def download(
         self, url: str, dest: Path, *, on_size: Callable[[int | None], None] | None = None
     ) -> str:
-        """Fetch url into dest and return its sha256; on_size hears the length once known."""
+        """Fetch url into dest and return its sha256; on_size hears the length once known.
+
+        Through the one resumable download (llmgw/download.py): a gigabyte of CUDA runtime cut
+        off midway is resumed from what reached dest, not fetched again from its first byte.
+        """
         name = url.rsplit("/", 1)[-1]
-        sink = _Sink(dest)
-        await asyncio.to_thread(sink.open)
+        where = urlsplit(url).netloc or url
+        told: list[int | None] = []
+
+        def progress(done: int, size: int | None) -> None:
+            if on_size is not None and not told:
+                told.append(size)
+                on_size(size)
+
         try:
-            async with self._http().get(url) as resp:
-                where = urlsplit(url).netloc or url
-                if resp.status == 404:
-                    # A mirror missing one archive of a release looks like this too.
-                    raise ReleaseError(f"{where} has no {name} (HTTP 404): that release does not exist there")
-                if resp.status in (403, 429):
-                    raise ReleaseError(
-                        f"{where} is rate-limiting this address (HTTP {resp.status}) "
-                        f"while downloading {name}; the install is tried again later"
-                    )
-                if resp.status != 200:
-                    raise ReleaseError(f"downloading {name}: {where} answered HTTP {resp.status}")
-                if on_size is not None:
-                    on_size(resp.content_length)
-                async for chunk in resp.content.iter_chunked(_CHUNK):
-                    await to_thread_to_the_end(sink.write, chunk)
-        except aiohttp.ClientError as exc:
+            got = await download.fetch(self._http(), url, dest, retries=self._retries, progress=progress)
+        except download.Refused as exc:
+            if exc.status == 404:
+                # A mirror missing one archive of a release looks like this too.
+                raise ReleaseError(
+                    f"{where} has no {name} (HTTP 404): that release does not exist there"
+                ) from None
+            if exc.status in (403, 429):
+                raise ReleaseError(
+                    f"{where} is rate-limiting this address (HTTP {exc.status}) "
+                    f"while downloading {name}; the install is tried again later"
+                ) from None
+            raise ReleaseError(f"downloading {name}: {where} answered HTTP {exc.status}") from None
+        except download.DownloadError as exc:
             raise ReleaseError(f"downloading {name}: {exc}") from None
-        finally:
-            await to_thread_to_the_end(sink.close)
-        return sink.hexdigest()
+        return got.sha256
 
 
 def _is_sha256(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
-
-
-class _Sink:
-    """A file and its running sha256, written from a worker thread."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._hash = hashlib.sha256()
-        self._file: IO[bytes] | None = None
-
-    def open(self) -> None:
-        self._file = self.path.open("wb")
-
-    def write(self, chunk: bytes) -> None:
-        assert self._file is not None
-        self._file.write(chunk)
-        self._hash.update(chunk)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()

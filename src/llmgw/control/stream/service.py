@@ -24,11 +24,11 @@ from grpclib.server import Server, Stream
 
 from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory, Link
-from llmgw.control.records import Registration, registration
-from llmgw.control.stream.beats import AgentMessages, Beat
+from llmgw.control.records import Registration
 from llmgw.control.stream.handshake import Handshakes
 from llmgw.control.stream.inbox import take_over
 from llmgw.control.stream.provision import provision_message
+from llmgw.control.stream.wire import AgentMessages, Beat, registration
 from llmgw.listen import cannot_listen, split_host_port
 from llmgw.names import node_id_problem
 from llmgw.pki import certificate_names, server_ssl_context
@@ -96,7 +96,7 @@ class AgentService:
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
-            # AgentMessages reads a plain heartbeat by hand (control/stream/beats.py): the generated
+            # AgentMessages reads a plain heartbeat by hand (control/stream/wire.py): the generated
             # classes' cost per heartbeat was what limited how many nodes one server holds.
             CONNECT: Handler(self._connect, Cardinality.STREAM_STREAM, AgentMessages, pb.ControlMessage)
         }
