@@ -12,7 +12,8 @@ from llmgw import config
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.config import MirrorConfig
 from llmgw.errors import ConfigError, LlmgwError
-from llmgw.mirror.fetch import FetchedModel, FetchProgress, HubFetcher, human_bytes, parse_ref, read_token
+from llmgw.hubref import parse_ref
+from llmgw.mirror.fetch import FetchedModel, FetchProgress, HubFetcher, human_bytes, read_token
 
 DEFAULT_CONFIG = Path("/etc/llmgw/mirror.yaml")
 

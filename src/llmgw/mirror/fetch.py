@@ -22,7 +22,6 @@ import fnmatch
 import hashlib
 import json
 import os
-import re
 import shutil
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ import structlog
 from llmgw import partial
 from llmgw.backoff import ExponentialBackoff
 from llmgw.errors import LlmgwError
+from llmgw.hubref import COMMIT_PATTERN
 from llmgw.tasks import to_thread_to_the_end
 
 log = structlog.get_logger(__name__)
@@ -44,16 +44,10 @@ log = structlog.get_logger(__name__)
 MANIFEST = ".llmgw-model.json"
 INCOMING = ".incoming"
 PART = ".part"
-DEFAULT_REVISION = "main"
 TOKEN_ENV = "HF_TOKEN"
-# A catalog model's `source` naming a model on the mirror: `mirror:REPO[@REVISION]`.
-SOURCE_PREFIX = "mirror:"
 _CHUNK = 1 << 20
 # Progress is reported this many times over a fetch at most (and at each file's start and end).
 _PROGRESS_STEPS = 100
-_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
-_REVISION = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._/-]*")
-COMMIT_PATTERN = re.compile(r"[0-9a-f]{40}")
 
 _converter = cattrs.Converter()
 
@@ -142,19 +136,6 @@ def human_bytes(done: int, total: int | None) -> str:
     if total is None:
         return f"{done / div:.1f} {unit}"
     return f"{done / div:.1f} of {total / div:.1f} {unit}"
-
-
-def parse_ref(ref: str) -> tuple[str, str]:
-    """ "org/model@rev" -> (repo, revision); the revision is "main" when none is named."""
-    repo, at, revision = ref.partition("@")
-    if at and not revision:
-        raise FetchError(f"{ref!r} names no revision after '@' (write org/model or org/model@REVISION)")
-    revision = revision or DEFAULT_REVISION
-    if not _REPO.fullmatch(repo) or ".." in repo:
-        raise FetchError(f"{repo!r} is not a repository name (expected org/model, such as Qwen/Qwen2.5-0.5B)")
-    if not _REVISION.fullmatch(revision) or ".." in revision.split("/"):
-        raise FetchError(f"{revision!r} is not a revision (a branch, a tag or a commit hash)")
-    return repo, revision
 
 
 def read_token(token_file: str) -> str | None:

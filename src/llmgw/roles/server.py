@@ -25,6 +25,7 @@ from llmgw.adminapi.handlers import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY,
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
+from llmgw.config.database import is_postgres_url
 from llmgw.control import mirror as mirrorapi
 from llmgw.control.ha.leadership import Leadership, advertised, plane_name, while_leading
 from llmgw.control.ha.publish import FleetRoutes
@@ -49,7 +50,6 @@ from llmgw.pricing import budget_warnings
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.store.postgres import PostgresStore
-from llmgw.store.url import is_postgres_url
 from llmgw.web.admin_listener import client_port_api_guard, make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
