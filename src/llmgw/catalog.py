@@ -31,7 +31,7 @@ from llmgw import config, names
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.engines.registry import ENGINES
 from llmgw.errors import ConfigError, LlmgwError
-from llmgw.mirror.fetch import SOURCE_PREFIX, FetchError, parse_ref
+from llmgw.hubref import SOURCE_PREFIX, RefError, parse_ref
 from llmgw.store import Store
 from llmgw.store import catalog as stored
 
@@ -292,7 +292,7 @@ def _check_source(model: ModelConfig, line: Callable[..., str], key: Callable[..
     if model.source.startswith(SOURCE_PREFIX):
         try:
             parse_ref(model.source.removeprefix(SOURCE_PREFIX))
-        except FetchError as exc:
+        except RefError as exc:
             raise ConfigError(f"{line('source')}: '{key('source')}' is {model.source!r}: {exc}") from None
         if model.sha256:
             # The mirror's pins are the hub's own, for the commit it holds; a second set could only disagree.

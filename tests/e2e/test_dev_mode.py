@@ -76,7 +76,7 @@ def test_dev_mode_keeps_its_authority_store_and_model_in_dot_llmgw_dev(
 def test_the_in_process_agent_registers_over_the_agent_service_with_its_certificate(
     dev_llmgw: RunningLlmgw,
 ) -> None:
-    """The agent service speaks only mutual TLS (tests/control/stream/test_service.py), and dev mode uses it."""
+    """The agent service speaks only mutual TLS (tests/control/stream/test_service.py); dev mode too."""
     events = [json.loads(line) for line in dev_llmgw.output if line.startswith("{")]
     (listening,) = [e for e in events if e["event"] == "agent service listening"]
     registered = [e for e in events if e["event"] == "registered with the control plane"]

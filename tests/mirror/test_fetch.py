@@ -22,7 +22,6 @@ from llmgw.mirror.fetch import (
     FetchError,
     FetchProgress,
     HubFetcher,
-    parse_ref,
     read_model,
     read_token,
 )
@@ -374,27 +373,6 @@ class TestTokens:
         (tmp_path / "empty").write_text("\n")
         with pytest.raises(FetchError, match=r"empty\b.*is empty"):
             read_token(str(tmp_path / "empty"))
-
-
-class TestReferences:
-    def test_a_reference_without_a_revision_means_main(self) -> None:
-        assert parse_ref("org/model") == ("org/model", "main")
-        assert parse_ref("org/model@" + COMMIT) == ("org/model", COMMIT)
-        assert parse_ref("gpt2@refs/pr/1") == ("gpt2", "refs/pr/1")
-
-    @pytest.mark.parametrize(
-        ("ref", "says"),
-        [
-            ("org/model@", "names no revision"),
-            ("../etc@main", "is not a repository name"),
-            ("org/model/extra", "is not a repository name"),
-            ("org/model@../../x", "is not a revision"),
-            ("", "is not a repository name"),
-        ],
-    )
-    def test_a_malformed_reference_is_refused_in_words(self, ref: str, says: str) -> None:
-        with pytest.raises(FetchError, match=says):
-            parse_ref(ref)
 
 
 class TestServing:

@@ -44,7 +44,8 @@ from llmgw.bundle.manifest import (
     Manifest,
     digest,
 )
-from llmgw.mirror.fetch import INCOMING, FetchProgress, HubFetcher, parse_ref
+from llmgw.hubref import parse_ref
+from llmgw.mirror.fetch import INCOMING, FetchProgress, HubFetcher
 from llmgw.mirror.fetch import MANIFEST as PINS
 
 ARCHES = ("x64", "arm64")

@@ -13,7 +13,8 @@ from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.config import MirrorConfig
 from llmgw.download import human_bytes
 from llmgw.errors import ConfigError, LlmgwError
-from llmgw.mirror.fetch import FetchedModel, FetchProgress, HubFetcher, parse_ref, read_token
+from llmgw.hubref import parse_ref
+from llmgw.mirror.fetch import FetchedModel, FetchProgress, HubFetcher, read_token
 
 DEFAULT_CONFIG = Path("/etc/llmgw/mirror.yaml")
 

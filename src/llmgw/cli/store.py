@@ -12,10 +12,10 @@ from llmgw import config
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.cli.store_command import server_config_option
 from llmgw.config import ServerConfig
+from llmgw.config.database import PostgresUrl, is_postgres_url
 from llmgw.errors import ConfigError, LlmgwError, StoreError
 from llmgw.store.backup import backup_store
 from llmgw.store.transfer import copy_store
-from llmgw.store.url import PostgresUrl, is_postgres_url
 
 
 @click.group()

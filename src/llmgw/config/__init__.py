@@ -2,7 +2,9 @@
 
 classes.py declares every key with its default and help; loading.py reads a
 file into those classes; location.py finds a key's line in a file;
-reference.py writes docs/reference.md from the declarations (`make docs`).
+reference.py writes docs/reference.md from the declarations (`make docs`);
+database.py reads `database` when it names PostgreSQL (the store opens what
+it checked, and sits above config: config never imports the store).
 """
 
 from __future__ import annotations

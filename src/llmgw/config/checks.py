@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from llmgw.store.url import PostgresUrl, is_postgres_url
+from llmgw.config.database import PostgresUrl, is_postgres_url
 
 # A year: longer than any wait llmgw has a use for, and far inside what datetime and asyncio can add.
 MAX_SECONDS = 365 * 24 * 3600

@@ -26,7 +26,7 @@ from llmgw.config.checks import (
     optional_listen_address,
     seconds,
 )
-from llmgw.store.url import is_postgres_url
+from llmgw.config.database import is_postgres_url
 
 
 def _field(default: Any, help: str, check: Check | None = None) -> Any:

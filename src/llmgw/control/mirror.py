@@ -27,8 +27,9 @@ from aiohttp import web
 
 from llmgw.config import MirrorClientConfig
 from llmgw.errors import LlmgwError
+from llmgw.hubref import COMMIT_PATTERN, SOURCE_PREFIX, parse_ref
 from llmgw.mirror.admin import Fetch
-from llmgw.mirror.fetch import COMMIT_PATTERN, SOURCE_PREFIX, FetchedModel, parse_ref
+from llmgw.mirror.fetch import FetchedModel
 from llmgw.pki import https_client_ssl_context
 
 log = structlog.get_logger(__name__)

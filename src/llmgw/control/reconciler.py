@@ -26,7 +26,7 @@ from llmgw.control.metrics import ControlMetrics, reject_reason
 from llmgw.control.mirror import MirrorClient, MirrorError
 from llmgw.control.placement import Backoff, Scheduler
 from llmgw.engines.registry import ENGINES
-from llmgw.mirror.fetch import SOURCE_PREFIX
+from llmgw.hubref import SOURCE_PREFIX
 from llmgw.names import shard_stem
 from llmgw.proto.llmgw import v1 as pb
 

@@ -173,10 +173,22 @@ def _headers(call: Call) -> dict[istr, str]:
 
 async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamResponse:
     """Send the request, stream the reply; started gets the client's response once it is under way."""
+    upstream = await _send(call)
+    async with upstream:
+        tap = _tap(call, upstream)
+        headers = _reply_headers(call, upstream, tap)
+        chunk = await _first_read(call, upstream)
+        if upstream.content.at_eof():
+            return _whole_reply(call, upstream, chunk, tap, headers)
+        return await _stream_reply(call, upstream, chunk, tap, headers, started)
+
+
+async def _send(call: Call) -> aiohttp.ClientResponse:
+    """The request sent to the engine, and its reply's status and headers; a 502 when it did not answer."""
     session = call.request.app[SESSION_KEY]
     url = call.endpoint + call.request.path_qs
     try:
-        upstream = await session.post(url, data=call.body, headers=_headers(call))
+        return await session.post(url, data=call.body, headers=_headers(call))
     except (aiohttp.ClientError, TimeoutError) as exc:
         _count_upstream_error(call, "connect")
         error = _did_not_answer(call, exc)
@@ -186,91 +198,135 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
             # agent says it is ready.
             call.route.refused(error.message)
         raise error from None
-    async with upstream:
-        headers = {name: upstream.headers[name] for name in _COPIED_HEADERS if name in upstream.headers}
-        headers[MODEL_HEADER] = call.served_model or call.model
-        if call.request_id:
-            headers[REQUEST_ID_HEADER] = call.request_id
-        events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
-        tap = StreamTap(call.hide_usage) if call.count_usage and events else None
-        if tap is not None and call.hide_usage:
-            # Its length is the engine's, with the chunk the client did not ask for.
-            headers.pop(hdrs.CONTENT_LENGTH, None)
-        try:
-            chunk = await upstream.content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            _count_upstream_error(call, "reply")
-            raise _did_not_answer(call, exc) from None
-        call.first_byte = time.perf_counter()
-        if upstream.content.at_eof():
-            # The whole reply is already here (a non-streamed completion, most
-            # often): a plain Response sends headers and body in one write,
-            # where a StreamResponse sends its headers on their own first.
-            if tap is not None and call.hide_usage:
-                chunk = tap.feed(chunk) + tap.end()
-                call.usage = tap.usage
-            elif call.count_usage:
-                # Nothing to hide or hold back (the response goes out only after done()): the usage
-                # is all a stream's tap would find, and finding it costs half as much.
-                call.usage = find_usage(chunk)
-            if call.done is not None:
-                # Before the response exists: aiohttp sends it only once this handler has returned.
-                call.done(upstream.status)
-            return web.Response(body=chunk, status=upstream.status, reason=upstream.reason, headers=headers)
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-        # A reply that is not a stream of events (a long non-streamed one) goes one read behind, so that
-        # its last bytes wait for its usage to be journaled; only its last few KB are kept to find it in.
-        tail = bytearray() if call.count_usage and tap is None else None
-        behind = b""
-        try:
-            started.append(response)
-            await response.prepare(call.request)
-            while chunk:
-                if tap is not None:
-                    if ready := tap.feed(chunk):
-                        await response.write(ready)
-                elif tail is not None:
-                    if behind:
-                        await response.write(behind)
-                    behind = chunk
-                    tail += chunk
-                    if len(tail) > 2 * STREAM_TAIL:
-                        del tail[:-STREAM_TAIL]
-                else:
-                    await response.write(chunk)
-                chunk = await upstream.content.readany()
-            if tap is not None:
-                behind = tap.end()
-                call.usage = tap.usage
-            elif tail is not None:
-                call.usage = find_usage(tail)
-            if call.done is not None:
-                call.done(upstream.status)
+
+
+def _tap(call: Call, upstream: aiohttp.ClientResponse) -> StreamTap | None:
+    """What reads the usage out of a stream of events as it passes, when the call's usage is counted."""
+    events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
+    return StreamTap(call.hide_usage) if call.count_usage and events else None
+
+
+def _reply_headers(call: Call, upstream: aiohttp.ClientResponse, tap: StreamTap | None) -> dict[istr, str]:
+    headers = {name: upstream.headers[name] for name in _COPIED_HEADERS if name in upstream.headers}
+    headers[MODEL_HEADER] = call.served_model or call.model
+    if call.request_id:
+        headers[REQUEST_ID_HEADER] = call.request_id
+    if tap is not None and call.hide_usage:
+        # Its length is the engine's, with the chunk the client did not ask for.
+        headers.pop(hdrs.CONTENT_LENGTH, None)
+    return headers
+
+
+async def _first_read(call: Call, upstream: aiohttp.ClientResponse) -> bytes:
+    """The reply's first bytes (call.first_byte says when); a 502 when the engine sends none."""
+    try:
+        chunk = await upstream.content.readany()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        _count_upstream_error(call, "reply")
+        raise _did_not_answer(call, exc) from None
+    call.first_byte = time.perf_counter()
+    return chunk
+
+
+def _whole_reply(
+    call: Call,
+    upstream: aiohttp.ClientResponse,
+    chunk: bytes,
+    tap: StreamTap | None,
+    headers: dict[istr, str],
+) -> web.Response:
+    """A reply already all here (a non-streamed completion, most often), sent in one write.
+
+    A plain Response sends headers and body in one write, where a StreamResponse sends its
+    headers on their own first.
+    """
+    if tap is not None and call.hide_usage:
+        chunk = tap.feed(chunk) + tap.end()
+        call.usage = tap.usage
+    elif call.count_usage:
+        # Nothing to hide or hold back (the response goes out only after done()): the usage
+        # is all a stream's tap would find, and finding it costs half as much.
+        call.usage = find_usage(chunk)
+    if call.done is not None:
+        # Before the response exists: aiohttp sends it only once this handler has returned.
+        call.done(upstream.status)
+    return web.Response(body=chunk, status=upstream.status, reason=upstream.reason, headers=headers)
+
+
+async def _stream_reply(
+    call: Call,
+    upstream: aiohttp.ClientResponse,
+    chunk: bytes,
+    tap: StreamTap | None,
+    headers: dict[istr, str],
+    started: list[web.StreamResponse],
+) -> web.StreamResponse:
+    """A reply still arriving, written to the client as it comes; cut, never made whole, when an end goes."""
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    try:
+        started.append(response)
+        await response.prepare(call.request)
+        await _relay(call, upstream, chunk, tap, response)
+    except ConnectionResetError:
+        # The client went away; leaving the block closes the engine's
+        # connection, which tells the engine to stop generating.
+        pass
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        _count_upstream_error(call, "reply")
+        log.warning(
+            "the engine stopped answering in the middle of a reply",
+            model=call.model,
+            endpoint=call.endpoint,
+            error=str(exc) or type(exc).__name__,
+        )
+        # No write_eof: the client must see a cut reply, not a complete one.
+        if call.request.transport is not None:
+            call.request.transport.close()
+    except asyncio.CancelledError:
+        # Abandoned (its node was lost) or the server is stopping: cut, never made to look whole.
+        if call.request.transport is not None:
+            call.request.transport.close()
+        raise
+    finally:
+        if call.usage is None:
+            # Cut short: the last usage the engine reported on the way, if it reports any mid-stream.
+            call.usage = tap.usage if tap is not None else None
+    return response
+
+
+async def _relay(
+    call: Call,
+    upstream: aiohttp.ClientResponse,
+    chunk: bytes,
+    tap: StreamTap | None,
+    response: web.StreamResponse,
+) -> None:
+    """Every chunk from the engine to the client, the usage found on the way, then the reply's end."""
+    # A reply that is not a stream of events (a long non-streamed one) goes one read behind, so that
+    # its last bytes wait for its usage to be journaled; only its last few KB are kept to find it in.
+    tail = bytearray() if call.count_usage and tap is None else None
+    behind = b""
+    while chunk:
+        if tap is not None:
+            if ready := tap.feed(chunk):
+                await response.write(ready)
+        elif tail is not None:
             if behind:
                 await response.write(behind)
-            await response.write_eof()
-        except ConnectionResetError:
-            # The client went away; leaving the block closes the engine's
-            # connection, which tells the engine to stop generating.
-            pass
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            _count_upstream_error(call, "reply")
-            log.warning(
-                "the engine stopped answering in the middle of a reply",
-                model=call.model,
-                endpoint=call.endpoint,
-                error=str(exc) or type(exc).__name__,
-            )
-            # No write_eof: the client must see a cut reply, not a complete one.
-            if call.request.transport is not None:
-                call.request.transport.close()
-        except asyncio.CancelledError:
-            # Abandoned (its node was lost) or the server is stopping: cut, never made to look whole.
-            if call.request.transport is not None:
-                call.request.transport.close()
-            raise
-        finally:
-            if call.usage is None:
-                # Cut short: the last usage the engine reported on the way, if it reports any mid-stream.
-                call.usage = tap.usage if tap is not None else None
-        return response
+            behind = chunk
+            tail += chunk
+            if len(tail) > 2 * STREAM_TAIL:
+                del tail[:-STREAM_TAIL]
+        else:
+            await response.write(chunk)
+        chunk = await upstream.content.readany()
+    if tap is not None:
+        behind = tap.end()
+        call.usage = tap.usage
+    elif tail is not None:
+        call.usage = find_usage(tail)
+    if call.done is not None:
+        call.done(upstream.status)
+    if behind:
+        await response.write(behind)
+    await response.write_eof()

@@ -30,6 +30,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from llmgw.config import MirrorConfig
 from llmgw.errors import ConfigError
+from llmgw.hubref import RefError, parse_ref
 from llmgw.listen import cannot_listen, split_host_port
 from llmgw.mirror.fetch import (
     FetchedModel,
@@ -38,7 +39,6 @@ from llmgw.mirror.fetch import (
     HubFetcher,
     find_model,
     list_models,
-    parse_ref,
     remove_model,
 )
 from llmgw.pki import https_server_ssl_context, peer_common_name
@@ -105,7 +105,7 @@ class Fetches:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
     def start(self, ref: str, include: list[str]) -> Fetch:
-        """Start fetching ref; FetchError when ref is not a reference."""
+        """Start fetching ref; RefError when ref is not a reference."""
         repo, revision = parse_ref(ref)
         fetch = Fetch(id=str(next(self._ids)), model=f"{repo}@{revision}", include=include)
         self._fetches[fetch.id] = fetch
@@ -186,7 +186,7 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
             return _error(400, "'include' must be a list of globs, such as [\"*.gguf\"]")
         try:
             fetch = fetches.start(body["model"], include)
-        except FetchError as exc:
+        except RefError as exc:
             return _error(400, str(exc))
         return web.json_response(_converter.unstructure(fetch), status=202)
 
@@ -202,7 +202,7 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
     async def delete_model(request: web.Request) -> web.Response:
         try:
             repo, revision = parse_ref(request.query.get("model", ""))
-        except FetchError as exc:
+        except RefError as exc:
             return _error(400, str(exc))
         if fetches.running(repo):
             return _error(409, f"{repo} is being fetched; delete it once the fetch has finished")

@@ -22,7 +22,6 @@ import fnmatch
 import hashlib
 import json
 import os
-import re
 import shutil
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -38,18 +37,13 @@ from llmgw import download
 from llmgw.backoff import ExponentialBackoff
 from llmgw.download import PART, human_bytes
 from llmgw.errors import LlmgwError
+from llmgw.hubref import COMMIT_PATTERN
 
 log = structlog.get_logger(__name__)
 
 MANIFEST = ".llmgw-model.json"
 INCOMING = ".incoming"
-DEFAULT_REVISION = "main"
 TOKEN_ENV = "HF_TOKEN"
-# A catalog model's `source` naming a model on the mirror: `mirror:REPO[@REVISION]`.
-SOURCE_PREFIX = "mirror:"
-_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
-_REVISION = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._/-]*")
-COMMIT_PATTERN = re.compile(r"[0-9a-f]{40}")
 
 _converter = cattrs.Converter()
 
@@ -131,17 +125,6 @@ class FetchedModel:
 Progress = Callable[[FetchProgress], None]
 
 
-def parse_ref(ref: str) -> tuple[str, str]:
-    """ "org/model@rev" -> (repo, revision); the revision is "main" when none is named."""
-    repo, at, revision = ref.partition("@")
-    if at and not revision:
-        raise FetchError(f"{ref!r} names no revision after '@' (write org/model or org/model@REVISION)")
-    revision = revision or DEFAULT_REVISION
-    if not _REPO.fullmatch(repo) or ".." in repo:
-        raise FetchError(f"{repo!r} is not a repository name (expected org/model, such as Qwen/Qwen2.5-0.5B)")
-    if not _REVISION.fullmatch(revision) or ".." in revision.split("/"):
-        raise FetchError(f"{revision!r} is not a revision (a branch, a tag or a commit hash)")
-    return repo, revision
 
 
 def read_token(token_file: str) -> str | None:

@@ -12,8 +12,9 @@ import contextlib
 import functools
 import gc
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import attrs
 import structlog
@@ -25,6 +26,7 @@ from llmgw.adminapi.handlers import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY,
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
+from llmgw.config.database import is_postgres_url
 from llmgw.control import mirror as mirrorapi
 from llmgw.control.ha.leadership import Leadership, advertised, plane_name, while_leading
 from llmgw.control.ha.publish import FleetRoutes
@@ -39,7 +41,7 @@ from llmgw.gateway.allowance import Allowance
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.history import History
-from llmgw.gateway.journal import open_journal
+from llmgw.gateway.journal import Entry, Journal, open_journal
 from llmgw.gateway.metrics import GatewayMetrics, budget_families
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
@@ -49,7 +51,6 @@ from llmgw.pricing import budget_warnings
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.store.postgres import PostgresStore
-from llmgw.store.url import is_postgres_url
 from llmgw.web.admin_listener import client_port_api_guard, make_admin_app, mount_on_client_port
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
@@ -168,12 +169,13 @@ async def _serve_app(
 
 @contextlib.asynccontextmanager
 async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
+    """The server, built in steps on one exit stack, which stops them in the reverse order.
+
+    Store, catalog, accounting, the fleet (leadership and the agents' listener), the gateway with
+    its pages, the admin listener, metrics: each step registers its own teardown as it builds.
+    """
     async with contextlib.AsyncExitStack() as stack:
-        # One open file per connected node: a process starts allowed 1,024 (llmgw/openfiles.py).
-        openfiles.report(openfiles.raise_limit())
-        loop = asyncio.get_running_loop()
-        stack.callback(loop.set_exception_handler, loop.get_exception_handler())
-        openfiles.explain_accept_failures(loop)
+        _prepare_the_process(stack)
         store = await stack.enter_async_context(open_store(cfg.store, server=True))
         keys = KeyCache()
         await keys.refresh(store)
@@ -187,149 +189,49 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         journal, recent = await stack.enter_async_context(
             open_journal(cfg.usage_journal_dir, store, cfg.usage_sync_s)
         )
-        owned: list[asyncio.Task[None]] = []
-        tasks = await stack.enter_async_context(asyncio.TaskGroup())
-        # Registered after the group, so it runs before the group waits for them.
-        stack.callback(_cancel_all, owned)
-        owned.append(tasks.create_task(_refresh_keys(store, keys), name="key-cache-refresh"))
-        usage = UsageRecorder(journal=journal)
-        # Servers sharing one PostgreSQL each admit requests: each leases part of every limited scope's
-        # allowance there, or each would admit a project's whole rpm and budget on its own.
-        allowance = Allowance(store.pool) if isinstance(store, PostgresStore) else None
-        quotas = Quotas(
-            usage, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm, allowance=allowance
-        )
-        await quotas.refresh(store)
-        quotas.restore(recent)
-        for warning in budget_warnings(cfg, quotas.budgets, catalog.models(), quotas.prices):
-            log.warning(warning)
-        # Not cancelled but stopped (registered after the group, so before it
-        # waits): the writer flushes once more after the gateway has drained.
-        tasks.create_task(usage.run(store), name="usage-writer")
-        tasks.create_task(journal.run(), name="usage-journal")
-        stack.callback(journal.stop)
-        stack.callback(usage.stop)
-        owned.append(tasks.create_task(_refresh_quotas(store, quotas), name="quota-refresh"))
-        if allowance is not None:
-            owned.append(tasks.create_task(allowance.run(), name="allowance-renewal"))
-            # Runs once the gateway has drained (it is served later, so stopped earlier): what the
-            # leases hold unused goes back at once, rather than when the rows lapse.
-            stack.push_async_callback(allowance.give_back)
+        tasks = await _Tasks.enter(stack)
+        tasks.keep(_refresh_keys(store, keys), "key-cache-refresh")
+        usage, quotas = await _start_accounting(stack, tasks, cfg, store, catalog, journal, recent)
         mirror = await stack.enter_async_context(MirrorClient(cfg.mirror)) if cfg.mirror.api else None
         registry = new_registry()
         control_metrics = ControlMetrics(registry, inventory, usage)
         budgets = Snapshot(registry, lambda: budget_families(quotas))
         metrics = Metrics(registry, [s for s in (control_metrics.snapshot, budgets) if s is not None])
-        leadership, agent_cfg = await _leadership(cfg)
-        # With several control planes, the gateway routes by the leader's published table while this
-        # one is a standby (control/ha/publish.py); alone, by its own inventory. Made before the
-        # election starts: its LISTEN must be made on the very first connection.
-        routes = None
-        if leadership is not None:
-            routes = FleetRoutes(inventory, leadership, catalog, cfg.control.grace_s)
-            await stack.enter_async_context(leadership)
-        agent_port = await stack.enter_async_context(
-            serve_agents(agent_cfg, inventory, refused=control_metrics.agent_refused, gate=leadership)
-        )
-        if routes is not None:
-            owned.append(tasks.create_task(routes.follow(), name="routing-table-follow"))
-            owned.append(tasks.create_task(_refresh_catalog(catalog), name="catalog-refresh"))
+        fleet = await _join_the_fleet(stack, tasks, cfg, inventory, catalog, control_metrics)
         gateway_metrics = GatewayMetrics(registry, catalog, log_requests=cfg.log.requests)
-        app = make_gateway_app(
-            cfg,
-            catalog,
-            routes if routes is not None else inventory,
-            keys,
-            Admission(cfg, catalog, quotas, usage),
-            gateway_metrics,
-        )
-
-        def plane() -> views.ControlPlane:
-            return control_plane_view(cfg, leadership)
-
-        app[CONTROL_PLANE_KEY] = plane
-        # `ctl model add` of a model with no price says budgets never bind on it.
-        app[BUDGETS_KEY] = lambda: quotas.budgets
-        app[PRICES_KEY] = lambda: quotas.prices
+        app = _gateway_app(cfg, catalog, fleet, inventory, keys, quotas, usage, gateway_metrics)
         # The last hours for the pages' charts, sampled from the same counters a scraper reads.
         history = History(gateway_metrics, inventory, cfg.monitoring.window_s)
-        owned.append(tasks.create_task(history.run(), name="history-sampler"))
+        tasks.keep(history.run(), "history-sampler")
         app[HISTORY_KEY] = history
-        reconciler = None
-        if cfg.control.enabled:
-            # A draining node's replicas are stopped once the gateway has nothing in flight there.
-            reconciler = Reconciler(
-                cfg,
-                inventory,
-                catalog,
-                in_flight=app[ROUTER_KEY].in_flight,
-                metrics=control_metrics,
-                mirror=mirror,
-            )
-            # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
-            app[BACKOFF_KEY] = reconciler.backoff
+        reconciler = _reconciler(cfg, inventory, catalog, app, control_metrics, mirror)
         # Only the leader places and reconciles (always this server, without PostgreSQL).
-        lead = functools.partial(_lead, routes, reconciler)
-        owned.append(tasks.create_task(while_leading(leadership, lead), name="lead"))
-        # The pages (login, profile, /admin) on the same port; /v1/* never looks a session up.
-        pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
-        mount_pages(app, pages)
-        mount_on_client_port(app, cfg, inventory, catalog)
-        # `llmgw ctl --server https://HOST/admin mirror …`, with an admin token.
-        mirrorapi.install(app, mirror, prefix="/admin", guard=client_port_api_guard(cfg))
-        if mirror is not None:
-            mount_mirror_page(app, "/admin", require_admin)
+        lead = functools.partial(_lead, fleet.routes, reconciler)
+        tasks.keep(while_leading(fleet.leadership, lead), "lead")
+        pages = _mount_pages(app, cfg, store, quotas, inventory, catalog, mirror)
         gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         url = f"http://{bound.address(*gateway)}"
-        # With `llmgw ctl mirror` relayed to the mirror's admin listener.
-        admin_app = make_admin_app(cfg, inventory, catalog, pages, mirror)
-        if mirror is not None:
-            mount_mirror_page(admin_app, "")
-        admin_app[BUDGETS_KEY] = app[BUDGETS_KEY]
-        admin_app[PRICES_KEY] = app[PRICES_KEY]
-        admin_app[CONTROL_PLANE_KEY] = app[CONTROL_PLANE_KEY]
-        admin_app[HISTORY_KEY] = history
-        admin_app.router.add_get("/metrics", metrics.handle)
-        if reconciler is not None:
-            admin_app[BACKOFF_KEY] = reconciler.backoff
+        admin_app = _admin_app(cfg, inventory, catalog, pages, mirror, app, metrics, reconciler)
         admin = await stack.enter_async_context(
             _serve_app(admin_app, cfg.admin_listen, "admin_listen", cfg.drain_timeout_s)
         )
         admin_url = f"http://{bound.address(*admin)}"
-        # For `llmgw ctl --config`: the ports as bound, which server.yaml does not know for port 0.
-        listening = bound.Listening(
-            pid=os.getpid(),
-            gateway=bound.address(*gateway),
-            admin=bound.address(*admin),
-            agent_port=agent_port,
-        )
-        recorded = await bound.record(Path(cfg.state_dir), listening)
-        if recorded is not None:
-            # Removed before the listeners close, so no ctl dials a port that is going away.
-            stack.push_async_callback(bound.forget, recorded, listening.pid)
+        await _record_the_ports(stack, cfg, gateway, admin, fleet.agent_port)
         metrics_url = await stack.enter_async_context(
             serve_metrics(metrics, cfg.metrics_listen, "metrics_listen")
         )
-        # What start-up built lives as long as the server; what registering nodes build, as long as
-        # they stay: neither should be walked by every full collection (llmgw/heap.py).
-        heap.freeze()
-        stack.callback(gc.unfreeze)
-        owned.append(
-            tasks.create_task(
-                heap.freeze_after_registrations(lambda: inventory.registrations), name="heap-freeze"
-            )
-        )
+        _freeze_the_heap(stack, tasks, inventory)
         log.info(
             "server ready",
             gateway=url,
             admin=admin_url,
             metrics=metrics_url or f"{admin_url}/metrics",
-            agent_port=agent_port,
+            agent_port=fleet.agent_port,
             models=catalog.names(),
         )
         yield ServerHandle(
             gateway_url=url,
-            agent_port=agent_port,
+            agent_port=fleet.agent_port,
             store=store,
             keys=keys,
             inventory=inventory,
@@ -339,6 +241,244 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             metrics_url=metrics_url,
         )
         log.info("server stopping")
+
+
+def _prepare_the_process(stack: contextlib.AsyncExitStack) -> None:
+    """Room for a file per connected node, and the loop's exception handler, restored at the end."""
+    # One open file per connected node: a process starts allowed 1,024 (llmgw/openfiles.py).
+    openfiles.report(openfiles.raise_limit())
+    loop = asyncio.get_running_loop()
+    stack.callback(loop.set_exception_handler, loop.get_exception_handler())
+    openfiles.explain_accept_failures(loop)
+
+
+@attrs.frozen
+class _Tasks:
+    """The server's task group, and those of its tasks that are cancelled when it stops.
+
+    The others (the usage writer, the journal) are stopped by a callback of their own, so that
+    they finish their work: written once more after the gateway has drained.
+    """
+
+    group: asyncio.TaskGroup
+    cancelled: list[asyncio.Task[None]]
+
+    @classmethod
+    async def enter(cls, stack: contextlib.AsyncExitStack) -> _Tasks:
+        tasks = cls(await stack.enter_async_context(asyncio.TaskGroup()), [])
+        # Registered after the group, so it runs before the group waits for them.
+        stack.callback(_cancel_all, tasks.cancelled)
+        return tasks
+
+    def keep(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run work until the server stops, when it is cancelled."""
+        self.cancelled.append(self.group.create_task(work, name=name))
+
+    def run(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run work until it ends of itself: told to by a callback on the stack."""
+        self.group.create_task(work, name=name)
+
+
+async def _start_accounting(
+    stack: contextlib.AsyncExitStack,
+    tasks: _Tasks,
+    cfg: ServerConfig,
+    store: Store,
+    catalog: Catalog,
+    journal: Journal,
+    recent: list[Entry],
+) -> tuple[UsageRecorder, Quotas]:
+    """Usage recorded and written, and the limits and budgets it counts against, kept fresh."""
+    usage = UsageRecorder(journal=journal)
+    # Servers sharing one PostgreSQL each admit requests: each leases part of every limited scope's
+    # allowance there, or each would admit a project's whole rpm and budget on its own.
+    allowance = Allowance(store.pool) if isinstance(store, PostgresStore) else None
+    quotas = Quotas(
+        usage, default_rpm=cfg.auth.default_rpm, default_tpm=cfg.auth.default_tpm, allowance=allowance
+    )
+    await quotas.refresh(store)
+    quotas.restore(recent)
+    for warning in budget_warnings(cfg, quotas.budgets, catalog.models(), quotas.prices):
+        log.warning(warning)
+    # Not cancelled but stopped (registered after the group, so before it
+    # waits): the writer flushes once more after the gateway has drained.
+    tasks.run(usage.run(store), "usage-writer")
+    tasks.run(journal.run(), "usage-journal")
+    stack.callback(journal.stop)
+    stack.callback(usage.stop)
+    tasks.keep(_refresh_quotas(store, quotas), "quota-refresh")
+    if allowance is not None:
+        tasks.keep(allowance.run(), "allowance-renewal")
+        # Runs once the gateway has drained (it is served later, so stopped earlier): what the
+        # leases hold unused goes back at once, rather than when the rows lapse.
+        stack.push_async_callback(allowance.give_back)
+    return usage, quotas
+
+
+@attrs.frozen
+class _Fleet:
+    """This server's place among the control planes, and the port agents connect to."""
+
+    # None without PostgreSQL: this server alone leads.
+    leadership: Leadership | None
+    # The leader's published routing table, followed while this server is a standby.
+    routes: FleetRoutes | None
+    agent_port: int
+
+
+async def _join_the_fleet(
+    stack: contextlib.AsyncExitStack,
+    tasks: _Tasks,
+    cfg: ServerConfig,
+    inventory: Inventory,
+    catalog: Catalog,
+    control_metrics: ControlMetrics,
+) -> _Fleet:
+    """The election (with PostgreSQL), then the agents' listener, gated by it."""
+    leadership, agent_cfg = await _leadership(cfg)
+    # With several control planes, the gateway routes by the leader's published table while this
+    # one is a standby (control/ha/publish.py); alone, by its own inventory. Made before the
+    # election starts: its LISTEN must be made on the very first connection.
+    routes = None
+    if leadership is not None:
+        routes = FleetRoutes(inventory, leadership, catalog, cfg.control.grace_s)
+        await stack.enter_async_context(leadership)
+    agent_port = await stack.enter_async_context(
+        serve_agents(agent_cfg, inventory, refused=control_metrics.agent_refused, gate=leadership)
+    )
+    if routes is not None:
+        tasks.keep(routes.follow(), "routing-table-follow")
+        tasks.keep(_refresh_catalog(catalog), "catalog-refresh")
+    return _Fleet(leadership, routes, agent_port)
+
+
+def _gateway_app(
+    cfg: ServerConfig,
+    catalog: Catalog,
+    fleet: _Fleet,
+    inventory: Inventory,
+    keys: KeyCache,
+    quotas: Quotas,
+    usage: UsageRecorder,
+    gateway_metrics: GatewayMetrics,
+) -> web.Application:
+    """The client-facing app (/v1/*), with what its admin routes read of this server."""
+    app = make_gateway_app(
+        cfg,
+        catalog,
+        fleet.routes if fleet.routes is not None else inventory,
+        keys,
+        Admission(cfg, catalog, quotas, usage),
+        gateway_metrics,
+    )
+
+    def plane() -> views.ControlPlane:
+        return control_plane_view(cfg, fleet.leadership)
+
+    app[CONTROL_PLANE_KEY] = plane
+    # `ctl model add` of a model with no price says budgets never bind on it.
+    app[BUDGETS_KEY] = lambda: quotas.budgets
+    app[PRICES_KEY] = lambda: quotas.prices
+    return app
+
+
+def _reconciler(
+    cfg: ServerConfig,
+    inventory: Inventory,
+    catalog: Catalog,
+    app: web.Application,
+    control_metrics: ControlMetrics,
+    mirror: MirrorClient | None,
+) -> Reconciler | None:
+    """What places the catalog's models on the fleet, when this server does (`control.enabled`)."""
+    if not cfg.control.enabled:
+        return None
+    # A draining node's replicas are stopped once the gateway has nothing in flight there.
+    reconciler = Reconciler(
+        cfg,
+        inventory,
+        catalog,
+        in_flight=app[ROUTER_KEY].in_flight,
+        metrics=control_metrics,
+        mirror=mirror,
+    )
+    # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
+    app[BACKOFF_KEY] = reconciler.backoff
+    return reconciler
+
+
+def _mount_pages(
+    app: web.Application,
+    cfg: ServerConfig,
+    store: Store,
+    quotas: Quotas,
+    inventory: Inventory,
+    catalog: Catalog,
+    mirror: MirrorClient | None,
+) -> WebContext:
+    """The pages (login, profile, /admin) and the admin API under /admin, on the client port."""
+    # /v1/* never looks a session up.
+    pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
+    mount_pages(app, pages)
+    mount_on_client_port(app, cfg, inventory, catalog)
+    # `llmgw ctl --server https://HOST/admin mirror …`, with an admin token.
+    mirrorapi.install(app, mirror, prefix="/admin", guard=client_port_api_guard(cfg))
+    if mirror is not None:
+        mount_mirror_page(app, "/admin", require_admin)
+    return pages
+
+
+def _admin_app(
+    cfg: ServerConfig,
+    inventory: Inventory,
+    catalog: Catalog,
+    pages: WebContext,
+    mirror: MirrorClient | None,
+    gateway_app: web.Application,
+    metrics: Metrics,
+    reconciler: Reconciler | None,
+) -> web.Application:
+    """The admin listener's app: cluster pages, the admin API (`llmgw ctl`) and /metrics."""
+    # With `llmgw ctl mirror` relayed to the mirror's admin listener.
+    admin_app = make_admin_app(cfg, inventory, catalog, pages, mirror)
+    if mirror is not None:
+        mount_mirror_page(admin_app, "")
+    admin_app[BUDGETS_KEY] = gateway_app[BUDGETS_KEY]
+    admin_app[PRICES_KEY] = gateway_app[PRICES_KEY]
+    admin_app[CONTROL_PLANE_KEY] = gateway_app[CONTROL_PLANE_KEY]
+    admin_app[HISTORY_KEY] = gateway_app[HISTORY_KEY]
+    admin_app.router.add_get("/metrics", metrics.handle)
+    if reconciler is not None:
+        admin_app[BACKOFF_KEY] = reconciler.backoff
+    return admin_app
+
+
+async def _record_the_ports(
+    stack: contextlib.AsyncExitStack,
+    cfg: ServerConfig,
+    gateway: tuple[str, int],
+    admin: tuple[str, int],
+    agent_port: int,
+) -> None:
+    """For `llmgw ctl --config`: the ports as bound, which server.yaml does not know for port 0."""
+    listening = bound.Listening(
+        pid=os.getpid(),
+        gateway=bound.address(*gateway),
+        admin=bound.address(*admin),
+        agent_port=agent_port,
+    )
+    recorded = await bound.record(Path(cfg.state_dir), listening)
+    if recorded is not None:
+        # Removed before the listeners close, so no ctl dials a port that is going away.
+        stack.push_async_callback(bound.forget, recorded, listening.pid)
+
+
+def _freeze_the_heap(stack: contextlib.AsyncExitStack, tasks: _Tasks, inventory: Inventory) -> None:
+    # What start-up built lives as long as the server; what registering nodes build, as long as
+    # they stay: neither should be walked by every full collection (llmgw/heap.py).
+    heap.freeze()
+    stack.callback(gc.unfreeze)
+    tasks.keep(heap.freeze_after_registrations(lambda: inventory.registrations), "heap-freeze")
 
 
 async def _leadership(cfg: ServerConfig) -> tuple[Leadership | None, ServerConfig]:

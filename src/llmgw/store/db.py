@@ -6,11 +6,11 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from llmgw.config.database import is_postgres_url
 from llmgw.store.base import Duplicate, IntegrityError, MissingReference, Queries, Row, Store
 from llmgw.store.migrations import MIGRATIONS, Migration
 from llmgw.store.postgres import open_postgres
 from llmgw.store.sqlite import open_sqlite, unusable
-from llmgw.store.url import is_postgres_url
 
 __all__ = [
     "Duplicate",

@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 
 import asyncpg
 
+from llmgw.config.database import PostgresUrl
 from llmgw.errors import StoreError
 from llmgw.store.base import Args, Duplicate, IntegrityError, MissingReference, Queries, Row, Store
 from llmgw.store.dialect import POSTGRESQL
 from llmgw.store.migrations import MIGRATIONS, Migration, NewerSchema, migrate
-from llmgw.store.url import PostgresUrl
 
 # How long a server waits for PostgreSQL to answer a new connection: an address that drops packets
 # would otherwise hold the start for asyncpg's default of a minute before saying anything.

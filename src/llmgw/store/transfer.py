@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from llmgw.config.database import PostgresUrl, is_postgres_url
 from llmgw.errors import StoreError
 from llmgw.store.base import IntegrityError, Queries, Store
 from llmgw.store.db import open_store
-from llmgw.store.url import PostgresUrl, is_postgres_url
 
 # Rows a fresh store has from its migrations alone (the default org, team and project, the journal's
 # mark): a target holding only these is empty.

@@ -33,8 +33,8 @@ import attrs
 import structlog
 
 from llmgw.backoff import ExponentialBackoff
+from llmgw.config.database import PostgresUrl
 from llmgw.keepalive import keep_alive
-from llmgw.store.url import PostgresUrl
 from llmgw.stream_words import STANDBY
 
 log = structlog.get_logger(__name__)

@@ -1,4 +1,8 @@
-"""server.yaml's `database` when it names PostgreSQL: read and checked where the config is loaded."""
+"""server.yaml's `database` when it names PostgreSQL: read and checked where the config is loaded.
+
+Here rather than in store/ because the config checks it and the store opens it, and config sits
+below the store (tests/test_imports.py holds the layers).
+"""
 
 from __future__ import annotations
 
