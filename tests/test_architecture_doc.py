@@ -137,3 +137,50 @@ def test_the_command_check_tells_a_real_command_from_an_invented_one(line: str, 
     if words[0] == "ctl":
         words = ["llmgw", *words]
     assert _command_problem(words[1:]) == problem
+
+
+def _layout_block() -> list[str]:
+    """The lines of the fenced block under "## Layout": the tree as the page draws it."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    section = text.split("\n## Layout", 1)[1]
+    return section.split("```", 2)[1].splitlines()
+
+
+def _layout_paths() -> list[str]:
+    """Every path the layout block names, relative to the repository (`src/llmgw/control/stream/`)."""
+    paths: list[str] = []
+    parents: list[tuple[int, str]] = []
+    for line in _layout_block():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        name = line.split()[0]
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        path = (parents[-1][1] if parents else "") + name
+        paths.append(path)
+        if name.endswith("/"):
+            parents.append((indent, path))
+    return paths
+
+
+def test_every_path_the_layout_names_exists() -> None:
+    """A module moved or renamed without the page following is a map that sends a reader astray."""
+    paths = _layout_paths()
+    assert any(path.startswith("src/llmgw/") for path in paths), "the layout block names no module"
+    missing = [path for path in paths if not (REPO / path).exists()]
+    assert missing == [], f"docs/architecture.md's layout names what the tree lacks: {missing}"
+
+
+def test_the_layout_names_every_package() -> None:
+    """A new package the page does not name is a room a reader cannot find from the map."""
+    named = {path.rstrip("/") for path in _layout_paths()}
+    src = REPO / "src" / "llmgw"
+    packages = {
+        str(init.parent.relative_to(REPO))
+        for init in src.rglob("__init__.py")
+        if "proto" not in init.relative_to(src).parts[:1] or init.parent == src / "proto"
+    }
+    packages.discard("src/llmgw")
+    unnamed = sorted(packages - named)
+    assert unnamed == [], f"docs/architecture.md's layout does not name these packages: {unnamed}"

@@ -125,8 +125,6 @@ class FetchedModel:
 Progress = Callable[[FetchProgress], None]
 
 
-
-
 def read_token(token_file: str) -> str | None:
     """The hub's token from token_file, else from HF_TOKEN; None when neither has one.
 
