@@ -134,7 +134,7 @@ class TestTheSecret:
         self,
     ) -> None:
         @attrs.frozen
-        class Chatty:
+        class Chatty(Engine):
             """The sim, started the way SGLang is: the secret on its command line, which it prints."""
 
             name: str = "sim"

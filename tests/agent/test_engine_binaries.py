@@ -8,14 +8,14 @@ from pathlib import Path
 import attrs
 
 from llmgw.agent.supervisor import Supervisor
-from llmgw.config import AgentConfig, EngineOptions, EnginesConfig
-from llmgw.engines.base import LaunchSpec
+from llmgw.config import AgentConfig, EngineOptions
+from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.roles.agent import _binary_for
 
 
 @attrs.define
-class RecordingEngine:
+class RecordingEngine(Engine):
     """Records the spec it is asked to launch and names a program that is not there."""
 
     specs: list[LaunchSpec] = attrs.field(factory=list)
@@ -53,7 +53,7 @@ async def test_the_supervisor_launches_the_binary_it_is_given_for_the_engine(tmp
 
 
 def test_the_installed_binary_is_used_and_agent_yaml_names_the_rest() -> None:
-    cfg = AgentConfig(engines=EnginesConfig(vllm=EngineOptions(binary="/opt/vllm/bin/vllm")))
+    cfg = AgentConfig(engines={"vllm": EngineOptions(binary="/opt/vllm/bin/vllm")})
     installed = {"llamacpp": "/var/lib/llmgw-agent/engines/llamacpp/llama-server"}
     assert _binary_for(cfg, installed, "llamacpp") == installed["llamacpp"]
     assert _binary_for(cfg, installed, "vllm") == "/opt/vllm/bin/vllm"

@@ -19,8 +19,8 @@ import attrs
 import pytest
 
 from llmgw.agent import logs as agent_logs
-from llmgw.agent.supervisor import ENDED_KEPT, Supervisor, last_words
-from llmgw.engines.base import LaunchSpec
+from llmgw.agent.supervisor import ENDED_KEPT, Supervisor
+from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.log import LogRing
 from llmgw.proto.llmgw import v1 as pb
 
@@ -53,7 +53,7 @@ except OSError:
 
 
 @attrs.define
-class FakeEngine:
+class FakeEngine(Engine):
     """An engine adapter running the fake engine binary in one of its modes."""
 
     binary: Path
@@ -196,38 +196,3 @@ async def test_only_the_last_ended_shards_keep_their_output(fake: MakeSupervisor
     assert supervisor.output(shards[0]) == []
     assert supervisor.output(shards[-1])[-1] == "main: exiting due to model loading error"
     assert supervisor.sources() == shards[1:]
-
-
-class TestLastWords:
-    def test_the_first_line_naming_an_error_is_the_cause_not_the_goodbye_after_it(self) -> None:
-        output = ["loaded 3 tensors", "error loading model: bad magic", "exiting due to model loading error"]
-        assert last_words(output) == "error loading model: bad magic"
-
-    def test_a_tracebacks_code_lines_are_skipped_for_its_exception(self) -> None:
-        output = [
-            "Traceback (most recent call last):",
-            '  File "server.py", line 3, in <module>',
-            "    raise RuntimeError('no GPU')",
-            "RuntimeError: CUDA error: no CUDA-capable device is detected",
-        ]
-        assert last_words(output) == "RuntimeError: CUDA error: no CUDA-capable device is detected"
-
-    def test_without_an_error_line_it_is_the_last_line_or_nothing_when_only_errors_count(self) -> None:
-        assert last_words(["starting", "listening", ""]) == "listening"
-        assert last_words(["starting", "listening"], only_errors=True) == ""
-        assert last_words([]) == ""
-
-    def test_llama_cpps_error_level_marks_its_lines_and_its_prefix_is_dropped(self) -> None:
-        output = [
-            "0.00.024.035 I srv  llama_server: initializing ...",
-            "0.00.055.743 I srv    load_model: loading model '/w/broken.gguf'",
-            "0.00.055.916 E gguf_init_from_reader: invalid magic characters: 'not ', expected 'GGUF'",
-            "0.00.056.022 E llama_model_load: error loading model: failed to load model from /w/broken.gguf",
-            "0.00.066.428 E srv  llama_server: exiting due to model loading error",
-        ]
-        assert (
-            last_words(output) == "gguf_init_from_reader: invalid magic characters: 'not ', expected 'GGUF'"
-        )
-
-    def test_a_huge_line_is_cut(self) -> None:
-        assert len(last_words(["error: " + "x" * 5000])) == 300

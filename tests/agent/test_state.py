@@ -20,7 +20,7 @@ from aiohttp import web
 from llmgw.agent import state as engine_state
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.weights import WeightsCache
-from llmgw.engines.base import LaunchSpec
+from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.engines.registry import ENGINES
 from llmgw.engines.sim import SimEngine
 from llmgw.proto.llmgw import v1 as pb
@@ -188,7 +188,7 @@ def _wait_gone(pid: int) -> None:
 
 
 @attrs.define
-class RecordingSim:
+class RecordingSim(Engine):
     """The sim engine, remembering the specs it was started with."""
 
     specs: list[LaunchSpec] = attrs.field(factory=list)

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from llmgw.agent.supervisor import Supervisor
-from llmgw.engines.base import LaunchSpec
+from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.engines.registry import ENGINES
 from llmgw.proto.llmgw import v1 as pb
 
@@ -51,7 +51,7 @@ class Reports:
 
 
 @attrs.define
-class ShellEngine:
+class ShellEngine(Engine):
     """An engine that is a shell script; {port} and {python} are filled in."""
 
     script: str

@@ -15,12 +15,12 @@ import pytest
 from llmgw import launcher
 from llmgw.agent import state as engine_state
 from llmgw.agent.supervisor import Supervisor
-from llmgw.engines.base import LaunchSpec
+from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.proto.llmgw import v1 as pb
 
 
 @attrs.define
-class _SilentEngine:
+class _SilentEngine(Engine):
     """An engine that prints a line and never answers its health path, until it is killed."""
 
     name: str = "shell"

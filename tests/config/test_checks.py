@@ -93,9 +93,14 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
         (float("nan"), "expected a finite number"),
     ],
     ("agent.yaml", "ready_timeout_s"): _POSITIVE_SECONDS,
-    ("agent.yaml", "engines.llamacpp.parallel"): _AT_LEAST_ONE,
-    ("agent.yaml", "engines.vllm.parallel"): _AT_LEAST_ONE,
-    ("agent.yaml", "engines.sglang.parallel"): _AT_LEAST_ONE,
+    ("agent.yaml", "engines"): [
+        (
+            "vlm",
+            "known engines: llamacpp, sglang, sim, vllm; did you mean 'vllm'?",
+        ),
+        ("tgi", "known engines: llamacpp, sglang, sim, vllm"),
+    ],
+    ("agent.yaml", "engines.<name>.parallel"): _AT_LEAST_ONE,
     ("agent.yaml", "advertise_address"): [("192.0.2.250", "it is not an address of this machine")],
     ("agent.yaml", "engine_bind"): [("localhost", "expected an IP address of this machine")],
     ("agent.yaml", "engine_ports"): [("0-100", "expected a range of ports"), ("9-8", "first no more")],
@@ -194,22 +199,29 @@ def numeric_or_address_keys(cls: type, prefix: str = "") -> Iterator[str]:
 # Keys whose items (values) are checked one by one, each at its own line.
 _LISTS = ("servers", "admin_tokens")
 _MAPPINGS = ("engine_mirror.checksums",)
+# Mappings whose keys are checked: the value tried is a key.
+_NAMES = ("engines",)
+# What stands for <name> in a key: a mapping of engines takes only the names of engines.
+_NAME_OF = {"engines": "llamacpp"}
 
 
 def file_saying(key: str, value: Any) -> tuple[str, str]:
     """(YAML text setting key to value, the key as its error names it)."""
-    named = key.replace("[]", "[0]").replace("<name>", "m")
+    name = _NAME_OF.get(key.split(".")[0], "m")
+    named = key.replace("[]", "[0]").replace("<name>", name)
     data: Any = value
     if key in _LISTS:
         data, named = [value], f"{named}[0]"
     elif key in _MAPPINGS:
         data, named = {"asset.tar.gz": value}, f"{named}.asset.tar.gz"
+    elif key in _NAMES:
+        data, named = {value: {}}, f"{named}.{value}"
     for part in reversed(key.split(".")):
         if part.endswith("[]"):
             entry: dict[str, Any] = {"name": "m"} if part == "models[]" else {}
             data = {part[:-2]: [{**entry, **data}]}
         elif part == "<name>":
-            data = {"m": data}
+            data = {name: data}
         else:
             data = {part: data}
     text = _yaml_text(data)

@@ -40,23 +40,13 @@ exec "{binary}" "$@"
 
 
 @attrs.define
-class WithModelFile:
+class WithModelFile(LlamaCppEngine):
     """The llama.cpp adapter, given a model file as the weights cache would give it."""
 
     model_path: Path
-    engine: LlamaCppEngine = attrs.field(factory=LlamaCppEngine)
-    name: str = "llamacpp"
-    health_path: str = "/health"
-    metrics_path: str = "/metrics"
 
     def command(self, spec: LaunchSpec) -> list[str]:
-        return self.engine.command(attrs.evolve(spec, model_path=str(self.model_path)))
-
-    def environment(self, spec: LaunchSpec) -> dict[str, str]:
-        return self.engine.environment(spec)
-
-    def probe_command(self, binary: str) -> list[str]:
-        return self.engine.probe_command(binary)
+        return super().command(attrs.evolve(spec, model_path=str(self.model_path)))
 
 
 @pytest.fixture

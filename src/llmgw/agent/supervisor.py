@@ -34,7 +34,6 @@ import contextlib
 import errno
 import os
 import random
-import re
 import signal
 import socket
 import time
@@ -51,7 +50,7 @@ from llmgw import launcher
 from llmgw.addresses import DEFAULT_ENGINE_PORTS, parse_port_range, url_host
 from llmgw.agent import state as engine_state
 from llmgw.agent.weights import WeightsCache, WeightsError
-from llmgw.engines.base import Engine, LaunchSpec
+from llmgw.engines.base import Engine, LaunchSpec, last_words
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 
@@ -125,56 +124,6 @@ def _exit_reason(returncode: int) -> str:
 
 def _seconds(s: float) -> str:
     return f"{s:.3g} s"
-
-
-# What an engine says when it finds its port taken: llama.cpp, Python's servers (vLLM, SGLang), Go.
-_PORT_TAKEN_WORDS = ("address already in use", "couldn't bind", "could not bind", "eaddrinuse")
-# A line an engine's own failure is told in, searched for among its last lines.
-_ERROR_WORDS = (
-    "error",
-    "failed",
-    "fatal",
-    "exception",
-    "panic",
-    "abort",
-    "cannot",
-    "can't",
-    "couldn't",
-    "could not",
-    "unable",
-    "invalid",
-)
-# llama.cpp's log prefix, its time and level: "0.00.055.916 E ". E and F are errors whatever the words.
-_LLAMA_PREFIX = re.compile(r"^\d+(?:\.\d+)+ ([A-Z]) ")
-# How far back from the end to look for such a line, and how long a quoted line may be.
-_LAST_WORDS_LINES = 20
-_LAST_WORDS_CHARS = 300
-
-
-def last_words(output: list[str], *, only_errors: bool = False) -> str:
-    """The line of an engine's last output that says what went wrong: "error loading model: ...".
-
-    Of the last lines, the first that names an error: an engine tells the cause, then what it
-    does about it (llama.cpp: "error loading model: ...", then "failed to load model", then
-    "exiting due to model loading error"). Indented lines are a traceback's code, not its
-    words. With no such line, the last line, or with only_errors nothing (a served request's
-    log says nothing of a crash).
-    """
-    recent = [line for line in output[-_LAST_WORDS_LINES:] if line.strip()]
-    errors = [line for line in recent if _names_an_error(line)]
-    said = errors[0] if errors else "" if only_errors or not recent else recent[-1]
-    # Without the prefix and the padding llama.cpp aligns its columns with: read by a person.
-    said = " ".join(_LLAMA_PREFIX.sub("", said.strip()).split())
-    return said if len(said) <= _LAST_WORDS_CHARS else said[: _LAST_WORDS_CHARS - 1] + "…"
-
-
-def _names_an_error(line: str) -> bool:
-    if line[0].isspace():
-        return False
-    prefix = _LLAMA_PREFIX.match(line)
-    if prefix is not None:
-        return prefix.group(1) in "EF"
-    return any(w in line.lower() for w in _ERROR_WORDS)
 
 
 def _port_taken(host: str, port: int) -> bool:
@@ -576,17 +525,15 @@ class Supervisor:
             self._report(failed)
             log.warning("weights could not be fetched", shard=req.shard_id, detail=failed.detail)
             return
-        # An engine that loads one file of a directory of weights (llama.cpp's GGUF, from the mirror)
-        # picks it; the others are given the directory.
-        pick = getattr(shard.engine, "model_file", None)
-        if pick is not None:
-            try:
-                path = await asyncio.to_thread(pick, path)
-            except LlmgwError as exc:
-                failed = self._status(shard, "failed")
-                failed.detail = str(exc)
-                self._report(failed)
-                return
+        try:
+            # An engine that loads one file of a directory of weights (llama.cpp's GGUF, from the
+            # mirror) picks it; the others are given the directory.
+            path = await asyncio.to_thread(shard.engine.model_file, path)
+        except LlmgwError as exc:
+            failed = self._status(shard, "failed")
+            failed.detail = str(exc)
+            self._report(failed)
+            return
         shard.model_path = str(path)
         if not await self._spawn(shard):
             return
@@ -674,20 +621,21 @@ class Supervisor:
 
     async def _failure_reason(self, shard: _Shard, returncode: int, timed_out: bool, served: bool) -> str:
         """Why the engine failed, in words: its exit, and the line of its output that says why."""
-        name, health = shard.engine.name, shard.engine.health_path
-        words = last_words(list(shard.output))
+        engine = shard.engine
+        name, health = engine.name, engine.health_path
+        words = last_words(engine, list(shard.output))
         if timed_out:
             said = f"{name} did not answer {health} within {_seconds(self._ready_timeout_s)}"
             return f"{said}; its last line: {words}" if words else said
         exited = f"{name} {_exit_reason(returncode)}"
         if not served:
-            said_taken = any(w in line.lower() for line in shard.output for w in _PORT_TAKEN_WORDS)
+            said_taken = any(engine.says_port_taken(line) for line in shard.output)
             # Also asked of the port itself: the engine's group is gone by now, so whatever still
             # listens there is another program, whatever words (or none) the engine used.
             if said_taken or await asyncio.to_thread(_port_taken, self._bind or self._host, shard.port):
                 return f"port {shard.port} is in use: {exited}" + (f": {words}" if words else "")
             return f"{exited}: {words}" if words else f"{exited} before answering {health}"
-        words = last_words(list(shard.output), only_errors=True)
+        words = last_words(engine, list(shard.output), only_errors=True)
         return f"{exited} after serving" + (f": {words}" if words else "")
 
     async def _wait_ready(self, shard: _Shard, process: launcher.Process) -> bool:

@@ -28,7 +28,7 @@ import attrs
 
 from llmgw import __version__, launcher
 from llmgw.agent.discovery.host import Host
-from llmgw.agent.provision.recipes import RECIPES, UnsupportedError
+from llmgw.agent.provision.recipes import RECIPES
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.bundle.manifest import (
     ENGINES,
@@ -44,6 +44,7 @@ from llmgw.bundle.manifest import (
     Manifest,
     digest,
 )
+from llmgw.engines.base import UnsupportedError
 from llmgw.hubref import parse_ref
 from llmgw.mirror.fetch import INCOMING, FetchProgress, HubFetcher
 from llmgw.mirror.fetch import MANIFEST as PINS

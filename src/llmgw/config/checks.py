@@ -9,6 +9,7 @@ docs/reference.md prints the same `allowed` text next to the key.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import math
 import re
@@ -19,6 +20,7 @@ from typing import Any
 import attrs
 
 from llmgw.config.database import PostgresUrl, is_postgres_url
+from llmgw.engines.registry import ENGINES
 
 # A year: longer than any wait llmgw has a use for, and far inside what datetime and asyncio can add.
 MAX_SECONDS = 365 * 24 * 3600
@@ -33,12 +35,15 @@ class Check:
     """What a key allows: `allowed` for the reference, `problem` why a value is not (empty: it is).
 
     each: the key is a list or a mapping, and every item (value) of it is held to the check on its
-    own line.
+    own line. keys: the key is a mapping, and each of its keys is held to the check, on its own
+    line, before the values are read; the problem then reads after the key (`'engines.tgi' is not
+    ...`).
     """
 
     allowed: str
     problem: Callable[[Any], str]
     each: bool = False
+    keys: bool = False
 
     def __call__(self, value: Any) -> str:
         return self.problem(value)
@@ -196,3 +201,20 @@ ASSET_DIGESTS = Check(
     ),
     each=True,
 )
+
+
+def _engine_kind_problem(name: Any) -> str:
+    # Read from the registry when the file is: an engine is one module and one line there, and
+    # agent.yaml then takes settings for it with nothing added here.
+    if name in ENGINES:
+        return ""
+    known = ", ".join(sorted(ENGINES))
+    near = difflib.get_close_matches(str(name), list(ENGINES), n=1)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    if name == "disabled":
+        hint = " (`disabled` is a list of engines: `disabled: [vllm]`, or `vllm: {disabled: true}`)"
+    return f"is not an engine llmgw knows; known engines: {known}{hint}"
+
+
+# agent.yaml's engines: a misspelt engine used to be a key nobody read, and its binary was never run.
+ENGINE_KINDS = Check("keys engine kinds: " + ", ".join(ENGINES), _engine_kind_problem, keys=True)

@@ -7,6 +7,7 @@ files into them and reference.py writes docs/reference.md from them.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from llmgw import addresses
 from llmgw.config.checks import (
     ASSET_DIGESTS,
     DATABASE,
+    ENGINE_KINDS,
     TOKEN_DIGESTS,
     Check,
     dial_address,
@@ -29,13 +31,20 @@ from llmgw.config.checks import (
 from llmgw.config.database import is_postgres_url
 
 
-def _field(default: Any, help: str, check: Check | None = None) -> Any:
+def _field(
+    default: Any, help: str, check: Check | None = None, older: Callable[[Any], Any] | None = None
+) -> Any:
     """An attrs field with its help text; mutable and nested defaults are copied per instance.
 
     check, when given, is what the key allows beyond its type: held when a file is read, and
-    printed in docs/reference.md.
+    printed in docs/reference.md. older, when given, rewrites a value in a shape an earlier llmgw
+    read into today's, before it is read, so that a file written for it still loads.
     """
-    metadata = {"help": help, "check": check} if check is not None else {"help": help}
+    metadata: dict[str, Any] = {"help": help}
+    if check is not None:
+        metadata["check"] = check
+    if older is not None:
+        metadata["older"] = older
     if isinstance(default, (list, dict)) or attrs.has(type(default)):
         return attrs.field(factory=lambda: copy.deepcopy(default), metadata=metadata)
     return attrs.field(default=default, metadata=metadata)
@@ -403,15 +412,33 @@ class EngineOptions:
     binary: str = _field(
         "", "Path of an engine binary built by hand; the agent then never installs this engine."
     )
-    parallel: int = _field(4, "Requests the engine serves at once (llama.cpp's `-np`).", number(1))
+    parallel: int = _field(
+        4,
+        "Requests the engine serves at once (llama.cpp's `-np`, vLLM's `--max-num-seqs`, SGLang's "
+        "`--max-running-requests`), for a replica whose profile sets none.",
+        number(1),
+    )
+    disabled: bool = _field(
+        False, "This node never installs nor reports the engine, so placement sends it none of its replicas."
+    )
 
 
-@attrs.frozen
-class EnginesConfig:
-    disabled: list[str] = _field([], "Engines this node never installs nor reports.")
-    llamacpp: EngineOptions = _field(EngineOptions(), "llama.cpp options.")
-    vllm: EngineOptions = _field(EngineOptions(), "vLLM options.")
-    sglang: EngineOptions = _field(EngineOptions(), "SGLang options.")
+_NO_OPTIONS = EngineOptions()
+
+
+def _disabled_list(value: Any) -> Any:
+    """`engines: {disabled: [vllm]}`, as llmgw read it before each engine had its own settings.
+
+    Read as `vllm: {disabled: true}`, so that an agent.yaml written then still loads.
+    """
+    if not isinstance(value, dict) or not isinstance(value.get("disabled"), list):
+        return value
+    kinds = dict(value)
+    for name in kinds.pop("disabled"):
+        options = kinds.get(name, {})
+        if isinstance(name, str) and isinstance(options, dict):
+            kinds[name] = {**options, "disabled": True}
+    return kinds
 
 
 @attrs.frozen
@@ -458,7 +485,14 @@ class AgentConfig:
         TLSConfig(), "This node's certificate and the authority that signed the server's."
     )
     labels: dict[str, str] = _field({}, "Labels placement profiles can require.")
-    engines: EnginesConfig = _field(EnginesConfig(), "Engine installation and options.")
+    engines: dict[str, EngineOptions] = _field(
+        {},
+        "Each engine's settings on this node, by its kind (`llamacpp:`, `vllm:`, `sglang:`, `sim:`); "
+        "an engine not named has the defaults. `disabled: [vllm]` here, the shape earlier releases "
+        "read, still means `vllm: {disabled: true}`. See docs/engines.md.",
+        ENGINE_KINDS,
+        older=_disabled_list,
+    )
     provision: ProvisionConfig = _field(ProvisionConfig(), "Where the agent installs engines from, and to.")
     fabric: str = _field(
         "",
@@ -501,6 +535,10 @@ class AgentConfig:
         "replica reach its rank 0. Empty: the advertised address. Must be an IP address of this machine.",
         check=_OWN_ADDRESS,
     )
+
+    def engine_options(self, kind: str) -> EngineOptions:
+        """What agent.yaml says of the engine kind: its settings, or the defaults where it says nothing."""
+        return self.engines.get(kind, _NO_OPTIONS)
 
     @property
     def engines_dir(self) -> Path:

@@ -138,6 +138,13 @@ class _Unusable(_Refused):
         return f"'{key}' is {_shown(self.value)}; {self.expected}"
 
 
+class _UnknownName(_Refused):
+    """A key of a mapping whose keys are names of something (engine kinds) that names none."""
+
+    def say(self, key: str) -> str:
+        return f"'{key}' {self.expected}"
+
+
 class _NotAMapping(_Refused):
     def say(self, key: str) -> str:
         return f"{key or 'the file'} must be a mapping"
@@ -258,20 +265,29 @@ def _as_text(value: Any) -> Any:
     return str(value) if isinstance(value, (int, float)) else value
 
 
-def _field_hook(tp: Any, check: Check | None) -> Callable[[Any, Any], Any]:
-    """How one field is structured: absent said out loud, the container's kind, cattrs, its own check."""
+def _field_hook(
+    tp: Any, check: Check | None, older: Callable[[Any], Any] | None = None
+) -> Callable[[Any, Any], Any]:
+    """How one field is structured: an older shape read as today's, absent said out loud, the
+    container's kind, its keys' check, cattrs, its own check."""
     optional = type(None) in typing.get_args(tp)
     inner = unwrap_optional(tp)
     origin = typing.get_origin(inner)
     texts = origin in (list, dict) and typing.get_args(inner)[-1:] == (str,)
 
     def structure(value: Any, _: Any) -> Any:
+        if older is not None:
+            value = older(value)
         if value is None:
             if optional:
                 return None  # `pricing: null`, as `dump` writes it
             raise _Refused(None, type_name(inner))
         if origin in (list, dict) and not isinstance(value, origin):
             raise _Refused(value, type_name(inner))
+        if check is not None and check.keys:
+            for name in value:
+                if problem := check(name):
+                    raise _UnknownName(name, problem, at=[name])
         if texts and origin is list:
             value = [_as_text(v) for v in value]
         elif texts:
@@ -282,7 +298,7 @@ def _field_hook(tp: Any, check: Check | None) -> Callable[[Any, Any], Any]:
             for at, item in items:
                 if problem := check(item):
                     raise _Unusable(item, problem, at=[at])
-        elif check is not None and (problem := check(result)):
+        elif check is not None and not check.keys and (problem := check(result)):
             raise _Unusable(result, problem)
         return result
 
@@ -292,7 +308,9 @@ def _field_hook(tp: Any, check: Check | None) -> Callable[[Any, Any], Any]:
 def _class_hook(cls: type) -> Callable[[Any, Any], Any]:
     hints = typing.get_type_hints(cls)
     fields: dict[str, Any] = {
-        f.name: override(struct_hook=_field_hook(hints[f.name], f.metadata.get("check")))
+        f.name: override(
+            struct_hook=_field_hook(hints[f.name], f.metadata.get("check"), f.metadata.get("older"))
+        )
         for f in attrs.fields(cls)
     }
     structure_fields: Callable[[Any, Any], Any] = make_dict_structure_fn(cls, _converter, **fields)

@@ -1,15 +1,26 @@
-"""What every engine adapter provides to the supervisor and the installer.
+"""What every engine module provides: the one place an engine kind is described.
 
-An adapter knows how to turn a shard request into a command line, where the
-engine answers health and metrics, and how to ask a binary what it is. It
-never starts processes itself: the supervisor owns every process.
+An engine is one module (sim.py, llamacpp.py, vllm.py, sglang.py) holding a
+class that follows `Engine`, plus one line in registry.py. The class says how
+to turn a shard request into a command line, where the engine answers health
+and metrics, how to ask a binary what it is, what `llmgw ctl engine-check`
+runs, which of its output lines tell a failure, and, for an engine the agent
+can install, the recipe that picks its build. It never starts processes
+itself: the supervisor owns every process.
+
+Engines subclass `Engine` to take its defaults: the output reading and the
+help command most engines share, and no recipe.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar, Protocol
 
 import attrs
+
+from llmgw.errors import LlmgwError
 
 
 @attrs.frozen
@@ -37,8 +48,84 @@ class LaunchSpec:
     secret: str = attrs.field(default="", repr=False)
 
 
+@attrs.frozen
+class HelpCommand:
+    """How `llmgw ctl engine-check` makes a binary list its flags."""
+
+    # Words after the binary that choose the program rather than configure it
+    # (`serve`, `-m sglang.launch_server`): they are not the engine's flags.
+    words: int = 0
+    help: tuple[str, ...] = ("--help",)
+
+
+class Machine(Protocol):
+    """What a recipe reads of the machine it picks a build for (agent/discovery/host.py's Host)."""
+
+    @property
+    def arch(self) -> str: ...
+
+    @property
+    def nvidia_driver(self) -> str: ...
+
+
+class UnsupportedError(LlmgwError):
+    """No build of an engine fits this machine; the message says why."""
+
+
+@attrs.frozen
+class Build:
+    """One published build of an engine, chosen for one machine."""
+
+    # "cpu", "cuda-12.8".
+    variant: str
+    # Release assets, unpacked in order into one directory.
+    assets: tuple[str, ...]
+    # Binary file name, found anywhere in the unpacked tree.
+    binary: str
+    # OS packages the build links against that a minimal image may lack, by
+    # packaging family: the same library is libgomp1 on one and libgomp on the other.
+    packages: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    # Extensions the build is slow without: reported, never refused, since slow still runs.
+    cpu_flags: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Recipe:
+    """Where an installable engine's builds are published, and which one a machine gets.
+
+    The agent's provisioning (agent/provision/) downloads, checks and unpacks what it picks.
+    """
+
+    # The GitHub repository whose releases carry the builds.
+    repo: str
+    # Picks the build for a version and a machine, or raises UnsupportedError.
+    choose: Callable[[str, Machine], Build]
+
+
+# What an engine says when it finds its port taken: llama.cpp, Python's servers (vLLM, SGLang), Go.
+_PORT_TAKEN_WORDS = ("address already in use", "couldn't bind", "could not bind", "eaddrinuse")
+# Words a line an engine's own failure is told in has, searched for among its last lines.
+_ERROR_WORDS = (
+    "error",
+    "failed",
+    "fatal",
+    "exception",
+    "panic",
+    "abort",
+    "cannot",
+    "can't",
+    "couldn't",
+    "could not",
+    "unable",
+    "invalid",
+)
+# How far back from the end to look for such a line, and how long a quoted line may be.
+_LAST_WORDS_LINES = 20
+_LAST_WORDS_CHARS = 300
+
+
 class Engine(Protocol):
-    """An engine adapter: pure functions of a LaunchSpec, no processes."""
+    """An engine kind: pure functions of a LaunchSpec and of its output, no processes."""
 
     name: str
     health_path: str
@@ -46,6 +133,10 @@ class Engine(Protocol):
     # Arguments that make the engine serve /v1/embeddings (a model of kind `embeddings`), before the
     # profile's own.
     embedding_args: tuple[str, ...]
+    # What engine-check runs to read the flags this binary takes.
+    help_command: ClassVar[HelpCommand] = HelpCommand()
+    # How the agent installs it; None for an engine installed by hand and named in agent.yaml.
+    recipe: ClassVar[Recipe | None] = None
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""
@@ -58,3 +149,39 @@ class Engine(Protocol):
     def probe_command(self, binary: str) -> list[str]:
         """The argv that makes the binary print its version."""
         ...
+
+    def model_file(self, weights: Path) -> Path:
+        """What the command line names of the fetched weights: all of them, unless the engine picks one.
+
+        Blocking (an engine that picks lists the directory): the supervisor calls it in a thread.
+        """
+        return weights
+
+    def names_failure(self, line: str) -> bool:
+        """Whether an output line tells the engine's own failure (a traceback's code lines do not)."""
+        if not line or line[0].isspace():
+            return False
+        return any(w in line.lower() for w in _ERROR_WORDS)
+
+    def readable(self, line: str) -> str:
+        """An output line as a person reads it in a failure's detail: its padding collapsed."""
+        return " ".join(line.split())
+
+    def says_port_taken(self, line: str) -> bool:
+        """Whether an output line says the engine's port was taken by another program."""
+        return any(w in line.lower() for w in _PORT_TAKEN_WORDS)
+
+
+def last_words(engine: Engine, output: Sequence[str], *, only_errors: bool = False) -> str:
+    """The line of an engine's last output that says what went wrong: "error loading model: ...".
+
+    Of the last lines, the first the engine says names a failure: an engine tells the cause, then
+    what it does about it (llama.cpp: "error loading model: ...", then "failed to load model", then
+    "exiting due to model loading error"). With no such line, the last line, or with only_errors
+    nothing (a served request's log says nothing of a crash).
+    """
+    recent = [line for line in output[-_LAST_WORDS_LINES:] if line.strip()]
+    errors = [line for line in recent if engine.names_failure(line)]
+    said = errors[0] if errors else "" if only_errors or not recent else recent[-1]
+    said = engine.readable(said.strip())
+    return said if len(said) <= _LAST_WORDS_CHARS else said[: _LAST_WORDS_CHARS - 1] + "…"

@@ -16,7 +16,7 @@ import asyncio
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import attrs
 
@@ -53,23 +53,6 @@ _SPECS = (
         master_port=29500,
     ),
 )
-
-
-@attrs.frozen
-class _Launcher:
-    # Words after the binary that choose the program rather than configure it
-    # (`serve`, `-m sglang.launch_server`): they are not the engine's flags.
-    words: int = 0
-    help: tuple[str, ...] = ("--help",)
-
-
-_LAUNCHERS: Mapping[str, _Launcher] = {
-    "llamacpp": _Launcher(),
-    # Since vLLM 0.10, `vllm serve --help` lists the groups of flags, not the flags.
-    "vllm": _Launcher(words=1, help=("--help=all",)),
-    "sglang": _Launcher(words=2),
-    "sim": _Launcher(words=2),
-}
 
 
 class EngineCheckError(LlmgwError):
@@ -124,13 +107,13 @@ async def check_engine(
     name: str, engine: Engine, binary: str = "", *, timeout_s: float = TIMEOUT_S
 ) -> EngineCheck:
     """Run binary's --help and --version (the adapter's default binary when none is named) and compare."""
-    launcher = _LAUNCHERS.get(name, _Launcher())
+    helping = engine.help_command
     argvs = [engine.command(attrs.evolve(spec, binary=binary)) for spec in _SPECS]
     path = await _resolve(argvs[0][0], name, named=bool(binary))
     flags: list[str] = []
     for argv in argvs:
-        flags += [flag for flag in flags_of(argv, launcher.words) if flag not in flags]
-    help_argv = [path, *argvs[0][1 : 1 + launcher.words], *launcher.help]
+        flags += [flag for flag in flags_of(argv, helping.words) if flag not in flags]
+    help_argv = [path, *argvs[0][1 : 1 + helping.words], *helping.help]
     # Help, then version, one at a time: for vLLM each imports torch, and two at once are both slower.
     help_code, help_text = await _run(help_argv, timeout_s)
     shown = " ".join([os.path.basename(path), *help_argv[1:]])

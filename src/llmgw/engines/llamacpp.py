@@ -1,8 +1,10 @@
-"""The llama.cpp adapter: the command line of `llama-server` for one replica.
+"""llama.cpp: the command line of `llama-server` for one replica, its log lines, its builds.
 
 llama-server serves one GGUF file over an OpenAI-compatible API. What llmgw
 decides for it (model file, address, name, slots, GPU layers, metrics) comes
 first; the profile's args come last, so a profile can override any of it.
+It is the one engine the agent installs itself, from the archives of
+llama.cpp's GitHub releases (`choose_build` picks which).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from llmgw.engines.base import LaunchSpec
+from llmgw.engines.base import Build, Engine, LaunchSpec, Machine, Recipe, UnsupportedError
 from llmgw.errors import LlmgwError
 
 # llama-server's own default is one slot, which makes every other request
@@ -27,14 +29,54 @@ API_KEY_ENV = "LLAMA_API_KEY"
 # A split GGUF (model-00001-of-00003.gguf): llama-server is given the first part and finds the others.
 _PART = re.compile(r"-(\d+)-of-\d+\.gguf$")
 
+# llama.cpp's log prefix, its time and level: "0.00.055.916 E ". E and F are errors whatever the words.
+_LOG_PREFIX = re.compile(r"^\d+(?:\.\d+)+ ([A-Z]) ")
 
-class LlamaCppEngine:
+# The CUDA build taken on an x64 NVIDIA node. The release carries a matching
+# cudart archive, so the node needs a driver and nothing else, no toolkit.
+CUDA = "12.8"
+
+
+def choose_build(version: str, host: Machine) -> Build:
+    """The release archives of llama.cpp version for host; UnsupportedError where none fits."""
+    # The Linux builds are made on Ubuntu, but nothing about them is Ubuntu's:
+    # they need glibc 2.34 and GCC 12's libstdc++, which Debian 12 and RHEL 10
+    # have and RHEL 9 does not. So the distribution's name decides nothing;
+    # the build is tried everywhere and ldd says whether this system loads it.
+    arch = {"amd64": "x64", "arm64": "arm64"}.get(host.arch)
+    if arch is None:
+        raise UnsupportedError(f"llama.cpp publishes no Linux build for {host.arch or 'this architecture'}")
+    packages = {"deb": ("libgomp1",), "rpm": ("libgomp",)}
+    if arch == "x64" and host.nvidia_driver:
+        tail = f"bin-ubuntu-cuda-{CUDA}-x64.tar.gz"
+        return Build(
+            variant=f"cuda-{CUDA}",
+            assets=(f"llama-{version}-{tail}", f"cudart-llama-{version}-{tail}"),
+            binary="llama-server",
+            packages=packages,
+            cpu_flags=("avx2",),
+        )
+    # On arm64 the CUDA build is for a newer CUDA than a driver may support,
+    # so an arm64 GPU node runs the CPU build until somebody decides otherwise.
+    return Build(
+        variant="cpu",
+        assets=(f"llama-{version}-bin-ubuntu-{arch}.tar.gz",),
+        binary="llama-server",
+        packages=packages,
+        # The archive carries a backend per CPU generation and loads the best
+        # one, down to SSE4.2; below AVX2 it runs, several times slower.
+        cpu_flags=("avx2",) if arch == "x64" else (),
+    )
+
+
+class LlamaCppEngine(Engine):
     """llama.cpp's llama-server, as installed from its release archives or named in agent.yaml."""
 
     name = "llamacpp"
     health_path = "/health"
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ("--embeddings",)
+    recipe = Recipe(repo="ggml-org/llama.cpp", choose=choose_build)
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The llama-server argv for spec; a LlmgwError when spec has no model file to serve."""
@@ -81,6 +123,17 @@ class LlamaCppEngine:
     def probe_command(self, binary: str) -> list[str]:
         """llama-server prints `version: 11434 (abc1234)` on --version."""
         return [binary or "llama-server", "--version"]
+
+    def names_failure(self, line: str) -> bool:
+        """A line logged at level E or F; for a line without llama.cpp's prefix, its words decide."""
+        prefix = _LOG_PREFIX.match(line)
+        if prefix is not None:
+            return prefix.group(1) in "EF"
+        return super().names_failure(line)
+
+    def readable(self, line: str) -> str:
+        """Without the time and level, and the padding llama.cpp aligns its columns with."""
+        return super().readable(_LOG_PREFIX.sub("", line))
 
     def model_file(self, weights: Path) -> Path:
         """The file -m names: weights itself, or the one GGUF in a directory of weights (from the mirror).

@@ -1,4 +1,4 @@
-"""The engines this llmgw knows, by the name the catalog and StartShard use."""
+"""The engines this llmgw knows, by the name the catalog, StartShard and agent.yaml use."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ from llmgw.engines.sim import SimEngine
 from llmgw.engines.vllm import VllmEngine
 from llmgw.errors import LlmgwError
 
-ENGINES: Mapping[str, Engine] = MappingProxyType(
-    {
-        "sim": SimEngine(),
-        "llamacpp": LlamaCppEngine(),
-        "vllm": VllmEngine(),
-        "sglang": SglangEngine(),
-    }
-)
+# One line per engine kind, by the name the catalog, StartShard and agent.yaml's engines: use; the
+# rest of the engine is its module. tests/agent/test_new_engine.py adds one line here and no more.
+_KINDS: dict[str, Engine] = {
+    "sim": SimEngine(),
+    "llamacpp": LlamaCppEngine(),
+    "vllm": VllmEngine(),
+    "sglang": SglangEngine(),
+}
+
+ENGINES: Mapping[str, Engine] = MappingProxyType(_KINDS)
 
 
 def get_engine(name: str) -> Engine:

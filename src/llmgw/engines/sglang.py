@@ -8,17 +8,19 @@ tensor-parallel size, the number of nodes, its rank and rank 0's address.
 
 from __future__ import annotations
 
-from llmgw.engines.base import LaunchSpec
+from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
 from llmgw.errors import LlmgwError
 
 
-class SglangEngine:
+class SglangEngine(Engine):
     """SGLang's OpenAI-compatible server, run by the interpreter it is installed in."""
 
     name = "sglang"
     health_path = "/health"
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ("--is-embedding",)
+    # `python3 -m sglang.launch_server`: the two words after the interpreter choose the program.
+    help_command = HelpCommand(words=2)
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The launch_server argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import sys
 
-from llmgw.engines.base import LaunchSpec
+from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
 from llmgw.engines.sim_server import API_KEY_ENV
 
 
-class SimEngine:
+class SimEngine(Engine):
     """Runs the sim with the agent's own interpreter: nothing to install."""
 
     name = "sim"
     health_path = "/health"
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ()
+    # `python -m llmgw.engines.sim`: the two words after the interpreter choose the program.
+    help_command = HelpCommand(words=2)
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The sim's argv for spec; spec.args (e.g. --ttft-ms 50) come last."""

@@ -9,19 +9,21 @@ others run `--headless`.
 
 from __future__ import annotations
 
-from llmgw.engines.base import LaunchSpec
+from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
 from llmgw.errors import LlmgwError
 
 API_KEY_ENV = "VLLM_API_KEY"
 
 
-class VllmEngine:
+class VllmEngine(Engine):
     """vLLM's OpenAI-compatible server; installed by hand and named in agent.yaml."""
 
     name = "vllm"
     health_path = "/health"
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ("--runner", "pooling")
+    # Since vLLM 0.10, `vllm serve --help` lists the groups of flags, not the flags.
+    help_command = HelpCommand(words=1, help=("--help=all",))
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The `vllm serve` argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""

@@ -20,7 +20,7 @@ from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import SubprocessRunner
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.weights import WeightsCache
-from llmgw.config import AgentConfig, EngineOptions
+from llmgw.config import AgentConfig
 from llmgw.engines.registry import ENGINES
 from llmgw.metrics import Metrics, new_registry, serve_metrics
 
@@ -84,7 +84,7 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
             cfg,
             supervisor,
             # The sim ships inside llmgw: never installed, never missing.
-            engine_versions={} if "sim" in cfg.engines.disabled else {"sim": "builtin"},
+            engine_versions={} if cfg.engine_options("sim").disabled else {"sim": "builtin"},
             provision=provision,
             host=host.to_proto(),
             warnings=host.warnings(),
@@ -126,11 +126,9 @@ def _binary_for(cfg: AgentConfig, installed: Mapping[str, str], engine: str) -> 
     """The executable for engine: the one installed, or the one agent.yaml names (then none is installed)."""
     if installed.get(engine):
         return installed[engine]
-    opts = getattr(cfg.engines, engine, None)
-    return opts.binary if isinstance(opts, EngineOptions) else ""
+    return cfg.engine_options(engine).binary
 
 
 def _parallel_for(cfg: AgentConfig, engine: str) -> int:
-    """agent.yaml's engines.<engine>.parallel; 0 (the adapter's default) for an engine without options."""
-    opts = getattr(cfg.engines, engine, None)
-    return opts.parallel if isinstance(opts, EngineOptions) else 0
+    """agent.yaml's engines.<engine>.parallel, or its default."""
+    return cfg.engine_options(engine).parallel

@@ -13,7 +13,7 @@ from llmgw.agent.discovery.host import Host
 from llmgw.agent.provision.installer import FAILED, READY
 from llmgw.agent.provision.loop import ProvisionLoop
 from llmgw.agent.provision.release import ReleaseClient
-from llmgw.config import AgentConfig, EngineOptions, EnginesConfig, ProvisionConfig
+from llmgw.config import AgentConfig, EngineOptions, ProvisionConfig
 from llmgw.proto.llmgw import v1 as pb
 
 HOST = Host(os_id="ubuntu", id_like=("debian",), arch="amd64", cpu_flags=("avx2",))
@@ -29,10 +29,10 @@ def provision(
     )
 
 
-def agent_config(tmp_path: Path, engines: EnginesConfig | None = None) -> AgentConfig:
+def agent_config(tmp_path: Path, engines: dict[str, EngineOptions] | None = None) -> AgentConfig:
     return AgentConfig(
         state_dir=str(tmp_path / "state"),
-        engines=engines or EnginesConfig(),
+        engines=engines or {},
         provision=ProvisionConfig(dir=str(tmp_path / "engines")),
     )
 
@@ -47,7 +47,7 @@ async def until(check: Callable[[], bool], event: asyncio.Event, within_s: float
 
 @pytest.fixture
 def make_loop(tmp_path: Path, machine: Any, releases: ReleaseClient) -> Callable[..., ProvisionLoop]:
-    def make(engines: EnginesConfig | None = None, **kw: Any) -> ProvisionLoop:
+    def make(engines: dict[str, EngineOptions] | None = None, **kw: Any) -> ProvisionLoop:
         return ProvisionLoop(agent_config(tmp_path, engines), HOST, machine, releases, lock_retry_s=0.0, **kw)
 
     return make
@@ -179,7 +179,7 @@ class TestWhatIsReported:
         binary = tmp_path / "llama-server"
         binary.write_text("#!/bin/sh\n")
         binary.chmod(0o755)
-        loop = make_loop(EnginesConfig(disabled=["llamacpp"], llamacpp=EngineOptions(binary=str(binary))))
+        loop = make_loop({"llamacpp": EngineOptions(binary=str(binary), disabled=True)})
         await loop.probe_configured()
 
         loop.kick(provision(("llamacpp", "b1")))
@@ -196,7 +196,7 @@ class TestWhatIsReported:
         binary = tmp_path / "my-llama-server"
         binary.write_text("#!/bin/sh\nexit 1\n")
         binary.chmod(0o755)
-        loop = make_loop(EnginesConfig(llamacpp=EngineOptions(binary=str(binary))))
+        loop = make_loop({"llamacpp": EngineOptions(binary=str(binary))})
         await loop.probe_configured()
 
         loop.kick(provision(("llamacpp", "b1")))
@@ -209,7 +209,7 @@ class TestWhatIsReported:
     async def test_a_binary_agent_yaml_names_that_is_not_there_is_not_reported(
         self, make_loop: Any, tmp_path: Path
     ) -> None:
-        loop = make_loop(EnginesConfig(vllm=EngineOptions(binary=str(tmp_path / "missing" / "vllm"))))
+        loop = make_loop({"vllm": EngineOptions(binary=str(tmp_path / "missing" / "vllm"))})
         await loop.probe_configured()
 
         assert loop.engine_versions() == {}

@@ -30,9 +30,10 @@ from llmgw.agent.discovery.host import Host
 from llmgw.agent.provision import ldd
 from llmgw.agent.provision.archive import unpack
 from llmgw.agent.provision.packages import ensure_packages
-from llmgw.agent.provision.recipes import RECIPES, Build, Recipe, UnsupportedError, cannot_install
+from llmgw.agent.provision.recipes import RECIPES, cannot_install
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import CommandResult, CommandRunner
+from llmgw.engines.base import Build, Recipe, UnsupportedError
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 

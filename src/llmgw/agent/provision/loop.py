@@ -19,7 +19,6 @@ import os
 import shutil
 from collections.abc import Callable
 
-import attrs
 import structlog
 
 from llmgw.agent.discovery.host import Host
@@ -27,7 +26,7 @@ from llmgw.agent.provision.installer import FAILED, READY, UNSUPPORTED, Installe
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import CommandRunner
 from llmgw.backoff import ExponentialBackoff
-from llmgw.config import AgentConfig, EngineOptions
+from llmgw.config import AgentConfig
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
@@ -104,7 +103,7 @@ class ProvisionLoop:
         out = dict(self._configured)
         # Installed wins: it is the one that was seen to run.
         out.update({name: st.version for name, st in self._installed.items()})
-        return {name: v for name, v in out.items() if name not in self._cfg.engines.disabled}
+        return {name: v for name, v in out.items() if not self._cfg.engine_options(name).disabled}
 
     def binaries(self) -> dict[str, str]:
         """Engine -> the executable this loop installed, for launching it."""
@@ -123,7 +122,7 @@ class ProvisionLoop:
             name = want.engine
             if not name or not want.version or name in _BUILT_IN:
                 continue
-            if name in self._cfg.engines.disabled:
+            if self._cfg.engine_options(name).disabled:
                 continue  # agent.yaml's say wins over the control plane's
             if self._by_hand(name):
                 # The operator named a binary for it: a local build, a CUDA
@@ -190,16 +189,13 @@ class ProvisionLoop:
     async def probe_configured(self) -> None:
         """Look for the binaries agent.yaml names; the only engines believed without installing."""
         found: dict[str, str] = {}
-        for field in attrs.fields(type(self._cfg.engines)):
-            opts = getattr(self._cfg.engines, field.name)
-            if isinstance(opts, EngineOptions) and opts.binary:
+        for name, opts in self._cfg.engines.items():
+            if opts.binary:
                 if await asyncio.to_thread(_runnable, opts.binary):
-                    found[field.name] = UNKNOWN_VERSION
+                    found[name] = UNKNOWN_VERSION
                 else:
                     log.warning(
-                        "agent.yaml names an engine binary that is not there",
-                        engine=field.name,
-                        binary=opts.binary,
+                        "agent.yaml names an engine binary that is not there", engine=name, binary=opts.binary
                     )
         changed = found != self._configured or not self._probed
         self._configured, self._probed = found, True
@@ -209,8 +205,7 @@ class ProvisionLoop:
     # -- internals ----------------------------------------------------------------
 
     def _by_hand(self, engine: str) -> bool:
-        opts = getattr(self._cfg.engines, engine, None)
-        return isinstance(opts, EngineOptions) and bool(opts.binary)
+        return bool(self._cfg.engine_options(engine).binary)
 
     def _heard(self, st: InstallStatus) -> None:
         if self._wants is None or st.engine not in {w.engine for w in self._wants}:
