@@ -1,4 +1,4 @@
-"""Fixtures every test shares: an event loop that fails on blocking calls."""
+"""Fixtures every test shares: an event loop that fails on blocking calls, the programs tests run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ import pytest
 import structlog
 from blockbuster import BlockBuster, blockbuster_ctx
 
+# Every skip but needs.root's fails; the llama-server build as a fixture (tests/needs.py).
+from .needs import llama_server, pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 from .postgres import Cluster, running_cluster
 from .postgres import unavailable as postgres_unavailable
+
+# tests/test_needs.py runs small suites of its own.
+pytest_plugins = ["pytester"]
 
 # Tests log through structlog's default setup, whose console renderer hands a traceback to rich
 # when rich is installed (schemathesis brings it); rich stats every file of the stack, on the loop,
@@ -42,7 +47,7 @@ def postgres() -> Iterator[Cluster]:
     """A throwaway PostgreSQL cluster for the whole session (tests/postgres.py)."""
     why = postgres_unavailable()
     if why:
-        pytest.skip(why)
+        pytest.fail(why, pytrace=False)
     with running_cluster() as cluster:
         yield cluster
 

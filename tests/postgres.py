@@ -23,6 +23,8 @@ from pathlib import Path
 
 import attrs
 
+from . import needs
+
 # The role every test connects as; trust authentication, so no password anywhere.
 USER = "llmgw"
 
@@ -41,7 +43,7 @@ def server_binaries() -> Path | None:
 def unavailable() -> str | None:
     """Why no cluster can be made here, or None."""
     if server_binaries() is None:
-        return "needs the PostgreSQL server (Debian's `postgresql` package); .ci/run installs it"
+        return f"the PostgreSQL server is not installed (Debian's postgresql package): {needs.INSTALL}"
     return None
 
 

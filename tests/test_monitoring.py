@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from llmgw.config import ServerConfig
 from llmgw.metrics import Metrics
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.roles.server import server_role
+from tests import needs
 from tests.servers import loopback_server_config
 
 MONITORING = Path(__file__).parent.parent / "monitoring"
@@ -128,9 +128,7 @@ class TestQueries:
         assert metric_names("rate(llmgw_request_total[5m])") - exported == {"llmgw_request_total"}
 
     def test_the_alert_rules_are_valid_for_prometheus(self):
-        promtool = shutil.which("promtool")
-        if promtool is None:
-            pytest.skip("promtool is not installed (.ci/run installs the prometheus package)")
+        promtool = needs.program("promtool", "prometheus")
         checked = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True)
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert "SUCCESS: 9 rules found" in checked.stdout

@@ -38,6 +38,29 @@ def test_make_run_starts_the_dev_system_and_ci_runs_make_test() -> None:
     assert ci[-1] == "make test"
 
 
+def test_make_test_and_ci_install_the_packages_the_tests_need_before_anything_else() -> None:
+    """Before the virtual environment too: Debian's python3 makes none without python3-venv."""
+    assert _targets()["test"].split()[0] == "test-deps"
+    assert "\tPYTHON=$(PYTHON) scripts/install-test-deps.sh" in (ROOT / "Makefile").read_text()
+    ci = (ROOT / ".ci/run").read_text().splitlines()
+    assert ci.index("scripts/install-test-deps.sh") < ci.index("make test")
+
+
+def test_make_test_fails_when_pytest_collects_no_test(tmp_path: Path) -> None:
+    """pytest's exit status 5 (no tests collected) fails `make test`, and so .ci/run (set -e)."""
+    (tmp_path / "pytest").write_text("#!/bin/sh\nexit 5\n")
+    (tmp_path / "pytest").chmod(0o755)
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-o", "install", "-o", "llama-server", "pytest", f"BIN={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Error 5" in done.stderr
+
+
 def test_the_readme_opens_with_make_run_and_make_test() -> None:
     lines = [line for line in (ROOT / "README.md").read_text().splitlines() if line.strip()]
     commands = [line.split("#")[0].strip() for line in lines[1:5] if line.startswith("make ")]

@@ -1,7 +1,7 @@
 """A disk that fills during a download, on a real tiny filesystem: the partial file goes, the space is told.
 
 The weights cache is put on a tmpfs of 1 MiB mounted for the test (which needs
-root; the tests skip with the reason otherwise) and asked for a 3 MB file.
+root; without it the tests skip, the one skip tests/needs.py allows) and asked for a 3 MB file.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from llmgw.config import AgentConfig
 from llmgw.control.inventory import Replica
 from llmgw.download import human_bytes
 from llmgw.proto.llmgw import v1 as pb
+from tests import needs
 from tests.agent.test_client_node_changes import GB, Certs, FakeDisk, certs, connected_agent  # noqa: F401
 from tests.waiting import eventually
 
@@ -32,8 +33,7 @@ MEDIUM = b"\x02" * 500_000
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs under tmp_path, unmounted at teardown."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tiny tmpfs for the weights cache needs root")
+    needs.root("mounting a tiny tmpfs for the weights cache")
     mount = tmp_path / "disk"
     mount.mkdir()
     done = subprocess.run(
@@ -43,7 +43,9 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         check=False,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+        pytest.fail(
+            f"root cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}", pytrace=False
+        )
     try:
         yield mount
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 from collections.abc import AsyncIterator, Sequence
 
@@ -17,6 +16,7 @@ from llmgw.agent.metrics import AgentMetrics, relabel
 from llmgw.agent.supervisor import MetricsTarget
 from llmgw.metrics import Metrics
 from llmgw.proto.llmgw import v1 as pb
+from tests import needs
 
 LLAMACPP_PAGE = """\
 # HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
@@ -153,9 +153,7 @@ class TestPage:
         assert 'llmgw_gpu_healthy{gpu="0",gpu_class="h100-80g"} 1.0' in text
         assert 'llmgw_gpu_utilization_ratio{gpu="0",gpu_class="h100-80g"} 0.87' in text
         assert 'llmgw_gpu_temperature_celsius{gpu="0",gpu_class="h100-80g"} 71.0' in text
-        promtool = shutil.which("promtool")
-        if promtool is None:
-            pytest.skip("promtool is not installed (.ci/run installs the prometheus package)")
+        promtool = needs.program("promtool", "prometheus")
         checked = await asyncio.to_thread(
             subprocess.run, [promtool, "check", "metrics"], input=text, capture_output=True, text=True
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,9 @@ from click.testing import CliRunner
 
 from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
 from llmgw.cli.main import main
+from tests import needs
 
-CACHE = Path(os.environ.get("LLMGW_BUILD_CACHE", Path.home() / ".cache" / "llmgw" / "llama-server"))
-BUILT = CACHE / "11434" / "bin" / "llama-server"
+BUILT = needs.LLAMA_BUILD / "bin" / "llama-server"
 
 
 def old_llama_server(tmp_path: Path) -> Path:
@@ -64,9 +63,7 @@ def test_the_result_is_json_when_asked(tmp_path: Path) -> None:
     assert data["version"] == "version: 1000 (0123abc)"
 
 
-@pytest.mark.skipif(
-    not BUILT.is_file(), reason=f"no llama-server at {BUILT}: run scripts/build-llama-server.sh first"
-)
+@pytest.mark.usefixtures("llama_server")
 def test_the_built_llama_server_passes_with_exit_code_0() -> None:
     code, out, _ = run("llamacpp", "--bin", str(BUILT))
     assert code == 0, out

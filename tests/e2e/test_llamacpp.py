@@ -8,8 +8,8 @@ its digest, the agent's real installer (download, checksum, unpack, ldd,
 placed on the node, and the official openai client asking the gateway.
 
 Needs the build in ${LLMGW_BUILD_CACHE:-~/.cache/llmgw/llama-server}/11434/;
-`make test` builds it first (about 10 minutes once), so only a bare
-`pytest` on a machine that never built it skips these tests.
+`make test` builds it first (about 10 minutes once); a bare `pytest` on a
+machine that never built it fails these tests, saying so.
 """
 
 from __future__ import annotations
@@ -57,11 +57,7 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
     pytest.mark.timeout(2 * WAIT_S),
-    pytest.mark.skipif(
-        not (ARCHIVE.is_file() and Path(f"{ARCHIVE}.sha256").is_file() and VOCAB.is_file()),
-        reason=f"no llama-server build in {CACHE}: `make test` builds it, or run "
-        "scripts/build-llama-server.sh (about 10 minutes once)",
-    ),
+    pytest.mark.usefixtures("llama_server"),
 ]
 
 

@@ -34,13 +34,11 @@ from llmgw.roles.agent import agent_role
 from llmgw.roles.mirror import mirror_role
 from llmgw.roles.server import ServerHandle, server_role
 from tests.e2e.test_llamacpp import (
-    ARCHIVE,
     ASSET,
     NODE,
     REPO,
     ROOT,
     TAG,
-    VOCAB,
     WAIT_S,
     FakeGitHub,
     _eventually,
@@ -57,10 +55,7 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
     pytest.mark.timeout(3 * WAIT_S),
-    pytest.mark.skipif(
-        not (ARCHIVE.is_file() and Path(f"{ARCHIVE}.sha256").is_file() and VOCAB.is_file()),
-        reason="no llama-server build: `make test` builds it, or run scripts/build-llama-server.sh",
-    ),
+    pytest.mark.usefixtures("llama_server"),
 ]
 
 

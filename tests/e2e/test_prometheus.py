@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,11 +25,8 @@ from llmgw.config import (
 )
 from llmgw.roles.agent import agent_role
 from llmgw.roles.server import server_role
+from tests import needs
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="prometheus is not installed (.ci/run installs the Debian package)"
-)
 MODEL = "sim-chat"
 REQUESTS = 7
 
@@ -44,7 +40,7 @@ def _free_port() -> int:
 @contextlib.asynccontextmanager
 async def prometheus(tmp_path: Path, targets: dict[str, str]) -> AsyncIterator[str]:
     """Prometheus scraping each job's host:port every second; yields its API's base URL."""
-    assert PROMETHEUS is not None
+    binary = needs.program("prometheus", "prometheus")
     jobs = "".join(
         f"  - job_name: {job}\n    static_configs:\n      - targets: ['{target}']\n"
         for job, target in targets.items()
@@ -56,7 +52,7 @@ async def prometheus(tmp_path: Path, targets: dict[str, str]) -> AsyncIterator[s
     )
     port = _free_port()
     process = await asyncio.create_subprocess_exec(
-        PROMETHEUS,
+        binary,
         f"--config.file={config}",
         f"--storage.tsdb.path={tmp_path / 'tsdb'}",
         f"--web.listen-address=127.0.0.1:{port}",

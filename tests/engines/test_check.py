@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 from pathlib import Path
@@ -17,9 +16,9 @@ from llmgw.engines.check import (
     mentioned,
 )
 from llmgw.engines.registry import ENGINES
+from tests import needs
 
-CACHE = Path(os.environ.get("LLMGW_BUILD_CACHE", Path.home() / ".cache" / "llmgw" / "llama-server"))
-BUILT = CACHE / "11434" / "bin" / "llama-server"
+BUILT = needs.LLAMA_BUILD / "bin" / "llama-server"
 
 # llama-server's help as of b11434, cut to the flags llmgw passes, less --metrics.
 OLD_LLAMA_HELP = """\
@@ -56,9 +55,7 @@ def argv_log(tmp_path: Path) -> list[str]:
     return (tmp_path / "argv.log").read_text().splitlines()
 
 
-@pytest.mark.skipif(
-    not BUILT.is_file(), reason=f"no llama-server at {BUILT}: run scripts/build-llama-server.sh first"
-)
+@pytest.mark.usefixtures("llama_server")
 async def test_the_built_llama_server_accepts_every_flag_llmgw_passes() -> None:
     result = await check_engine("llamacpp", ENGINES["llamacpp"], str(BUILT))
     assert result.ok

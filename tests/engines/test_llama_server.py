@@ -1,8 +1,8 @@
 """A real llama-server, started with the llama.cpp adapter's command line, serves the tiny model.
 
 Needs the build of scripts/build-llama-server.sh in its cache (about 10
-minutes once; CI builds it before the tests). Without it the tests are
-skipped, saying how to get it.
+minutes once; `make test` builds it before the tests). Without it the tests
+fail, saying how to get it.
 """
 
 from __future__ import annotations
@@ -36,35 +36,15 @@ from llmgw.gateway.usage import UsageRecorder, find_usage
 from llmgw.store import open_store
 from llmgw.store.keys import create_key
 from llmgw.store.usage import usage_by_day
+from tests import needs
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("LLMGW_BUILD_CACHE", Path.home() / ".cache" / "llmgw" / "llama-server"))
-
-
-def _build() -> Path | None:
-    """The newest complete build in the cache: a directory with bin/llama-server and the vocabulary."""
-    if not CACHE.is_dir():
-        return None
-    builds = [
-        d
-        for d in CACHE.iterdir()
-        if d.name.isdigit()
-        and (d / "bin" / "llama-server").is_file()
-        and (d / "ggml-vocab-llama-spm.gguf").is_file()
-    ]
-    return max(builds, key=lambda d: int(d.name), default=None)
-
-
-BUILD = _build()
+BUILD = needs.LLAMA_BUILD
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.skipif(
-        BUILD is None,
-        reason=f"no llama-server build under {CACHE}: "
-        "run scripts/build-llama-server.sh (about 10 minutes) first",
-    ),
+    pytest.mark.usefixtures("llama_server"),
 ]
 
 
@@ -78,7 +58,6 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight llama model, written once for the module."""
-    assert BUILD is not None
     model = tmp_path_factory.mktemp("model") / "tiny.gguf"
     subprocess.run(
         [
@@ -101,7 +80,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     """llama-server serving the tiny model as tiny-chat; yields its base URL."""
-    assert BUILD is not None
     tmp_path = tmp_path_factory.mktemp("llama-server")
     engine = LlamaCppEngine()
     spec = LaunchSpec(

@@ -49,16 +49,13 @@ MODEL = ModelConfig(
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.skipif(
-        BUILD is None, reason="no llama-server build: run scripts/build-llama-server.sh first"
-    ),
+    pytest.mark.usefixtures("llama_server"),
 ]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def embedder(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     """llama-server serving the tiny model as tiny-embed, in its embedding mode; its base URL."""
-    assert BUILD is not None
     engine = LlamaCppEngine()
     spec = LaunchSpec(
         model=MODEL.name,

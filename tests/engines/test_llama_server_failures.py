@@ -21,15 +21,11 @@ from llmgw.engines.llamacpp import LlamaCppEngine
 from llmgw.proto.llmgw import v1 as pb
 
 from ..agent.reports import Reports
-from .test_llama_server import BUILD, CACHE
+from .test_llama_server import BUILD
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        BUILD is None,
-        reason=f"no llama-server build under {CACHE}: "
-        "run scripts/build-llama-server.sh (about 10 minutes) first",
-    ),
+    pytest.mark.usefixtures("llama_server"),
 ]
 
 # Waits for the test to take the port it was given, then runs the real llama-server.
@@ -78,7 +74,6 @@ def _start() -> pb.StartShard:
 async def test_a_model_file_llama_server_cannot_load_is_reported_with_its_loading_error(
     supervisors: Callable[..., tuple[Supervisor, Reports]], tmp_path: Path
 ) -> None:
-    assert BUILD is not None
     model = tmp_path / "broken.gguf"
     await asyncio.to_thread(model.write_bytes, b"not a gguf file at all" * 100)
     supervisor, reports = supervisors(model, BUILD / "bin" / "llama-server")
@@ -92,7 +87,6 @@ async def test_a_model_file_llama_server_cannot_load_is_reported_with_its_loadin
 async def test_llama_server_finding_its_port_taken_is_reported_as_such(
     supervisors: Callable[..., tuple[Supervisor, Reports]], tmp_path: Path
 ) -> None:
-    assert BUILD is not None
     gate = tmp_path / "go"
     wrapper = tmp_path / "llama-server"
     await asyncio.to_thread(

@@ -3,8 +3,9 @@
 The hosts (a control plane, two nodes, a mirror host) are made once per session
 and removed at its end, even when a test fails or the session is interrupted;
 each test starts its own processes on them and has them all stopped, engines
-included, when it ends. Without root or iproute2 every test here is skipped,
-saying which is missing.
+included, when it ends. Without root every test here is skipped (the one skip
+tests/needs.py allows); without iproute2, or where root cannot make a namespace
+(a container without CAP_NET_ADMIN), every test here fails, saying why.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from .. import needs
 from .cluster import Certificates, Fleet
 from .netns import Network, remove_leftovers, unavailable, write_log_tail
 
@@ -26,9 +28,10 @@ CP_UNNAMED = "198.18.0.2"
 
 @pytest.fixture(scope="session")
 def network() -> Iterator[Network]:
+    needs.root("making the fleet's hosts out of network namespaces")
     why = unavailable()
     if why:
-        pytest.skip(f"the fleet {why}")
+        pytest.fail(f"the fleet {why}", pytrace=False)
     # Namespaces of an earlier session that crashed before its teardown ran.
     remove_leftovers()
     net = Network()

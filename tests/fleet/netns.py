@@ -58,7 +58,7 @@ def _ip(*args: str, check: bool = True) -> str:
 def unavailable() -> str | None:
     """Why namespaces cannot be made here, in words; None when they can."""
     if shutil.which("ip") is None:
-        return "needs iproute2's `ip` to make network namespaces (apt-get install iproute2)"
+        return "needs iproute2's `ip` to make network namespaces (scripts/install-test-deps.sh installs it)"
     if os.geteuid() != 0:
         return "needs root (CAP_NET_ADMIN) to make network namespaces"
     probe = f"lg{os.getpid()}-probe"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from structlog.testing import capture_logs
 from llmgw.config import AuthConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.errors import LlmgwError
 from llmgw.roles.server import server_role
+from tests import needs
 from tests.servers import loopback_server_config
 
 
@@ -65,9 +65,7 @@ async def test_the_server_serves_gateway_control_plane_and_process_metrics_on_bo
             "python_info",
         ):
             assert name in text, name
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (.ci/run installs the prometheus package)")
+    promtool = needs.program("promtool", "prometheus")
     checked = await asyncio.to_thread(
         subprocess.run, [promtool, "check", "metrics"], input=pages[0][2], capture_output=True, text=True
     )

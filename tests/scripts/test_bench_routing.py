@@ -6,7 +6,6 @@ replicas, put each policy in front of them, and report the times and the engines
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -18,14 +17,9 @@ SCRIPT = Path(__file__).parents[2] / "scripts" / "bench_routing.py"
 # Two conversations of two turns per policy: seconds, not the minutes of the documented runs.
 SMALL = ["--workload", "support", "--conversations", "2", "--turns", "2", "--rate", "4", "--rounds", "1"]
 SMALL += ["--max-tokens", "4", "--policies", "least_in_flight,prefix"]
-CACHE = Path(os.environ.get("LLMGW_BUILD_CACHE", Path.home() / ".cache" / "llmgw" / "llama-server"))
 
 
-def _built() -> bool:
-    return CACHE.is_dir() and any((d / "bin" / "llama-server").is_file() for d in CACHE.iterdir())
-
-
-@pytest.mark.skipif(not _built(), reason="needs the llama-server build `make test` makes first")
+@pytest.mark.usefixtures("llama_server")
 def test_it_reports_each_policys_times_and_the_engines_cache_figures_side_by_side(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, str(SCRIPT), *SMALL],

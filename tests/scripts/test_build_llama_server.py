@@ -11,8 +11,6 @@ import hashlib
 import platform
 from pathlib import Path
 
-import pytest
-
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-llama-server.sh"
 ARCH = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine(), "")
 
@@ -31,8 +29,9 @@ async def run(*args: str, cache: Path, path: str = "/usr/bin:/bin") -> tuple[int
     return process.returncode, out.decode(), err.decode()
 
 
-@pytest.mark.skipif(not ARCH, reason=f"llama.cpp publishes no Linux build for {platform.machine()}")
 async def test_a_second_run_prints_the_cached_archive_without_building(tmp_path: Path) -> None:
+    # No skip on another machine type: `make llama-server` stops there before the tests, saying so.
+    assert ARCH, f"llama.cpp publishes no Linux build for {platform.machine()}"
     cache = tmp_path / "cache"
     build = cache / "123"
     (build / "bin").mkdir(parents=True)

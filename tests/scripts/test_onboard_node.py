@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 
 from llmgw import __version__, config, pki
 from llmgw.config import AgentConfig
+from tests import needs
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "onboard-node.sh"
@@ -195,8 +195,6 @@ class TestOnboardNode:
 
 
 def test_the_script_is_shellcheck_clean() -> None:
-    shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    shellcheck = needs.program("shellcheck", "shellcheck")
     done = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout

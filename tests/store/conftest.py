@@ -13,7 +13,7 @@ from llmgw.store import Store, open_store
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
     """What open_store opens: an SQLite file of this test's own, or an empty PostgreSQL database of its
-    own on the session's throwaway cluster (skipped where there is no PostgreSQL server)."""
+    own on the session's throwaway cluster (failing, saying what to install, without a PostgreSQL server)."""
     if request.param == "sqlite":
         return tmp_path / "llmgw.db"
     url: str = request.getfixturevalue("postgres_url")

@@ -1,43 +1,37 @@
 """The admin pages in a real headless Chromium: sign in, approve, promote, disable, edit a quota, see usage.
 
-Driven by Playwright for Python against Debian's chromium (.ci/run installs it).
+Driven by Playwright for Python against Debian's chromium (`make test` installs it).
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import pytest
+from playwright.async_api import async_playwright
 
 from llmgw.store.quotas import list_limits
 from llmgw.store.scopes import Scope, create_project
 from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 from llmgw.store.users import get_user
+from tests import needs
 
 from .conftest import PASSWORD, Site
 
 if TYPE_CHECKING:
     from playwright.async_api import Page
 
-playwright_api = pytest.importorskip("playwright.async_api")
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NASTY_PROJECT = "'); DROP TABLE projects;-- <script>alert('p')</script> & <i>x</i>"
 NASTY_EMAIL = "o'brien\";--<img/src=x/onerror=alert(1)>&amp;@example.com"
-
-pytestmark = pytest.mark.skipif(
-    shutil.which(CHROMIUM) is None, reason="needs Debian's chromium (apt-get install chromium)"
-)
 
 
 @pytest.fixture
 async def page() -> AsyncIterator[Page]:
-    async with playwright_api.async_playwright() as p:
+    async with async_playwright() as p:
         browser = await p.chromium.launch(
-            executable_path=CHROMIUM,
+            executable_path=needs.program("chromium", "chromium"),
             args=[
                 "--no-sandbox",
                 "--disable-gpu",

@@ -6,12 +6,12 @@ Screenshots are saved under the test's temporary directory (cluster.png, logs.pn
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import attrs
 import pytest
+from playwright.async_api import async_playwright, expect
 
 from llmgw import pki
 from llmgw.agent.client import AgentClient
@@ -20,14 +20,7 @@ from llmgw.config import AgentConfig, ControlConfig, ModelConfig, ProfileConfig,
 from llmgw.engines.registry import ENGINES
 from llmgw.log import RING
 from llmgw.roles.server import ServerHandle, server_role
-
-CHROMIUM = Path("/usr/bin/chromium")
-playwright_api = pytest.importorskip("playwright.async_api")
-
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists() and shutil.which("chromium") is None,
-    reason="Debian's chromium is not installed (.ci/run installs it: apt-get install chromium)",
-)
+from tests import needs
 
 
 @attrs.frozen
@@ -82,9 +75,9 @@ async def live(tmp_path: Path, pki_dir: Path) -> AsyncIterator[Live]:
 
 async def test_the_cluster_and_logs_pages_show_a_live_node_in_chromium(live: Live, tmp_path: Path):
     inventory = live.server.inventory
-    async with playwright_api.async_playwright() as p:
+    async with async_playwright() as p:
         browser = await p.chromium.launch(
-            executable_path=str(CHROMIUM),
+            executable_path=needs.program("chromium", "chromium"),
             args=[
                 "--no-sandbox",
                 "--disable-gpu",
@@ -98,11 +91,11 @@ async def test_the_cluster_and_logs_pages_show_a_live_node_in_chromium(live: Liv
             page = await browser.new_page(viewport={"width": 1400, "height": 700})
             # Wait for the node to register and its sim replica to be ready, as a person would: reloading.
             await page.goto(f"{live.server.admin_url}/models")
-            await playwright_api.expect(page.locator("td.state-ready")).to_have_count(1, timeout=30_000)
+            await expect(page.locator("td.state-ready")).to_have_count(1, timeout=30_000)
             # Each model, its replicas, where they run, and their state.
             replica_row = page.locator("#model-sim-chat tbody tr")
-            await playwright_api.expect(replica_row).to_contain_text("node-1")
-            await playwright_api.expect(replica_row.locator("td.state")).to_have_text("ready")
+            await expect(replica_row).to_contain_text("node-1")
+            await expect(replica_row.locator("td.state")).to_have_text("ready")
             await page.screenshot(path=str(tmp_path / "models.png"), full_page=True)
             # What the agent's log would hold: enough lines to scroll, the newest with markup in it.
             # Only now: the agent logs the replica's "ready" when it gets there, after any line added sooner.
@@ -112,20 +105,20 @@ async def test_the_cluster_and_logs_pages_show_a_live_node_in_chromium(live: Liv
 
             await page.goto(f"{live.server.admin_url}/")
             row = page.locator("#node-node-1")
-            await playwright_api.expect(row).to_contain_text("ready")
-            await playwright_api.expect(row).to_contain_text("sim")
-            await playwright_api.expect(row).to_contain_text("sim-chat")
+            await expect(row).to_contain_text("ready")
+            await expect(row).to_contain_text("sim")
+            await expect(row).to_contain_text("sim-chat")
             await page.screenshot(path=str(tmp_path / "cluster.png"), full_page=True)
 
             await row.get_by_role("link", name="logs").click()
             await page.wait_for_url("**/nodes/node-1/logs")
             log = page.locator("#log")
             # Escaped: the markup is text on the page, and no <b> element exists inside the log.
-            await playwright_api.expect(log).to_contain_text("a line with markup: <b>not bold</b>")
+            await expect(log).to_contain_text("a line with markup: <b>not bold</b>")
             assert await log.locator("b").count() == 0
             tabs = page.locator("nav.tabs a")
             (replica,) = inventory.replicas("sim-chat")
-            await playwright_api.expect(tabs).to_have_text(["agent", replica.shard_id])
+            await expect(tabs).to_have_text(["agent", replica.shard_id])
             # The newest line is at the bottom, and the page is scrolled to it.
             at_bottom = await page.evaluate(
                 "() => window.scrollY + window.innerHeight >= document.documentElement.scrollHeight - 2"
@@ -142,7 +135,7 @@ async def test_the_cluster_and_logs_pages_show_a_live_node_in_chromium(live: Liv
             await page.screenshot(path=str(tmp_path / "logs.png"), full_page=False)
 
             await tabs.nth(1).click()
-            await playwright_api.expect(page.locator("h1")).to_contain_text(replica.shard_id)
+            await expect(page.locator("h1")).to_contain_text(replica.shard_id)
             await page.get_by_role("link", name="1000").click()
             await page.get_by_role("link", name="follow").click()
             assert "follow=1" in page.url and "lines=1000" in page.url

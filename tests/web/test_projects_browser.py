@@ -3,36 +3,30 @@ limit its models, set its quota, and be told why a delete is refused."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import pytest
+from playwright.async_api import async_playwright
 
 from llmgw.store.quotas import list_limits
 from llmgw.store.scopes import Scope, load_hierarchy
 from llmgw.store.users import get_user
+from tests import needs
 
 from .conftest import PASSWORD, Site
 
 if TYPE_CHECKING:
     from playwright.async_api import Page
 
-playwright_api = pytest.importorskip("playwright.async_api")
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NASTY = "<script>alert('p')</script> & <i>x</i>"
-
-pytestmark = pytest.mark.skipif(
-    shutil.which(CHROMIUM) is None, reason="needs Debian's chromium (apt-get install chromium)"
-)
 
 
 @pytest.fixture
 async def page() -> AsyncIterator[Page]:
-    async with playwright_api.async_playwright() as p:
+    async with async_playwright() as p:
         browser = await p.chromium.launch(
-            executable_path=CHROMIUM,
+            executable_path=needs.program("chromium", "chromium"),
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"],
         )
         try:

@@ -28,6 +28,7 @@ from llmgw.control.inventory import Inventory
 from llmgw.control.stream.service import free_port, serve_agents
 from llmgw.stream_words import STANDBY
 
+from ... import needs
 from ...agent.test_client import FakeSupervisor
 from ...postgres import Cluster
 from ...waiting import eventually
@@ -172,11 +173,11 @@ class TestElection:
                     watcher.cancel()
                 await asyncio.gather(*watchers, return_exceptions=True)
 
-    @pytest.mark.skipif(os.geteuid() != 0, reason="stopping PostgreSQL's server process needs root")
     async def test_a_leader_that_postgresql_stops_answering_steps_down_on_its_own(
         self, postgres_url: str
     ) -> None:
         """A leader cut off from PostgreSQL must stop placing before its lock can pass to another."""
+        needs.root("stopping PostgreSQL's server process")
         async with plane(postgres_url, "cp1", "198.18.0.1:7443", query_timeout_s=0.5) as leader:
             await eventually(lambda: leader.leading, ELECTED_S)
             pid = await backend_pid(postgres_url, "cp1")

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite needs, only those that are missing.
+#
+# `make test` runs this before the tests, and .ci/run through `make test`: no test
+# skips for a missing program, it fails instead, so what a test runs must be here.
+# With everything present it does nothing, as any user. With something missing it
+# installs it when it can (root, apt-get); otherwise it stops, naming the command
+# that does, rather than letting the tests fail one by one an hour later.
+#
+# PYTHON names the interpreter `make` makes its virtual environment with (default python3).
+set -euo pipefail
+
+need=()
+# Debian's python3 makes no virtual environment without python3-venv (ensurepip).
+"${PYTHON:-python3}" -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+# A compiler and cmake: `make test` builds llama-server from source for the tests that run it.
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+for tool in make cc c++; do
+  command -v "$tool" >/dev/null 2>&1 || { need+=(build-essential); break; }
+done
+# The pages' browser tests drive Debian's chromium through playwright.
+command -v chromium >/dev/null 2>&1 || need+=(chromium chromium-driver)
+# The dev banner promises a curl line, and a test runs it as printed.
+command -v curl >/dev/null 2>&1 || need+=(curl)
+# iproute2's `ip`: the fleet tests (tests/fleet) make their hosts out of network namespaces.
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# The test holding scripts/onboard-node.sh clean runs shellcheck on it.
+command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
+# Prometheus and promtool: a test scrapes a running server and agent with a real Prometheus,
+# others check the metrics pages with `promtool check metrics`.
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+# The PostgreSQL server: the store's tests run against a throwaway cluster as well as SQLite.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+
+if [ "${#need[@]}" -eq 0 ]; then
+  exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-test-deps: this machine has no apt-get to install what the tests need;" \
+    "install what these Debian packages hold with its own package manager: ${need[*]}" >&2
+  exit 1
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-test-deps: the tests need Debian packages this machine does not have (${need[*]});" \
+    "install them as root with: sudo $0" >&2
+  exit 1
+fi
+echo "install-test-deps: installing ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

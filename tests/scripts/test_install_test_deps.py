@@ -1,0 +1,98 @@
+"""scripts/install-test-deps.sh: installs what the tests need and is missing, or stops naming the command.
+
+Run against a PATH of stand-ins: each program the script looks for, an `id` that says
+which user runs it, and an `apt-get` that only writes down how it was called.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install-test-deps.sh"
+PROGRAMS = ["cmake", "make", "cc", "c++", "chromium", "curl", "ip", "shellcheck", "prometheus", "promtool"]
+
+
+@attrs.frozen
+class Machine:
+    bin: Path
+    calls: Path
+
+    def lacks(self, *programs: str) -> None:
+        for program in programs:
+            (self.bin / program).unlink()
+
+    def run_as(self, uid: int) -> subprocess.CompletedProcess[str]:
+        _stand_in(self.bin / "id", f"echo {uid}")
+        return subprocess.run(
+            [shutil.which("bash") or "/bin/bash", str(SCRIPT)],
+            env={"PATH": str(self.bin), "PYTHON": sys.executable},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    def apt_get_calls(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+def _stand_in(path: Path, body: str) -> None:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Machine:
+    """A machine with every program the tests need, and apt-get."""
+    bin = tmp_path / "bin"
+    bin.mkdir()
+    for program in PROGRAMS:
+        _stand_in(bin / program, "exit 0")
+    calls = tmp_path / "apt-get.calls"
+    _stand_in(bin / "apt-get", f'echo "$DEBIAN_FRONTEND $*" >> {calls}')
+    return Machine(bin, calls)
+
+
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_with_everything_installed_it_does_nothing_whoever_runs_it(machine: Machine, uid: int) -> None:
+    done = machine.run_as(uid)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert machine.apt_get_calls() == []
+
+
+def test_as_root_it_installs_only_what_is_missing_without_asking(machine: Machine) -> None:
+    machine.lacks("shellcheck", "promtool")
+    done = machine.run_as(0)
+    assert done.returncode == 0, done.stderr
+    assert machine.apt_get_calls() == [
+        "noninteractive update -qq",
+        "noninteractive install -y -qq --no-install-recommends shellcheck prometheus",
+    ]
+
+
+def test_a_user_who_is_not_root_is_told_the_one_command_that_installs_what_is_missing(
+    machine: Machine,
+) -> None:
+    machine.lacks("chromium", "shellcheck")
+    done = machine.run_as(1000)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "install-test-deps: the tests need Debian packages this machine does not have "
+        f"(chromium chromium-driver shellcheck); install them as root with: sudo {SCRIPT}\n"
+    )
+    assert machine.apt_get_calls() == []
+
+
+def test_a_machine_without_apt_get_is_told_which_packages_to_find(machine: Machine) -> None:
+    machine.lacks("apt-get", "cmake")
+    done = machine.run_as(0)
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "install-test-deps: this machine has no apt-get to install what the tests need;"
+    )
+    assert done.stderr.endswith(": cmake\n")
