@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from llmgw.engines.base import LaunchSpec
+from llmgw.engines.progress import ProgressMetrics
 from llmgw.errors import LlmgwError
 
 # llama-server's own default is one slot, which makes every other request
@@ -35,6 +36,11 @@ class LlamaCppEngine:
     health_path = "/health"
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ("--embeddings",)
+    # n_decode_total moves at every batch, prompt or generation; tokens_predicted_total only as a
+    # request ends, so alone it would make a long answer look stalled.
+    progress = ProgressMetrics(
+        "llamacpp:requests_processing", ("llamacpp:n_decode_total", "llamacpp:tokens_predicted_total")
+    )
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The llama-server argv for spec; a LlmgwError when spec has no model file to serve."""

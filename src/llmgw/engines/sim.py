@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 
 from llmgw.engines.base import LaunchSpec
-from llmgw.engines.sim_server import API_KEY_ENV
+from llmgw.engines.progress import ProgressMetrics
+from llmgw.engines.sim_server import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
 
 
 class SimEngine:
@@ -20,6 +21,7 @@ class SimEngine:
     health_path = "/health"
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ()
+    progress = ProgressMetrics(IN_FLIGHT_METRIC, (COMPLETION_TOKENS_METRIC,))
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The sim's argv for spec; spec.args (e.g. --ttft-ms 50) come last."""
