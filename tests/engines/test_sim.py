@@ -240,6 +240,20 @@ class TestServing:
         text = await (await slow.get("/metrics")).text()
         assert 'llmgw_sim_requests_total{endpoint="chat"} 1.0' in text
 
+    async def test_completion_tokens_are_counted_as_they_are_produced_not_when_asked_for(
+        self, aiohttp_client: MakeClient
+    ) -> None:
+        """What the agent's stall probe reads: a request waiting for its first token has produced none."""
+        slow = await aiohttp_client(make_sim_app("sim-chat", ttft_ms=1000))
+        request = asyncio.create_task(slow.post("/v1/chat/completions", json=_chat("one two three")))
+        deadline = time.monotonic() + 10
+        while await _metric(slow, "llmgw_sim_requests_in_flight") != 1:
+            assert time.monotonic() < deadline, "the slow request never showed as in flight"
+            await asyncio.sleep(0.01)
+        assert await _metric(slow, "llmgw_sim_completion_tokens_total") == 0
+        assert (await request).status == 200
+        assert await _metric(slow, "llmgw_sim_completion_tokens_total") == 3
+
     def test_two_sim_apps_in_one_process_do_not_collide_on_metric_names(self) -> None:
         assert isinstance(make_sim_app("a"), web.Application)
         assert isinstance(make_sim_app("a"), web.Application)

@@ -18,6 +18,9 @@ by the next one); the supervisor follows the file and keeps a ring of its last
   never answers;
 - ready -> failed (with the last output lines) when an engine that served
   exits;
+- ready -> stalled -> failed when a served engine stops answering its health
+  path or stops producing tokens (agent/probe.py): its process group is killed
+  between the two;
 - stopped, once `stop` has ended the whole process group.
 
 A failed shard is not restarted here: the control plane stops it and places
@@ -49,7 +52,9 @@ import structlog
 from llmgw import launcher
 from llmgw.addresses import DEFAULT_ENGINE_PORTS, parse_port_range, url_host
 from llmgw.agent import state as engine_state
+from llmgw.agent.probe import Prober, stall_before_exit
 from llmgw.agent.weights import WeightsCache, WeightsError
+from llmgw.config import ProbeConfig
 from llmgw.engines.base import Engine, LaunchSpec, last_words
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
@@ -65,6 +70,7 @@ _OUTPUT_DRAIN_S = 1.0
 
 
 _DEFAULT_PORTS = parse_port_range(DEFAULT_ENGINE_PORTS)
+_DEFAULT_PROBE = ProbeConfig()
 
 
 class NoFreePort(LlmgwError):
@@ -200,7 +206,12 @@ class Supervisor:
         parallel: Callable[[str], int] | None = None,
         weights: WeightsCache | None = None,
         keep_on_close: bool = False,
+        probe: ProbeConfig = _DEFAULT_PROBE,
+        node: str = "",
     ):
+        # How ready engines are watched for a stall, and the node's name the reasons give.
+        self._probe = probe
+        self._node = node
         # Engines write their output to files under state_dir and the state file there lists them,
         # so they can outlive this agent; keep_on_close leaves them running when it stops.
         self._weights = weights
@@ -594,6 +605,7 @@ class Supervisor:
         process = shard.process
         assert process is not None
         became_ready = await self._wait_ready(shard, process)
+        stalled = ""
         if became_ready:
             ready = self._status(shard, "ready")
             ready.endpoint = shard.endpoint
@@ -601,7 +613,7 @@ class Supervisor:
             ready.detail = f"{shard.engine.name} answers on {shard.endpoint}"
             self._report(ready)
             log.info("engine ready", shard=shard.req.shard_id, endpoint=shard.endpoint)
-            await process.wait()
+            stalled = await self._until_exit_or_stall(shard, process)
         timed_out = not became_ready and process.returncode is None
         # Also for an engine that exited by itself: the workers it forked go with it.
         returncode = await self._terminate(shard)
@@ -610,6 +622,8 @@ class Supervisor:
         failed.pid = process.pid
         failed.last_output = list(shard.output)
         failed.detail = await self._failure_reason(shard, returncode, timed_out, became_ready)
+        if became_ready and stalled:
+            failed.detail = f"stalled, so its process group was killed: {stalled}"
         if became_ready:
             self.restarts[shard.req.model] += 1
         self._report(failed)
@@ -618,6 +632,33 @@ class Supervisor:
             shard=shard.req.shard_id,
             detail=failed.detail,
         )
+
+    async def _until_exit_or_stall(self, shard: _Shard, process: launcher.Process) -> str:
+        """Wait for a ready engine to exit; should it stall first, report that, SIGKILL its group, say why."""
+        engine = shard.engine
+        prober = Prober(
+            self._health_session(),
+            self._probe,
+            name=f"{engine.name} on {self._node}" if self._node else engine.name,
+            health_url=shard.local_url + engine.health_path,
+            metrics_url=shard.local_url + engine.metrics_path,
+            secret=shard.req.engine_secret,
+            progress=engine.progress,
+        )
+        reason = await stall_before_exit(process, prober)
+        if reason:
+            stalled = self._status(shard, "stalled")
+            stalled.pid = process.pid
+            stalled.detail = reason
+            # Reported before the kill: the control plane takes it out of routing at once.
+            self._report(stalled)
+            log.warning(
+                "engine stalled; killing it", shard=shard.req.shard_id, pid=process.pid, reason=reason
+            )
+            # SIGKILL at once, not SIGTERM first: a stopped process acts on SIGTERM only once
+            # continued, and a hung one would not drain; the whole group, its workers included.
+            launcher.kill_group(process.pid)
+        return reason
 
     async def _failure_reason(self, shard: _Shard, returncode: int, timed_out: bool, served: bool) -> str:
         """Why the engine failed, in words: its exit, and the line of its output that says why."""

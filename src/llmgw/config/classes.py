@@ -457,6 +457,32 @@ class ProvisionConfig:
 
 
 @attrs.frozen
+class ProbeConfig:
+    interval_s: float = _field(
+        5.0,
+        "How often the agent asks each ready engine its health path and reads its metrics page. "
+        "See docs/operations.md (Stalled engines).",
+        seconds(0, above=True, high=3600),
+    )
+    timeout_s: float = _field(
+        5.0,
+        "How long one health probe may take before it counts as a failure: a stopped engine's kernel "
+        "still accepts the connection, so only a timeout tells it from a busy one.",
+        seconds(0, above=True, high=3600),
+    )
+    failures: int = _field(
+        3, "Health probes failed in a row after which the engine is stalled, killed and replaced.", number(1)
+    )
+    progress_s: float = _field(
+        60.0,
+        "How long an engine may hold requests in flight while its token counters do not move before it "
+        "is stalled, killed and replaced; 0 turns this check off. Read from the engine's metrics page "
+        "(llama.cpp, vLLM and the sim expose the counters; others are probed for health only).",
+        seconds(0),
+    )
+
+
+@attrs.frozen
 class AgentConfig:
     node_id: str = _field("", "This node's id; must equal the common name of its certificate.")
     servers: list[str] = _field(
@@ -480,6 +506,11 @@ class AgentConfig:
     )
     ready_timeout_s: float = _field(
         120.0, "How long an engine may take to answer its health check.", seconds(0, above=True)
+    )
+    probe: ProbeConfig = _field(
+        ProbeConfig(),
+        "How a ready engine is watched: one that stops answering its health path, or holds requests "
+        "without producing a token, is reported stalled, killed and started again.",
     )
     tls: TLSConfig = _field(
         TLSConfig(), "This node's certificate and the authority that signed the server's."

@@ -573,8 +573,8 @@ class Inventory:
         elif replica.state == "downloading":
             progress = replica.detail.removeprefix("downloading ")
             part = f"downloading weights on {node_id}" + (f": {progress}" if progress else "")
-        elif replica.state == "failed":
-            part = f"failed on {node_id}" + (f": {replica.detail}" if replica.detail else "")
+        elif replica.state in ("failed", "stalled"):
+            part = f"{replica.state} on {node_id}" + (f": {replica.detail}" if replica.detail else "")
         else:
             part = f"{replica.state} on {node_id}"
         node = self._nodes.get(node_id)

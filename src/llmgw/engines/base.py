@@ -5,7 +5,8 @@ class that follows `Engine`, plus one line in registry.py. The class says how
 to turn a shard request into a command line, where the engine answers health
 and metrics, how to ask a binary what it is, what `llmgw ctl engine-check`
 runs, which of its output lines tell a failure, and, for an engine the agent
-can install, the recipe that picks its build. It never starts processes
+can install, the recipe that picks its build, and which of its metrics show
+it working (the agent's stall probe reads them). It never starts processes
 itself: the supervisor owns every process.
 
 Engines subclass `Engine` to take its defaults: the output reading and the
@@ -20,6 +21,7 @@ from typing import ClassVar, Protocol
 
 import attrs
 
+from llmgw.engines.progress import ProgressMetrics
 from llmgw.errors import LlmgwError
 
 
@@ -137,6 +139,8 @@ class Engine(Protocol):
     help_command: ClassVar[HelpCommand] = HelpCommand()
     # How the agent installs it; None for an engine installed by hand and named in agent.yaml.
     recipe: ClassVar[Recipe | None] = None
+    # The metrics that say it is working, read by the agent's stall probe; None: probed for health only.
+    progress: ClassVar[ProgressMetrics | None] = None
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from llmgw.engines.base import Build, Engine, LaunchSpec, Machine, Recipe, UnsupportedError
+from llmgw.engines.progress import ProgressMetrics
 from llmgw.errors import LlmgwError
 
 # llama-server's own default is one slot, which makes every other request
@@ -77,6 +78,11 @@ class LlamaCppEngine(Engine):
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ("--embeddings",)
     recipe = Recipe(repo="ggml-org/llama.cpp", choose=choose_build)
+    # n_decode_total moves at every batch, prompt or generation; tokens_predicted_total only as a
+    # request ends, so alone it would make a long answer look stalled.
+    progress = ProgressMetrics(
+        "llamacpp:requests_processing", ("llamacpp:n_decode_total", "llamacpp:tokens_predicted_total")
+    )
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The llama-server argv for spec; a LlmgwError when spec has no model file to serve."""

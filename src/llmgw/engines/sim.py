@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 
 from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
-from llmgw.engines.sim_server import API_KEY_ENV
+from llmgw.engines.progress import ProgressMetrics
+from llmgw.engines.sim_server import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
 
 
 class SimEngine(Engine):
@@ -22,6 +23,7 @@ class SimEngine(Engine):
     embedding_args: tuple[str, ...] = ()
     # `python -m llmgw.engines.sim`: the two words after the interpreter choose the program.
     help_command = HelpCommand(words=2)
+    progress = ProgressMetrics(IN_FLIGHT_METRIC, (COMPLETION_TOKENS_METRIC,))
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The sim's argv for spec; spec.args (e.g. --ttft-ms 50) come last."""

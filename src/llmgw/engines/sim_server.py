@@ -33,6 +33,14 @@ What it says, so tests can rely on it:
 - With LLMGW_ENGINE_API_KEY set, every path but /health wants
   ``Authorization: Bearer <that secret>`` and answers 401 otherwise, as
   llama-server does with its --api-key.
+- /metrics has ``llmgw_sim_requests_in_flight`` and
+  ``llmgw_sim_completion_tokens_total``, which moves as each token is produced
+  (all at once for an undelayed reply): what the agent's stall probe reads.
+- Two signals break it on purpose while the process lives, for the agent's
+  stall probe to find: SIGUSR1 makes its serving loop dead (/health and every
+  completion answer 500, as vLLM does after an EngineDeadError); SIGUSR2 makes
+  generation hang (completions are taken in and never produce a token; /health
+  still answers). Neither can be undone: a broken engine is replaced.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ import json
 import math
 import os
 import re
+import signal
 import struct
 import sys
 import time
@@ -61,6 +70,10 @@ from llmgw import __version__
 
 # The secret the sim requires of callers, when set: the gateway's replica secret (engines/sim.py sets it).
 API_KEY_ENV = "LLMGW_ENGINE_API_KEY"
+
+# What /metrics calls its requests being answered and the tokens it has produced.
+IN_FLIGHT_METRIC = "llmgw_sim_requests_in_flight"
+COMPLETION_TOKENS_METRIC = "llmgw_sim_completion_tokens_total"
 
 DEFAULT_MAX_TOKENS = 16
 EMBEDDING_DIM = 64
@@ -97,6 +110,11 @@ class _BadRequest(Exception):
         self.message = message
         self.param = param
         self.code = code
+
+
+def _dead() -> _BadRequest:
+    """What a dead serving loop answers, in vLLM's words for it."""
+    return _BadRequest(500, "EngineCore encountered an issue; the engine is dead (the sim was sent SIGUSR1)")
 
 
 def _error_response(error: _BadRequest) -> web.Response:
@@ -239,7 +257,7 @@ class _SimServer:
         self.created = int(time.time())
         self.registry = CollectorRegistry(auto_describe=False)
         self.in_flight = Gauge(
-            "llmgw_sim_requests_in_flight",
+            IN_FLIGHT_METRIC,
             "Completion requests being answered now.",
             registry=self.registry,
         )
@@ -253,15 +271,30 @@ class _SimServer:
             "llmgw_sim_prompt_tokens", "Prompt tokens received.", registry=self.registry
         )
         self.completion_tokens = Counter(
-            "llmgw_sim_completion_tokens", "Completion tokens sent.", registry=self.registry
+            COMPLETION_TOKENS_METRIC.removesuffix("_total"),
+            "Completion tokens produced, counted as each is.",
+            registry=self.registry,
         )
+        # The fault switches (SIGUSR1, SIGUSR2): set once, never cleared.
+        self.dead = False
+        self.stuck = asyncio.Event()
         models = {
             "object": "list",
             "data": [{"id": model, "object": "model", "created": self.created, "owned_by": "llmgw-sim"}],
         }
         self.models_body = json.dumps(models).encode()
 
+    def break_serving_loop(self) -> None:
+        """From now on /health and every completion answer 500, as a vLLM whose engine core died."""
+        self.dead = True
+
+    def hang_generation(self) -> None:
+        """From now on completions are taken in and never produce a token; /health still answers."""
+        self.stuck.set()
+
     async def health(self, request: web.Request) -> web.Response:
+        if self.dead:
+            return _error_response(_dead())
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
     async def models(self, request: web.Request) -> web.Response:
@@ -293,9 +326,10 @@ class _SimServer:
         self.in_flight.inc()
         try:
             parsed = _parse_chat(await self._body(request))
+            await self._serving_loop()
             self._count(parsed)
             if parsed.stream:
-                return await self._stream(request, self._chat_chunks(parsed))
+                return await self._stream(request, self._chat_chunks(parsed), len(parsed.reply))
             await self._generate_delay(parsed)
             reply = {
                 "id": f"chatcmpl-sim-{next(self.ids)}",
@@ -323,9 +357,10 @@ class _SimServer:
         self.in_flight.inc()
         try:
             parsed = _parse_completion(await self._body(request))
+            await self._serving_loop()
             self._count(parsed)
             if parsed.stream:
-                return await self._stream(request, self._completion_chunks(parsed))
+                return await self._stream(request, self._completion_chunks(parsed), len(parsed.reply))
             await self._generate_delay(parsed)
             reply = {
                 "id": f"cmpl-sim-{next(self.ids)}",
@@ -374,13 +409,27 @@ class _SimServer:
         }
         return web.Response(body=json.dumps(reply), content_type="application/json")
 
+    async def _serving_loop(self) -> None:
+        """Raise the 500 of a dead serving loop, or never return while generation hangs."""
+        if self.dead:
+            raise _dead()
+        if self.stuck.is_set():
+            # Forever: only the agent's SIGKILL ends this request.
+            await asyncio.Event().wait()
+
     def _count(self, parsed: _Request) -> None:
         self.prompt_tokens.inc(parsed.prompt_tokens)
-        self.completion_tokens.inc(len(parsed.reply))
+        if not self.delayed:
+            self.completion_tokens.inc(len(parsed.reply))
 
     async def _generate_delay(self, parsed: _Request) -> None:
-        if self.delayed:
-            await asyncio.sleep(self.ttft_s + self.token_interval_s * max(0, len(parsed.reply) - 1))
+        # Token by token, each counted as it is produced, as a real engine's counter moves: a long
+        # answer at a slow pace is progress, not a stall.
+        if not self.delayed:
+            return
+        for i in range(len(parsed.reply)):
+            await asyncio.sleep(self.ttft_s if i == 0 else self.token_interval_s)
+            self.completion_tokens.inc()
 
     # The chunk generators write JSON by hand from pieces escaped once per request: a json.dumps
     # per chunk would be most of the sim's cost in the streamed benchmark. Each yields the first
@@ -416,7 +465,7 @@ class _SimServer:
             tail += head + '],"usage":' + json.dumps(parsed.usage()) + "}\n\n"
         yield tail + _DONE
 
-    async def _stream(self, request: web.Request, chunks: Iterator[str]) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, chunks: Iterator[str], tokens: int) -> web.StreamResponse:
         if not self.delayed:
             # Nothing to pace: one body, one write, and a Content-Length instead of chunked framing.
             return web.Response(body="".join(chunks).encode(), headers=_SSE_HEADERS)
@@ -427,6 +476,9 @@ class _SimServer:
         for i, chunk in enumerate(chunks):
             if i and self.token_interval_s:
                 await asyncio.sleep(self.token_interval_s)
+            # One event per token, then the tail: every event but the last is a token produced.
+            if i < tokens:
+                self.completion_tokens.inc()
             await response.write(chunk.encode())
         await response.write_eof()
         return response
@@ -467,7 +519,18 @@ def make_sim_app(
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/embeddings", sim.embeddings)
     app.router.add_get("/metrics", sim.metrics)
+    app[_SIM] = sim
     return app
+
+
+_SIM = web.AppKey("sim", _SimServer)
+
+
+async def _fault_switches(app: web.Application) -> None:
+    """SIGUSR1 kills the serving loop, SIGUSR2 hangs generation: faults the agent's probe must find."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, app[_SIM].break_serving_loop)
+    loop.add_signal_handler(signal.SIGUSR2, app[_SIM].hang_generation)
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -492,6 +555,8 @@ def main(argv: list[str] | None = None) -> None:
     # From the environment, not an option: argv is readable by every user of the machine.
     secret = os.environ.get(API_KEY_ENV, "")
     app = make_sim_app(args.model, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s, secret=secret)
+    # Only in a sim process of its own: a test serving the app in its own loop keeps its signals.
+    app.on_startup.append(_fault_switches)
 
     def announce(_: str) -> None:
         # The supervisor keeps this process's output; one line says it came up and where.

@@ -10,6 +10,7 @@ others run `--headless`.
 from __future__ import annotations
 
 from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
+from llmgw.engines.progress import ProgressMetrics
 from llmgw.errors import LlmgwError
 
 API_KEY_ENV = "VLLM_API_KEY"
@@ -21,6 +22,10 @@ class VllmEngine(Engine):
     name = "vllm"
     health_path = "/health"
     metrics_path = "/metrics"
+    # Both move at every engine step: a long prompt's prefill counts as work too.
+    progress = ProgressMetrics(
+        "vllm:num_requests_running", ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
+    )
     embedding_args: tuple[str, ...] = ("--runner", "pooling")
     # Since vLLM 0.10, `vllm serve --help` lists the groups of flags, not the flags.
     help_command = HelpCommand(words=1, help=("--help=all",))

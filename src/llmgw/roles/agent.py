@@ -72,6 +72,8 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
             host=cfg.advertise_address or "127.0.0.1",
             bind=cfg.engine_bind,
             ports=parse_port_range(cfg.engine_ports),
+            probe=cfg.probe,
+            node=cfg.node_id,
         )
         await stack.enter_async_context(supervisor)
         # Before the first Register, so it lists the engines the previous agent left running.

@@ -239,7 +239,11 @@ class ShardStatus(betterproto.Message):
     model: str = betterproto.string_field(2)
     engine: str = betterproto.string_field(3)
     state: str = betterproto.string_field(4)
-    """starting", "downloading", "ready", "draining", "stopped", "failed"."""
+    """
+    "starting", "downloading", "ready", "draining", "stopped", "failed", or "stalled": ready, then
+     it stopped answering its health path or producing tokens (detail says which); the agent kills
+     it and reports it failed next.
+    """
 
     endpoint: str = betterproto.string_field(5)
     """
