@@ -384,8 +384,8 @@ class TestMetrics:
 
 
 def test_the_cluster_page_and_ctl_show_a_node_through_one_presenter():
-    from llmgw.cli import ctl as ctl_module
     from llmgw.adminapi import present
+    from llmgw.cli import ctl as ctl_module
     from llmgw.web import cluster
 
     assert cluster.node_row is ctl_module.node_row is present.node_row

@@ -138,10 +138,9 @@ def make_admin_app(
     app[ACCOUNTS_KEY] = False
     pages_app.provide(app, pages)
     provide(app, cfg, inventory, catalog, pages, mirror, prefix="")
-    mount_table(app, cluster.PAGES)
-    # Routed with no mirror too, so that /mirror says there is none, as the document says; linked
-    # only where there is one.
-    mount_table(app, (MIRROR_PAGE,), linked=mirror is not None)
+    # The mirror page is routed with no mirror too, so that /mirror says there is none, as the
+    # document says; it is linked only where there is one.
+    mount_table(app, PAGES, unlinked=(MIRROR_PAGE,) if mirror is None else ())
     mount(app, API)
     mount_table(app, FILES)
     return app

@@ -19,8 +19,7 @@ from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.control.mirror import MirrorClient
-from llmgw.web import cluster
-from llmgw.web.admin_listener import API, provide
+from llmgw.web import admin_listener, cluster
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
 from llmgw.web.guards import require_admin
@@ -61,10 +60,11 @@ def mount_client_port(
     None: the relay says there is none, and there is no page.
     """
     mount_pages(app, pages)
-    provide(app, cfg, inventory, catalog, pages, mirror, prefix=ADMIN)
-    mount_table(app, cluster.PAGES, prefix=ADMIN, guard=require_admin)
-    if mirror is not None:
-        mount_table(app, (MIRROR_PAGE,), prefix=ADMIN, guard=require_admin)
-    mount(app, API, prefix=ADMIN, guard=admin_token_or_session(cfg, _admin_session))
+    admin_listener.provide(app, cfg, inventory, catalog, pages, mirror, prefix=ADMIN)
+    # No mirror page where there is no mirror: nothing links to it here, and no document lists it.
+    pages_here = admin_listener.PAGES
+    admin_pages = pages_here if mirror is not None else tuple(p for p in pages_here if p is not MIRROR_PAGE)
+    mount_table(app, admin_pages, prefix=ADMIN, guard=require_admin)
+    mount(app, admin_listener.API, prefix=ADMIN, guard=admin_token_or_session(cfg, _admin_session))
     # The cluster pages' files are at the root on either listener.
     mount_table(app, (cluster.ASSETS,))

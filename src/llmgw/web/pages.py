@@ -7,7 +7,7 @@ with a link appears in the administrators' navigation of exactly the apps that s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from aiohttp import web
 
@@ -21,11 +21,10 @@ def mount_table(
     *,
     prefix: str = "",
     guard: Guard | None = None,
-    linked: bool = True,
+    unlinked: Sequence[Route] = (),
 ) -> None:
-    """Add pages under prefix to app, each behind guard; linked: their links in the navigation too."""
+    """Add pages under prefix to app, each behind guard, and their links (not unlinked's) to the nav."""
     pages = tuple(pages)
     # A page answers HEAD as well as GET, as aiohttp's add_get does.
     mount(app, pages, prefix=prefix, guard=guard, head=True)
-    if linked:
-        add_admin_links(app, *(AdminLink(p.at(prefix), p.link) for p in pages if p.link))
+    add_admin_links(app, *(AdminLink(p.at(prefix), p.link) for p in pages if p.link and p not in unlinked))
