@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.adminapi import auth
 from llmgw.adminapi import handlers as adminapi
 from llmgw.catalog import Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
@@ -25,7 +26,7 @@ from llmgw.store import open_store
 from llmgw.store.catalog import list_models, put_model
 
 DECLARED = ModelConfig(name="sim-chat", profiles=[ProfileConfig(engine="sim")])
-CFG = ServerConfig(models=[DECLARED], admin_tokens=[adminapi.hash_token("s3cret")])
+CFG = ServerConfig(models=[DECLARED], admin_tokens=[auth.hash_token("s3cret")])
 
 PIN = "4c1f0e2b9a7d3c5e8f6a1b2c3d4e5f60718293a4b5c6d7e8f9a0b1c2d3e4f5a6"
 BIG = f"""\

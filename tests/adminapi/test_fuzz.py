@@ -26,12 +26,11 @@ from schemathesis.specs.openapi.checks import (
 )
 
 import llmgw
-from llmgw.adminapi.openapi import document
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.store import Store
-from llmgw.web.admin_listener import make_admin_app
+from llmgw.web.admin_listener import document, make_admin_app
 from llmgw.web.context import WebContext
 
 from ..threaded import ErrorRecords, error_records, serve_in_thread

@@ -13,18 +13,18 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
+from llmgw.adminapi import auth, projections, views
 from llmgw.adminapi import handlers as adminapi
-from llmgw.adminapi import views
-from llmgw.adminapi.openapi import document
 from llmgw.agent.discovery.host import NO_AVX2_WARNING, Host
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
 from llmgw.proto.llmgw import v1 as pb
+from llmgw.web.admin_listener import document
 
 SIM = ModelConfig(name="sim-chat", replicas=1, profiles=[ProfileConfig(engine="sim")])
-CFG = ServerConfig(models=[SIM], admin_tokens=[adminapi.hash_token("s3cret")])
+CFG = ServerConfig(models=[SIM], admin_tokens=[auth.hash_token("s3cret")])
 ADDED = "name: sim-big\nprofiles:\n  - engine: sim\n"
 YAML = {"Content-Type": "application/yaml"}
 
@@ -326,6 +326,7 @@ async def _every_reply(client: TestClient[web.Request, web.Application], invento
     await ask("DELETE", model, "/api/v1/models/sim-big")
     await ask("DELETE", model, "/api/v1/models/sim-chat")
     await ask("GET", "/api/v1/replicas", "/api/v1/replicas?model=sim-chat")
+    await ask("GET", "/api/v1/replicas", "/api/v1/replicas?all=maybe")
     metrics = "/api/v1/replicas/{shard_id}/metrics"
     await ask("GET", metrics, "/api/v1/replicas/sim-chat-a/metrics")
     await ask("GET", metrics, "/api/v1/replicas/nope/metrics")
@@ -349,7 +350,7 @@ def _schema(doc: dict[str, Any], method: str, route: str, status: int) -> dict[s
 
 def _documented(doc: dict[str, Any]) -> set[tuple[str, str, int]]:
     """The replies of the routes adminapi serves; the tenancy routes have their own (test_tenancy.py)."""
-    served = {path.replace("{name:.+}", "{name}") for _, path, _ in adminapi.ROUTES}
+    served = {route.path for route in adminapi.ROUTES}
     return {
         (method, route, int(status))
         for route, item in doc["paths"].items()
@@ -434,11 +435,11 @@ class TestEveryReplyIsWhatTheDocumentSays:
 
 class TestTokens:
     def test_only_a_token_whose_digest_is_listed_is_allowed(self):
-        hashes = [adminapi.hash_token("s3cret")]
-        assert adminapi.token_allowed("Bearer s3cret", hashes)
-        assert not adminapi.token_allowed("Bearer guess", hashes)
-        assert not adminapi.token_allowed("s3cret", hashes)
-        assert not adminapi.token_allowed(None, hashes)
+        hashes = [auth.hash_token("s3cret")]
+        assert auth.token_allowed("Bearer s3cret", hashes)
+        assert not auth.token_allowed("Bearer guess", hashes)
+        assert not auth.token_allowed("s3cret", hashes)
+        assert not auth.token_allowed(None, hashes)
 
 
 async def test_a_long_node_list_is_written_a_piece_at_a_time_and_reads_as_one_list():
@@ -453,7 +454,7 @@ async def test_a_long_node_list_is_written_a_piece_at_a_time_and_reads_as_one_li
         # Streamed, not built whole: no length known up front.
         assert reply.headers.get("Transfer-Encoding") == "chunked" and "Content-Length" not in reply.headers
         got = await reply.json()
-    assert got == views.CONVERTER.unstructure(adminapi.nodes_view(inventory))
+    assert got == views.CONVERTER.unstructure(projections.nodes_view(inventory))
 
 
 async def test_an_empty_node_list_is_an_empty_list():

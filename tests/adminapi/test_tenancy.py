@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmgw.adminapi import auth
 from llmgw.adminapi import handlers as adminapi
 from llmgw.adminapi import tenancy as tenancyapi
-from llmgw.adminapi.openapi import document
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory
@@ -22,12 +22,13 @@ from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 from llmgw.store.users import create_user
+from llmgw.web.admin_listener import document
 
 SIM = ModelConfig(name="sim-chat", profiles=[ProfileConfig(engine="sim")])
 CFG = ServerConfig(
     models=[SIM],
     pricing={"sim-chat": PriceConfig(prompt_per_1k=0.1, completion_per_1k=0.2)},
-    admin_tokens=[adminapi.hash_token("s3cret")],
+    admin_tokens=[auth.hash_token("s3cret")],
 )
 Client = TestClient[web.Request, web.Application]
 
@@ -220,7 +221,7 @@ class TestPrices:
 
 async def test_on_the_client_port_every_route_needs_an_admin_token(store: Store) -> None:
     app = web.Application()
-    guard = adminapi.admin_token_or_session(CFG, _no_session)
+    guard = auth.admin_token_or_session(CFG, _no_session)
     adminapi.install(app, CFG, Inventory(5.0), Catalog(CFG), prefix="/admin", guard=guard)
     tenancyapi.install(app, store, None, prefix="/admin", guard=guard)
     async with TestClient(TestServer(app)) as client:

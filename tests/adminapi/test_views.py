@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from llmgw.adminapi import handlers as adminapi
-from llmgw.adminapi import views
+from llmgw.adminapi import projections, views
 from llmgw.agent.provision import installer
 from llmgw.control.inventory import ADMIN_STATES, Inventory
 from llmgw.proto.llmgw import v1 as pb
@@ -36,7 +35,7 @@ def test_a_node_read_back_from_its_json_is_the_node_that_was_sent():
         )
     )
     inventory.attach(pb.Register(node_id="n2"))
-    sent = adminapi.nodes_view(inventory)
+    sent = projections.nodes_view(inventory)
     json = views.CONVERTER.unstructure(sent)
     assert json[1]["gpus"] is None and json[0]["provision"][0]["state"] == "failed"
     assert views.CONVERTER.structure(json, list[views.Node]) == sent

@@ -14,8 +14,8 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 from structlog.testing import capture_logs
 
+from llmgw.adminapi import auth
 from llmgw.adminapi import handlers as adminapi
-from llmgw.adminapi.handlers import admin_token_or_session
 from llmgw.agent.discovery.host import Host
 from llmgw.catalog import Catalog
 from llmgw.cli.ctl import ctl
@@ -29,7 +29,7 @@ GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("LLMGW_UPDATE_GOLDEN") == "1"
 CFG = ServerConfig(
     models=[ModelConfig(name="sim-chat", replicas=1, profiles=[ProfileConfig(engine="sim")])],
-    admin_tokens=[adminapi.hash_token("s3cret")],
+    admin_tokens=[auth.hash_token("s3cret")],
 )
 
 
@@ -144,7 +144,7 @@ async def server() -> AsyncIterator[tuple[str, Inventory]]:
     adminapi.install(app, CFG, inventory, catalog)
     # The same API as the client port serves it under /admin: an admin token required.
     guarded = web.Application()
-    guard = admin_token_or_session(CFG, _no_session)
+    guard = auth.admin_token_or_session(CFG, _no_session)
     adminapi.install(guarded, CFG, inventory, catalog, prefix="/admin", guard=guard)
     app.add_subapp("/port", guarded)
     answering = asyncio.create_task(answer_logs(inventory, "gpu-01"))
@@ -350,7 +350,7 @@ def test_new_token_prints_the_token_and_the_digest_for_server_yaml():
     result = CliRunner().invoke(ctl, ["new-token"])
     token = result.stdout.strip()
     assert result.exit_code == 0 and token.startswith("llmgw-admin-")
-    assert f"  - {adminapi.hash_token(token)}" in result.stderr
+    assert f"  - {auth.hash_token(token)}" in result.stderr
 
 
 class TestMetrics:

@@ -10,7 +10,7 @@ import pytest
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from structlog.testing import capture_logs
 
-from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi import projections
 from llmgw.adminapi.present import refused_line
 from llmgw.catalog import Catalog
 from llmgw.control.inventory import Inventory
@@ -51,7 +51,7 @@ async def test_an_agent_with_another_authoritys_certificate_is_logged_counted_an
     assert (refused.peer, refused.reason, refused.count) == ("127.0.0.1", NOT_OURS, 3)
     logged = [e for e in logs if e["event"] == EVENT]
     assert len(logged) == 3 and all(e["peer"].startswith("127.0.0.1:") for e in logged)
-    [status] = adminapi.status_view(inventory, Catalog(server_cfg).models()).refused
+    [status] = projections.status_view(inventory, Catalog(server_cfg).models()).refused
     assert refused_line(status) == f"3 refused connections from 127.0.0.1 in the last hour: {NOT_OURS}"
     assert inventory.nodes() == []
 

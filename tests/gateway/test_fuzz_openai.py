@@ -30,8 +30,7 @@ from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.store import Store
 from llmgw.store.keys import create_key
-from llmgw.web.admin_listener import mount_on_client_port
-from llmgw.web.app import mount_pages
+from llmgw.web.client_port import mount_client_port
 from llmgw.web.context import WebContext
 
 from ..threaded import ErrorRecords, error_records, serve_in_thread
@@ -52,8 +51,7 @@ async def _gateway(store: Store) -> AsyncIterator[web.Application]:
     await keys.refresh(store)
     catalog, inventory = Catalog(cfg), Inventory(5.0)
     app = make_gateway_app(cfg, catalog, inventory, keys)
-    mount_pages(app, WebContext(cfg=cfg, store=store))
-    mount_on_client_port(app, cfg, inventory, catalog)
+    mount_client_port(app, cfg, inventory, catalog, WebContext(cfg=cfg, store=store))
     yield app
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from llmgw.adminapi import mirror as relay
 from llmgw.catalog import Catalog, parse_model
 from llmgw.config import MirrorClientConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
-from llmgw.control import mirror as mirrorapi
 from llmgw.control.inventory import Inventory
-from llmgw.control.mirror import MirrorClient, MirrorError
+from llmgw.control.mirror import MirrorClient, MirrorError, parse_mirror_source
 from llmgw.control.reconciler import Reconciler
 from llmgw.errors import CertificateError, ConfigError
 from llmgw.proto.llmgw import v1 as pb
@@ -27,7 +27,7 @@ from tests.mirror.test_fetch import COMMIT, WEIGHTS, Hub, hub  # noqa: F401
 
 async def _serve(client: MirrorClient | None) -> tuple[web.AppRunner, str]:
     app = web.Application()
-    mirrorapi.install(app, client)
+    relay.install(app, client)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -214,7 +214,7 @@ class TestMirrorSources:
 
     def test_a_malformed_mirror_source_is_refused_in_words(self) -> None:
         with pytest.raises(MirrorError, match=r"mirror:\.\./x: '\.\./x' is not a repository name"):
-            mirrorapi.parse_mirror_source("mirror:../x")
+            parse_mirror_source("mirror:../x")
 
 
 def test_the_client_certificate_must_exist(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from openapi_spec_validator import validate
 from structlog.testing import capture_logs
 
-from llmgw.adminapi.handlers import hash_token
+from llmgw.adminapi.auth import hash_token
 from llmgw.config import AuthConfig, ControlConfig, MirrorClientConfig, ServerConfig
 from llmgw.roles.mirror import MirrorHandle
 from llmgw.roles.server import ServerHandle, server_role

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from llmgw.adminapi import auth
 from llmgw.adminapi import handlers as adminapi
 from llmgw.agent.discovery.host import Host
 from llmgw.catalog import Catalog
@@ -28,8 +29,8 @@ from llmgw.proto.llmgw import v1 as pb
 from llmgw.store import Store, open_store
 from llmgw.store.scopes import DEFAULT_PROJECT_ID
 from llmgw.store.users import create_user
-from llmgw.web.admin_listener import make_admin_app, mount_on_client_port
-from llmgw.web.app import mount_pages
+from llmgw.web.admin_listener import make_admin_app
+from llmgw.web.client_port import mount_client_port
 from llmgw.web.context import WebContext
 from llmgw.web.history import HISTORY_KEY
 
@@ -39,7 +40,7 @@ PASSWORD = "correct horse battery"
 CFG = ServerConfig(
     admin_listen="127.0.0.1:0",
     models=[ModelConfig(name="sim-chat", replicas=1, profiles=[ProfileConfig(engine="sim")])],
-    admin_tokens=[adminapi.hash_token("s3cret")],
+    admin_tokens=[auth.hash_token("s3cret")],
 )
 AGENT_LINES = [
     "registered with the control plane",
@@ -89,8 +90,7 @@ async def sites(cluster_store: Store) -> AsyncIterator[Sites]:
     # One catalog, as the server role has: the admin listener's API changes what the gateway serves.
     catalog = Catalog(CFG)
     gateway = make_gateway_app(CFG, catalog, inventory, KeyCache())
-    mount_pages(gateway, pages)
-    mount_on_client_port(gateway, CFG, inventory, catalog)
+    mount_client_port(gateway, CFG, inventory, catalog, pages)
     answering = asyncio.create_task(answer_logs(inventory, "n1"))
     async with (
         TestServer(make_admin_app(CFG, inventory, catalog, pages), host="127.0.0.1") as admin,
@@ -315,7 +315,7 @@ async def test_every_page_and_api_route_of_the_admin_listener_is_in_the_openapi_
 ):
     from openapi_spec_validator import validate
 
-    from llmgw.adminapi.openapi import document
+    from llmgw.web.admin_listener import document
 
     app = make_admin_app(CFG, Inventory(5.0), Catalog(CFG), WebContext(cfg=CFG, store=cluster_store))
     doc = document("test")

@@ -1,25 +1,18 @@
-"""The admin API: what the control plane knows of nodes, models and replicas, and a node's logs.
+"""The admin API's handlers: what the control plane knows of nodes, models and replicas, and a node's logs.
 
 Served on the admin listener (this machine only) and under /admin on the
-client port for an administrator. The functions here build the API's views
-(adminapi/views.py) from the inventory, and the admin pages render the very same
-ones, so `llmgw ctl nodes` and the cluster page can never disagree about a node.
-
-Data other parts of llmgw have not reported yet (a node's disks, its installs,
-its warnings) is None here and "—" on the page: an agent that was never asked
-about its disk must not read as one with a full disk.
+client port for an administrator. Each route is declared once, in ROUTES at the
+end: the listeners mount it (web/admin_listener.py, web/app.py) and the OpenAPI
+document describes it (adminapi/openapi.py) from that one declaration. The
+views come from the inventory through adminapi/projections.py, which the pages
+render too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
-import hmac
 import json
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
 
 from aiohttp import web
 
@@ -27,14 +20,27 @@ import llmgw
 from llmgw.adminapi import views
 from llmgw.adminapi.engine_metrics import ScrapeError, scrape
 from llmgw.adminapi.explain import explain_placement
-from llmgw.adminapi.openapi import document
+from llmgw.adminapi.openapi import DOCUMENT_KEY, OPENAPI, document
+from llmgw.adminapi.projections import (
+    failed_replicas_view,
+    failures_view,
+    fetch_log,
+    model_view,
+    node_view,
+    parse_lines,
+    replicas_view,
+    status_view,
+    why_not_ready,
+)
+from llmgw.adminapi.replies import error, reply
+from llmgw.adminapi.routes import Body, Guard, Param, Reply, Route, mount
 from llmgw.adminapi.weights import collect_weights
 from llmgw.bodies import read_text
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.config.yamltext import MAX_BYTES as MAX_YAML_BYTES
-from llmgw.control.inventory import ADMIN_STATES, READY, UNREACHABLE, Inventory, Node, NodeNotConnected
-from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES, NoAnswer, NodeLog
+from llmgw.control.inventory import ADMIN_STATES, Inventory, Node
+from llmgw.control.nodelogs import ANSWER_TIMEOUT_S, DEFAULT_LINES, MAX_LINES
 from llmgw.control.placement import Backoff
 from llmgw.errors import ConfigError
 from llmgw.pricing import price_of, unpriced_sentence
@@ -53,215 +59,6 @@ CONTROL_PLANE_KEY: web.AppKey[Callable[[], views.ControlPlane]] = web.AppKey("ll
 PRICES_KEY: web.AppKey[Callable[[], Mapping[str, PriceConfig]]] = web.AppKey("llmgw.admin.prices")
 
 
-# --- views ------------------------------------------------------------------------------------
-
-
-def node_state(node: Node) -> views.NodeState:
-    """One word for a node: what is wrong with it first, then what an administrator said."""
-    if node.state == UNREACHABLE:
-        return "unreachable"
-    if not node.connected:
-        return "disconnected"
-    return _admin_state(node)
-
-
-def _admin_state(node: Node) -> views.AdminState:
-    # The inventory refuses any other (Inventory.set_admin_state).
-    return cast(views.AdminState, node.admin_state)
-
-
-def _reported(node: Node, name: str) -> Any:
-    """A node attribute another part of llmgw may not have added yet: None until it has."""
-    return getattr(node, name, None)
-
-
-def _field(value: Any, name: str, default: Any = None) -> Any:
-    return getattr(value, name, default)
-
-
-def _gpus(node: Node, gpus_in_use: set[int]) -> views.GpuCounts | None:
-    gpus = list(node.gpus or [])
-    if not gpus:
-        return None
-    healthy = [g for g in gpus if _field(g, "healthy", True)]
-    free = [g for g in healthy if _field(g, "index", -1) not in gpus_in_use]
-    return views.GpuCounts(total=len(gpus), free=len(free), healthy=len(healthy))
-
-
-def _memory(node: Node) -> views.Memory | None:
-    memory = node.memory
-    total = int(_field(memory, "total_mb", 0) or 0)
-    if memory is None or total <= 0:
-        return None
-    return views.Memory(total_mb=total, available_mb=int(_field(memory, "available_mb", 0) or 0))
-
-
-def _disk(node: Node) -> views.Disk | None:
-    storage = _reported(node, "storage")
-    if not storage:
-        return None
-    total = sum(int(_field(s, "total_bytes", 0) or 0) for s in storage)
-    if total <= 0:
-        return None
-    free = sum(int(_field(s, "free_bytes", 0) or 0) for s in storage)
-    return views.Disk(total_bytes=total, free_bytes=free)
-
-
-def _names(items: Iterable[Any] | None, attribute: str) -> list[str] | None:
-    if items is None:
-        return None
-    return sorted({str(_field(item, attribute, item)) for item in items if _field(item, attribute, item)})
-
-
-def _unhealthy(node: Node) -> list[str]:
-    problems = []
-    for gpu in node.gpus or []:
-        if not _field(gpu, "healthy", True):
-            reason = _field(gpu, "unhealthy_reason", "") or "unhealthy"
-            problems.append(
-                f"GPU {_field(gpu, 'index', '?')} ({_field(gpu, 'name', '') or 'unknown'}): {reason}"
-            )
-    return problems
-
-
-def _installs(node: Node) -> list[views.Install]:
-    """Where each engine the node was asked to install stands, in the node's own words."""
-    return [
-        views.Install(
-            engine=p.engine,
-            version=p.version,
-            variant=p.variant,
-            # The agent's own words (agent/provision/installer.py); the document lists them.
-            state=cast(views.InstallState, p.state),
-            detail=p.detail,
-        )
-        for p in node.provision
-    ]
-
-
-def _host(node: Node) -> views.Host | None:
-    host = node.host
-    if host is None:
-        return None
-    return views.Host(
-        os_id=host.os_id,
-        os_version=host.os_version,
-        os_codename=host.os_codename,
-        family=host.family,
-        arch=host.arch,
-        cpu_flags=sorted(host.cpu_flags),
-        nvidia_driver=host.nvidia_driver,
-    )
-
-
-def node_view(node: Node, inventory: Inventory, now: float | None = None) -> views.Node:
-    """One node as the API and the cluster page show it."""
-    now = inventory.now() if now is None else now
-    replicas = [r for r in inventory.replicas() if r.node_id == node.id]
-    in_use = {int(i) for r in replicas for i in (_field(r, "gpu_indices", None) or ())}
-    installs = _installs(node)
-    return views.Node(
-        id=node.id,
-        state=node_state(node),
-        admin_state=_admin_state(node),
-        connected=node.connected,
-        reachable=node.state != UNREACHABLE,
-        address=node.address,
-        agent_version=node.agent_version,
-        gpus=_gpus(node, in_use),
-        memory=_memory(node),
-        disk=_disk(node),
-        # None: the agent has not said which engines it has, which is not the same as having none.
-        engines=sorted(node.engine_versions) if node.engines_probed else None,
-        classes=_names(node.gpus, "gpu_class") or [],
-        fabrics=_names(_reported(node, "fabrics"), "name"),
-        models=sorted({r.model for r in replicas}),
-        replicas=len(replicas),
-        last_seen_s=round(max(0.0, now - node.last_seen), 1) if node.last_seen else None,
-        unhealthy=_unhealthy(node),
-        # None: the agent has not said what it runs on (an agent older than host discovery).
-        host=_host(node),
-        provision=installs,
-        installs_not_ready=[i for i in installs if i.state != READY],
-        warnings=list(node.warnings),
-    )
-
-
-def nodes_view(inventory: Inventory) -> list[views.Node]:
-    now = inventory.now()
-    return [node_view(n, inventory, now) for n in sorted(inventory.nodes(), key=lambda n: n.id)]
-
-
-def replicas_view(inventory: Inventory, model: str | None = None) -> list[views.Replica]:
-    now = inventory.now()
-    return [
-        views.Replica(
-            shard_id=r.shard_id,
-            model=r.model,
-            node=r.node_id,
-            engine=r.engine,
-            profile=r.profile,
-            state=r.state,
-            endpoint=r.endpoint,
-            detail=r.detail,
-            since_s=round(max(0.0, now - r.since), 1) if r.since else None,
-        )
-        for r in sorted(inventory.replicas(model), key=lambda r: (r.model, r.node_id, r.shard_id))
-    ]
-
-
-def failures_view(inventory: Inventory, model: str | None = None) -> list[views.Failure]:
-    """The failures the control plane keeps, of model or of all, newest first."""
-    failures = inventory.failures
-    return [
-        views.Failure(
-            shard_id=f.shard_id,
-            model=f.model,
-            node=f.node_id,
-            engine=f.engine,
-            profile=f.profile,
-            reason=f.reason,
-            last_output=list(f.last_output),
-            ago_s=round(failures.age(f), 1),
-        )
-        for f in failures.recent(model)
-    ]
-
-
-def failed_replicas_view(inventory: Inventory, model: str | None = None) -> list[views.Replica]:
-    """Replicas that failed lately and are gone, for `llmgw ctl replicas --all`, newest first."""
-    live = {r.shard_id for r in inventory.replicas(model)}
-    return [
-        views.Replica(
-            shard_id=f.shard_id,
-            model=f.model,
-            node=f.node,
-            engine=f.engine,
-            profile=f.profile,
-            state="failed",
-            endpoint="",
-            detail=f.reason,
-            since_s=f.ago_s,
-        )
-        for f in failures_view(inventory, model)
-        if f.shard_id not in live
-    ]
-
-
-def model_view(model: ModelConfig, inventory: Inventory, unpriced: str | None = None) -> views.Model:
-    return views.Model(
-        name=model.name,
-        wanted=model.replicas,
-        # Ready and on a reachable node: what the gateway would route to.
-        ready=len(inventory.ready_endpoints(model.name)),
-        engines=list(dict.fromkeys(p.engine for p in model.profiles)),
-        replicas=replicas_view(inventory, model.name),
-        why_not_ready=_why_not_ready(inventory, model.name),
-        unpriced=unpriced,
-        failures=failures_view(inventory, model.name),
-    )
-
-
 def _unpriced(request: web.Request, model: ModelConfig) -> str | None:
     """That budgets never bind on model, while any is set and no price applies to it; else None."""
     budgets = request.config_dict.get(BUDGETS_KEY)
@@ -274,101 +71,7 @@ def _unpriced(request: web.Request, model: ModelConfig) -> str | None:
     return unpriced_sentence([model.name])
 
 
-def _why_not_ready(inventory: Inventory, model: str) -> str | None:
-    """Why model serves nothing, in the words a client's 503 carries; None while it serves."""
-    return None if inventory.ready_endpoints(model) else inventory.why_no_ready(model)
-
-
-def models_view(inventory: Inventory, models: Sequence[ModelConfig]) -> list[views.Model]:
-    """Every model of models, the live catalog's."""
-    return [model_view(m, inventory) for m in models]
-
-
-def status_view(
-    inventory: Inventory, models: Sequence[ModelConfig], control_plane: views.ControlPlane | None = None
-) -> views.Status:
-    states = Counter(node_state(n) for n in inventory.nodes())
-    replicas = inventory.replicas()
-    return views.Status(
-        version=llmgw.__version__,
-        nodes=views.NodeCounts(
-            total=sum(states.values()),
-            ready=states["ready"],
-            cordoned=states["cordoned"],
-            draining=states["draining"],
-            disconnected=states["disconnected"],
-            unreachable=states["unreachable"],
-        ),
-        models=views.ModelCounts(
-            total=len(models), serving=sum(1 for m in models if inventory.ready_endpoints(m.name))
-        ),
-        replicas=views.ReplicaCounts(total=len(replicas), ready=sum(1 for r in replicas if r.state == READY)),
-        refused=[
-            views.Refused(peer=r.peer, reason=r.reason, count=r.count, last_s=r.last_s)
-            for r in inventory.refused.recent()
-        ],
-        control_plane=control_plane,
-    )
-
-
-def log_view(log: NodeLog) -> views.Logs:
-    return views.Logs(node=log.node, source=log.source, lines=log.lines, sources=log.sources, error=log.error)
-
-
-async def fetch_log(inventory: Inventory, node_id: str, source: str, lines: int) -> tuple[int, views.Logs]:
-    """A node's log for the API and the page: the HTTP status and the view, its error in words."""
-    source = source or "agent"
-    if inventory.node(node_id) is None:
-        return 404, log_view(NodeLog(node_id, source, [], [], f"no node {node_id} has registered"))
-    try:
-        log = await inventory.logs.fetch(node_id, source, lines)
-    except NodeNotConnected as exc:
-        return 502, log_view(NodeLog(node_id, source, [], ["agent"], str(exc)))
-    except NoAnswer as exc:
-        return 504, log_view(NodeLog(node_id, source, [], ["agent"], str(exc)))
-    return (404 if log.error else 200), log_view(log)
-
-
-def parse_lines(raw: str | None) -> int:
-    """The `lines` query parameter, or ValueError saying what it may be."""
-    if raw is None or raw == "":
-        return DEFAULT_LINES
-    try:
-        lines = int(raw)
-    except ValueError:
-        raise ValueError(f"lines is {raw!r}; expected a whole number from 1 to {MAX_LINES}") from None
-    if not 1 <= lines <= MAX_LINES:
-        raise ValueError(f"lines is {lines}; expected a whole number from 1 to {MAX_LINES}")
-    return lines
-
-
-# --- admin tokens ---------------------------------------------------------------------------
-
-
-def hash_token(token: str) -> str:
-    """What server.yaml's admin_tokens holds for token."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def token_allowed(authorization: str | None, hashes: Sequence[str]) -> bool:
-    """Whether an Authorization header carries a token whose digest is one of hashes."""
-    scheme, _, token = (authorization or "").strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return False
-    digest = hash_token(token.strip())
-    return any(hmac.compare_digest(digest, h.strip().lower()) for h in hashes)
-
-
-# --- routes ---------------------------------------------------------------------------------
-
-
-def reply(view: Any, status: int = 200) -> web.Response:
-    """A view, or a list of them, as the JSON the API answers with."""
-    return web.json_response(views.CONVERTER.unstructure(view), status=status)
-
-
-def error(status: int, message: str) -> web.Response:
-    return reply(views.Error(error=message), status)
+# --- handlers -------------------------------------------------------------------------------
 
 
 def _known_node(request: web.Request) -> Node | web.Response:
@@ -553,7 +256,7 @@ async def get_explain_placement(request: web.Request) -> web.Response:
         views.Placement(
             model=name,
             candidates=candidates,
-            why_not_ready=_why_not_ready(inventory, name),
+            why_not_ready=why_not_ready(inventory, name),
             failures=failures_view(inventory, name),
         )
     )
@@ -570,27 +273,192 @@ async def post_weights_collect(request: web.Request) -> web.Response:
     return reply(views.Collected(nodes=done))
 
 
-async def get_openapi(request: web.Request) -> web.Response:
-    return web.json_response(document(llmgw.__version__))
+# --- the table --------------------------------------------------------------------------------
 
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-ROUTES: tuple[tuple[str, str, Handler], ...] = (
-    ("GET", "/api/v1/status", get_status),
-    ("GET", "/api/v1/nodes", get_nodes),
-    ("GET", "/api/v1/nodes/{id}/logs", get_node_logs),
-    ("POST", "/api/v1/nodes/{id}/state", set_node_state),
-    ("GET", "/api/v1/models", get_models),
-    ("POST", "/api/v1/models", post_model),
-    # Model names may hold slashes (meta-llama/Llama-3.1-8B).
-    ("DELETE", "/api/v1/models/{name:.+}", delete_model),
-    ("GET", "/api/v1/replicas", get_replicas),
-    ("GET", "/api/v1/replicas/{shard_id}/metrics", get_replica_metrics),
-    ("GET", "/api/v1/explain-placement", get_explain_placement),
-    ("GET", "/api/v1/openapi.json", get_openapi),
-    ("POST", "/api/v1/weights/collect", post_weights_collect),
+_ERROR = Reply("What went wrong, in a sentence.", views.Error)
+_NODE_ID = Param("id", description="The node's id: its certificate's common name.")
+_LINES = Param(
+    "lines",
+    "query",
+    "How many of the newest lines.",
+    {"type": "integer", "minimum": 1, "maximum": MAX_LINES, "default": DEFAULT_LINES},
 )
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        method="GET",
+        path="/api/v1/status",
+        handler=get_status,
+        operation="status",
+        summary="How many nodes, models and replicas, in which state.",
+        replies={200: Reply("The cluster at a glance.", views.Status)},
+    ),
+    Route(
+        method="GET",
+        path="/api/v1/nodes",
+        handler=get_nodes,
+        operation="nodes",
+        summary="Every node that registered since the control plane started.",
+        replies={200: Reply("Nodes, by id.", views.Node, many=True)},
+    ),
+    Route(
+        method="GET",
+        path="/api/v1/nodes/{id}/logs",
+        handler=get_node_logs,
+        operation="nodeLogs",
+        summary="The newest lines of one of a node's logs, asked of the node over its stream.",
+        parameters=(
+            _NODE_ID,
+            Param(
+                "source",
+                "query",
+                '"agent" (the default), or a shard id for that engine\'s output.',
+                {"type": "string", "default": "agent"},
+            ),
+            _LINES,
+        ),
+        replies={
+            200: Reply("The lines, oldest first, and the node's sources.", views.Logs),
+            400: _ERROR,
+            404: Reply("No such node, or no such source on it.", views.Logs),
+            502: Reply("The node is not connected.", views.Logs),
+            504: Reply(f"The node did not answer within {ANSWER_TIMEOUT_S:g} s.", views.Logs),
+        },
+    ),
+    Route(
+        method="POST",
+        path="/api/v1/nodes/{id}/state",
+        handler=set_node_state,
+        operation="setNodeState",
+        summary="Cordon or drain a node (no new replicas go there), or make it ready again.",
+        parameters=(_NODE_ID,),
+        body=Body(views.StateChange),
+        replies={
+            200: Reply("The node, in its new state.", views.Node),
+            400: _ERROR,
+            404: _ERROR,
+            415: _ERROR,
+        },
+    ),
+    Route(
+        method="GET",
+        path="/api/v1/models",
+        handler=get_models,
+        operation="models",
+        summary="Every catalog model, its replicas, where they run and their state.",
+        replies={200: Reply("The catalog.", views.Model, many=True)},
+    ),
+    Route(
+        method="POST",
+        path="/api/v1/models",
+        handler=post_model,
+        operation="addModel",
+        summary="Add a model to the catalog, or replace one added before; kept over restarts.",
+        description="The body is one model's definition, as under `models:` in server.yaml "
+        "(docs/reference.md), YAML or JSON, at most 1 MiB (413). A name server.yaml declares is "
+        "refused (409).",
+        parameters=(Param("file", "query", "The definition's file name, which errors name with the line."),),
+        body=Body(
+            media={
+                "application/yaml": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "object"}},
+            }
+        ),
+        replies={
+            200: Reply("It replaced the model of that name added before.", views.Model),
+            201: Reply("It was added.", views.Model),
+            400: Reply("The definition cannot be used: what, at which line.", views.Error),
+            409: _ERROR,
+            413: Reply("The definition is over 1 MiB.", views.Error),
+            415: _ERROR,
+        },
+    ),
+    Route(
+        method="DELETE",
+        path="/api/v1/models/{name}",
+        handler=delete_model,
+        operation="removeModel",
+        summary="Remove a model added with `llmgw ctl model add`; its replicas are stopped.",
+        parameters=(
+            Param(
+                "name",
+                description="The model's name, URL-encoded as one segment (org%2Fmodel); "
+                "a bare slash is accepted too.",
+                # Model names may hold slashes (meta-llama/Llama-3.1-8B).
+                pattern=".+",
+            ),
+        ),
+        replies={
+            200: Reply("It was removed.", views.Removed),
+            404: _ERROR,
+            409: Reply("server.yaml declares it; ctl removes only its own.", views.Error),
+        },
+    ),
+    Route(
+        method="GET",
+        path="/api/v1/replicas",
+        handler=get_replicas,
+        operation="replicas",
+        summary="Every replica, or those of one model.",
+        parameters=(
+            Param("model", "query"),
+            Param(
+                "all",
+                "query",
+                "1: also the replicas that failed lately and are gone, newest first.",
+                {"type": "string", "enum": ["", "0", "1", "true", "false"]},
+            ),
+        ),
+        replies={200: Reply("Replicas.", views.Replica, many=True), 400: _ERROR},
+    ),
+    Route(
+        method="GET",
+        path="/api/v1/replicas/{shard_id}/metrics",
+        handler=get_replica_metrics,
+        operation="replicaMetrics",
+        summary="The replica's engine's own metrics page, read now and parsed into numbers.",
+        parameters=(Param("shard_id", description="The replica, as `GET /api/v1/replicas` names it."),),
+        replies={
+            200: Reply("The engine's metrics.", views.ReplicaMetrics),
+            404: _ERROR,
+            502: Reply("The engine has no address yet or did not answer.", views.Error),
+        },
+    ),
+    Route(
+        method="GET",
+        path="/api/v1/explain-placement",
+        handler=get_explain_placement,
+        operation="explainPlacement",
+        summary="Per node, whether the model's next replica could go there, and why.",
+        parameters=(Param("model", "query", required=True),),
+        replies={200: Reply("One verdict per node.", views.Placement), 400: _ERROR, 404: _ERROR},
+    ),
+    Route(
+        method="POST",
+        path="/api/v1/weights/collect",
+        handler=post_weights_collect,
+        operation="collectWeights",
+        summary="Ask every node to remove weights no catalog model uses, never any in use.",
+        description="Send Content-Type: application/json (an empty object will do; the "
+        "body is not read): without it a page elsewhere could make this change through a browser.",
+        body=Body(media={"application/json": {"schema": {"description": "Not read."}}}, required=False),
+        replies={
+            200: Reply("What each node was asked to remove, and what it keeps.", views.Collected),
+            415: _ERROR,
+        },
+    ),
+    OPENAPI,
+)
+
+
+def provide(app: web.Application, cfg: ServerConfig, inventory: Inventory, catalog: Catalog) -> None:
+    """Put what the handlers read in app: server.yaml, the inventory and the live catalog.
+
+    catalog is the server's live one, the one its gateway routes by: a model added here is served.
+    """
+    app[CONFIG_KEY] = cfg
+    app[INVENTORY_KEY] = inventory
+    app[CATALOG_KEY] = catalog
 
 
 def install(
@@ -600,44 +468,12 @@ def install(
     catalog: Catalog,
     *,
     prefix: str = "",
-    guard: Callable[[Handler], Handler] | None = None,
+    guard: Guard | None = None,
 ) -> None:
-    """Add the admin API's routes under prefix to app, each wrapped in guard, and what they read.
+    """An app of these routes alone, under prefix and each behind guard, with their own document.
 
-    catalog is the server's live one, the one its gateway routes by: a model added here is served.
+    The listeners mount these routes among the rest of theirs (web/admin_listener.py, web/app.py).
     """
-    app[CONFIG_KEY] = cfg
-    app[INVENTORY_KEY] = inventory
-    app[CATALOG_KEY] = catalog
-    for method, path, handler in ROUTES:
-        app.router.add_route(method, prefix + path, guard(handler) if guard else handler)
-
-
-def admin_token_or_session(
-    cfg: ServerConfig, is_admin_session: Callable[[web.Request], Awaitable[bool]]
-) -> Callable[[Handler], Handler]:
-    """The guard of the API on the client port: an admin token, or an administrator's session.
-
-    is_admin_session decides whether the session may do what the request asks: a change from a
-    session needs the session's CSRF token too, which a script does not have; scripts use an
-    admin token, and the token is what `llmgw ctl --token` sends.
-    """
-
-    def guard(handler: Handler) -> Handler:
-        @functools.wraps(handler)
-        async def checked(request: web.Request) -> web.StreamResponse:
-            if token_allowed(request.headers.get("Authorization"), cfg.admin_tokens):
-                return await handler(request)
-            if await is_admin_session(request):
-                return await handler(request)
-            return error(
-                401,
-                "the admin API here needs an admin token: send 'Authorization: Bearer <token>' with a "
-                "token whose sha256 is in server.yaml's admin_tokens (`llmgw ctl new-token` makes one), "
-                "or an administrator's session (a change also needs its CSRF token in X-CSRF-Token), "
-                "or use the admin listener on the server itself",
-            )
-
-        return checked
-
-    return guard
+    provide(app, cfg, inventory, catalog)
+    mount(app, ROUTES, prefix=prefix, guard=guard)
+    app[DOCUMENT_KEY] = document(llmgw.__version__, ROUTES)

@@ -15,20 +15,25 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from llmgw.adminapi import tenancy_doc
-from llmgw.adminapi.handlers import CONFIG_KEY, Handler, error, reply
+from llmgw.adminapi import views
+from llmgw.adminapi.handlers import CONFIG_KEY
+from llmgw.adminapi.replies import error, reply
+from llmgw.adminapi.routes import Body, Guard, Handler, Param, Reply, Route, mount
 from llmgw.catalog import CATALOG_KEY
 from llmgw.errors import LlmgwError
 from llmgw.store import Store
 from llmgw.store.scopes import Scope, ScopeInUse, UnknownScope
 from llmgw.store.usage import USAGE_BY, UsageBy
 from llmgw.tenancy import operations as tenancy
+from llmgw.tenancy import views as tv
 
 STORE_KEY = web.AppKey("llmgw.admin.store", Store)
 # What the running gateway counts as spent of a scope's budget; absent without a gateway.
 SPENT_KEY: web.AppKey[Callable[[Scope], float | None]] = web.AppKey("llmgw.admin.spent")
 
 _LEVELS: dict[str, tenancy.Level] = {"orgs": "org", "teams": "team", "projects": "project"}
+# What a team or a project is created in.
+_PARENTS = {"teams": "org", "projects": "team"}
 
 
 class BadQuery(Exception):
@@ -90,7 +95,7 @@ def _number(body: dict[str, Any], name: str, kind: type, example: str) -> Any:
     return kind(value)
 
 
-def _json_route(handler: Callable[[web.Request, Store], Any], body: type | None = None) -> Handler:
+def _json_route(handler: Callable[[web.Request, Store], Any], body: type | None) -> Handler:
     """handler's view as the reply; a bad body a 400 (a field body does not have too), an error its status."""
     fields = sorted(a.name for a in attrs.fields(body)) if body is not None else []
 
@@ -128,7 +133,7 @@ def _level(request: web.Request) -> tuple[str, tenancy.Level]:
 
 async def _list_level(request: web.Request, store: Store) -> Any:
     collection, kind = _level(request)
-    parent = request.query.get(tenancy_doc.PARENTS.get(collection, ""), "") or None
+    parent = request.query.get(_PARENTS.get(collection, ""), "") or None
     return await tenancy.list_level(store, kind, parent)
 
 
@@ -136,7 +141,7 @@ async def _create_level(request: web.Request, store: Store) -> Any:
     collection, kind = _level(request)
     body = await _body(request, _NAME)
     name = _text(body, "name", _NAME)
-    parent = _text(body, "parent", _NAME, required=collection in tenancy_doc.PARENTS)
+    parent = _text(body, "parent", _NAME, required=collection in _PARENTS)
     return await tenancy.create(store, kind, name, parent), 201
 
 
@@ -264,33 +269,228 @@ async def _usage(request: web.Request, store: Store) -> Any:
     return await tenancy.usage(store, *usage_query(request.query))
 
 
-# --- routes ---------------------------------------------------------------------------------
+# --- the table --------------------------------------------------------------------------------
 
-# The handler of each route tenancy_doc.ROUTES describes, by method and path.
-HANDLERS: dict[tuple[str, str], Callable[[web.Request, Store], Any]] = {
-    **{
-        (method, f"/api/v1/{collection}{tail}"): handler
-        for collection in ("orgs", "teams", "projects")
-        for method, tail, handler in (
-            ("GET", "", _list_level),
-            ("POST", "", _create_level),
-            ("PATCH", "/{item}", _rename_level),
-            ("DELETE", "/{item}", _delete_level),
-        )
-    },
-    ("PUT", "/api/v1/projects/{item}/models"): _set_models,
-    ("GET", "/api/v1/projects/{item}/members"): _members,
-    ("POST", "/api/v1/projects/{item}/members"): _add_member,
-    ("DELETE", "/api/v1/projects/{item}/members/{user}"): _remove_member,
-    ("GET", "/api/v1/quotas"): _quotas,
-    ("PUT", "/api/v1/quotas/{scope}"): _set_quota,
-    ("DELETE", "/api/v1/quotas/{scope}"): _clear_quota,
-    ("GET", "/api/v1/prices"): _prices,
-    ("PUT", "/api/v1/prices/{model}"): _set_price,
-    ("DELETE", "/api/v1/prices/{model}"): _clear_price,
-    ("GET", "/api/v1/usage"): _usage,
+_BAD = Reply("What is wrong with the request, in a sentence.", views.Error)
+_MISSING = Reply("Something it names does not exist.", views.Error)
+_TAKEN = Reply("The name is taken, or something still belongs to it.", views.Error)
+_ITEM = {
+    "orgs": Param("item", description="The organisation's id or name."),
+    "teams": Param("item", description="The team's id or name."),
+    "projects": Param("item", description="The project's id or name."),
 }
-ROUTES = tenancy_doc.ROUTES
+_SCOPE = Param(
+    "scope", description="org:NAME, team:NAME, project:NAME (an id works for a name) or key:PREFIX."
+)
+# Model names may hold slashes (meta-llama/Llama-3.1-8B).
+_MODEL = Param("model", description="The model's name; it may hold slashes.", pattern=r"[\s\S]+")
+_DAY = {"type": "string", "pattern": r"^(\d{4}-\d{2}-\d{2})?$"}
+
+
+def _route(
+    method: str,
+    path: str,
+    handler: Callable[[web.Request, Store], Any],
+    operation: str,
+    summary: str,
+    replies: dict[int, Reply],
+    *,
+    body: type | None = None,
+    parameters: tuple[Param, ...] = (),
+) -> Route:
+    """A route whose handler answers with a view from the store, a body (when it takes one) a JSON body."""
+    return Route(
+        method=method,
+        path=path,
+        handler=_json_route(handler, body),
+        operation=operation,
+        summary=summary,
+        replies=replies,
+        body=Body(body) if body is not None else None,
+        parameters=parameters,
+    )
+
+
+def _level_routes(collection: str, view: type, what: str) -> tuple[Route, ...]:
+    parent = _PARENTS.get(collection)
+    query = (Param(parent, "query", f"Only those of this {parent} (id or name)."),) if parent else ()
+    base = f"/api/v1/{collection}"
+    # Only a team or a project names something else (its parent) that may not exist.
+    missing = {404: _MISSING} if parent else {}
+    item = (_ITEM[collection],)
+    lower = what.lower()
+    return (
+        _route(
+            "GET",
+            base,
+            _list_level,
+            f"list{what}s",
+            f"Every {lower}.",
+            {200: Reply(f"The {lower}s.", view, many=True), **missing},
+            parameters=query,
+        ),
+        _route(
+            "POST",
+            base,
+            _create_level,
+            f"create{what}",
+            f"Create a {lower}.",
+            {201: Reply("It was created.", view), 400: _BAD, **missing, 409: _TAKEN},
+            body=tv.NameChange,
+        ),
+        _route(
+            "PATCH",
+            base + "/{item}",
+            _rename_level,
+            f"rename{what}",
+            f"Rename a {lower}.",
+            {200: Reply("Renamed.", view), 400: _BAD, 404: _MISSING, 409: _TAKEN},
+            body=tv.NameChange,
+            parameters=item,
+        ),
+        _route(
+            "DELETE",
+            base + "/{item}",
+            _delete_level,
+            f"delete{what}",
+            f"Delete a {lower} that holds nothing any more, with its limits and budget.",
+            {200: Reply("Deleted.", tv.Deleted), 404: _MISSING, 409: _TAKEN},
+            parameters=item,
+        ),
+    )
+
+
+_MEMBERS = "/api/v1/projects/{item}/members"
+_PROJECT = (_ITEM["projects"],)
+
+ROUTES: tuple[Route, ...] = (
+    *_level_routes("orgs", tv.Org, "Org"),
+    *_level_routes("teams", tv.Team, "Team"),
+    *_level_routes("projects", tv.Project, "Project"),
+    _route(
+        "PUT",
+        "/api/v1/projects/{item}/models",
+        _set_models,
+        "setProjectModels",
+        "Limit a project's keys to some models (null: any); each key's own list applies too.",
+        {200: Reply("The project.", tv.Project), 400: _BAD, 404: _MISSING},
+        body=tv.ModelsChange,
+        parameters=_PROJECT,
+    ),
+    _route(
+        "GET",
+        _MEMBERS,
+        _members,
+        "listMembers",
+        "The accounts in a project.",
+        {200: Reply("Its members.", tv.Member, many=True), 404: _MISSING},
+        parameters=_PROJECT,
+    ),
+    _route(
+        "POST",
+        _MEMBERS,
+        _add_member,
+        "addMember",
+        "Put an account in the project (out of any other); a pending one is approved.",
+        {200: Reply("The account.", tv.Member), 400: _BAD, 404: _MISSING},
+        body=tv.MemberChange,
+        parameters=_PROJECT,
+    ),
+    _route(
+        "DELETE",
+        _MEMBERS + "/{user}",
+        _remove_member,
+        "removeMember",
+        "Take an account out of the project; it can create no keys until it joins another.",
+        {200: Reply("The account.", tv.Member), 400: _BAD, 404: _MISSING},
+        parameters=(*_PROJECT, Param("user", description="The account's id or email.")),
+    ),
+    _route(
+        "GET",
+        "/api/v1/quotas",
+        _quotas,
+        "listQuotas",
+        "Every scope with a limit or a budget.",
+        {200: Reply("Orgs, teams, projects, then keys.", tv.Quota, many=True)},
+    ),
+    _route(
+        "PUT",
+        "/api/v1/quotas/{scope}",
+        _set_quota,
+        "setQuota",
+        "Change a scope's limits and budget: a field left out stays, null clears it; binds within a second.",
+        {200: Reply("The scope's quota now.", tv.Quota), 400: _BAD, 404: _MISSING},
+        body=tv.QuotaChange,
+        parameters=(_SCOPE,),
+    ),
+    _route(
+        "DELETE",
+        "/api/v1/quotas/{scope}",
+        _clear_quota,
+        "clearQuota",
+        "Remove a scope's limits and budget.",
+        {200: Reply("The scope's quota now: none.", tv.Quota), 400: _BAD, 404: _MISSING},
+        parameters=(_SCOPE,),
+    ),
+    _route(
+        "GET",
+        "/api/v1/prices",
+        _prices,
+        "listPrices",
+        "Every model's price, and where it comes from.",
+        {200: Reply("By model.", tv.Price, many=True)},
+    ),
+    _route(
+        "PUT",
+        "/api/v1/prices/{model}",
+        _set_price,
+        "setPrice",
+        "Price a model, before server.yaml's prices; kept in the store, charged within a second.",
+        {200: Reply("The model's price now.", tv.Price), 400: _BAD},
+        body=tv.PriceChange,
+        parameters=(_MODEL,),
+    ),
+    _route(
+        "DELETE",
+        "/api/v1/prices/{model}",
+        _clear_price,
+        "clearPrice",
+        "Forget the price set for a model; server.yaml's applies again.",
+        {200: Reply("The model's price now.", tv.Price), 404: _MISSING},
+        parameters=(_MODEL,),
+    ),
+    _route(
+        "GET",
+        "/api/v1/usage",
+        _usage,
+        "usage",
+        "What was used, added up by org, team, project, key or model; the store's totals to the token.",
+        {200: Reply("A row per group, in order of id or name.", tv.UsageRow, many=True), 400: _BAD},
+        parameters=(
+            Param(
+                "by",
+                "query",
+                "How to add it up; empty or absent: by project.",
+                {
+                    "type": "string",
+                    "enum": ["", "org", "team", "project", "key", "model"],
+                    "default": "project",
+                },
+            ),
+            Param(
+                "since", "query", "The first day, YYYY-MM-DD (UTC); empty or absent: from the first.", _DAY
+            ),
+            Param("until", "query", "The last day, YYYY-MM-DD (UTC); empty or absent: to the last.", _DAY),
+        ),
+    ),
+)
+
+
+def provide(app: web.Application, store: Store, spent: Callable[[Scope], float | None] | None) -> None:
+    """What these routes read: the store, and what the gateway counts as spent (None: no gateway)."""
+    app[STORE_KEY] = store
+    if spent is not None:
+        app[SPENT_KEY] = spent
 
 
 def install(
@@ -299,14 +499,11 @@ def install(
     spent: Callable[[Scope], float | None] | None,
     *,
     prefix: str = "",
-    guard: Callable[[Handler], Handler] | None = None,
+    guard: Guard | None = None,
 ) -> None:
-    """Add the tenancy routes under prefix to app, each wrapped in guard (after adminapi.install)."""
-    app[STORE_KEY] = store
-    if spent is not None:
-        app[SPENT_KEY] = spent
-    for route in ROUTES:
-        # Model names may hold slashes (meta-llama/Llama-3.1-8B).
-        path = route.path.replace("{model}", r"{model:[\s\S]+}")
-        handler = _json_route(HANDLERS[(route.method, route.path)], route.body)
-        app.router.add_route(route.method, prefix + path, guard(handler) if guard else handler)
+    """Add these routes alone under prefix to app, each behind guard (after adminapi.handlers.install).
+
+    The listeners mount them among the rest of theirs (web/admin_listener.py, web/app.py).
+    """
+    provide(app, store, spent)
+    mount(app, ROUTES, prefix=prefix, guard=guard)

@@ -29,7 +29,7 @@ import click
 
 from llmgw import bound, config
 from llmgw.adminapi import views
-from llmgw.adminapi.handlers import hash_token
+from llmgw.adminapi.auth import hash_token
 from llmgw.adminapi.present import DASH, ago, control_plane_line, failure_line, node_row, refused_line
 from llmgw.cli.engine_check import engine_check
 from llmgw.cli.exit import (

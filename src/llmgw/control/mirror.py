@@ -5,12 +5,8 @@ API; the server relays to the mirror's admin listener with its client
 certificate, the one certificate the mirror answers. Nothing else holds that
 key, so the mirror's API needs no token of its own.
 
-Routes (relayed as they are, the mirror's answer and status passed back):
-  GET    /api/v1/mirror/models
-  DELETE /api/v1/mirror/models?model=REPO@REVISION
-  POST   /api/v1/mirror/fetches
-  GET    /api/v1/mirror/fetches
-  GET    /api/v1/mirror/fetches/{id}
+The relay's routes (adminapi/mirror.py) pass the request on as it is, and the
+mirror's answer and status back.
 """
 
 from __future__ import annotations
@@ -135,7 +131,9 @@ def parse_mirror_source(source: str) -> tuple[str, str]:
 MIRROR_CLIENT_KEY: web.AppKey[MirrorClient | None] = web.AppKey("llmgw.admin.mirror", MirrorClient)
 
 
-def _relay(mirror_path: Callable[[web.Request], str]) -> Handler:
+def relay(mirror_path: Callable[[web.Request], str]) -> Handler:
+    """A handler that asks the mirror's admin listener at mirror_path(request) what request asks."""
+
     async def handler(request: web.Request) -> web.Response:
         client = request.app[MIRROR_CLIENT_KEY]
         if client is None:
@@ -163,29 +161,3 @@ def _relay(mirror_path: Callable[[web.Request], str]) -> Handler:
         return web.json_response(data, status=status)
 
     return handler
-
-
-ROUTES: tuple[tuple[str, str, Handler], ...] = (
-    ("GET", "/api/v1/mirror/models", _relay(lambda _: "/api/v1/models")),
-    ("DELETE", "/api/v1/mirror/models", _relay(lambda _: "/api/v1/models")),
-    ("POST", "/api/v1/mirror/fetches", _relay(lambda _: "/api/v1/fetches")),
-    ("GET", "/api/v1/mirror/fetches", _relay(lambda _: "/api/v1/fetches")),
-    (
-        "GET",
-        "/api/v1/mirror/fetches/{id}",
-        _relay(lambda r: f"/api/v1/fetches/{r.match_info['id']}"),
-    ),
-)
-
-
-def install(
-    app: web.Application,
-    client: MirrorClient | None,
-    *,
-    prefix: str = "",
-    guard: Callable[[Handler], Handler] | None = None,
-) -> None:
-    """Add the relay's routes under prefix to app, each wrapped in guard; client None: no mirror."""
-    app[MIRROR_CLIENT_KEY] = client
-    for method, path, handler in ROUTES:
-        app.router.add_route(method, prefix + path, guard(handler) if guard else handler)

@@ -27,7 +27,6 @@ from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.config.database import is_postgres_url
-from llmgw.control import mirror as mirrorapi
 from llmgw.control.ha.leadership import Leadership, advertised, plane_name, while_leading
 from llmgw.control.ha.publish import FleetRoutes
 from llmgw.control.inventory import Inventory
@@ -51,12 +50,10 @@ from llmgw.pricing import budget_warnings
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.store.postgres import PostgresStore
-from llmgw.web.admin_listener import client_port_api_guard, make_admin_app, mount_on_client_port
-from llmgw.web.app import mount_pages
+from llmgw.web.admin_listener import make_admin_app
+from llmgw.web.client_port import mount_client_port
 from llmgw.web.context import WebContext
-from llmgw.web.guards import require_admin
 from llmgw.web.history import HISTORY_KEY
-from llmgw.web.mirror_page import mount_mirror_page
 
 log = structlog.get_logger(__name__)
 
@@ -419,12 +416,7 @@ def _mount_pages(
     """The pages (login, profile, /admin) and the admin API under /admin, on the client port."""
     # /v1/* never looks a session up.
     pages = WebContext(cfg=cfg, store=store, spent=quotas.spent)
-    mount_pages(app, pages)
-    mount_on_client_port(app, cfg, inventory, catalog)
-    # `llmgw ctl --server https://HOST/admin mirror …`, with an admin token.
-    mirrorapi.install(app, mirror, prefix="/admin", guard=client_port_api_guard(cfg))
-    if mirror is not None:
-        mount_mirror_page(app, "/admin", require_admin)
+    mount_client_port(app, cfg, inventory, catalog, pages, mirror)
     return pages
 
 
@@ -441,8 +433,6 @@ def _admin_app(
     """The admin listener's app: cluster pages, the admin API (`llmgw ctl`) and /metrics."""
     # With `llmgw ctl mirror` relayed to the mirror's admin listener.
     admin_app = make_admin_app(cfg, inventory, catalog, pages, mirror)
-    if mirror is not None:
-        mount_mirror_page(admin_app, "")
     admin_app[BUDGETS_KEY] = gateway_app[BUDGETS_KEY]
     admin_app[PRICES_KEY] = gateway_app[PRICES_KEY]
     admin_app[CONTROL_PLANE_KEY] = gateway_app[CONTROL_PLANE_KEY]

@@ -1,5 +1,8 @@
 """The admin listener: the cluster pages and the admin API, for the control plane's own machine.
 
+The one mount of that listener (make_admin_app), from the tables: PAGES, API and the
+files the pages load. The admin API's document is made from the same tables.
+
 Nothing here asks who you are: reaching the loopback address is the
 credential, as it is for `llmgw ctl` run on the server. Two things keep a
 browser on that machine from being used against it: requests must name the
@@ -10,27 +13,36 @@ page elsewhere cannot send without a preflight this listener never answers).
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+import llmgw
+from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi import mirror as mirrorapi
+from llmgw.adminapi import openapi
 from llmgw.adminapi import tenancy as tenancyapi
-from llmgw.adminapi.handlers import admin_token_or_session
+from llmgw.adminapi.openapi import DOCUMENT_KEY
+from llmgw.adminapi.routes import Route, mount
 from llmgw.bodies import decode_bodies
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
-from llmgw.control import mirror as mirrorapi
 from llmgw.control.inventory import Inventory
 from llmgw.control.mirror import MirrorClient
 from llmgw.listen import split_host_port
-from llmgw.web.cluster import mount_cluster_pages
-from llmgw.web.context import ACCOUNTS_KEY, WEB_KEY, WebContext
-from llmgw.web.guards import require_admin
-from llmgw.web.mirror_page import mirror_page
-from llmgw.web.render import load_templates
-from llmgw.web.sessions import current_session, current_user
+from llmgw.web import app as pages_app
+from llmgw.web import cluster
+from llmgw.web.context import ACCOUNTS_KEY, WebContext
+from llmgw.web.mirror_page import MIRROR_PAGE
+from llmgw.web.pages import mount_table
+
+# The admin API, on the admin listener and under /admin on the client port.
+API: tuple[Route, ...] = (*adminapi.ROUTES, *tenancyapi.ROUTES, *mirrorapi.ROUTES)
+# The pages of the admin listener, at its root; under /admin on the client port too.
+PAGES: tuple[Route, ...] = (*cluster.PAGES, MIRROR_PAGE)
+# Files the pages load; not in the document.
+FILES: tuple[Route, ...] = (cluster.ASSETS, pages_app.STYLESHEET)
 
 _LOCAL_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 # A model's definition may come as YAML (`llmgw ctl model add`); YAML's types, like JSON's, are not
@@ -40,9 +52,6 @@ _CHANGE_TYPES = frozenset({"application/json", "application/yaml", "application/
 
 # aiohttp's default: a model's definition or a node's new state is a few kilobytes.
 _MAX_BODY = 1024**2
-
-# Where a script in an administrator's browser puts the session's CSRF token to change something.
-CSRF_HEADER = "X-CSRF-Token"
 
 
 def _host_name(host: str) -> str:
@@ -81,7 +90,7 @@ def make_admin_app(
     pages: WebContext,
     mirror: MirrorClient | None = None,
 ) -> web.Application:
-    """The app admin_listen serves: /, /models, /nodes/{id}/logs and /api/v1/*.
+    """The app admin_listen serves, from the tables: its pages (PAGES), the admin API and mirror relay (API).
 
     catalog is the server's live one, the one its gateway routes by: a model added here is served.
     mirror relays /api/v1/mirror/* (`llmgw ctl mirror`); None: those routes answer that there is none.
@@ -126,66 +135,35 @@ def make_admin_app(
             decode_bodies(_api_error, _MAX_BODY),
         ]
     )
-    app[WEB_KEY] = pages
     app[ACCOUNTS_KEY] = False
-
-    async def load(app: web.Application) -> None:
-        await load_templates(pages)
-
-    app.on_startup.append(load)
-    mount_cluster_pages(app, cfg, inventory, catalog, on_admin_listener=True)
-    tenancyapi.install(app, pages.store, pages.spent)
-    mirrorapi.install(app, mirror)
-    if mirror is None:
-        # Still routed, so that /mirror says there is no mirror, as the document says (with a mirror,
-        # the server mounts the page and its link).
-        app.router.add_get("/mirror", mirror_page)
-
-    async def css(request: web.Request) -> web.StreamResponse:
-        return web.Response(
-            body=pages.css, content_type="text/css", headers={"Cache-Control": "max-age=3600"}
-        )
-
-    app.router.add_get("/static/llmgw.css", css)
+    pages_app.provide(app, pages)
+    provide(app, cfg, inventory, catalog, pages, mirror, prefix="")
+    # The mirror page is routed with no mirror too, so that /mirror says there is none, as the
+    # document says; it is linked only where there is one.
+    mount_table(app, PAGES, unlinked=(MIRROR_PAGE,) if mirror is None else ())
+    mount(app, API)
+    mount_table(app, FILES)
     return app
 
 
-async def _admin_session(request: web.Request) -> bool:
-    user = await current_user(request)
-    if user is None or not user.is_admin or not user.active:
-        return False
-    if request.method in ("GET", "HEAD"):
-        return True
-    # A change needs the session's CSRF token in a header: the cookie alone rides along with any
-    # request a page elsewhere makes, the token is only on this site's own pages.
-    session = await current_session(request)
-    sent = request.headers.get(CSRF_HEADER, "")
-    return session is not None and bool(sent) and hmac.compare_digest(sent, session.csrf)
-
-
-def client_port_api_guard(cfg: ServerConfig) -> Callable[[Handler], Handler]:
-    """The guard of the admin API under /admin on the client port, for routes mounted beside it."""
-    return admin_token_or_session(cfg, _admin_session)
-
-
-def mount_on_client_port(
-    app: web.Application, cfg: ServerConfig, inventory: Inventory, catalog: Catalog
+def provide(
+    app: web.Application,
+    cfg: ServerConfig,
+    inventory: Inventory,
+    catalog: Catalog,
+    pages: WebContext,
+    mirror: MirrorClient | None,
+    *,
+    prefix: str,
 ) -> None:
-    """The same pages and API under /admin on the client port, for administrators only; after mount_pages.
+    """Put in app what the admin API and its pages under prefix read, and the document of them."""
+    adminapi.provide(app, cfg, inventory, catalog)
+    tenancyapi.provide(app, pages.store, pages.spent)
+    mirrorapi.provide(app, mirror)
+    cluster.provide(app, prefix)
+    app[DOCUMENT_KEY] = document(llmgw.__version__)
 
-    Pages need an administrator's session; the API an admin token, or such a session (for a change,
-    with the session's CSRF token in an X-CSRF-Token header).
-    """
-    guard_api = admin_token_or_session(cfg, _admin_session)
-    mount_cluster_pages(
-        app,
-        cfg,
-        inventory,
-        catalog,
-        on_admin_listener=False,
-        guard_page=require_admin,
-        guard_api=guard_api,
-    )
-    # After mount_pages, whose context holds the store.
-    pages = app[WEB_KEY]
-    tenancyapi.install(app, pages.store, pages.spent, prefix="/admin", guard=guard_api)
+
+def document(version: str) -> dict[str, Any]:
+    """The admin API's OpenAPI document: the admin listener's pages and API, the same on the client port."""
+    return openapi.document(version, (*PAGES, *API))

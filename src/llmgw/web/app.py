@@ -1,16 +1,19 @@
-"""The pages, mounted on the gateway's client port beside /v1/*.
+"""The account and administration pages of the client port, as tables of routes.
 
 Plain routes on the gateway's app, with no middleware: a session is looked
 up only by the page handlers that need one (require_login, require_admin),
-so /v1/* pays nothing for the pages.
+so /v1/* pays nothing for the pages. The client port mounts these with the
+rest of its tables (web/client_port.py).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from llmgw.adminapi.routes import Handler, Param, Route
 from llmgw.web import account, admin, projects
-from llmgw.web.context import WEB_KEY, AdminLink, WebContext, add_admin_links
+from llmgw.web.context import WEB_KEY, WebContext
+from llmgw.web.pages import mount_table
 from llmgw.web.render import load_templates
 
 
@@ -22,52 +25,94 @@ async def _css(request: web.Request) -> web.StreamResponse:
     )
 
 
-def mount_sign_in(app: web.Application, ctx: WebContext) -> None:
-    """What any app with accounts' pages needs: ctx, /login, /logout and the stylesheet.
+def _page(
+    method: str,
+    path: str,
+    handler: Handler,
+    summary: str,
+    *,
+    parameters: tuple[Param, ...] = (),
+    link: str = "",
+) -> Route:
+    """A page of the client port alone, which the admin API's document does not list."""
+    return Route(method=method, path=path, handler=handler, summary=summary, parameters=parameters, link=link)
 
-    Not the admin listener's: it has no accounts (reaching it is the credential), and its
-    pages offer no "Log in" (ACCOUNTS_KEY).
-    """
+
+# Every page's stylesheet, on either listener.
+STYLESHEET = _page("GET", "/static/llmgw.css", _css, "The pages' stylesheet.")
+
+# What any app with accounts needs to sign in; not the admin listener's (reaching it is the credential).
+SIGN_IN: tuple[Route, ...] = (
+    _page("GET", "/login", account.login_page, "The sign-in form."),
+    _page("POST", "/login", account.login, "Sign in."),
+    _page("POST", "/logout", account.logout, "Sign out."),
+    STYLESHEET,
+)
+
+ACCOUNT_PAGES: tuple[Route, ...] = (
+    _page("GET", "/", account.root, "The profile when signed in, else the sign-in form."),
+    _page("GET", "/signup", account.signup_page, "The sign-up form."),
+    _page("POST", "/signup", account.signup, "Ask for an account."),
+    _page("GET", "/profile", account.profile, "Your account, keys and usage."),
+    _page("POST", "/profile/password", account.change_password, "Change your password."),
+    _page("POST", "/profile/keys", account.create_own_key, "Make yourself a key."),
+    _page(
+        "POST",
+        "/profile/keys/{key_id}/revoke",
+        account.revoke_own_key,
+        "Revoke one of your keys.",
+        parameters=(Param("key_id", pattern=r"\d+"),),
+    ),
+)
+
+ADMIN_PAGES: tuple[Route, ...] = (
+    _page("GET", "/admin", admin.admin_root, "The administrators' first page."),
+    _page("GET", "/admin/users", admin.users_page, "Every account.", link="Users"),
+    _page(
+        "POST",
+        "/admin/users/{user_id}/{action}",
+        admin.user_action,
+        "Approve, promote or disable an account.",
+        parameters=(Param("user_id", pattern=r"\d+"), Param("action", pattern="approve|promote|disable")),
+    ),
+    _page(
+        "GET", "/admin/projects", projects.projects_page, "Organisations, teams, projects.", link="Projects"
+    ),
+    _page(
+        "POST",
+        "/admin/projects/{action}",
+        projects.projects_action,
+        "Change an organisation, team or project.",
+        parameters=(Param("action", pattern="create|rename|delete|member-add|member-remove|models"),),
+    ),
+    _page("GET", "/admin/quotas", admin.quotas_page, "Limits and budgets.", link="Quotas"),
+    _page("POST", "/admin/quotas", admin.save_quota, "Change a scope's limits and budget."),
+    _page("GET", "/admin/usage", admin.usage_page, "What was used.", link="Usage"),
+    _page("GET", "/admin/usage.csv", admin.usage_csv, "What was used, as CSV."),
+)
+
+
+def provide(app: web.Application, ctx: WebContext) -> None:
+    """Put ctx in app, and have the templates read when it starts."""
     app[WEB_KEY] = ctx
 
     async def load(app: web.Application) -> None:
         await load_templates(ctx)
 
     app.on_startup.append(load)
-    routes = app.router
-    routes.add_get("/login", account.login_page)
-    routes.add_post("/login", account.login)
-    routes.add_post("/logout", account.logout)
-    routes.add_get("/static/llmgw.css", _css)
+
+
+def mount_sign_in(app: web.Application, ctx: WebContext) -> None:
+    """What any app with accounts' pages needs: ctx, /login, /logout and the stylesheet.
+
+    Not the admin listener's: it has no accounts (reaching it is the credential), and its
+    pages offer no "Log in" (ACCOUNTS_KEY).
+    """
+    provide(app, ctx)
+    mount_table(app, SIGN_IN)
 
 
 def mount_pages(app: web.Application, ctx: WebContext) -> None:
     """Add /, /login, /logout, /signup, /profile, /admin/* and /static/llmgw.css to app."""
     mount_sign_in(app, ctx)
-    routes = app.router
-    routes.add_get("/", account.root)
-    routes.add_get("/signup", account.signup_page)
-    routes.add_post("/signup", account.signup)
-    routes.add_get("/profile", account.profile)
-    routes.add_post("/profile/password", account.change_password)
-    routes.add_post("/profile/keys", account.create_own_key)
-    routes.add_post(r"/profile/keys/{key_id:\d+}/revoke", account.revoke_own_key)
-    routes.add_get("/admin", admin.admin_root)
-    routes.add_get("/admin/users", admin.users_page)
-    routes.add_post(r"/admin/users/{user_id:\d+}/{action:approve|promote|disable}", admin.user_action)
-    routes.add_get("/admin/projects", projects.projects_page)
-    routes.add_post(
-        r"/admin/projects/{action:create|rename|delete|member-add|member-remove|models}",
-        projects.projects_action,
-    )
-    routes.add_get("/admin/quotas", admin.quotas_page)
-    routes.add_post("/admin/quotas", admin.save_quota)
-    routes.add_get("/admin/usage", admin.usage_page)
-    routes.add_get("/admin/usage.csv", admin.usage_csv)
-    add_admin_links(
-        app,
-        AdminLink("/admin/users", "Users"),
-        AdminLink("/admin/projects", "Projects"),
-        AdminLink("/admin/quotas", "Quotas"),
-        AdminLink("/admin/usage", "Usage"),
-    )
+    mount_table(app, (*ACCOUNT_PAGES, *ADMIN_PAGES))

@@ -7,14 +7,14 @@ They render the admin API's own views (adminapi/views.py) through the presenter
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from importlib import resources
 from urllib.parse import quote, urlencode
 
 import attrs
 from aiohttp import web
 
-from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi import projections
+from llmgw.adminapi.handlers import BACKOFF_KEY, INVENTORY_KEY, control_plane_view
 from llmgw.adminapi.present import (
     LOG_PAGE_FOLLOW_S,
     LOG_PAGE_LINES,
@@ -23,14 +23,11 @@ from llmgw.adminapi.present import (
     node_row,
     refused_line,
 )
-from llmgw.catalog import CATALOG_KEY, Catalog
-from llmgw.config import ServerConfig
-from llmgw.control.inventory import Inventory
-from llmgw.web.context import AdminLink, add_admin_links
+from llmgw.adminapi.routes import Param, Reply, Route
+from llmgw.catalog import CATALOG_KEY
+from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES
 from llmgw.web.history import HISTORY_KEY, gpu_charts, model_charts
 from llmgw.web.render import render
-
-Handler = adminapi.Handler
 
 # The newest failures the cluster page lists; the models page has each model's own.
 CLUSTER_PAGE_FAILURES = 20
@@ -75,7 +72,7 @@ class Pager:
 
 
 async def cluster_page(request: web.Request) -> web.StreamResponse:
-    inventory = request.config_dict[adminapi.INVENTORY_KEY]
+    inventory = request.config_dict[INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
     history = request.config_dict.get(HISTORY_KEY)
     nodes = sorted(inventory.nodes(), key=lambda n: n.id)
@@ -97,12 +94,12 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         request,
         "admin_cluster.html",
         paths=paths,
-        summary=adminapi.status_view(
-            inventory, request.config_dict[CATALOG_KEY].models(), adminapi.control_plane_view(request)
+        summary=projections.status_view(
+            inventory, request.config_dict[CATALOG_KEY].models(), control_plane_view(request)
         ),
-        nodes=[node_row(adminapi.node_view(n, inventory, now)) for n in shown],
+        nodes=[node_row(projections.node_view(n, inventory, now)) for n in shown],
         pager=pager if pages > 1 else None,
-        failures=adminapi.failures_view(inventory)[:CLUSTER_PAGE_FAILURES],
+        failures=projections.failures_view(inventory)[:CLUSTER_PAGE_FAILURES],
         backing_off=_backing_off(request),
         refused_line=refused_line,
         control_plane_line=control_plane_line,
@@ -131,30 +128,30 @@ def _page(value: str | None, pages: int) -> int:
 
 def _backing_off(request: web.Request) -> list[tuple[str, str]]:
     """(model, "node n1 is backing off after 2 failures (next try in 10 s): why"), a line per node."""
-    backoff = request.config_dict.get(adminapi.BACKOFF_KEY)
+    backoff = request.config_dict.get(BACKOFF_KEY)
     if backoff is None:
         return []
     return [(model, f"node {node} {b.reason()}") for (model, node), b in sorted(backoff().items())]
 
 
 async def models_page(request: web.Request) -> web.StreamResponse:
-    inventory = request.config_dict[adminapi.INVENTORY_KEY]
+    inventory = request.config_dict[INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
-    models = adminapi.models_view(inventory, request.config_dict[CATALOG_KEY].models())
+    models = projections.models_view(inventory, request.config_dict[CATALOG_KEY].models())
     history = request.config_dict.get(HISTORY_KEY)
     charts = {m.name: model_charts(history, m.name) for m in models} if history is not None else {}
     return await render(request, "admin_models.html", paths=paths, models=models, charts=charts, ago=ago)
 
 
 async def node_logs_page(request: web.Request) -> web.StreamResponse:
-    inventory = request.config_dict[adminapi.INVENTORY_KEY]
+    inventory = request.config_dict[INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
     node = request.match_info["id"]
     source = request.query.get("source", "") or "agent"
     # A link with a lines or follow the page cannot honour is refused in words: shown the default
     # instead, it read as if the page had done what was asked.
     try:
-        count = adminapi.parse_lines(request.query.get("lines"))
+        count = projections.parse_lines(request.query.get("lines"))
     except ValueError as exc:
         return await _bad_link(request, f"{exc}.")
     if request.query.get("follow", "") not in ("", "1"):
@@ -162,7 +159,7 @@ async def node_logs_page(request: web.Request) -> web.StreamResponse:
             request, f"follow is {request.query['follow']!r}; expected 1 (follow) or nothing (do not)."
         )
     follow = request.query.get("follow", "") == "1"
-    _, view = await adminapi.fetch_log(inventory, node, source, count)
+    _, view = await projections.fetch_log(inventory, node, source, count)
 
     def here(**changes: str | int) -> str:
         query: dict[str, str | int] = {"source": source, "lines": count}
@@ -214,34 +211,70 @@ async def _load_assets(app: web.Application) -> None:
     app[ASSETS_KEY].update(await asyncio.to_thread(_read_assets))
 
 
-def mount_cluster_pages(
-    app: web.Application,
-    cfg: ServerConfig,
-    inventory: Inventory,
-    catalog: Catalog,
-    *,
-    on_admin_listener: bool,
-    guard_page: Callable[[Handler], Handler] | None = None,
-    guard_api: Callable[[Handler], Handler] | None = None,
-) -> None:
-    """Add the cluster pages, their assets and the admin API to app.
-
-    On the admin listener they sit at the root; on the client port under
-    /admin, each page behind guard_page and each API route behind guard_api.
-    """
-    paths = (
-        Paths(cluster="/", base="") if on_admin_listener else Paths(cluster="/admin/cluster", base="/admin")
-    )
-    app[PATHS_KEY] = paths
+def provide(app: web.Application, prefix: str) -> None:
+    """Put where the pages are under prefix ("" or "/admin") in app, and the assets to load at start-up."""
+    app[PATHS_KEY] = Paths(cluster=CLUSTER.at(prefix), base=prefix)
     app[ASSETS_KEY] = {}
     app.on_startup.append(_load_assets)
-    adminapi.install(app, cfg, inventory, catalog, prefix=paths.base, guard=guard_api)
 
-    def page(handler: Handler) -> Handler:
-        return guard_page(handler) if guard_page else handler
 
-    app.router.add_get(paths.cluster, page(cluster_page))
-    app.router.add_get(paths.models(), page(models_page))
-    app.router.add_get(paths.base + "/nodes/{id}/logs", page(node_logs_page))
-    add_admin_links(app, AdminLink(paths.cluster, "Cluster"), AdminLink(paths.models(), "Models"))
-    app.router.add_get("/static/{name:cluster\\.(?:css|js)}", asset)
+# --- the table --------------------------------------------------------------------------------
+
+_HTML = Reply("HTML.", html=True)
+
+CLUSTER = Route(
+    method="GET",
+    path="/",
+    prefixed="/cluster",
+    handler=cluster_page,
+    operation="cluster",
+    summary="The cluster page: every node, its resources, engines and replicas.",
+    replies={200: _HTML},
+    link="Cluster",
+)
+
+PAGES: tuple[Route, ...] = (
+    CLUSTER,
+    Route(
+        method="GET",
+        path="/models",
+        handler=models_page,
+        operation="modelsPage",
+        summary="Each model, its replicas, where they run and their state.",
+        replies={200: _HTML},
+        link="Models",
+    ),
+    Route(
+        method="GET",
+        path="/nodes/{id}/logs",
+        handler=node_logs_page,
+        operation="nodeLogsPage",
+        summary=f"One of a node's logs: a tab per source, {LOG_PAGE_LINES[0]} to {LOG_PAGE_LINES[-1]} lines, "
+        f"following every {LOG_PAGE_FOLLOW_S} s.",
+        parameters=(
+            Param("id", description="The node's id: its certificate's common name."),
+            Param("source", "query", schema={"type": "string", "default": "agent"}),
+            Param(
+                "lines",
+                "query",
+                f"How many of the newest lines; the page offers {LOG_PAGE_LINES}.",
+                {"type": "integer", "minimum": 1, "maximum": MAX_LINES, "default": DEFAULT_LINES},
+            ),
+            Param("follow", "query", "1: reload every few seconds.", {"type": "string", "enum": ["1"]}),
+        ),
+        replies={
+            200: _HTML,
+            400: Reply("A lines or follow the page cannot show, in a sentence.", html=True),
+            404: Reply("No such node: the page says so.", html=True),
+        },
+    ),
+)
+
+# The pages' stylesheet and script; files, at the root on either listener, not in the document.
+ASSETS = Route(
+    method="GET",
+    path="/static/{name}",
+    handler=asset,
+    summary="The cluster pages' stylesheet and script.",
+    parameters=(Param("name", pattern=r"cluster\.(?:css|js)"),),
+)

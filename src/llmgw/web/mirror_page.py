@@ -8,16 +8,14 @@ failing it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from aiohttp import web
 
-from llmgw.control.mirror import MIRROR_CLIENT_KEY, Handler, MirrorError
+from llmgw.adminapi.routes import Reply, Route
+from llmgw.control.mirror import MIRROR_CLIENT_KEY, MirrorError
 from llmgw.download import human_bytes
 from llmgw.mirror.admin import Fetch
 from llmgw.mirror.fetch import FetchedModel
 from llmgw.web.cluster import PATHS_KEY
-from llmgw.web.context import AdminLink, add_admin_links
 from llmgw.web.render import render
 
 
@@ -51,10 +49,16 @@ async def mirror_page(request: web.Request) -> web.StreamResponse:
     )
 
 
-def mount_mirror_page(
-    app: web.Application, base: str, guard: Callable[[Handler], Handler] | None = None
-) -> None:
-    """Add the mirror page under base ("" or "/admin") to app, after its cluster pages."""
-    path = f"{base}/mirror"
-    app.router.add_get(path, guard(mirror_page) if guard else mirror_page)
-    add_admin_links(app, AdminLink(path, "Mirror"))
+MIRROR_PAGE = Route(
+    method="GET",
+    path="/mirror",
+    handler=mirror_page,
+    operation="mirrorPage",
+    summary="The models on the mirror and its fetches (where a mirror is configured).",
+    replies={
+        200: Reply("HTML.", html=True),
+        404: Reply("No mirror is configured (server.yaml's `mirror.api`).", html=True),
+        502: Reply("The mirror cannot be reached: the page says so.", html=True),
+    },
+    link="Mirror",
+)
