@@ -228,3 +228,14 @@ class TestFailureReason:
         assert failure_reason(_lines("unknown_architecture.log")) == (
             "Model architectures ['NoSuchModelForCausalLM'] are not supported for now"
         )
+
+    def test_no_memory_left_for_the_kv_cache_is_named_without_the_advice_that_follows(self) -> None:
+        # Captured with VLLM_CPU_KVCACHE_SPACE=0; a GPU already full says the same.
+        assert failure_reason(_lines("no_kv_cache_memory.log")) == "No available memory for the cache blocks."
+
+    def test_too_little_kv_cache_for_one_request_of_the_context_size_is_named_with_both_sizes(self) -> None:
+        # Captured with --kv-cache-memory-bytes 100000 and --max-model-len 512.
+        assert failure_reason(_lines("kv_cache_too_small.log")) == (
+            "To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is needed, "
+            "which is larger than the available KV cache memory (0.0 GiB)."
+        )
