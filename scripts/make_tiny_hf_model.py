@@ -5,7 +5,7 @@ The weights are noise, so the text is nonsense, but everything around it is
 real: vLLM reads config.json, loads model.safetensors, tokenizes with a
 byte-level BPE tokenizer (tokenizer.json, trained here on a few sentences),
 applies the chat template and streams tokens with usage. Two layers, 128
-wide, about 0.2 MB: a 2-core CPU serves it.
+wide, 0.7 MB: a 2-core CPU serves it.
 
     python scripts/make_tiny_hf_model.py --out /tmp/tiny-llama
     python scripts/make_tiny_hf_model.py --out /tmp/bad-heads --heads 4 --head-dim 16
