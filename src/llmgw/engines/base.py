@@ -167,6 +167,14 @@ class Engine(Protocol):
             return False
         return any(w in line.lower() for w in _ERROR_WORDS)
 
+    def failure_reason(self, output: Sequence[str]) -> str | None:
+        """The cause of the engine's failure, when the engine tells it in a way the line search misses.
+
+        vLLM logs the cause, then a traceback ending in EngineDeadError, then shutdown notices: the
+        last lines then name everything but the cause. None: the generic search below decides.
+        """
+        return None
+
     def readable(self, line: str) -> str:
         """An output line as a person reads it in a failure's detail: its padding collapsed."""
         return " ".join(line.split())
@@ -184,6 +192,9 @@ def last_words(engine: Engine, output: Sequence[str], *, only_errors: bool = Fal
     "exiting due to model loading error"). With no such line, the last line, or with only_errors
     nothing (a served request's log says nothing of a crash).
     """
+    told = engine.failure_reason(output)
+    if told:
+        return told if len(told) <= _LAST_WORDS_CHARS else told[: _LAST_WORDS_CHARS - 1] + "…"
     recent = [line for line in output[-_LAST_WORDS_LINES:] if line.strip()]
     errors = [line for line in recent if engine.names_failure(line)]
     said = errors[0] if errors else "" if only_errors or not recent else recent[-1]

