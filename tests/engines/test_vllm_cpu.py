@@ -28,7 +28,8 @@ from llmgw.agent.supervisor import Supervisor
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.engines.base import LaunchSpec
-from llmgw.engines.vllm import VllmEngine, failure_reason
+from llmgw.engines.check import check_engine
+from llmgw.engines.vllm import SERVER_MODULE, VllmEngine, failure_reason
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
@@ -300,3 +301,12 @@ async def test_a_head_size_the_cpu_cannot_run_is_the_replicas_failure_reason_in_
 ) -> None:
     _, failed = dead_at_first_request
     assert "Unsupported CPU attention configuration: head_dim=16" in failed.detail, failed.detail
+
+
+async def test_engine_check_reads_the_flags_of_the_server_module_through_the_interpreter(
+    vllm_python: Path,
+) -> None:
+    checked = await check_engine("vllm", VllmEngine(), str(vllm_python), timeout_s=300)
+    assert checked.missing == (), checked
+    assert checked.help_command.endswith(f"-m {SERVER_MODULE} --help=all"), checked.help_command
+    assert checked.version == VERSION

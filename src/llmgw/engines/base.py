@@ -167,6 +167,10 @@ class Engine(Protocol):
             return False
         return any(w in line.lower() for w in _ERROR_WORDS)
 
+    def help_for(self, binary: str) -> HelpCommand:
+        """What engine-check runs to read the flags binary takes: the class's, unless binary changes it."""
+        return self.help_command
+
     def failure_reason(self, output: Sequence[str]) -> str | None:
         """The cause of the engine's failure, when the engine tells it in a way the line search misses.
 

@@ -107,8 +107,8 @@ async def check_engine(
     name: str, engine: Engine, binary: str = "", *, timeout_s: float = TIMEOUT_S
 ) -> EngineCheck:
     """Run binary's --help and --version (the adapter's default binary when none is named) and compare."""
-    helping = engine.help_command
-    argvs = [engine.command(attrs.evolve(spec, binary=binary)) for spec in _SPECS]
+    argvs = _command_lines(engine, binary)
+    helping = engine.help_for(argvs[0][0])
     path = await _resolve(argvs[0][0], name, named=bool(binary))
     flags: list[str] = []
     for argv in argvs:
@@ -144,6 +144,22 @@ async def check_engine(
         missing=tuple(flag for flag in flags if not mentioned(flag, help_text)),
         help_command=shown,
     )
+
+
+def _command_lines(engine: Engine, binary: str) -> list[list[str]]:
+    """The adapter's argv for each spec it can run with binary.
+
+    A shape the adapter refuses with this binary (vLLM's interpreter cannot run a rank that serves
+    no HTTP) is one the supervisor would refuse in words too: not a flag for the help to name.
+    """
+    argvs = []
+    for spec in _SPECS:
+        try:
+            argvs.append(engine.command(attrs.evolve(spec, binary=binary)))
+        except LlmgwError:
+            if spec is _SPECS[0]:
+                raise
+    return argvs
 
 
 async def _resolve(binary: str, engine: str, *, named: bool) -> str:

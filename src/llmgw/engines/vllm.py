@@ -32,6 +32,7 @@ API_KEY_ENV = "VLLM_API_KEY"
 
 # What `python -m` runs: the OpenAI-compatible server, without the CLI's distribution lookup.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+_MODULE_HELP = HelpCommand(words=2, help=("--help=all",))
 
 
 class VllmEngine(Engine):
@@ -93,6 +94,10 @@ class VllmEngine(Engine):
             # vLLM's --api-key falls back to VLLM_API_KEY; it guards /v1/*, leaving /health and /metrics open.
             env[API_KEY_ENV] = spec.secret
         return env
+
+    def help_for(self, binary: str) -> HelpCommand:
+        # `python -m vllm.entrypoints.openai.api_server`: two words choose the program.
+        return _MODULE_HELP if is_interpreter(binary) else self.help_command
 
     def failure_reason(self, output: Sequence[str]) -> str | None:
         return failure_reason(output)
