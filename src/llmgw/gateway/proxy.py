@@ -392,6 +392,9 @@ async def _broken(call: Call, exc: Exception, tap: StreamTap | None, response: w
     else:
         error = stream_failed(call, f"the connection failed ({str(exc) or type(exc).__name__})")
     if tap is not None:
+        if isinstance(exc, MalformedStream) and exc.passed:
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(exc.passed)
         if tap.usage is None:
             # Charged for what the client had (admission.py), not for a reservation it never received.
             call.delivered = tap.events

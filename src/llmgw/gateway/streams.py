@@ -34,28 +34,33 @@ _FIELDS = (b":", b"event:", b"id:", b"retry:")
 
 
 class MalformedStream(Exception):
-    """The engine sent something that is not a server-sent event of JSON (`event` holds it)."""
+    """The engine sent something that is not a server-sent event of JSON (`event` holds it); `passed` is
+    what the client may still have of the events before it."""
 
-    def __init__(self, event: bytes) -> None:
+    def __init__(self, event: bytes, passed: bytes) -> None:
         super().__init__("it sent an event that is not JSON")
         self.event = event
+        self.passed = passed
 
 
-def _check(ready: bytes) -> None:
-    """Raise MalformedStream at the first of ready's whole events that is not an event of JSON."""
+def _first_bad(ready: bytes) -> int:
+    """Where the first of ready's whole events that is not an event of JSON starts; -1 when none."""
     events = ready.count(_END)
     # Most chunks: `data: {...}` events and nothing else, counted rather than split.
     if ready.count(b"\n") == 2 * events and ready.count(b"\n" + _DATA) + ready.startswith(_DATA) == events:
-        return
+        return -1
+    at = 0
     for event in ready.split(_END)[:-1]:
         for line in event.split(b"\n"):
             line = line.rstrip(b"\r")
             if line.startswith(b"data:"):
                 data = line[5:].lstrip()
                 if not (data.startswith(b"{") or data.startswith(b"[DONE]")):
-                    raise MalformedStream(event)
+                    return at
             elif line and not line.startswith(_FIELDS):
-                raise MalformedStream(event)
+                return at
+        at += len(event) + len(_END)
+    return -1
 
 
 class StreamTap:
@@ -85,7 +90,13 @@ class StreamTap:
         if self._held:
             self._held += ready
             return b""
-        _check(ready)
+        if (bad := _first_bad(ready)) >= 0:
+            event = ready[bad:].split(_END, 1)[0]
+            raise MalformedStream(event, self._passed(ready[:bad]) if bad else b"")
+        return self._passed(ready)
+
+    def _passed(self, ready: bytes) -> bytes:
+        """What the client may have of ready, whole events that they are."""
         if (found := find_usage(ready)) is not None:
             self.usage = found
         out = self._hidden(ready) if self._hide else self._to_done(ready)
