@@ -266,7 +266,7 @@ class TestRetryElsewhere:
     async def test_a_replica_that_fails_before_the_first_byte_hands_the_request_to_another_once(
         self, rig: RigFactory, fakes: list[tuple[Misbehaving, str]], mode: str
     ) -> None:
-        (bad, bad_url), (good, good_url) = fakes
+        (bad, bad_url), (_, good_url) = fakes
         bad.mode = mode
         gw = await rig([bad_url, good_url])
         # Of four requests, some go to the bad one first.
