@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 
 import aiohttp
 import pytest
@@ -288,8 +288,10 @@ class TestCacheAwareRoutingKeepsToReadyReplicas:
         sent: list[str] = []
         original = router.route
 
-        def spying(model: str, session: str = "", blocks: Sequence[int] = ()) -> tuple[str, str]:
-            served = original(model, session, blocks)
+        def spying(
+            model: str, session: str = "", blocks: Sequence[int] = (), tried: Collection[str] = ()
+        ) -> tuple[str, str]:
+            served = original(model, session, blocks, tried)
             sent.append(served[1])
             return served
 

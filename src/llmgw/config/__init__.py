@@ -26,6 +26,7 @@ from llmgw.config.classes import (
     ProvisionConfig,
     RouterConfig,
     ServerConfig,
+    TimeoutsConfig,
     TLSConfig,
 )
 from llmgw.config.loading import check_flag, dump, evolve, load, parse
@@ -51,6 +52,7 @@ __all__ = [
     "RouterConfig",
     "ServerConfig",
     "TLSConfig",
+    "TimeoutsConfig",
     "check_flag",
     "documented_keys",
     "dotted",

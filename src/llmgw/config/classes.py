@@ -144,6 +144,36 @@ class ProfileConfig:
 
 
 @attrs.frozen
+class TimeoutsConfig:
+    connect_s: float = _field(
+        10.0,
+        "How long the gateway waits for a replica's engine to accept a connection; past it the request "
+        "goes to another ready replica, or is a 502.",
+        seconds(0, above=True),
+    )
+    first_byte_s: float = _field(
+        120.0,
+        "How long the engine may take to send the first byte of its reply, once the request is sent: "
+        "generous, since a long prompt's prefill on a big model takes time. Past it the request goes to "
+        "another ready replica once, or is a 504 naming this key. See docs/gateway.md, Timeouts.",
+        seconds(0, above=True),
+    )
+    idle_s: float = _field(
+        60.0,
+        "How long a reply under way may go without a byte from the engine; past it a stream ends with an "
+        "error event naming this key.",
+        seconds(0, above=True),
+    )
+    total_s: float = _field(
+        600.0,
+        "The longest a request may take, from being sent to the engine to its reply's last byte (the "
+        "reference implementation's `timeouts.generation`); past it, a 504, or an error event ending a "
+        "stream under way.",
+        seconds(0, above=True),
+    )
+
+
+@attrs.frozen
 class ModelConfig:
     name: str = _field("", "The model name clients ask for in `model`.")
     replicas: int = _field(1, "How many replicas to keep running.", number(0))
@@ -182,6 +212,11 @@ class ModelConfig:
         "many, and one that asks for more is refused with 400. What a request reserves against tpm "
         "limits and budgets until its real usage is known. See docs/gateway.md.",
         number(1),
+    )
+    timeouts: TimeoutsConfig = _field(
+        TimeoutsConfig(),
+        "How long the gateway waits on this model's engines: to connect, for the first byte, between two "
+        "bytes of a reply, and in all. See docs/gateway.md, Timeouts.",
     )
 
 

@@ -201,6 +201,10 @@ class Admission:
                 used = plausible_usage(call, call.usage, prompt, completion)
             elif status >= 400 and status != 499:
                 used = (0, 0)
+            elif call.delivered is not None:
+                # The engine broke off a stream without reporting usage: the prompt it was sent (as
+                # reserved) and a token for each event the client had, never more than was reserved.
+                used = (prompt, min(call.delivered, completion))
             else:
                 # A reply that reports no usage (a client that left before the engine reported it) is
                 # charged what was reserved, so that leaving early saves nothing.

@@ -18,6 +18,7 @@ import attrs
 from aiohttp import web
 
 from llmgw import bodies
+from llmgw.config import TimeoutsConfig
 from llmgw.gateway.errors import ApiError
 from llmgw.routes import EngineRoute
 from llmgw.store.keys import KeyRecord
@@ -53,6 +54,11 @@ class Call:
     first_byte: float = 0.0
     # What the request cost, in the unit of prices and budgets (set by admission once it is settled).
     cost: float = 0.0
+    # The served model's timeouts (set by the router; gateway/deadlines.py).
+    timeouts: TimeoutsConfig = attrs.field(factory=TimeoutsConfig, repr=False)
+    # Set by the proxy when the engine failed in the middle of a stream that reported no usage: the
+    # completion events the client had by then, what admission charges for in place of the reservation.
+    delivered: int | None = None
 
 
 Handler = Callable[[Call], Awaitable[web.StreamResponse]]

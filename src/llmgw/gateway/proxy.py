@@ -6,11 +6,19 @@ client's llmgw key never leaves the gateway). A request whose node is
 declared unreachable while it is in flight is abandoned with a 502 naming the
 node, rather than left waiting on a connection a dead host will never close;
 an engine that does not accept the connection leaves the routing table.
+
+Each read from the engine is bounded by the model's `timeouts` (deadlines.py);
+what an engine sends that no client could use (a 5xx page, a reply that is not
+JSON, a stream that is not events of JSON) becomes an error in OpenAI's shape
+(faults.py). Before the first byte reaches the client, a failure is an
+EngineFailed the router may send to another replica; after, a stream ends with
+an error event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import socket
 import time
@@ -23,17 +31,28 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp import hdrs, web
 from multidict import istr
 
+from llmgw.gateway.deadlines import Deadlines, EngineTimedOut
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.faults import (
+    EXCERPT,
+    EngineFailed,
+    EngineRefused,
+    ends_like_json,
+    error_event,
+    looks_like_json,
+    not_json,
+    server_error,
+    stream_failed,
+)
 from llmgw.gateway.pipeline import Call
-from llmgw.gateway.streams import StreamTap
+from llmgw.gateway.streams import MalformedStream, StreamTap
 from llmgw.gateway.usage import STREAM_TAIL, find_usage
 
 log = structlog.get_logger(__name__)
 
 SESSION_KEY = web.AppKey("llmgw.gateway.session", aiohttp.ClientSession)
 
-# An engine that does not accept a connection within this long is down; one
-# that is slow to answer is not (a long prompt may take minutes to prefill).
+# The session's own bound on a connection; each request brings its model's `timeouts.connect_s`.
 _CONNECT_TIMEOUT_S = 10.0
 # A request written to an engine whose node's link is gone is never acknowledged,
 # and the kernel would retransmit it for some fifteen minutes while the client
@@ -47,14 +66,17 @@ _UPSTREAM_HEADERS = {hdrs.CONTENT_TYPE: "application/json", hdrs.ACCEPT_ENCODING
 _COPIED_HEADERS = (hdrs.CONTENT_TYPE, hdrs.CONTENT_ENCODING, hdrs.CONTENT_LENGTH)
 # Which catalog model served the call: the one asked for, or a fallback of it.
 MODEL_HEADER = istr("x-llmgw-model")
+# Which replica served the call (its id; the engine's address without a control plane): after a retry,
+# the one that answered.
+REPLICA_HEADER = istr("x-llmgw-replica")
+# How much of an engine's 5xx reply is read to say what went wrong.
+_ERROR_BODY = 8 * EXCERPT
 REQUEST_ID_HEADER = istr("x-request-id")
 # The gateway's series (gateway/metrics.py), for the engines that fail to answer.
 UpstreamErrors = Callable[[str, str], None]
 UPSTREAM_ERRORS_KEY: web.AppKey[UpstreamErrors] = web.AppKey("llmgw.gateway.upstream_errors")
 
-
-class EngineRefused(ApiError):
-    """The engine did not take the connection: nothing of the request reached it, so another replica may."""
+__all__ = ["EngineFailed", "EngineRefused", "proxy"]
 
 
 def _upstream_socket(addr_info: AddrInfoType) -> socket.socket:
@@ -100,12 +122,13 @@ def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
     elif isinstance(exc, aiohttp.ServerDisconnectedError):
         reason = "it closed the connection without replying"
     elif isinstance(exc, TimeoutError):
-        reason = f"no connection within {_CONNECT_TIMEOUT_S:g} s"
+        reason = f"no connection within {call.timeouts.connect_s:g} s (timeouts.connect_s)"
     elif _unacknowledged(exc):
         reason = f"it acknowledged nothing of the request for {_UNACKNOWLEDGED_S:g} s"
     else:
         reason = str(exc) or type(exc).__name__
-    kind = EngineRefused if isinstance(exc, (aiohttp.ClientConnectorError, TimeoutError)) else ApiError
+    # A connection reset or closed before the reply's first byte: nothing reached the client either.
+    kind = EngineRefused if isinstance(exc, (aiohttp.ClientConnectorError, TimeoutError)) else EngineFailed
     return kind(
         502,
         f"the engine for {call.model} at {where} did not answer: {reason}",
@@ -173,55 +196,107 @@ def _headers(call: Call) -> dict[istr, str]:
 
 async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamResponse:
     """Send the request, stream the reply; started gets the client's response once it is under way."""
-    upstream = await _send(call)
+    deadlines = Deadlines(call.timeouts)
+    # One deadline for the status line and the first bytes: a stalled engine sends neither.
+    first = deadlines.first_byte()
+    upstream = await _send(call, deadlines, first)
     async with upstream:
+        if upstream.status >= 500:
+            raise await _server_error(call, upstream, deadlines, first)
         tap = _tap(call, upstream)
         headers = _reply_headers(call, upstream, tap)
-        chunk = await _first_read(call, upstream)
+        chunk = await _first_read(call, upstream, deadlines, first)
+        if tap is None and 200 <= upstream.status < 300 and not looks_like_json(chunk):
+            _count_upstream_error(call, "reply")
+            raise not_json(call, upstream.status, upstream.headers.get(hdrs.CONTENT_TYPE, ""), chunk)
         if upstream.content.at_eof():
             return _whole_reply(call, upstream, chunk, tap, headers)
-        return await _stream_reply(call, upstream, chunk, tap, headers, started)
+        return await _stream_reply(call, upstream, chunk, tap, headers, deadlines, started)
 
 
-async def _send(call: Call) -> aiohttp.ClientResponse:
-    """The request sent to the engine, and its reply's status and headers; a 502 when it did not answer."""
+async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> aiohttp.ClientResponse:
+    """The request sent, its reply's status and headers; a 502 or 504 when it did not answer."""
     session = call.request.app[SESSION_KEY]
     url = call.endpoint + call.request.path_qs
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=call.timeouts.connect_s)
     try:
-        return await session.post(url, data=call.body, headers=_headers(call))
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        _count_upstream_error(call, "connect")
-        error = _did_not_answer(call, exc)
-        if call.route is not None and (isinstance(error, EngineRefused) or _unacknowledged(exc)):
-            # It did not take the connection, or the request: a dead engine, a node whose agent is
-            # down and whose engines went with it, a cut link. Nothing more goes there until its
-            # agent says it is ready.
-            call.route.refused(error.message)
-        raise error from None
+        async with asyncio.timeout_at(first[0]):
+            return await session.post(url, data=call.body, headers=_headers(call), timeout=timeout)
+    except aiohttp.ClientError as exc:
+        failure: BaseException = exc
+    except TimeoutError:
+        raise _stalled(call, deadlines.expired(call, first[1])) from None
+    _count_upstream_error(call, "connect")
+    error = _did_not_answer(call, failure)
+    if call.route is not None and (isinstance(error, EngineRefused) or _unacknowledged(failure)):
+        # It did not take the connection, or the request: a dead engine, a node whose agent is
+        # down and whose engines went with it, a cut link. Nothing more goes there until its
+        # agent says it is ready.
+        call.route.refused(error.message)
+    raise error from None
+
+
+def _stalled(call: Call, error: EngineTimedOut) -> EngineTimedOut:
+    """error, once the engine that took too long has left the routing table."""
+    _count_upstream_error(call, "timeout")
+    log.warning(
+        "the engine sent nothing within its model's timeout",
+        model=call.served_model or call.model,
+        endpoint=call.endpoint,
+        node=call.route.node_id if call.route is not None else None,
+        timeout=f"timeouts.{error.key}",
+        request_id=call.request_id,
+    )
+    if call.route is not None:
+        # A stopped or wedged engine still accepts connections (the kernel does): only the gateway,
+        # waiting on it, can tell. Nothing more goes there until its agent says it is ready again.
+        call.route.refused(error.message)
+    return error
+
+
+async def _server_error(
+    call: Call, upstream: aiohttp.ClientResponse, deadlines: Deadlines, first: tuple[float, str]
+) -> EngineFailed:
+    """The error for an engine's 5xx, from the start of what it sent (bounded: an error page can be long)."""
+    _count_upstream_error(call, "status")
+    body = bytearray()
+    deadline = first
+    try:
+        while len(body) < _ERROR_BODY and (chunk := await deadlines.read(call, upstream, deadline)):
+            body += chunk
+            deadline = deadlines.next_byte()
+    except (aiohttp.ClientError, EngineTimedOut):
+        pass  # what it sent before it stopped says enough
+    return server_error(call, upstream.status, upstream.headers.get(hdrs.CONTENT_TYPE, ""), bytes(body))
 
 
 def _tap(call: Call, upstream: aiohttp.ClientResponse) -> StreamTap | None:
-    """What reads the usage out of a stream of events as it passes, when the call's usage is counted."""
+    """What checks a stream of events and reads its usage as it passes."""
     events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
-    return StreamTap(call.hide_usage) if call.count_usage and events else None
+    return StreamTap(call.hide_usage) if events else None
 
 
 def _reply_headers(call: Call, upstream: aiohttp.ClientResponse, tap: StreamTap | None) -> dict[istr, str]:
     headers = {name: upstream.headers[name] for name in _COPIED_HEADERS if name in upstream.headers}
     headers[MODEL_HEADER] = call.served_model or call.model
+    headers[REPLICA_HEADER] = call.route.shard_id if call.route is not None else _where(call)
     if call.request_id:
         headers[REQUEST_ID_HEADER] = call.request_id
-    if tap is not None and call.hide_usage:
-        # Its length is the engine's, with the chunk the client did not ask for.
+    if tap is not None:
+        # Its length is the engine's, with the chunk the client did not ask for or an error event.
         headers.pop(hdrs.CONTENT_LENGTH, None)
     return headers
 
 
-async def _first_read(call: Call, upstream: aiohttp.ClientResponse) -> bytes:
-    """The reply's first bytes (call.first_byte says when); a 502 when the engine sends none."""
+async def _first_read(
+    call: Call, upstream: aiohttp.ClientResponse, deadlines: Deadlines, first: tuple[float, str]
+) -> bytes:
+    """The reply's first bytes (call.first_byte says when); a 502 or 504 when the engine sends none."""
     try:
-        chunk = await upstream.content.readany()
-    except (aiohttp.ClientError, TimeoutError) as exc:
+        chunk = await deadlines.read(call, upstream, first)
+    except EngineTimedOut as exc:
+        raise _stalled(call, exc) from None
+    except aiohttp.ClientError as exc:
         _count_upstream_error(call, "reply")
         raise _did_not_answer(call, exc) from None
     call.first_byte = time.perf_counter()
@@ -240,13 +315,20 @@ def _whole_reply(
     A plain Response sends headers and body in one write, where a StreamResponse sends its
     headers on their own first.
     """
-    if tap is not None and call.hide_usage:
-        chunk = tap.feed(chunk) + tap.end()
+    content_type = upstream.headers.get(hdrs.CONTENT_TYPE, "")
+    if tap is not None:
+        try:
+            chunk = tap.feed(chunk) + tap.end()
+        except MalformedStream as exc:
+            _count_upstream_error(call, "reply")
+            raise not_json(call, upstream.status, content_type, exc.event) from None
         call.usage = tap.usage
-    elif call.count_usage:
-        # Nothing to hide or hold back (the response goes out only after done()): the usage
-        # is all a stream's tap would find, and finding it costs half as much.
-        call.usage = find_usage(chunk)
+    else:
+        if 200 <= upstream.status < 300 and not ends_like_json(chunk):
+            _count_upstream_error(call, "reply")
+            raise not_json(call, upstream.status, content_type, chunk)
+        if call.count_usage:
+            call.usage = find_usage(chunk)
     if call.done is not None:
         # Before the response exists: aiohttp sends it only once this handler has returned.
         call.done(upstream.status)
@@ -259,29 +341,21 @@ async def _stream_reply(
     chunk: bytes,
     tap: StreamTap | None,
     headers: dict[istr, str],
+    deadlines: Deadlines,
     started: list[web.StreamResponse],
 ) -> web.StreamResponse:
-    """A reply still arriving, written to the client as it comes; cut, never made whole, when an end goes."""
+    """A reply still arriving, written to the client as it comes; never made whole when the engine fails."""
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     try:
         started.append(response)
         await response.prepare(call.request)
-        await _relay(call, upstream, chunk, tap, response)
+        await _relay(call, upstream, chunk, tap, response, deadlines)
     except ConnectionResetError:
         # The client went away; leaving the block closes the engine's
         # connection, which tells the engine to stop generating.
         pass
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        _count_upstream_error(call, "reply")
-        log.warning(
-            "the engine stopped answering in the middle of a reply",
-            model=call.model,
-            endpoint=call.endpoint,
-            error=str(exc) or type(exc).__name__,
-        )
-        # No write_eof: the client must see a cut reply, not a complete one.
-        if call.request.transport is not None:
-            call.request.transport.close()
+    except (aiohttp.ClientError, EngineTimedOut, MalformedStream, _NotWhole) as exc:
+        await _broken(call, exc, tap, response)
     except asyncio.CancelledError:
         # Abandoned (its node was lost) or the server is stopping: cut, never made to look whole.
         if call.request.transport is not None:
@@ -294,37 +368,77 @@ async def _stream_reply(
     return response
 
 
+class _NotWhole(Exception):
+    """A reply that is not a stream of events ended where no JSON does (`tail` holds its end)."""
+
+    def __init__(self, tail: bytes) -> None:
+        super().__init__("its reply ended in the middle")
+        self.tail = tail
+
+
+async def _broken(call: Call, exc: Exception, tap: StreamTap | None, response: web.StreamResponse) -> None:
+    """End a reply under way that the engine broke: an error event, then a cut, never a whole-looking end.
+
+    The event, for a client reading events (OpenAI's raise it as an APIError); the cut, for one reading
+    bytes, so that neither takes half a reply for a whole one.
+    """
+    _count_upstream_error(call, "reply")
+    if isinstance(exc, EngineTimedOut):
+        error: ApiError = _stalled(call, exc)
+    elif isinstance(exc, MalformedStream):
+        error = stream_failed(call, "it sent an event that is not JSON", exc.event)
+    elif isinstance(exc, _NotWhole):
+        error = stream_failed(call, "its reply ended in the middle", exc.tail)
+    else:
+        error = stream_failed(call, f"the connection failed ({str(exc) or type(exc).__name__})")
+    if tap is not None:
+        if isinstance(exc, MalformedStream) and exc.passed:
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(exc.passed)
+        if tap.usage is None:
+            # Charged for what the client had (admission.py), not for a reservation it never received.
+            call.delivered = tap.events
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(error_event(error))
+    if call.request.transport is not None:
+        call.request.transport.close()
+
+
 async def _relay(
     call: Call,
     upstream: aiohttp.ClientResponse,
     chunk: bytes,
     tap: StreamTap | None,
     response: web.StreamResponse,
+    deadlines: Deadlines,
 ) -> None:
     """Every chunk from the engine to the client, the usage found on the way, then the reply's end."""
     # A reply that is not a stream of events (a long non-streamed one) goes one read behind, so that
-    # its last bytes wait for its usage to be journaled; only its last few KB are kept to find it in.
+    # its last bytes wait for its usage to be journaled and for a look at how it ends; only its last
+    # few KB are kept to find the usage in.
     tail = bytearray() if call.count_usage and tap is None else None
     behind = b""
     while chunk:
         if tap is not None:
             if ready := tap.feed(chunk):
                 await response.write(ready)
-        elif tail is not None:
+        else:
             if behind:
                 await response.write(behind)
             behind = chunk
-            tail += chunk
-            if len(tail) > 2 * STREAM_TAIL:
-                del tail[:-STREAM_TAIL]
-        else:
-            await response.write(chunk)
-        chunk = await upstream.content.readany()
+            if tail is not None:
+                tail += chunk
+                if len(tail) > 2 * STREAM_TAIL:
+                    del tail[:-STREAM_TAIL]
+        chunk = await deadlines.read(call, upstream, deadlines.next_byte())
     if tap is not None:
         behind = tap.end()
         call.usage = tap.usage
-    elif tail is not None:
-        call.usage = find_usage(tail)
+    else:
+        if 200 <= upstream.status < 300 and not ends_like_json(behind):
+            raise _NotWhole(behind[-EXCERPT:])
+        if tail is not None:
+            call.usage = find_usage(tail)
     if call.done is not None:
         call.done(upstream.status)
     if behind:

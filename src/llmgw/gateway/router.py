@@ -14,9 +14,10 @@ to its own model's name, and the reply's x-llmgw-model header says so.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
+import structlog
 from aiohttp import web
 
 from llmgw.catalog import Catalog
@@ -24,12 +25,18 @@ from llmgw.config import RouterConfig
 from llmgw.gateway.affinity import PrefixIndex, Sessions, prompt_blocks
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
-from llmgw.gateway.proxy import EngineRefused
+from llmgw.gateway.proxy import EngineFailed, EngineRefused
 from llmgw.routes import EngineRoute
+
+log = structlog.get_logger(__name__)
 
 # How many replicas one request tries when engines refuse it: enough to step past a lost
 # node or two, not a walk through a whole fleet while the client waits.
 _MAX_TRIES = 3
+# How many times an engine may fail a request it took (a 5xx, a reset, nothing within
+# timeouts.first_byte_s) before that failure is the answer: one more replica, not a second
+# wait of first_byte_s behind every stalled one.
+_MAX_FAILURES = 1
 
 
 class ReplicaTable(Protocol):
@@ -80,11 +87,13 @@ class Router:
     def in_flight(self) -> Mapping[str, int]:
         return self._in_flight
 
-    def route(self, model: str, session: str = "", blocks: Sequence[int] = ()) -> tuple[str, str]:
+    def route(
+        self, model: str, session: str = "", blocks: Sequence[int] = (), tried: Collection[str] = ()
+    ) -> tuple[str, str]:
         """(the model that serves, its endpoint): model's own replica, else its first ready fallback's.
 
         session is the request's session key, blocks its prompt's prefix hashes (affinity.py);
-        both empty when it has none.
+        both empty when it has none. tried: endpoints that already failed this request.
         """
         definition = self._catalog.get(model)
         if definition is None:
@@ -96,10 +105,10 @@ class Router:
                 param="model",
             )
         served = model
-        endpoints = self._replicas.ready_endpoints(model)
+        endpoints = self._ready(model, tried)
         if not endpoints:
             for fallback in definition.fallbacks:
-                endpoints = self._replicas.ready_endpoints(fallback)
+                endpoints = self._ready(fallback, tried)
                 if endpoints and self._catalog.get(fallback) is not None:
                     served = fallback
                     break
@@ -121,6 +130,12 @@ class Router:
             self.prefixes.record(blocks, best)
         self._in_flight[best] = self._in_flight.get(best, 0) + 1
         return served, best
+
+    def _ready(self, model: str, tried: Collection[str]) -> Sequence[str]:
+        endpoints = self._replicas.ready_endpoints(model)
+        if tried:
+            return [e for e in endpoints if e not in tried]
+        return endpoints
 
     def _least(self, endpoints: Sequence[str]) -> str:
         """The endpoint with the fewest requests in flight, ties taking turns."""
@@ -159,16 +174,19 @@ class Router:
             del self._in_flight[endpoint]
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
-        body, tried = call.body, set[str]()
+        body, tried, failures = call.body, set[str](), 0
         by_model = self._by_model
         session = self.session_of(call)
         # Only the prefix policy reads the prompt, and only for a request no session places.
         blocks = prompt_blocks(call.model, call.payload) if self._policy == "prefix" and not session else []
         while True:
-            call.served_model, call.endpoint = self.route(call.model, session, blocks)
+            call.served_model, call.endpoint = self.route(call.model, session, blocks, tried)
             served = call.served_model
             by_model[served] = by_model.get(served, 0) + 1
             call.route = self._replicas.route(call.endpoint)
+            definition = self._catalog.get(served)
+            if definition is not None:
+                call.timeouts = definition.timeouts
             call.body = body
             if call.served_model != call.model:
                 # The fallback's engine answers only to its own name.
@@ -177,13 +195,28 @@ class Router:
                 ).encode()
             try:
                 return await rest(call)
-            except EngineRefused:
-                # Nothing reached that engine, and it has left the table (proxy.py): another ready
-                # replica takes the request, so a lost node costs its clients a wait, not an error.
-                # Each endpoint is tried once; with none left, the engine's own 502 is the answer.
+            except EngineFailed as failure:
+                # Nothing of the reply reached the client (proxy.py): another ready replica takes the
+                # request, so a lost node or a stalled engine costs its clients a wait, not an error.
+                # Each endpoint is tried once; with none left, the last failure is the answer. It is
+                # still one request: admission reserved once and settles once, around all the tries.
                 tried.add(call.endpoint)
-                if call.route is None or len(tried) >= _MAX_TRIES or not self._untried(call.model, tried):
+                failures += not isinstance(failure, EngineRefused)
+                if (
+                    call.route is None
+                    or len(tried) >= _MAX_TRIES
+                    or failures > _MAX_FAILURES
+                    or not self._untried(call.model, tried)
+                ):
                     raise
+                log.info(
+                    "sending a request to another replica",
+                    model=call.model,
+                    failed=call.endpoint,
+                    node=call.route.node_id,
+                    why=failure.message,
+                    request_id=call.request_id,
+                )
             finally:
                 self.release(call.endpoint)
                 by_model[served] -= 1

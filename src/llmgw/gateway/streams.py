@@ -11,6 +11,10 @@ client gets each token when the engine sends it, and keeps back three things:
   finish chunk into that chunk when usage is asked for; they are put back where
   the client would have had them, so its bytes are the engine's own.
 - For the same reason, while hiding, the finish chunk waits for the next event.
+
+An event that is not one (a line that is no field of an event, data that is
+neither a JSON object nor `[DONE]`) is a MalformedStream: the proxy ends the
+stream with an error event rather than pass on what no client can parse.
 """
 
 from __future__ import annotations
@@ -25,12 +29,44 @@ _DONE = b"data: [DONE]"
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
 _TIMINGS = re.compile(rb',\s*"timings"\s*:\s*')
+_DATA = b"data: {"
+_FIELDS = (b":", b"event:", b"id:", b"retry:")
+
+
+class MalformedStream(Exception):
+    """The engine sent something that is not a server-sent event of JSON (`event` holds it); `passed` is
+    what the client may still have of the events before it."""
+
+    def __init__(self, event: bytes, passed: bytes) -> None:
+        super().__init__("it sent an event that is not JSON")
+        self.event = event
+        self.passed = passed
+
+
+def _first_bad(ready: bytes) -> int:
+    """Where the first of ready's whole events that is not an event of JSON starts; -1 when none."""
+    events = ready.count(_END)
+    # Most chunks: `data: {...}` events and nothing else, counted rather than split.
+    if ready.count(b"\n") == 2 * events and ready.count(b"\n" + _DATA) + ready.startswith(_DATA) == events:
+        return -1
+    at = 0
+    for event in ready.split(_END)[:-1]:
+        for line in event.split(b"\n"):
+            line = line.rstrip(b"\r")
+            if line.startswith(b"data:"):
+                data = line[5:].lstrip()
+                if not (data.startswith(b"{") or data.startswith(b"[DONE]")):
+                    return at
+            elif line and not line.startswith(_FIELDS):
+                return at
+        at += len(event) + len(_END)
+    return -1
 
 
 class StreamTap:
     """Feed it the engine's bytes as they come; write what it returns; at the end, write end()."""
 
-    __slots__ = ("_finish", "_held", "_hide", "_partial", "usage")
+    __slots__ = ("_finish", "_held", "_hide", "_partial", "events", "usage")
 
     def __init__(self, hide_usage: bool) -> None:
         self._hide = hide_usage
@@ -39,6 +75,8 @@ class StreamTap:
         self._finish = b""  # while hiding: the finish event, waiting for the usage chunk's timings
         # The last usage the engine reported: (prompt_tokens, completion_tokens).
         self.usage: tuple[int, int] | None = None
+        # How many events have gone to the client: what it was given, when the engine never says.
+        self.events = 0
 
     def feed(self, chunk: bytes) -> bytes:
         """What of the reply the client may have now: the whole events before the end."""
@@ -52,10 +90,20 @@ class StreamTap:
         if self._held:
             self._held += ready
             return b""
+        if (bad := _first_bad(ready)) >= 0:
+            event = ready[bad:].split(_END, 1)[0]
+            raise MalformedStream(event, self._passed(ready[:bad]) if bad else b"")
+        return self._passed(ready)
+
+    def _passed(self, ready: bytes) -> bytes:
+        """What the client may have of ready, whole events that they are."""
         if (found := find_usage(ready)) is not None:
             self.usage = found
-        if self._hide:
-            return self._hidden(ready)
+        out = self._hidden(ready) if self._hide else self._to_done(ready)
+        self.events += out.count(_END)
+        return out
+
+    def _to_done(self, ready: bytes) -> bytes:
         done = ready.find(_DONE)
         if done < 0:
             return ready
