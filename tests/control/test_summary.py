@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from structlog.testing import capture_logs
 
 from llmgw import config
+from llmgw.adminapi import handlers as adminapi
 from llmgw.catalog import Catalog
 from llmgw.cli.ctl import ctl
 from llmgw.config import AuthConfig, ModelConfig, ProfileConfig, ServerConfig
@@ -28,8 +29,11 @@ from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.pricing import unpriced_sentence
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.store import Store, open_store
+from llmgw.store.quotas import Budget
+from llmgw.store.scopes import Scope
 from llmgw.web.admin_listener import make_admin_app
 from llmgw.web.context import WebContext
 
@@ -46,6 +50,14 @@ class Fleet:
     reconciler: Reconciler
     admin: str
     gateway: str
+    # The inventory's clock: a test moves it to make a node silent past the grace.
+    clock: list[float]
+
+    async def ctl(self, *args: str) -> str:
+        result = await asyncio.to_thread(
+            CliRunner().invoke, ctl, ["--server", self.admin, *args], catch_exceptions=False
+        )
+        return result.stdout
 
     def register(self, node_id: str, engines: dict[str, str] | None = None, **fields: object) -> None:
         self.inventory.attach(
@@ -66,10 +78,7 @@ class Fleet:
                 message = (await reply.json())["error"]["message"]
             async with session.get(f"{self.admin}/models") as reply:
                 page = html.unescape(await reply.text())
-        result = await asyncio.to_thread(
-            CliRunner().invoke, ctl, ["--server", self.admin, "models"], catch_exceptions=False
-        )
-        return message, result.stdout, page
+        return message, await self.ctl("models"), page
 
 
 @pytest.fixture
@@ -91,13 +100,17 @@ def fleet_of(store: Store) -> Callable[[ModelConfig], contextlib.AbstractAsyncCo
             # Long: a node backing off stays so while the surfaces are read.
             control=config.evolve(ServerConfig().control, base_backoff_s=600),
         )
-        inventory = Inventory(grace_s=cfg.control.grace_s, clock=lambda: 1000.0)
+        clock = [1000.0]
+        inventory = Inventory(grace_s=cfg.control.grace_s, clock=lambda: clock[0])
         catalog = Catalog(cfg)
         reconciler = Reconciler(cfg, inventory, catalog, in_flight={}, clock=lambda: 1000.0)
         pages = WebContext(cfg=cfg, store=store)
+        admin_app = make_admin_app(cfg, inventory, catalog, pages)
+        # A budget is set somewhere, and no price applies to the model.
+        admin_app[adminapi.BUDGETS_KEY] = lambda: [Budget(Scope("org", 1), 10.0, "month")]
         with capture_logs():
             async with (
-                TestServer(make_admin_app(cfg, inventory, catalog, pages), host="127.0.0.1") as admin,
+                TestServer(admin_app, host="127.0.0.1") as admin,
                 TestServer(
                     make_gateway_app(cfg, catalog, inventory, KeyCache()), host="127.0.0.1"
                 ) as gateway,
@@ -107,6 +120,7 @@ def fleet_of(store: Store) -> Callable[[ModelConfig], contextlib.AbstractAsyncCo
                     reconciler,
                     str(admin.make_url("")).rstrip("/"),
                     str(gateway.make_url("")).rstrip("/"),
+                    clock,
                 )
 
     return make
@@ -188,3 +202,36 @@ class TestTheCauseComesFirst:
                 "no node can run it (node n1 is backing off after 1 failure (next try in 300 s): "
                 f"{cause}, installing llamacpp b1 on n-slow: {DOWNLOADING})",
             )
+
+
+class TestALostNodesReplica:
+    async def test_reads_not_routed_wherever_its_state_is_shown(self, fleet_of) -> None:
+        async with fleet_of(ANYWHERE) as fleet:
+            fleet.register("n1", {"llamacpp": "b1"})
+            fleet.inventory.shard_status(
+                "n1",
+                pb.ShardStatus(
+                    shard_id="s1",
+                    model=MODEL,
+                    engine="llamacpp",
+                    state="ready",
+                    endpoint="http://127.0.0.1:9",
+                ),
+            )
+            fleet.clock[0] += fleet.inventory.grace_s + 5
+            assert fleet.inventory.expire() == ["n1"]
+            said = f"ready (node unreachable for {fleet.inventory.grace_s + 5:.0f} s; not routed)"
+            message, _, page = await fleet.surfaces()
+            assert message == f"{MODEL} has no ready replica: ready on n1, which is unreachable"
+            assert said in page
+            assert said in await fleet.ctl("replicas")
+            assert "replicas  0 of 1 ready" in await fleet.ctl("status")
+
+
+class TestAnUnpricedModelUnderABudget:
+    async def test_is_flagged_in_the_ctl_models_table_and_on_the_models_page(self, fleet_of) -> None:
+        async with fleet_of(ANYWHERE) as fleet:
+            await fleet.reconciler.reconcile()
+            _, ctl_models, page = await fleet.surfaces()
+            assert f"{MODEL}: {unpriced_sentence([MODEL])}" in ctl_models
+            assert unpriced_sentence([MODEL]) in page
