@@ -177,7 +177,9 @@ class TestReasons:
 
 class TestWhyNot:
     def test_several_nodes_with_one_reason_are_counted(self) -> None:
-        nodes = [node(f"n{i}", state="unreachable") for i in range(3)] + [node("n9", gpus=gpus(1, A100))]
+        # The unreachable nodes have the class: a node the class rules out is never blamed for its state.
+        unreachable = [node(f"n{i}", gpus=gpus(1), state="unreachable") for i in range(3)]
+        nodes = [*unreachable, node("n9", gpus=gpus(1, A100))]
         why = Scheduler(nodes, []).why_not(model(profile(gpu_class=H100)))
         assert (
             why

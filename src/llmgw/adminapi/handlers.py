@@ -59,7 +59,7 @@ CONTROL_PLANE_KEY: web.AppKey[Callable[[], views.ControlPlane]] = web.AppKey("ll
 PRICES_KEY: web.AppKey[Callable[[], Mapping[str, PriceConfig]]] = web.AppKey("llmgw.admin.prices")
 
 
-def _unpriced(request: web.Request, model: ModelConfig) -> str | None:
+def unpriced(request: web.Request, model: ModelConfig) -> str | None:
     """That budgets never bind on model, while any is set and no price applies to it; else None."""
     budgets = request.config_dict.get(BUDGETS_KEY)
     if budgets is None or not budgets():
@@ -159,7 +159,7 @@ async def set_node_state(request: web.Request) -> web.Response:
 async def get_models(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
     inventory = request.config_dict[INVENTORY_KEY]
-    return reply([model_view(m, inventory, _unpriced(request, m)) for m in models])
+    return reply([model_view(m, inventory, unpriced(request, m)) for m in models])
 
 
 # JSON, or YAML under the names it goes by; none of them is one a page elsewhere may send without
@@ -191,7 +191,7 @@ async def post_model(request: web.Request) -> web.Response:
         return error(400, str(exc))
     except DeclaredModel as exc:
         return error(409, str(exc))
-    return reply(model_view(model, inventory, _unpriced(request, model)), 200 if replaced else 201)
+    return reply(model_view(model, inventory, unpriced(request, model)), 200 if replaced else 201)
 
 
 async def delete_model(request: web.Request) -> web.Response:

@@ -135,3 +135,10 @@ def failure_line(failure: views.Failure) -> str:
 def ago(seconds: float | None) -> str:
     """ "12 s ago", "3 min ago"; "—" for unknown."""
     return _ago(seconds)
+
+
+def replica_state(replica: views.Replica) -> str:
+    """ "ready", or "ready (node unreachable for 20 s; not routed)" for one the gateway passes by."""
+    if replica.not_routed:
+        return f"{replica.state} ({replica.not_routed}; not routed)"
+    return replica.state

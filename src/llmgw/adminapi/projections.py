@@ -18,7 +18,7 @@ from typing import Any, cast
 import llmgw
 from llmgw.adminapi import views
 from llmgw.config import ModelConfig
-from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Node, NodeNotConnected
+from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES, NoAnswer, NodeLog
 
 
@@ -171,9 +171,27 @@ def replicas_view(inventory: Inventory, model: str | None = None) -> list[views.
             endpoint=r.endpoint,
             detail=r.detail,
             since_s=round(max(0.0, now - r.since), 1) if r.since else None,
+            not_routed=_not_routed(r, inventory, now),
         )
         for r in sorted(inventory.replicas(model), key=lambda r: (r.model, r.node_id, r.shard_id))
     ]
+
+
+def _not_routed(replica: Replica, inventory: Inventory, now: float) -> str:
+    """Why a ready replica is out of the routing table, or "": "ready" alone once read as serving
+    after its node was lost, while every request for the model got a 503."""
+    if replica.state != READY or replica.endpoint in inventory.ready_endpoints(replica.model):
+        return ""
+    node = inventory.node(replica.node_id)
+    if node is None:
+        return "node gone"
+    if node.state == UNREACHABLE:
+        return f"node unreachable for {max(0.0, now - node.last_seen):.0f} s"
+    if not node.connected:
+        return "node disconnected"
+    if node.admin_state != READY:
+        return f"node {node.admin_state}"
+    return "the gateway could not connect to it"
 
 
 def failures_view(inventory: Inventory, model: str | None = None) -> list[views.Failure]:
@@ -256,7 +274,14 @@ def status_view(
         models=views.ModelCounts(
             total=len(models), serving=sum(1 for m in models if inventory.ready_endpoints(m.name))
         ),
-        replicas=views.ReplicaCounts(total=len(replicas), ready=sum(1 for r in replicas if r.state == READY)),
+        # Ready and routed: a replica on a lost node is out of the routing table, and counting it
+        # read "2 of 2 ready" while every request got a 503.
+        replicas=views.ReplicaCounts(
+            total=len(replicas),
+            ready=sum(
+                1 for r in replicas if r.state == READY and r.endpoint in inventory.ready_endpoints(r.model)
+            ),
+        ),
         refused=[
             views.Refused(peer=r.peer, reason=r.reason, count=r.count, last_s=r.last_s)
             for r in inventory.refused.recent()

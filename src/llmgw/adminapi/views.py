@@ -150,6 +150,13 @@ class Replica:
         default=None,
         metadata={"doc": "Seconds it has been in its state (for a failed one, since it failed)."},
     )
+    not_routed: str = attrs.field(
+        default="",
+        metadata={
+            "doc": 'Why a ready replica gets no requests: "node unreachable for 20 s". '
+            "Empty while the gateway routes to it, or while it is not ready."
+        },
+    )
 
 
 @attrs.frozen

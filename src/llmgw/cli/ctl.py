@@ -30,7 +30,15 @@ import click
 from llmgw import bound, config
 from llmgw.adminapi import views
 from llmgw.adminapi.auth import hash_token
-from llmgw.adminapi.present import DASH, ago, control_plane_line, failure_line, node_row, refused_line
+from llmgw.adminapi.present import (
+    DASH,
+    ago,
+    control_plane_line,
+    failure_line,
+    node_row,
+    refused_line,
+    replica_state,
+)
 from llmgw.cli.engine_check import engine_check
 from llmgw.cli.exit import (
     EXIT_CONFIG,
@@ -303,13 +311,18 @@ def models(ctx: click.Context, as_json: bool) -> None:
     if not data:
         click.echo("the catalog is empty: add models under `models:` in server.yaml", err=True)
         return
+    listed = _read(data, list[views.Model])
     echo_table(
         ["MODEL", "READY", "ENGINES", "WHY NOT READY"],
-        [
-            [m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), m.why_not_ready or ""]
-            for m in _read(data, list[views.Model])
-        ],
+        [[m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), m.why_not_ready or ""] for m in listed],
     )
+    # Beneath the table, as `ctl nodes` puts its notes: a budget that never binds is no error
+    # anywhere else an operator looks.
+    notes = [f"{m.name}: {m.unpriced}" for m in listed if m.unpriced]
+    if notes:
+        click.echo("")
+        for note in notes:
+            click.echo(note)
 
 
 @ctl.command()
@@ -336,7 +349,7 @@ def replicas(ctx: click.Context, model: str | None, everything: bool, as_json: b
     echo_table(
         ["REPLICA", "MODEL", "NODE", "STATE", "SINCE", "ENDPOINT OR DETAIL"],
         [
-            [r.shard_id, r.model, r.node, r.state, ago(r.since_s), r.endpoint or r.detail]
+            [r.shard_id, r.model, r.node, replica_state(r), ago(r.since_s), r.endpoint or r.detail]
             for r in _read(data, list[views.Replica])
         ],
     )

@@ -28,41 +28,44 @@ import attrs
 
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import READY, Inventory, Node, Replica
+from llmgw.control.summary import summarize
+from llmgw.control.verdicts import (
+    BACKOFF,
+    CARDS,
+    ENGINE,
+    FABRIC,
+    GPU_CLASS,
+    LABEL,
+    MEMORY,
+    STATE,
+    Verdict,
+)
+
+__all__ = [
+    "BACKOFF",
+    "BINPACK",
+    "CARDS",
+    "ENGINE",
+    "FABRIC",
+    "GPU_CLASS",
+    "LABEL",
+    "MEMORY",
+    "SPREAD",
+    "STATE",
+    "Backoff",
+    "Placement",
+    "Rank",
+    "Scheduler",
+    "Verdict",
+    "explain",
+    "gpus_needed",
+]
 
 SPREAD = "spread"
 BINPACK = "binpack"
 
-# The kinds of reason, in the order they are checked: a node gets the first that applies.
-STATE = "state"
-ENGINE = "engine"
-GPU_CLASS = "gpu_class"
-CARDS = "cards"
-MEMORY = "memory"
-FABRIC = "fabric"
-LABEL = "label"
-# The model's replica failed on the node lately (the reconciler's backoff, per model and node).
-BACKOFF = "backoff"
-
 # Replicas in these states hold nothing: a failed one is about to be stopped and replaced.
 _HOLDS_NOTHING = frozenset({"failed", "stopped"})
-
-
-@attrs.frozen
-class Verdict:
-    """One node judged for one profile of a model: a candidate, or the one reason it is not."""
-
-    profile: str
-    node: str
-    # Empty for a candidate; otherwise a phrase that follows the node's name: "is unreachable".
-    reason: str = ""
-    kind: str = ""
-
-    @property
-    def candidate(self) -> bool:
-        return not self.reason
-
-    def __str__(self) -> str:
-        return f"node {self.node} {self.reason or 'is a candidate'} (profile {self.profile})"
 
 
 @attrs.frozen
@@ -318,26 +321,13 @@ class Scheduler:
             return "no node can run it (it has no profile)"
         if not self._states:
             return "no node can run it (no node is connected)"
-        verdicts = self.explain(model)
-        parts = []
-        any_installing = False
-        for profile in model.profiles:
-            mine = [v for v in verdicts if v.profile == profile.name]
-            # A node installing the engine is where the model is going: said as such, with its progress.
-            installing = {
-                v.node: phrase
-                for v in mine
-                if v.kind == ENGINE and (phrase := _installing(self._states[v.node].node, profile.engine))
-            }
-            any_installing = any_installing or bool(installing)
-            summary = _summarize(profile, mine, len(self._states), installing)
-            parts.append(summary if len(model.profiles) == 1 else f"profile {profile.name}: {summary}")
-        if any_installing:
-            return f"no node can run it until an engine is installed ({'; '.join(parts)})"
-        return f"no node can run it ({'; '.join(parts)})"
+        return summarize(model, self.explain(model), {st.id: st.node for st in self._states.values()})
 
     def _judge(self, st: _NodeState, profile: ProfileConfig, model: str = "") -> Verdict:
-        kind, reason = _static_reason(st, profile)
+        kind, reason = _hard_reason(st, profile)
+        if reason:
+            return Verdict(profile=profile.name, node=st.id, reason=reason, kind=kind, hard=True)
+        kind, reason = _state_reason(st, profile)
         backoff = self._backoff.get((model, st.id))
         if not reason and backoff is not None:
             kind, reason = BACKOFF, backoff.reason()
@@ -470,7 +460,7 @@ class Scheduler:
 
 
 def _statically_fit(st: _NodeState, profile: ProfileConfig) -> bool:
-    """`_static_reason` finds nothing, without wording anything: run for every node and profile."""
+    """`_hard_reason` and `_state_reason` find nothing, unworded: run for every node and profile."""
     if not st.ready or (st.engines is not None and profile.engine not in st.engines):
         return False
     if gpus_needed(profile) and not (st.classes[profile.gpu_class] if profile.gpu_class else st.classes):
@@ -480,8 +470,31 @@ def _statically_fit(st: _NodeState, profile: ProfileConfig) -> bool:
     return all(st.labels.get(k) == v for k, v in profile.labels.items())
 
 
-def _static_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
-    """What placing anything cannot change: state, engine, GPU class, fabric, labels."""
+def _hard_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
+    """What the node can never offer the profile: GPU class, fabric, labels, memory in all.
+
+    Checked before its state: an unreachable node, or one installing its engine, that the
+    model's labels rule out must not be named as what keeps the model from serving.
+    """
+    if gpus_needed(profile) and not (st.classes[profile.gpu_class] if profile.gpu_class else st.classes):
+        what = f"no {profile.gpu_class} GPU" if profile.gpu_class else "no GPU"
+        return GPU_CLASS, f"has {what} ({_describe_gpus(st)})"
+    if profile.nodes > 1 and not st.fabrics:
+        return FABRIC, f"has no fabric, which a {profile.nodes}-node profile needs"
+    for key, value in sorted(profile.labels.items()):
+        have = st.labels.get(key)
+        if have is None:
+            return LABEL, f"lacks the label {key}={value}"
+        if have != value:
+            return LABEL, f"has the label {key}={have}, not {key}={value}"
+    total = st.memory_total
+    if profile.min_memory_mb > 0 and total is not None and total < profile.min_memory_mb:
+        return MEMORY, _too_little_memory(st, profile)
+    return "", ""
+
+
+def _state_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
+    """What may change on a node that passes the hard constraints: its state, its engine."""
     node = st.node
     if node.state != READY:
         return STATE, f"is {node.state}"
@@ -491,17 +504,6 @@ def _static_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
         return STATE, f"is {node.admin_state}"
     if node.engines_probed and profile.engine not in node.engine_versions:
         return ENGINE, _not_installed(node, profile.engine)
-    if gpus_needed(profile) and not (st.classes[profile.gpu_class] if profile.gpu_class else st.classes):
-        what = f"no {profile.gpu_class} GPU" if profile.gpu_class else "no GPU"
-        return GPU_CLASS, f"has {what} ({_describe_gpus(st)})"
-    if profile.nodes > 1 and not st.fabrics:
-        return FABRIC, f"has no fabric, which a {profile.nodes}-node profile needs"
-    for key, value in sorted(profile.labels.items()):
-        have = node.labels.get(key)
-        if have is None:
-            return LABEL, f"lacks the label {key}={value}"
-        if have != value:
-            return LABEL, f"has the label {key}={have}, not {key}={value}"
     return "", ""
 
 
@@ -521,11 +523,14 @@ def _capacity_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
         if st.memory_free is None or st.memory_total is None:
             return MEMORY, "has not reported its memory"
         if st.memory_free < profile.min_memory_mb:
-            return MEMORY, (
-                f"has too little memory ({max(st.memory_free, 0)} MB free of {st.memory_total} MB, "
-                f"{profile.min_memory_mb} MB needed)"
-            )
+            return MEMORY, _too_little_memory(st, profile)
     return "", ""
+
+
+def _too_little_memory(st: _NodeState, profile: ProfileConfig) -> str:
+    free = max(st.memory_free or 0, 0)
+    need = profile.min_memory_mb
+    return f"has too little memory ({free} MB free of {st.memory_total} MB, {need} MB needed)"
 
 
 def explain(
@@ -554,71 +559,3 @@ def _describe_gpus(st: _NodeState) -> str:
     if not st.classes:
         return "it has no GPU"
     return "it has " + ", ".join(f"{n} × {cls or 'unknown'}" for cls, n in sorted(st.classes.items()))
-
-
-# How several nodes rejected for the same kind of reason are summed up.
-_MANY: Mapping[str, str] = {
-    STATE: "are not ready",
-    ENGINE: "do not have {engine} installed",
-    GPU_CLASS: "have no {gpu} GPU",
-    CARDS: "have too few free {gpu} GPUs",
-    MEMORY: "have too little memory",
-    FABRIC: "have no fabric with enough candidates",
-    LABEL: "lack the labels {labels}",
-    BACKOFF: "are backing off after failures of this model",
-}
-
-
-def _installing(node: Node, engine: str) -> str:
-    """ "installing llamacpp b6500 on n3: downloading ... (12 of 16 MB)", or "" when it is not installing."""
-    status = next((p for p in node.provision if p.engine == engine and p.state == "installing"), None)
-    if status is None:
-        return ""
-    what = f"{engine} {status.version}" if status.version else engine
-    return f"installing {what} on {node.id}" + (f": {status.detail}" if status.detail else "")
-
-
-# Nodes backing off are each named with their cause, up to this many: past it, counted.
-_NAMED_BACKOFFS = 3
-
-
-def _summarize(
-    profile: ProfileConfig, verdicts: Sequence[Verdict], total: int, installing: Mapping[str, str]
-) -> str:
-    """The reasons of one profile, grouped: one node by its own words, several counted.
-
-    installing is node -> what it is installing, for the nodes that lack the engine only for now.
-    Nodes backing off are named each, with why the model last failed there: each may fail
-    differently, and a count hides the words an operator needs.
-    """
-    groups: dict[str, list[Verdict]] = defaultdict(list)
-    for v in verdicts:
-        if v.candidate:
-            continue
-        if v.node in installing:
-            groups["installing"].append(v)
-        else:
-            groups[v.kind].append(v)
-    parts = [installing[v.node] for v in groups.get("installing", [])]
-    for kind in (STATE, ENGINE, GPU_CLASS, BACKOFF, CARDS, MEMORY, FABRIC, LABEL):
-        group = groups.get(kind, [])
-        if not group:
-            continue
-        plain = all(v.reason == f"does not have {profile.engine} installed" for v in group)
-        if kind == BACKOFF:
-            parts.extend(f"node {v.node} {v.reason}" for v in group[:_NAMED_BACKOFFS])
-            if len(group) > _NAMED_BACKOFFS:
-                parts.append(f"{len(group) - _NAMED_BACKOFFS} more nodes {_MANY[BACKOFF]}")
-        elif kind == ENGINE and len(group) == total and plain:
-            parts.append(f"no node has the {profile.engine} engine")
-        elif len(group) == 1:
-            parts.append(f"node {group[0].node} {group[0].reason}")
-        else:
-            labels = ", ".join(f"{k}={v}" for k, v in sorted(profile.labels.items()))
-            phrase = (
-                _MANY[kind]
-                .format(engine=profile.engine, gpu=profile.gpu_class or "", labels=labels)
-                .replace("  ", " ")
-            )
-            parts.append(f"{len(group)} nodes {phrase}")
-    return ", ".join(parts) or "every node is a candidate"

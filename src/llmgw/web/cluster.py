@@ -14,7 +14,7 @@ import attrs
 from aiohttp import web
 
 from llmgw.adminapi import projections
-from llmgw.adminapi.handlers import BACKOFF_KEY, INVENTORY_KEY, control_plane_view
+from llmgw.adminapi.handlers import BACKOFF_KEY, INVENTORY_KEY, control_plane_view, unpriced
 from llmgw.adminapi.present import (
     LOG_PAGE_FOLLOW_S,
     LOG_PAGE_LINES,
@@ -22,6 +22,7 @@ from llmgw.adminapi.present import (
     control_plane_line,
     node_row,
     refused_line,
+    replica_state,
 )
 from llmgw.adminapi.routes import Param, Reply, Route
 from llmgw.catalog import CATALOG_KEY
@@ -137,10 +138,20 @@ def _backing_off(request: web.Request) -> list[tuple[str, str]]:
 async def models_page(request: web.Request) -> web.StreamResponse:
     inventory = request.config_dict[INVENTORY_KEY]
     paths = request.config_dict[PATHS_KEY]
-    models = projections.models_view(inventory, request.config_dict[CATALOG_KEY].models())
+    # Each with whether budgets bind on it: /admin/quotas says so only where a budget is set.
+    catalog = request.config_dict[CATALOG_KEY].models()
+    models = [projections.model_view(m, inventory, unpriced(request, m)) for m in catalog]
     history = request.config_dict.get(HISTORY_KEY)
     charts = {m.name: model_charts(history, m.name) for m in models} if history is not None else {}
-    return await render(request, "admin_models.html", paths=paths, models=models, charts=charts, ago=ago)
+    return await render(
+        request,
+        "admin_models.html",
+        paths=paths,
+        models=models,
+        charts=charts,
+        ago=ago,
+        replica_state=replica_state,
+    )
 
 
 async def node_logs_page(request: web.Request) -> web.StreamResponse:
