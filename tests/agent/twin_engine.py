@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
-from llmgw.engines.sim_server import API_KEY_ENV
+from llmgw.engines.sim_words import API_KEY_ENV
 
 
 class TwinEngine(Engine):

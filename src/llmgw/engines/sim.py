@@ -11,7 +11,7 @@ import sys
 
 from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
 from llmgw.engines.progress import ProgressMetrics
-from llmgw.engines.sim_server import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
+from llmgw.engines.sim_words import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
 
 
 class SimEngine(Engine):

@@ -67,13 +67,7 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw import __version__
-
-# The secret the sim requires of callers, when set: the gateway's replica secret (engines/sim.py sets it).
-API_KEY_ENV = "LLMGW_ENGINE_API_KEY"
-
-# What /metrics calls its requests being answered and the tokens it has produced.
-IN_FLIGHT_METRIC = "llmgw_sim_requests_in_flight"
-COMPLETION_TOKENS_METRIC = "llmgw_sim_completion_tokens_total"
+from llmgw.engines.sim_words import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
 
 DEFAULT_MAX_TOKENS = 16
 EMBEDDING_DIM = 64
