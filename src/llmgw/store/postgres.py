@@ -48,7 +48,15 @@ def _translated(where: PostgresUrl) -> Iterator[None]:
         raise MissingReference(_one_line(exc)) from None
     except asyncpg.IntegrityConstraintViolationError as exc:
         raise IntegrityError(_one_line(exc)) from None
-    except (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
+    # InternalClientError: what asyncpg raises for a statement on a connection PostgreSQL has just ended
+    # (measured at COMMIT after pg_terminate_backend), before it notices the connection is gone.
+    except (
+        OSError,
+        TimeoutError,
+        asyncpg.InterfaceError,
+        asyncpg.InternalClientError,
+        asyncpg.PostgresConnectionError,
+    ) as exc:
         raise StoreError(f"the PostgreSQL store at {where} cannot be reached ({_reason(exc)})") from None
     except (asyncpg.AdminShutdownError, asyncpg.CannotConnectNowError) as exc:
         raise StoreError(f"the PostgreSQL store at {where} is shutting down or starting ({exc})") from None
