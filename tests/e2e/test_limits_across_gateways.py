@@ -3,73 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-import sys
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import attrs
 import pytest
 
-from llmgw import bound, config
-from llmgw.config import ModelConfig, ProfileConfig
 from llmgw.store.keys import create_key
 from llmgw.store.postgres import open_postgres
 from llmgw.tenancy import operations as tenancy
 
-from ..servers import loopback_server_config
+from .gateways import MODEL, Server, server_process
 
 pytestmark = pytest.mark.e2e
-
-MODEL = "sim-chat"
-START_S = 60.0
-
-
-@attrs.frozen
-class Server:
-    url: str
-    process: asyncio.subprocess.Process
-
-
-@contextlib.asynccontextmanager
-async def _server(tmp_path: Path, database: str) -> AsyncIterator[Server]:
-    """`llmgw --role=server` in a process of its own on the shared store."""
-    # Certificates made and files written in a thread: the loop serves the test's requests.
-    cfg = await asyncio.to_thread(
-        loopback_server_config,
-        tmp_path,
-        database=database,
-        models=[ModelConfig(name=MODEL, profiles=[ProfileConfig(engine="sim")])],
-    )
-    path = tmp_path / "server.yaml"
-    await asyncio.to_thread(path.write_text, await asyncio.to_thread(config.dump, cfg))
-    log = await asyncio.to_thread((tmp_path / "server.log").open, "wb")
-    process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "llmgw", "--role=server", "--config", str(path)), stdout=log, stderr=log
-    )
-    try:
-        state = Path(cfg.state_dir)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + START_S
-        while (listening := await asyncio.to_thread(bound.read, state)) is None:
-            if process.returncode is not None or loop.time() > deadline:
-                text = await asyncio.to_thread((tmp_path / "server.log").read_text)
-                raise AssertionError(f"the server did not start:\n{text[-3000:]}")
-            await asyncio.sleep(0.1)
-        yield Server(f"http://{listening.gateway}", process)
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(30):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-        log.close()
 
 
 async def _project(database: str, rpm: int) -> str:
@@ -104,16 +51,16 @@ async def test_200_requests_split_over_two_servers_gateways_at_rpm_60_admit_exac
 ) -> None:
     key = await _project(postgres_url, rpm=60)
     async with (
-        _server(tmp_path / "a", postgres_url) as first,
-        _server(tmp_path / "b", postgres_url) as second,
+        server_process(tmp_path / "a", postgres_url) as first,
+        server_process(tmp_path / "b", postgres_url) as second,
     ):
         assert await _burst([first, second], key, 200) == {ADMITTED: 60, 429: 140}
 
 
 async def test_a_server_stopped_gives_back_what_it_held_unused(tmp_path: Path, postgres_url: str) -> None:
     key = await _project(postgres_url, rpm=60)
-    async with _server(tmp_path / "b", postgres_url) as survivor:
-        async with _server(tmp_path / "a", postgres_url) as stopped:
+    async with server_process(tmp_path / "b", postgres_url) as survivor:
+        async with server_process(tmp_path / "a", postgres_url) as stopped:
             assert await _burst([stopped], key, 20) == {ADMITTED: 20}
         # Stopped (SIGTERM): it gave back all but the 20 still in the window.
         assert await _burst([survivor], key, 100) == {ADMITTED: 40, 429: 60}
@@ -123,8 +70,8 @@ async def test_a_server_killed_holding_a_lease_never_lets_the_other_past_the_lim
     tmp_path: Path, postgres_url: str
 ) -> None:
     key = await _project(postgres_url, rpm=60)
-    async with _server(tmp_path / "b", postgres_url) as survivor:
-        async with _server(tmp_path / "a", postgres_url) as killed:
+    async with server_process(tmp_path / "b", postgres_url) as survivor:
+        async with server_process(tmp_path / "a", postgres_url) as killed:
             assert await _burst([killed], key, 20) == {ADMITTED: 20}
             killed.process.send_signal(signal.SIGKILL)
             await killed.process.wait()

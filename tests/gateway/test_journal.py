@@ -9,18 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from llmgw.errors import StoreError
 from llmgw.gateway import usage as usage_module
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.journal import Entry, Journal, open_journal
+from llmgw.gateway.journal import ID_FILE, Entry, Journal, open_journal
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
-from llmgw.store import Store
+from llmgw.store import Store, open_store
+from llmgw.store.base import NotCommitted
 from llmgw.store.keys import create_key
+from llmgw.store.migrations import MIGRATIONS
 from llmgw.store.quotas import set_budget, set_limits
 from llmgw.store.scopes import Scope
-from llmgw.store.usage import usage_by_day
+from llmgw.store.usage import UsageKey, UsageTotals, add_usage, usage_by_day
 
 from ..waiting import eventually
 
@@ -38,6 +41,10 @@ async def _totals(store: Store) -> tuple[int, int, int, float]:
 def _record(recorder: UsageRecorder, n: int, *, key_id: int = 1, status: int = 200) -> None:
     for _ in range(n):
         recorder.record(key_id, 1, "m", status, 10, 5, 0.25, 3.0)
+
+
+def _segments(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.name != ID_FILE]
 
 
 def _die(journal: Journal) -> None:
@@ -137,10 +144,10 @@ class TestReplay:
             recorder = UsageRecorder(journal=journal)
             # About 30 records to a 4 KiB segment.
             _record(recorder, 200)
-            assert len(list(directory.iterdir())) > 3
+            assert len(_segments(directory)) > 3
             await recorder.flush(store)
             # What is left: the segment in use and a spare.
-            await eventually(lambda: len(list(directory.iterdir())) <= 2)
+            await eventually(lambda: len(_segments(directory)) <= 2)
             journal.stop()
         async with open_journal(directory, store, 1.0) as (journal, _):
             assert journal.next_seq == 201
@@ -253,3 +260,184 @@ class TestAWriteThatFails:
         async with open_journal(tmp_path / "j", store, 1.0):
             pass
         assert await _totals(store) == (4, 40, 20, pytest.approx(1.0))
+
+
+class TestSeveralServersOnOneStore:
+    """Each server's journal counts its own records: no server's progress stands for another's."""
+
+    async def test_a_killed_servers_records_are_replayed_though_another_server_wrote_higher_numbers(
+        self, store: Store, tmp_path: Path
+    ) -> None:
+        async with open_journal(tmp_path / "a", store, 1.0) as (killed, _):
+            _record(UsageRecorder(journal=killed), 3)
+            _die(killed)
+        async with open_journal(tmp_path / "b", store, 1.0) as (other, _):
+            recorder = UsageRecorder(journal=other)
+            _record(recorder, 10)
+            await recorder.flush(store)
+        async with open_journal(tmp_path / "a", store, 1.0):
+            pass
+        assert (await _totals(store))[0] == 13
+
+    async def test_a_failed_batch_is_written_though_another_server_wrote_higher_numbers_meanwhile(
+        self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        real = usage_module.add_usage
+
+        async def fails_at_commit(*args: Any, **kwargs: Any) -> None:
+            raise StoreError("the PostgreSQL store at postgresql://x@db:5432/x cannot be reached")
+
+        async with (
+            open_journal(tmp_path / "a", store, 1.0) as (first, _),
+            open_journal(tmp_path / "b", store, 1.0) as (second, _),
+        ):
+            one, two = UsageRecorder(journal=first), UsageRecorder(journal=second)
+            _record(one, 3)
+            monkeypatch.setattr(usage_module, "add_usage", fails_at_commit)
+            with pytest.raises(StoreError):
+                await one.flush(store)
+            monkeypatch.setattr(usage_module, "add_usage", real)
+            _record(two, 10)
+            await two.flush(store)
+            assert await one.flush(store) == 3
+        assert (await _totals(store))[0] == 13
+
+    async def test_a_write_that_failed_before_its_commit_goes_straight_back_without_asking_the_store(
+        self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        real = usage_module.add_usage
+
+        async def refused(*args: Any, **kwargs: Any) -> None:
+            raise NotCommitted("the PostgreSQL store at postgresql://x@db:5432/x cannot be reached")
+
+        async def never(self: Journal, store: Store) -> int:
+            raise AssertionError("a write that certainly did not commit was taken for a possible commit")
+
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 3)
+            monkeypatch.setattr(usage_module, "add_usage", refused)
+            with pytest.raises(NotCommitted):
+                await recorder.flush(store)
+            assert sum(t.requests for _, t in recorder.pending()) == 3
+            monkeypatch.setattr(usage_module, "add_usage", real)
+            monkeypatch.setattr(Journal, "stored", never)
+            assert await recorder.flush(store) == 3
+        assert (await _totals(store))[0] == 3
+
+    async def test_a_journal_keeps_its_id_across_restarts_and_another_has_its_own(
+        self, store: Store, tmp_path: Path
+    ) -> None:
+        async with open_journal(tmp_path / "a", store, 1.0) as (first, _):
+            pass
+        async with open_journal(tmp_path / "a", store, 1.0) as (again, _):
+            pass
+        async with open_journal(tmp_path / "b", store, 1.0) as (other, _):
+            pass
+        assert first.journal_id == again.journal_id != other.journal_id
+
+
+class TestWhatIsSaid:
+    async def test_a_start_says_how_many_records_it_replayed(self, store: Store, tmp_path: Path) -> None:
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            _record(UsageRecorder(journal=journal), 4)
+            _die(journal)
+        with capture_logs() as logs:
+            async with open_journal(tmp_path / "j", store, 1.0):
+                pass
+            async with open_journal(tmp_path / "j", store, 1.0):
+                pass
+        assert [e["replayed_records"] for e in logs if "replayed_records" in e] == [4, 0]
+
+    async def test_damaged_records_are_counted_in_a_log_line(self, store: Store, tmp_path: Path) -> None:
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            _record(UsageRecorder(journal=journal), 3)
+            _die(journal)
+        (segment,) = sorted((tmp_path / "j").iterdir())[-1:]
+        data = bytearray(segment.read_bytes())
+        data[40] ^= 0x10
+        segment.write_bytes(bytes(data))
+        with capture_logs() as logs:
+            async with open_journal(tmp_path / "j", store, 1.0):
+                pass
+        assert [e["damaged_records"] for e in logs if "damaged_records" in e] == [1]
+
+    async def test_a_batch_found_in_the_store_after_a_failed_commit_is_said_with_its_count(
+        self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        real = usage_module.add_usage
+
+        async def commits_then_fails(*args: Any, **kwargs: Any) -> None:
+            await real(*args, **kwargs)
+            raise StoreError("the PostgreSQL store at postgresql://x@db:5432/x cannot be reached")
+
+        async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 3)
+            monkeypatch.setattr(usage_module, "add_usage", commits_then_fails)
+            with pytest.raises(StoreError):
+                await recorder.flush(store)
+            monkeypatch.setattr(usage_module, "add_usage", real)
+            with capture_logs() as logs:
+                assert await recorder.flush(store) == 0
+        assert [e["requests"] for e in logs if "in the store after all" in e["event"]] == [3]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    if request.param == "sqlite":
+        return tmp_path / "llmgw.db"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+async def _previous_release(database: Path | str, directory: Path, written: int, journaled: int) -> None:
+    """What a release before migration 9 leaves: a store at migration 8 whose shared mark says written, the
+    first written records in its usage, and a journal of journaled records with no id."""
+    now = time.time()
+    entries = [
+        Entry(seq, now, "2026-01-01", 1, 1, "m", 200, 10, 5, 0.25, 3.0, True)
+        for seq in range(1, journaled + 1)
+    ]
+    async with open_store(database, MIGRATIONS[:8]) as old:
+        async with old.transaction() as db:
+            await db.execute("UPDATE usage_journal SET applied_seq = ? WHERE id = 1", (written,))
+        await add_usage(
+            old,
+            [
+                (
+                    UsageKey("2026-01-01", 1, 1, "m", 200),
+                    UsageTotals(written, 10 * written, 5 * written, 0.25 * written, 3.0 * written),
+                )
+            ],
+        )
+    data = b"".join(e.encode() for e in entries) + bytes(4096)
+    await asyncio.to_thread(directory.mkdir)
+    await asyncio.to_thread((directory / "usage-00000000000000000001.journal").write_bytes, data)
+
+
+class TestAnUpgradeFromTheSharedMark:
+    """A journal written before migration 9 replays exactly what the store lacks, once."""
+
+    async def test_the_records_above_the_shared_mark_are_replayed_and_none_below_it(
+        self, database: Path | str, tmp_path: Path
+    ) -> None:
+        await _previous_release(database, tmp_path / "j", written=5, journaled=8)
+        async with open_store(database) as store:
+            async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+                assert journal.next_seq == 9
+            assert await _totals(store) == (8, 80, 40, pytest.approx(2.0))
+            async with open_journal(tmp_path / "j", store, 1.0):
+                pass
+            assert (await _totals(store))[0] == 8
+
+    async def test_a_start_that_died_after_giving_the_journal_its_id_starts_from_the_same_mark(
+        self, database: Path | str, tmp_path: Path
+    ) -> None:
+        await _previous_release(database, tmp_path / "j", written=5, journaled=8)
+        # The id on disk, and no row in the store yet: what a start killed between the two leaves.
+        (tmp_path / "j" / ID_FILE).write_text(json.dumps({"id": "0123456789abcdef", "base": 5}))
+        async with open_store(database) as store:
+            async with open_journal(tmp_path / "j", store, 1.0) as (journal, _):
+                assert journal.journal_id == "0123456789abcdef"
+            assert (await _totals(store))[0] == 8

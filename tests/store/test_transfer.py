@@ -46,6 +46,9 @@ async def _fill(store: Store) -> str:
     recorder.record(key.id, project.id, "sim-chat", 200, 10, 5, 0.25, 12.0)
     recorder.record(key.id, project.id, "sim-chat", 429, 0, 0, 0.0, 0.0)
     await recorder.flush(store)
+    # A server's journal mark goes with the usage: that server, moved to the copy, replays nothing twice.
+    async with store.transaction() as db:
+        await db.execute("INSERT INTO usage_journal_marks (journal_id, applied_seq) VALUES ('j', 7)")
     async with store.transaction() as db:
         await db.execute("DELETE FROM orgs WHERE name = 'gone'")
     return plaintext

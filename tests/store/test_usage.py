@@ -6,10 +6,17 @@ import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from llmgw.errors import StoreError
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store, open_store
+from llmgw.store.base import NotCommitted
 from llmgw.store.scopes import Scope, create_project, create_team
-from llmgw.store.usage import usage_by_day
+from llmgw.store.usage import JournalMark, UsageKey, UsageTotals, add_usage, journal_applied, usage_by_day
+
+from ..postgres import Cluster
+from ..waiting import eventually_async
 
 
 async def test_usage_recorded_before_a_restart_is_there_after_it(database: Path | str) -> None:
@@ -48,3 +55,43 @@ async def test_batches_add_up_rather_than_replace(store: Store) -> None:
     assert [(r.requests, r.prompt_tokens, r.completion_tokens) for r in await usage_by_day(store)] == [
         (2, 2, 4)
     ]
+
+
+class TestJournalMarks:
+    async def test_each_journal_has_a_mark_of_its_own_that_never_goes_back(self, store: Store) -> None:
+        row = [(UsageKey("2026-01-01", 1, 1, "m", 200), UsageTotals(1, 1, 1, 0.0, 1.0))]
+        await add_usage(store, row, JournalMark("a", 100))
+        await add_usage(store, row, JournalMark("b", 3))
+        await add_usage(store, row, JournalMark("a", 50))
+        assert await journal_applied(store, "a") == 100
+        assert await journal_applied(store, "b") == 3
+        assert await journal_applied(store, "c") is None
+
+
+class TestAWriteToPostgresqlThatFails:
+    async def test_a_store_that_refuses_the_connection_certainly_committed_nothing(
+        self, postgres: Cluster, postgres_url: str
+    ) -> None:
+        async with open_store(postgres_url) as store:
+            await asyncio.to_thread(postgres.stop)
+            try:
+                with pytest.raises(NotCommitted):
+                    async with store.transaction() as db:
+                        await db.execute("SELECT 1")
+            finally:
+                await asyncio.to_thread(postgres.start)
+
+    async def test_a_connection_lost_at_commit_may_have_committed(self, postgres_url: str) -> None:
+        async with open_store(postgres_url) as store:
+            with pytest.raises(StoreError) as failed:
+                async with store.transaction() as db:
+                    pid = await db.fetch_value("SELECT pg_backend_pid()")
+                    # Another connection ends this one's: what a PostgreSQL failing over does.
+                    await store.fetch_value("SELECT pg_terminate_backend(?)", (pid,))
+
+                    async def gone() -> bool:
+                        active = "SELECT count(*) FROM pg_stat_activity WHERE pid = ?"
+                        return int(await store.fetch_value(active, (pid,))) == 0
+
+                    await eventually_async(gone)
+            assert not isinstance(failed.value, NotCommitted)

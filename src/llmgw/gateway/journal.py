@@ -8,11 +8,14 @@ the event loop that waits for the disk. The kernel keeps those pages whatever
 happens to the process, so SIGKILL loses nothing; a task fsyncs them every
 `usage_sync_s` from a thread, so a power loss loses at most that interval.
 
-Every record has a sequence number, and the writer's transaction stores the
-highest one it has added to the store; at start, what the journal has beyond
-that is replayed into the store, and the last minute of it rebuilds the rate
-limits' windows. A segment is deleted once the store has all of it and its
-newest request has left the window.
+Every record has a sequence number, counted by this journal alone, and the
+writer's transaction stores the highest one it has added to the store under
+the journal's own id (the `journal-id` file, made on first use and kept across
+restarts): several servers sharing one PostgreSQL each have a mark of their
+own, so no server's progress stands for another's. At start, what the journal
+has beyond its mark is replayed into the store, and the last minute of it
+rebuilds the rate limits' windows. A segment is deleted once the store has all
+of it and its newest request has left the window.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import contextlib
 import json
 import mmap
 import os
+import secrets
 import struct
 import time
 import zlib
@@ -31,14 +35,24 @@ from pathlib import Path
 import attrs
 import structlog
 
+from llmgw.errors import LlmgwError
 from llmgw.store.db import Store
-from llmgw.store.usage import UsageKey, UsageTotals, add_usage, journal_applied
+from llmgw.store.usage import (
+    JournalMark,
+    UsageKey,
+    UsageTotals,
+    add_usage,
+    journal_applied,
+    shared_journal_mark,
+)
 
 log = structlog.get_logger(__name__)
 
 # About 100,000 records; preallocated, so that a page fault never has to find a block.
 SEGMENT_BYTES = 16 * 1024 * 1024
 _PREFIX, _SUFFIX = "usage-", ".journal"
+# The journal's id and the mark it started from, beside its segments (see _Identity).
+ID_FILE = "journal-id"
 # How long a record stays useful to the rate limits after it is in the store.
 _WINDOW_S = 60.0
 
@@ -132,15 +146,16 @@ class Entry:
         )
 
 
-def _decode(data: bytes) -> list[Entry]:
+def _decode(data: bytes) -> tuple[list[Entry], int]:
     """The whole records in data: up to one cut short (its server died while writing it; nothing after
-    it was written) or the zeros of the unused part. A record whose bytes were damaged but whose frame
-    holds is skipped, not charged as other numbers."""
+    it was written) or the zeros of the unused part; and how many records were damaged. A record whose
+    bytes were damaged but whose frame holds is skipped, not charged as other numbers."""
     if data[:1] == b"[" and data[1:2].isdigit():
         # A segment the previous release wrote (a JSON array a line): a binary record's length has a
         # zero second byte, never a digit. Replayed, so an upgrade after a crash loses no usage.
-        return _decode_json_lines(data)
+        return _decode_json_lines(data), 0
     entries: list[Entry] = []
+    damaged = 0
     at = 0
     while at + _LENGTH.size <= len(data):
         (length,) = _LENGTH.unpack_from(data, at)
@@ -151,18 +166,20 @@ def _decode(data: bytes) -> list[Entry]:
         body = data[body_at : body_at + length]
         at = end
         if _CRC.unpack_from(data, body_at + length)[0] != zlib.crc32(body):
+            damaged += 1
             continue
         fields = _FIXED.unpack_from(body)
         day_end = _FIXED.size + fields[-1]
         try:
             day, model = body[_FIXED.size : day_end].decode(), body[day_end:].decode()
         except UnicodeDecodeError:
+            damaged += 1
             continue
         seq, t, key_id, project_id, status, prompt, completion, cost, latency, admitted, _ = fields
         entries.append(
             Entry(seq, t, day, key_id, project_id, model, status, prompt, completion, cost, latency, admitted)
         )
-    return entries
+    return entries, damaged
 
 
 def _decode_json_lines(data: bytes) -> list[Entry]:
@@ -207,14 +224,73 @@ def _sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _read(directory: Path) -> list[tuple[Path, list[Entry]]]:
-    """Every segment, oldest first, with the whole entries in it. In a thread."""
+def _read(directory: Path) -> tuple[list[tuple[Path, list[Entry]]], int]:
+    """Every segment, oldest first, with the whole entries in it; and how many records were damaged.
+    In a thread."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = sorted(p for p in directory.iterdir() if p.name.startswith(_PREFIX) and p.name.endswith(_SUFFIX))
     segments: list[tuple[Path, list[Entry]]] = []
+    damaged = 0
     for path in paths:
-        segments.append((path, _decode(path.read_bytes())))
-    return segments
+        entries, bad = _decode(path.read_bytes())
+        segments.append((path, entries))
+        damaged += bad
+    return segments, damaged
+
+
+@attrs.frozen
+class _Identity:
+    """Who a journal is to the store: its id, and the mark it started from.
+
+    base: the highest record the store had when the journal got its id, kept for as long as the
+    store has no mark of the journal's own. 0 for a new journal; the shared mark of the releases before
+    migration 9 for a journal one of them wrote (migrations.py says why). Written with the id, before
+    any row names the journal, so that a start that dies in between starts from the same place again.
+    """
+
+    journal_id: str
+    base: int
+
+
+def _read_identity(directory: Path) -> _Identity | None:
+    """The journal's identity; None for a journal that has none yet. In a thread."""
+    path = directory / ID_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        fields = json.loads(text)
+        return _Identity(str(fields["id"]), int(fields["base"]))
+    except (ValueError, TypeError, KeyError) as exc:
+        # A new id would replay every record the store already has under the old one.
+        raise LlmgwError(
+            f"the usage journal's id file {path} is damaged ({exc}); to start a new journal, move "
+            f"{directory} aside (what it holds that the store lacks is then not counted)"
+        ) from None
+
+
+def _write_identity(directory: Path, identity: _Identity) -> None:
+    """Write the identity, whole or not at all, and on disk before anything names it. In a thread."""
+    path = directory / ID_FILE
+    partial = directory / (ID_FILE + ".new")
+    with partial.open("w") as out:
+        json.dump({"id": identity.journal_id, "base": identity.base}, out)
+        out.flush()
+        os.fsync(out.fileno())
+    partial.rename(path)
+    _sync_directory(directory)
+
+
+async def _identity(directory: Path, store: Store, has_records: bool) -> _Identity:
+    identity = await asyncio.to_thread(_read_identity, directory)
+    if identity is None:
+        # A journal with records and no id was written by a release before migration 9.
+        base = await shared_journal_mark(store) if has_records else 0
+        identity = _Identity(secrets.token_hex(8), base)
+        await asyncio.to_thread(_write_identity, directory, identity)
+        log.info("the usage journal has an id of its own now", journal=identity.journal_id, base=base)
+    return identity
 
 
 def _new_path(directory: Path) -> Path:
@@ -227,12 +303,14 @@ class Journal:
 
     def __init__(
         self,
+        journal_id: str,
         directory: Path,
         sync_s: float,
         current: _Segment,
         old: list[tuple[Path, int, float]],
         next_seq: int,
     ) -> None:
+        self.journal_id = journal_id
         self._directory = directory
         self._sync_s = sync_s
         # Segments of earlier runs: (path, last seq, last wall time), deleted when no longer needed.
@@ -297,6 +375,15 @@ class Journal:
         segment.last_t = t
         self._next_seq = seq + 1
         return seq
+
+    def mark(self, seq: int) -> JournalMark:
+        """What a write covering the records up to seq stores with its usage."""
+        return JournalMark(self.journal_id, seq)
+
+    async def stored(self, store: Store) -> int:
+        """The highest of this journal's records the store has."""
+        applied = await journal_applied(store, self.journal_id)
+        return self._applied if applied is None else applied
 
     def applied(self, seq: int) -> None:
         """The store has every record up to seq."""
@@ -385,27 +472,38 @@ async def open_journal(
 ) -> AsyncIterator[tuple[Journal, list[Entry]]]:
     """The journal in directory, with what it held replayed into the store; yields it and the entries of
     the last minute (for the rate limits' windows). Run journal.run() while it is open."""
-    segments = await asyncio.to_thread(_read, directory)
+    segments, damaged = await asyncio.to_thread(_read, directory)
     entries = [e for _, found in segments for e in found]
-    applied = await journal_applied(store)
+    identity = await _identity(directory, store, bool(entries))
+    stored = await journal_applied(store, identity.journal_id)
+    applied = identity.base if stored is None else stored
+    if damaged:
+        log.warning("the usage journal had damaged records; they are not counted", damaged_records=damaged)
     missing = [e for e in entries if e.seq > applied]
     if missing:
-        # One transaction with the new high mark: replayed once, even if this start dies too.
+        # One transaction with the new mark: replayed once, even if this start dies too.
         last = max(e.seq for e in missing)
-        await add_usage(store, _totals(missing).items(), journal_seq=last)
+        await add_usage(store, _totals(missing).items(), JournalMark(identity.journal_id, last))
         log.warning(
             "replayed usage the store did not have yet from the journal (the server stopped before "
             "writing it there)",
-            requests=len(missing),
+            replayed_records=len(missing),
+            journal=identity.journal_id,
         )
         applied = last
+    else:
+        log.info(
+            "replayed no usage: the store has every record of the usage journal",
+            replayed_records=0,
+            journal=identity.journal_id,
+        )
     old = [
         (path, max((e.seq for e in found), default=0), max((e.t for e in found), default=0.0))
         for path, found in segments
     ]
     next_seq = max([applied, *(e.seq for e in entries)]) + 1
     current = await asyncio.to_thread(_create, _new_path(directory))
-    journal = Journal(directory, sync_s, current, old, next_seq)
+    journal = Journal(identity.journal_id, directory, sync_s, current, old, next_seq)
     journal.applied(applied)
     edge = time.time() - _WINDOW_S
     try:

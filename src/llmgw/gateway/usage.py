@@ -20,8 +20,9 @@ import structlog
 from llmgw.backoff import ExponentialBackoff
 from llmgw.errors import StoreError
 from llmgw.gateway.journal import Journal
+from llmgw.store.base import NotCommitted
 from llmgw.store.db import Store
-from llmgw.store.usage import UsageKey, UsageTotals, add_usage, journal_applied
+from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 
 log = structlog.get_logger(__name__)
 
@@ -76,8 +77,9 @@ class UsageRecorder:
         self._seq = 0  # the last journal record among the pending totals
         self._pending: dict[UsageKey, UsageTotals] = {}
         # A batch whose write failed after it may have committed (the connection to PostgreSQL died
-        # around its COMMIT), with the last journal record it covers: the store's high mark says
-        # whether it landed, and it is added again only if it did not. Counted as pending meanwhile.
+        # around its COMMIT), with the last journal record it covers: this journal's own mark in the
+        # store says whether it landed, and it is added again only if it did not. Counted as pending
+        # meanwhile. A write that failed before its COMMIT was sent is never here: it goes straight back.
         self._unsure: tuple[int, dict[UsageKey, UsageTotals]] | None = None
         self._stopping = asyncio.Event()
         self._day = ""
@@ -149,35 +151,50 @@ class UsageRecorder:
         unsure = list(self._unsure[1].items()) if self._unsure is not None else []
         return [*self._pending.items(), *unsure]
 
-    async def flush(self, store: Store) -> None:
-        """Move every pending total into the store in one transaction."""
+    async def flush(self, store: Store) -> int:
+        """Move every pending total into the store in one transaction; how many requests it wrote."""
         async with self.lock:
-            if self._unsure is not None:
-                unsure_seq, unsure = self._unsure
-                if await journal_applied(store) < unsure_seq:
-                    self._merge(unsure)
-                elif self._journal is not None:
-                    self._journal.applied(unsure_seq)
-                self._unsure = None
+            await self._settle(store)
             if not self._pending:
                 self._written_at = time.monotonic()
-                return
+                return 0
             batch, self._pending = self._pending, {}
-            seq = self._seq if self._journal is not None else None
+            seq = self._seq
             try:
-                await add_usage(store, batch.items(), journal_seq=seq)
+                await add_usage(store, batch.items(), self._journal.mark(seq) if self._journal else None)
+            except NotCommitted:
+                # Certainly not in the store: back into pending, so that the next flush tries again
+                # and the gateway's budgets keep counting it.
+                self._merge(batch)
+                raise
             except BaseException:
-                if seq is not None:
+                if self._journal is not None:
                     self._unsure = (seq, batch)
                 else:
-                    # Back into pending, so that the next flush tries again and
-                    # the gateway's budgets keep counting it.
                     self._merge(batch)
                 raise
-            if self._journal is not None and seq is not None:
+            if self._journal is not None:
                 self._journal.applied(seq)
             self._written_at = time.monotonic()
             self.last_batch = len(batch)
+            return sum(t.requests for t in batch.values())
+
+    async def _settle(self, store: Store) -> None:
+        """Decide a batch whose write may have committed, by this journal's own mark in the store."""
+        if self._unsure is None or self._journal is None:
+            return
+        unsure_seq, unsure = self._unsure
+        if await self._journal.stored(store) < unsure_seq:
+            self._merge(unsure)
+        else:
+            self._journal.applied(unsure_seq)
+            log.info(
+                "a usage batch whose write failed at its commit was in the store after all; not written "
+                "again",
+                requests=sum(t.requests for t in unsure.values()),
+                totals=len(unsure),
+            )
+        self._unsure = None
 
     def _merge(self, batch: dict[UsageKey, UsageTotals]) -> None:
         for key, totals in batch.items():
@@ -206,7 +223,7 @@ class UsageRecorder:
                     await self._stopping.wait()
             last = self._stopping.is_set()
             try:
-                await self.flush(store)
+                written = await self.flush(store)
             except Exception as exc:
                 failures += 1
                 # Once per outage, in a sentence: a store that is away for minutes (a PostgreSQL
@@ -227,7 +244,7 @@ class UsageRecorder:
                         log.exception("could not write usage to the store; keeping it to try again")
             else:
                 if failures:
-                    log.info("usage written to the store again", failed_tries=failures)
+                    log.info("usage written to the store again", failed_tries=failures, requests=written)
                 failures = 0
             if last:
                 return

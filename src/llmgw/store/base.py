@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+from llmgw.errors import StoreError
 from llmgw.store.dialect import Dialect
 
 Args = Sequence[Any]
@@ -35,6 +36,11 @@ class Duplicate(IntegrityError):
 
 class MissingReference(IntegrityError):
     """A FOREIGN KEY naming a row that is not there."""
+
+
+class NotCommitted(StoreError):
+    """A write transaction that failed before its COMMIT was sent (the connection refused, a statement
+    failed): the database certainly has none of it. Any other failure of a write may have committed."""
 
 
 class Queries(abc.ABC):

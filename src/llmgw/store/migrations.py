@@ -197,6 +197,29 @@ MIGRATIONS: Sequence[Migration] = (
         )
         """,
     ),
+    # 9: the highest usage-journal record the usage table has, per journal: each server's journal has an
+    # id of its own (the `journal-id` file in its directory) and numbers its records from its own
+    # counter. Migration 5's one mark was the highest record any server had written, so with several
+    # servers on one PostgreSQL another server's higher number made a server's unwritten usage look
+    # stored (dropped after a failed write, skipped at replay after a kill).
+    #
+    # What migration 5's mark means to a journal an earlier release wrote: that release numbered a
+    # journal's records from max(the mark, its own highest record) + 1 and raised the mark to every
+    # record it wrote, so every record above the mark is certainly missing from the store, and every
+    # record at or below it is there when one server wrote to the store (SQLite always; PostgreSQL with
+    # one server). With several servers a record at or below it may be missing, but nothing tells which,
+    # and replaying them would charge twice those that were written. So a journal without an id takes
+    # the old mark as its start (gateway/journal.py writes it in the id file, with the id, before the
+    # first row of this table names the journal): it replays exactly what the earlier release would
+    # have replayed, and an upgrade loses nothing that release kept. usage_journal stays, read only.
+    (
+        """
+        CREATE TABLE usage_journal_marks (
+            journal_id TEXT PRIMARY KEY,
+            applied_seq INTEGER NOT NULL
+        )
+        """,
+    ),
 )
 
 

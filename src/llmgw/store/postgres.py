@@ -16,7 +16,16 @@ import asyncpg
 
 from llmgw.config.database import PostgresUrl
 from llmgw.errors import StoreError
-from llmgw.store.base import Args, Duplicate, IntegrityError, MissingReference, Queries, Row, Store
+from llmgw.store.base import (
+    Args,
+    Duplicate,
+    IntegrityError,
+    MissingReference,
+    NotCommitted,
+    Queries,
+    Row,
+    Store,
+)
 from llmgw.store.dialect import POSTGRESQL
 from llmgw.store.migrations import MIGRATIONS, Migration, NewerSchema, migrate
 
@@ -39,7 +48,15 @@ def _translated(where: PostgresUrl) -> Iterator[None]:
         raise MissingReference(_one_line(exc)) from None
     except asyncpg.IntegrityConstraintViolationError as exc:
         raise IntegrityError(_one_line(exc)) from None
-    except (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
+    # InternalClientError: what asyncpg raises for a statement on a connection PostgreSQL has just ended
+    # (measured at COMMIT after pg_terminate_backend), before it notices the connection is gone.
+    except (
+        OSError,
+        TimeoutError,
+        asyncpg.InterfaceError,
+        asyncpg.InternalClientError,
+        asyncpg.PostgresConnectionError,
+    ) as exc:
         raise StoreError(f"the PostgreSQL store at {where} cannot be reached ({_reason(exc)})") from None
     except (asyncpg.AdminShutdownError, asyncpg.CannotConnectNowError) as exc:
         raise StoreError(f"the PostgreSQL store at {where} is shutting down or starting ({exc})") from None
@@ -125,19 +142,29 @@ class PostgresStore(Store):
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Queries]:
-        async with self._connection() as queries:
-            transaction = queries._conn.transaction()
-            with _translated(self.url):
-                await transaction.start()
-            try:
-                yield queries
-            except BaseException:
-                # On a connection that died, ROLLBACK fails too, and PostgreSQL has rolled it back.
-                with contextlib.suppress(Exception):
-                    await transaction.rollback()
+        committing = False
+        try:
+            async with self._connection() as queries:
+                transaction = queries._conn.transaction()
+                with _translated(self.url):
+                    await transaction.start()
+                try:
+                    yield queries
+                except BaseException:
+                    # On a connection that died, ROLLBACK fails too, and PostgreSQL has rolled it back.
+                    with contextlib.suppress(Exception):
+                        await transaction.rollback()
+                    raise
+                committing = True
+                with _translated(self.url):
+                    await transaction.commit()
+        except StoreError as exc:
+            # Said apart, because a writer that takes every failure for a possible commit must ask
+            # the store what landed; one that failed before COMMIT was sent (the connection refused,
+            # the store gone mid-statement) certainly landed nothing.
+            if committing or isinstance(exc, NotCommitted):
                 raise
-            with _translated(self.url):
-                await transaction.commit()
+            raise NotCommitted(str(exc)) from None
 
     async def fetch_all(self, sql: str, args: Args = ()) -> list[Row]:
         async with self._connection() as queries:

@@ -55,11 +55,19 @@ class UsageDay:
         return self.prompt_tokens + self.completion_tokens
 
 
+@attrs.frozen
+class JournalMark:
+    """The highest record of one server's usage journal (gateway/journal.py) that the store has."""
+
+    journal_id: str
+    seq: int
+
+
 async def add_usage(
-    store: Store, batch: Iterable[tuple[UsageKey, UsageTotals]], journal_seq: int | None = None
+    store: Store, batch: Iterable[tuple[UsageKey, UsageTotals]], mark: JournalMark | None = None
 ) -> None:
-    """Add a batch of totals to the day's rows, in one transaction; with journal_seq, the highest usage
-    journal record the batch covers (gateway/journal.py), in the same one."""
+    """Add a batch of totals to the day's rows, in one transaction; with mark, the highest record of the
+    writing server's usage journal the batch covers, in the same one."""
     rows = [
         (
             k.day,
@@ -78,10 +86,14 @@ async def add_usage(
     if not rows:
         return
     async with store.transaction() as db:
-        if journal_seq is not None:
+        if mark is not None:
+            # A row per journal: one server's progress never stands for another's, whose records are
+            # numbered by a counter of its own.
             await db.execute(
-                "UPDATE usage_journal SET applied_seq = ? WHERE id = 1 AND applied_seq < ?",
-                (journal_seq, journal_seq),
+                "INSERT INTO usage_journal_marks (journal_id, applied_seq) VALUES (?, ?)"
+                " ON CONFLICT (journal_id) DO UPDATE SET applied_seq = excluded.applied_seq"
+                " WHERE usage_journal_marks.applied_seq < excluded.applied_seq",
+                (mark.journal_id, mark.seq),
             )
         await db.execute_many(
             "INSERT INTO usage_daily (day, key_id, project_id, model, status, requests, prompt_tokens,"
@@ -97,8 +109,18 @@ async def add_usage(
         )
 
 
-async def journal_applied(store: Store) -> int:
-    """The highest usage journal record the usage table has."""
+async def journal_applied(store: Store, journal_id: str) -> int | None:
+    """The highest record of the journal journal_id that the usage table has; None when the store has
+    never heard of that journal (its first start on this store, or a crash before its first write)."""
+    applied = await store.fetch_value(
+        "SELECT applied_seq FROM usage_journal_marks WHERE journal_id = ?", (journal_id,)
+    )
+    return int(applied) if applied is not None else None
+
+
+async def shared_journal_mark(store: Store) -> int:
+    """The one mark releases before migration 9 kept for every server: the highest record any server
+    had written. What a journal made by such a release starts from (migration 9 says why)."""
     applied = await store.fetch_value("SELECT applied_seq FROM usage_journal WHERE id = 1")
     return int(applied) if applied is not None else 0
 
