@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import io
+import json
 import logging
 import zlib
 from collections.abc import AsyncIterator
@@ -14,9 +16,11 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestServer
 
+from llmgw import bodies
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
+from llmgw.config.yamltext import read_yaml
 from llmgw.control.inventory import Inventory
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
@@ -209,3 +213,114 @@ async def test_a_request_aiohttp_cannot_parse_is_logged_as_one_line_not_a_traceb
     assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request")
     assert not [r for r in caplog.records if r.exc_info]
     assert [e["event"] for e in logged] == ["refused a request that could not be read"]
+
+
+DEEP = b"[" * 1000 + b"]" * 1000
+
+
+async def _send(method: str, url: str, body: bytes, headers: dict[str, str]) -> tuple[int, object]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        session.request(method, url, data=io.BytesIO(body), headers=headers) as reply,
+    ):
+        return reply.status, await reply.json(content_type=None)
+
+
+class TestJson:
+    """Every JSON route reads its body with bodies.read_json: one depth rule, one character rule."""
+
+    async def test_json_nested_a_thousand_deep_is_a_400_on_every_gateway_route(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        """It was a RecursionError in read_request: a 500 and a traceback."""
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+            for body in (DEEP, b'{"model": "sim-chat", "x": ' + DEEP + b"}"):
+                status, _, reply = await _post(f"{urls[0]}{path}", body, JSON)
+                assert status == 400 and "nests deeper than 64 levels" in _openai_error(reply), path
+
+    async def test_a_gzip_of_thirty_megabytes_of_brackets_is_a_400_on_the_gateway(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        bomb = gzip.compress(b"[" * (30 * 1024 * 1024))
+        status, _, reply = await _post(
+            f"{urls[0]}/v1/chat/completions", bomb, {**JSON, "Content-Encoding": "gzip"}
+        )
+        assert status == 400 and "nests deeper" in _openai_error(reply)
+
+    async def test_json_nested_a_thousand_deep_is_a_400_on_every_admin_route_that_reads_json(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        """Seven routes ended in a RecursionError from request.json(): a 500 and a traceback."""
+        admin = urls[1]
+        assert (await _send("POST", f"{admin}/api/v1/orgs", b'{"name": "acme"}', JSON))[0] == 201
+        for method, path in (
+            ("POST", "/api/v1/orgs"),
+            ("POST", "/api/v1/teams"),
+            ("POST", "/api/v1/projects"),
+            ("POST", "/api/v1/nodes/gpu-01/state"),
+            ("PATCH", "/api/v1/orgs/acme"),
+            ("PUT", "/api/v1/quotas/org:1"),
+            ("PUT", "/api/v1/prices/sim-chat"),
+        ):
+            status, reply = await _send(method, f"{admin}{path}", DEEP, JSON)
+            if path.startswith("/api/v1/nodes"):
+                assert status == 404, reply  # no such node: said before its body is read
+                continue
+            assert status == 400 and isinstance(reply, dict), (path, reply)
+            assert "nests deeper than 64 levels" in reply["error"], (path, reply)
+
+    async def test_json_as_deep_as_the_rule_allows_is_read(self) -> None:
+        assert bodies.parse_json(b"[" * bodies.MAX_DEPTH + b"]" * bodies.MAX_DEPTH) is not None
+        assert bodies.parse_json(b'["[[[[", {"a": "]]]]"}]') == ["[[[[", {"a": "]]]]"}]
+        with pytest.raises(bodies.BadJson, match="nests deeper"):
+            bodies.parse_json(b"[" * (bodies.MAX_DEPTH + 1) + b"]" * (bodies.MAX_DEPTH + 1))
+
+    async def test_an_escaped_surrogate_pair_is_one_character_and_a_lone_half_is_refused(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        """A pair was refused as "half a character" in a model definition sent as JSON."""
+        model = {"name": "sim-emoji", "version": "\U0001f600", "profiles": [{"engine": "sim"}]}
+        pair = json.dumps(model).encode()
+        assert b"\\ud83d\\ude00" in pair
+        status, reply = await _send("POST", f"{urls[1]}/api/v1/models", pair, JSON)
+        assert status == 201, reply
+        assert await asyncio.to_thread(read_yaml, pair.decode(), "x") == model
+        half = pair.replace(b"\\ude00", b"")
+        status, reply = await _send("POST", f"{urls[1]}/api/v1/models", half, JSON)
+        assert status == 400 and "half a character" in str(reply)
+        status, reply = await _send("POST", f"{urls[1]}/api/v1/orgs", b'{"name": "a\\udc00"}', JSON)
+        assert status == 400 and "half a character" in str(reply)
+        status, reply = await _send("POST", f"{urls[1]}/api/v1/orgs", b'{"name": "a\\ud83d\\ude00"}', JSON)
+        assert status == 201 and isinstance(reply, dict) and reply["name"] == "a\U0001f600"
+
+    async def test_an_admin_change_past_a_mebibyte_is_a_413(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        big = json.dumps({"name": "x" * (2 * 1024 * 1024)}).encode()
+        status, reply = await _send("POST", f"{urls[1]}/api/v1/orgs", big, JSON)
+        assert status == 413 and isinstance(reply, dict) and "the most this route takes" in reply["error"]
+
+
+class TestScopeNames:
+    async def test_a_unicode_digit_names_no_scope_and_is_a_404_not_a_500(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        """ "³".isdigit() is true, and int("³") was a ValueError: a 500 on every route naming a scope."""
+        admin = f"{urls[1]}/api/v1"
+        for method, url, body in (
+            ("DELETE", f"{admin}/orgs/%C2%B3", b""),
+            ("DELETE", f"{admin}/teams/%C2%B2", b""),
+            ("DELETE", f"{admin}/projects/%C2%B9", b""),
+            ("PATCH", f"{admin}/orgs/%C2%B3", b'{"name": "x"}'),
+            ("PUT", f"{admin}/quotas/org:%C2%B3", b'{"rpm": 5}'),
+            ("GET", f"{admin}/teams?org=%C2%B3", b""),
+            ("GET", f"{admin}/members?project=%C2%B3", b""),
+        ):
+            status, reply = await _send(method, url, body, JSON)
+            assert status in (400, 404) and isinstance(reply, dict) and reply["error"], (url, reply)
+
+    async def test_a_name_with_a_control_character_is_refused(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        status, reply = await _send("POST", f"{urls[1]}/api/v1/orgs", b'{"name": "a\\u0018b"}', JSON)
+        assert status == 400 and "control characters" in str(reply)

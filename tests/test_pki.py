@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import shutil
 import ssl
 import stat
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -166,3 +171,60 @@ def test_the_cert_commands_write_an_authority_and_its_certificates(tmp_path: Pat
     again = runner.invoke(cert, ["init-ca", "--dir", str(ca)])
     assert again.exit_code != 0
     assert "refusing to replace the certificate authority" in again.output
+
+
+class TestAKeyTheServiceCannotRead:
+    @pytest.mark.skipif(os.getuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+    def test_a_root_only_key_is_named_with_what_to_do_not_a_bare_permission_error(self) -> None:
+        """The server or mirror, as the llmgw user, ended in `PermissionError: [Errno 13]`, naming no file."""
+        with tempfile.TemporaryDirectory() as directory:
+            base = Path(directory)
+            base.chmod(0o755)
+            pki.init_ca(base / "ca")
+            (base / "ca").chmod(0o755)
+            (base / "ca" / "ca.pem").chmod(0o644)
+            cert_path, key_path = pki.issue_server(base / "ca", "server", ["127.0.0.1"], base / "ca")
+            cert_path.chmod(0o644)
+            assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+            program = (
+                "import sys; from llmgw import pki; from llmgw.config import TLSConfig\n"
+                "from llmgw.errors import ConfigError\n"
+                f"tls = TLSConfig(ca={str(base / 'ca' / 'ca.pem')!r}, cert={str(cert_path)!r},"
+                f" key={str(key_path)!r})\n"
+                "try:\n    pki.server_ssl_context(tls)\nexcept ConfigError as exc:\n    sys.exit(str(exc))\n"
+            )
+            done = subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid=nobody",
+                    "--regid=nogroup",
+                    "--clear-groups",
+                    sys.executable,
+                    "-c",
+                    program,
+                ],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                check=False,
+                timeout=60,
+            )
+        assert done.returncode == 1, done.stderr
+        assert f"tls.key names {key_path}, which this process" in done.stderr
+        assert "--group llmgw" in done.stderr and "Traceback" not in done.stderr
+
+    @pytest.mark.skipif(os.getuid() != 0, reason="giving a key to a group needs root")
+    def test_issue_with_group_makes_the_key_readable_by_that_group(self, ca: Path, tmp_path: Path) -> None:
+        result = CliRunner().invoke(
+            cert, ["issue-agent", "gpu-01", "--dir", str(ca), "--out", str(tmp_path), "--group", "nogroup"]
+        )
+        assert result.exit_code == 0, result.output
+        key = (tmp_path / "gpu-01-key.pem").stat()
+        assert stat.S_IMODE(key.st_mode) == 0o640 and key.st_gid == 65534
+
+    def test_issue_with_a_group_that_does_not_exist_says_so(self, ca: Path, tmp_path: Path) -> None:
+        result = CliRunner().invoke(
+            cert,
+            ["issue-agent", "gpu-01", "--dir", str(ca), "--out", str(tmp_path), "--group", "no-such-group"],
+        )
+        assert result.exit_code == 1 and "there is no group 'no-such-group'" in result.output

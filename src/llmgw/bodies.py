@@ -17,7 +17,9 @@ mistake, not the server's.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import sys
 import zlib
 from collections.abc import Callable
@@ -146,6 +148,102 @@ async def read_text(request: web.Request) -> str:
         raise ValueError(
             f"the request body is not {charset} text (byte {exc.start + 1} is not); send it as UTF-8"
         ) from None
+
+
+# Deeper than any request of OpenAI's API (a tool's JSON Schema included) or of the admin API nests;
+# Python's parser gives up near a thousand levels with a RecursionError, which was a 500.
+MAX_DEPTH = 64
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+# An admin API change (a node's state, an org, a quota) is a few hundred bytes; the client port's
+# limit is the gateway's 64 MiB, and /admin on it must take no more than the admin listener does.
+MAX_ADMIN_BODY = 1024**2
+
+
+class BadJson(ValueError):
+    """A body that is not the JSON a route reads, in a sentence for its sender; status 400, or 413."""
+
+    def __init__(self, message: str, status: int = 400, *, not_json: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        # Not JSON at all (rather than JSON this reader refuses): the route may say what it takes.
+        self.not_json = not_json
+
+
+async def read_json(request: web.Request, limit: int | None = None) -> Any:
+    """The body's JSON value, decoded from its Content-Encoding; BadJson in words when it is not one.
+
+    The one reader of every JSON route (the gateway's /v1, the admin API on either listener): the
+    same depth and character rules wherever a body is JSON; limit, the most bytes the route takes
+    (None: the app's own limit).
+    """
+    too_large = BadJson(f"the request body is more than {limit or 0:,} bytes, the most this route takes", 413)
+    if limit is not None and request.content_length is not None and request.content_length > limit:
+        raise too_large
+    body = await read(request)
+    if limit is not None and len(body) > limit:
+        raise too_large
+    # In a thread past a screenful: parsing and measuring up to the body limit would stall the loop.
+    if len(body) > 64 * 1024:
+        return await asyncio.to_thread(parse_json, body)
+    return parse_json(body)
+
+
+def parse_json(body: bytes) -> Any:
+    """body's JSON value; BadJson when it is not JSON, nests past MAX_DEPTH or holds half a character."""
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        raise BadJson(_too_deep()) from None
+    except UnicodeDecodeError as exc:
+        raise BadJson(
+            f"the request body is not UTF-8 text (byte {exc.start + 1} is not); send it as UTF-8"
+        ) from None
+    except ValueError as exc:
+        raise BadJson(f"the request body is not valid JSON: {exc}", not_json=True) from None
+    if _depth_over(body, MAX_DEPTH):
+        raise BadJson(_too_deep())
+    # json.loads joins an escaped pair (\ud83d\ude00, as json.dumps writes an emoji) into one
+    # character; a half left alone cannot be written to the store, a log or a reply.
+    if _SURROGATE_ESCAPE.search(body) and _has_half_character(value):
+        raise BadJson(
+            "the request body has an escape (\\uD800-\\uDFFF) that is half a character; "
+            "send the whole character, or both halves of its pair"
+        )
+    return value
+
+
+def _too_deep() -> str:
+    return f"the request body nests deeper than {MAX_DEPTH} levels of arrays and objects"
+
+
+def _depth_over(body: bytes, limit: int) -> bool:
+    """Whether valid JSON nests deeper than limit: its brackets outside strings, peeled a level at a time."""
+    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = _INNERMOST.sub(b"", brackets)
+    return bool(brackets)
+
+
+def _has_half_character(value: Any) -> bool:
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _words(exc: BaseException) -> str:

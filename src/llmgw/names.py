@@ -23,6 +23,11 @@ MAX_MODEL_NAME = 128
 # A DNS label's length: node ids are usually host names.
 MAX_NODE_ID = 63
 MAX_PROFILE_NAME = 64
+# An organisation's, team's or project's name: a line on a page, in a listing, in a refusal.
+MAX_SCOPE_NAME = 100
+# Ids are SQLite integers: 18 digits always fit in 64 bits, so no id a person types overflows the store.
+ID_PATTERN = "[0-9]{1,18}"
+_ID = re.compile(ID_PATTERN)
 
 # A part starts with a letter or digit: no "." or ".." (a path's parent), no leading "-" (an option
 # to the engine it is passed to), no empty part (a "//" or a leading or trailing "/").
@@ -84,6 +89,32 @@ def key_name_problem(name: str) -> str | None:
             "(no line breaks or tabs), at most 100 of them"
         )
     return None
+
+
+def scope_name_problem(name: str, what: str) -> str | None:
+    """What is wrong with name as an organisation's, team's or project's name, or None.
+
+    A control character (U+0018 was stored once) is invisible on a page and garbles a terminal
+    that prints a listing.
+    """
+    if not name.strip():
+        return f"a {what} needs a name"
+    if len(name) > MAX_SCOPE_NAME or any(not ch.isprintable() for ch in name):
+        return (
+            f"the {what} name {name!r} is not allowed; a name is printable characters "
+            f"(no line breaks, tabs or control characters), at most {MAX_SCOPE_NAME} of them"
+        )
+    return None
+
+
+def id_number(text: str) -> int | None:
+    """text as an id when it is one written in ASCII digits, else None.
+
+    str.isdigit() is true for "³" and "٣", which int() then refuses (or reads, for Arabic-Indic
+    digits): a scope named "³" was a 500. Long runs of digits are names too, never an id the store
+    could not hold.
+    """
+    return int(text) if _ID.fullmatch(text) else None
 
 
 def shard_stem(model: str) -> str:

@@ -27,7 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw import names
 from llmgw.config import TLSConfig
-from llmgw.errors import CertificateError
+from llmgw.errors import CertificateError, ConfigError
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
@@ -214,8 +214,7 @@ def _load(ctx: ssl.SSLContext, tls: TLSConfig, who: str) -> None:
     for key, value in (("tls.ca", tls.ca), ("tls.cert", tls.cert), ("tls.key", tls.key)):
         if not value:
             raise CertificateError(f"{key} is not set: {who} needs it for mutual TLS")
-        if not Path(value).is_file():
-            raise CertificateError(f"{key} names {value}, which does not exist")
+        _readable(key, value)
     try:
         ctx.load_verify_locations(cafile=tls.ca)
     except ssl.SSLError as exc:
@@ -225,6 +224,25 @@ def _load(ctx: ssl.SSLContext, tls: TLSConfig, who: str) -> None:
     except ssl.SSLError as exc:
         raise CertificateError(
             f"tls.cert {tls.cert} and tls.key {tls.key} cannot be used together: {exc.reason}"
+        ) from None
+
+
+def _readable(key: str, path: str) -> None:
+    """CertificateError when path is not a file, ConfigError naming it when this user cannot read it.
+
+    ssl's loaders raise a bare PermissionError naming no file: a server or mirror started as the
+    llmgw user on a key `llmgw cert issue-*` wrote root-only (0600) ended in a traceback.
+    """
+    try:
+        with open(path, "rb"):
+            pass
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise CertificateError(f"{key} names {path}, which does not exist") from None
+    except PermissionError:
+        raise ConfigError(
+            f"{key} names {path}, which this process (uid {os.getuid()}) may not read; "
+            f"give its group read access (chgrp llmgw {path} && chmod 640 {path}), "
+            "or issue it again with --group llmgw"
         ) from None
 
 

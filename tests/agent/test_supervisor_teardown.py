@@ -18,6 +18,8 @@ from llmgw.agent.supervisor import Supervisor
 from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.proto.llmgw import v1 as pb
 
+from ..waiting import eventually
+
 
 @attrs.define
 class _SilentEngine(Engine):
@@ -78,3 +80,49 @@ async def test_stopping_a_shard_while_its_dead_engine_is_drained_ends_the_log_fo
                 await asyncio.sleep(0.005)
         await supervisor.stop("s1")
         assert _followers() == []
+
+
+@attrs.define
+class _StubbornEngine(Engine):
+    """An engine whose whole process group ignores SIGTERM, as one finishing a long stream does."""
+
+    name: str = "stubborn"
+    health_path: str = "/health"
+    metrics_path: str = "/metrics"
+
+    def command(self, spec: LaunchSpec) -> list[str]:
+        return ["sh", "-c", "trap '' TERM; echo 'loading'; exec sleep 600"]
+
+    def environment(self, spec: LaunchSpec) -> dict[str, str]:
+        return {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_a_forced_exit_while_a_shard_is_stopping_kills_its_engine_and_empties_the_state_file(
+    tmp_path: Path,
+):
+    """stop() took the shard from the table before ending it, so kill_all() (a second signal) missed it.
+
+    The engine lived on for the stop's grace, streaming with no agent, and shards.json still listed it.
+    """
+    async with Supervisor(
+        {"stubborn": _StubbornEngine()}, ready_timeout_s=30.0, stop_grace_s=60.0, state_dir=tmp_path
+    ) as supervisor:
+        for shard_id in ("s1", "s2"):
+            await supervisor.start(pb.StartShard(shard_id=shard_id, model="m", engine="stubborn"))
+        pids = [p.pid for s in supervisor._shards.values() if (p := s.process) is not None]
+        assert len(pids) == 2
+        stopping = asyncio.create_task(supervisor.stop("s1"))
+        await eventually(lambda: "s1" not in supervisor._shards)
+        supervisor.kill_all()
+        await eventually(lambda: not any(_alive(pid) for pid in pids))
+        # In a thread: the forced exit writes it on the loop, as the last thing the process does.
+        await asyncio.to_thread(supervisor.forget_engines)
+        await stopping
+        assert await asyncio.to_thread(engine_state.read_state, tmp_path) == []

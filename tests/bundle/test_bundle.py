@@ -371,6 +371,10 @@ class TestRefusals:
             ("/etc/cron.d/evil", None),
             ("models/a/../../../x", None),
             ("wheels/x", "/etc"),
+            # Siblings whose names start with the staging directory's or the mirror's.
+            ("../staging-evil/cron", None),
+            ("../mirror-evil/cron", None),
+            ("wheels/x", "../../staging-evil"),
         ],
     )
     async def test_a_tar_member_outside_the_bundle_or_a_link_is_refused(
@@ -390,6 +394,7 @@ class TestRefusals:
             await site.load(bad, made.sha256)
         site.untouched()
         assert not (tmp_path / "escaped").exists()
+        assert not await asyncio.to_thread(lambda: list(tmp_path.rglob("*-evil")))
 
     @pytest.mark.parametrize(
         ("first", "then", "why"),

@@ -122,6 +122,17 @@ class TestHierarchy:
         code, _, err = llmgw("projects", "delete", "default")
         assert code == 1 and "the default project is where keys and accounts go" in err
 
+    def test_a_unicode_digit_is_a_name_that_does_not_exist_not_a_traceback(self, llmgw, acme) -> None:
+        """ "³".isdigit() is true and int("³") a ValueError: the command ended in a traceback."""
+        code, _, err = llmgw("orgs", "delete", "\u00b3")
+        assert code == 1 and "there is no organisation '\u00b3'" in err
+        code, _, err = llmgw("keys", "create", "x", "--project", "\u00b2")
+        assert code == 1 and "there is no project '\u00b2'" in err
+
+    def test_a_name_with_a_control_character_is_refused(self, llmgw) -> None:
+        code, _, err = llmgw("orgs", "create", "a\x18b")
+        assert code == 1 and "control characters" in err
+
     def test_naming_something_that_does_not_exist_lists_what_does(self, llmgw, acme) -> None:
         code, _, err = llmgw("teams", "create", "x", "--org", "nope")
         assert (

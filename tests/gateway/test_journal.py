@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,30 @@ class TestReplay:
         async with open_journal(directory, store, 1.0) as (journal, _):
             assert journal.next_seq == 201
         assert (await _totals(store))[0] == 200
+
+
+class TestDurability:
+    async def test_the_sync_task_fsyncs_the_segment_records_were_appended_to(
+        self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An fsync replaced with a no-op passed every other test: the journal only reached the page cache."""
+        synced: list[int] = []
+        real_fsync = os.fsync
+
+        def recording_fsync(fd: int) -> None:
+            synced.append(fd)
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", recording_fsync)
+        directory = tmp_path / "j"
+        async with open_journal(directory, store, 0.01) as (journal, _), asyncio.TaskGroup() as tasks:
+            recorder = UsageRecorder(journal=journal)
+            _record(recorder, 3)
+            segment = journal._current
+            synced.clear()
+            tasks.create_task(journal.run())
+            await eventually(lambda: segment.fd in synced and segment.synced == segment.used)
+            journal.stop()
 
 
 class TestAcrossARestart:

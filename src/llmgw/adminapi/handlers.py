@@ -35,7 +35,7 @@ from llmgw.adminapi.projections import (
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Guard, Param, Reply, Route, mount
 from llmgw.adminapi.weights import collect_weights
-from llmgw.bodies import read_text
+from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json, read_text
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.config.yamltext import MAX_BYTES as MAX_YAML_BYTES
@@ -141,14 +141,14 @@ async def set_node_state(request: web.Request) -> web.Response:
     if isinstance(node, web.Response):
         return node
     try:
-        text = await read_text(request)
-    except ValueError as exc:
-        return error(400, str(exc))
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return error(400, 'the body is not JSON; send {"state": "cordoned"}')
-    state = body.get("state") if isinstance(body, dict) else None
+        body = await read_json(request, MAX_ADMIN_BODY)
+    except BadJson as exc:
+        said = "the body is not JSON" if exc.not_json else str(exc)
+        return error(exc.status, f'{said}; send {{"state": "cordoned"}}')
+    if not isinstance(body, dict) or set(body) - {"state"}:
+        # A misspelt or extra field must not be read as "nothing else to change" and answered 200.
+        return error(400, 'the body takes state alone: {"state": "cordoned"}')
+    state = body.get("state")
     if state not in ADMIN_STATES:
         return error(400, f"state is {state!r}; expected one of {', '.join(ADMIN_STATES)}")
     inventory = request.config_dict[INVENTORY_KEY]

@@ -310,9 +310,12 @@ async def fetch_log(inventory: Inventory, node_id: str, source: str, lines: int)
 
 def parse_lines(raw: str | None) -> int:
     """The `lines` query parameter, or ValueError saying what it may be."""
-    if raw is None or raw == "":
+    if raw is None:
         return DEFAULT_LINES
     try:
+        # ASCII only, as the document's integer is: int() reads "٥" and " 5 " too.
+        if not raw.isascii():
+            raise ValueError(raw)
         lines = int(raw)
     except ValueError:
         raise ValueError(f"lines is {raw!r}; expected a whole number from 1 to {MAX_LINES}") from None

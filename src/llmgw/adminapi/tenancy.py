@@ -19,6 +19,7 @@ from llmgw.adminapi import views
 from llmgw.adminapi.handlers import CONFIG_KEY
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Guard, Handler, Param, Reply, Route, mount
+from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json
 from llmgw.catalog import CATALOG_KEY
 from llmgw.errors import LlmgwError
 from llmgw.store import Store
@@ -37,7 +38,11 @@ _PARENTS = {"teams": "org", "projects": "team"}
 
 
 class BadQuery(Exception):
-    """A body or query string that is not what the route takes, in a sentence."""
+    """A body or query string that is not what the route takes, in a sentence; status 400, or 413."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _failed(exc: LlmgwError) -> web.Response:
@@ -48,22 +53,28 @@ def _failed(exc: LlmgwError) -> web.Response:
     return error(400, str(exc))
 
 
+# The body as read once by the route, before its handler: read_json's value.
+_SENT = web.RequestKey("llmgw.admin.sent", object)
+
+
 async def _body(request: web.Request, example: str) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError:
-        raise BadQuery(f"the body is not JSON; send {example}") from None
+    body = request.get(_SENT)
+    if isinstance(body, BadJson):
+        said = "the body is not JSON" if body.not_json else str(body)
+        raise BadQuery(f"{said}; send {example}", body.status)
     if not isinstance(body, dict):
         raise BadQuery(f"the body must be a JSON object: {example}")
     return body
 
 
-async def _no_unknown_fields(request: web.Request, fields: list[str]) -> None:
-    # A misspelt field ("prompt_per_1K") must not be read as "left as it was" and answered 200.
+async def _read_body(request: web.Request, fields: list[str]) -> None:
+    """The body, read once with the shared reader and kept; BadQuery when the route does not take it."""
     try:
-        sent = await request.json()
-    except ValueError:
-        return  # the handler says what a body must be
+        sent = await read_json(request, MAX_ADMIN_BODY)
+    except BadJson as exc:
+        sent = exc  # the handler says what went wrong, with an example of its body
+    request[_SENT] = sent
+    # A misspelt field ("prompt_per_1K") must not be read as "left as it was" and answered 200.
     if isinstance(sent, dict):
         unknown = sorted(set(sent) - set(fields))
         if unknown:
@@ -107,10 +118,10 @@ def _json_route(handler: Callable[[web.Request, Store], Any], body: type | None)
             )
         try:
             if body is not None:
-                await _no_unknown_fields(request, fields)
+                await _read_body(request, fields)
             result = await handler(request, request.config_dict[STORE_KEY])
         except BadQuery as exc:
-            return error(400, str(exc))
+            return error(exc.status, str(exc))
         except LlmgwError as exc:
             return _failed(exc)
         if isinstance(result, tuple):

@@ -237,6 +237,9 @@ class Supervisor:
         self._ports = ports
         self._health_interval_s = health_interval_s
         self._shards: dict[str, _Shard] = {}
+        # Shards stop() has taken from _shards and is still ending: a forced exit in that window
+        # (a second signal during a drain) must kill them too, or an engine outlived its agent.
+        self._stopping: dict[str, _Shard] = {}
         # shard id -> the last output lines of a shard that ended here, the newest ENDED_KEPT.
         self._ended: dict[str, list[str]] = {}
         # Engines that crashed after serving, by model, since the agent started (the control plane
@@ -304,6 +307,14 @@ class Supervisor:
         shard = self._shards.pop(shard_id, None)
         if shard is None:
             return
+        self._stopping[shard_id] = shard
+        try:
+            await self._end(shard_id, shard)
+        finally:
+            self._stopping.pop(shard_id, None)
+        await self._save_state()
+
+    async def _end(self, shard_id: str, shard: _Shard) -> None:
         if shard.task is not None:
             shard.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -316,7 +327,6 @@ class Supervisor:
         status = self._status(shard, "stopped")
         status.detail = detail
         self._report(status)
-        await self._save_state()
 
     async def aclose(self) -> None:
         """Stop every shard, in parallel, and release the health-check session."""
@@ -334,11 +344,20 @@ class Supervisor:
 
         Those a clean stop already left running for the next agent too: a forced exit leaves none.
         """
-        for shard in self._shards.values():
+        for shard in (*self._shards.values(), *self._stopping.values()):
             if shard.process is not None and shard.process.returncode is None:
                 launcher.kill_group(shard.process.pid)
         for pid in self._left_running:
             launcher.kill_group(pid)
+
+    def forget_engines(self) -> None:
+        """Empty the state file after kill_all(): no engine is left for the next agent to adopt.
+
+        Blocking, on purpose: it is the last thing a forced exit does before the process ends. A
+        state file still listing the killed engines had the next agent look for processes long gone.
+        """
+        with contextlib.suppress(OSError):
+            engine_state.write_state(self._state_dir, [])
 
     def advertise(self, address: str) -> None:
         """Advertise engines started from now on at address: the node's, as the control plane reaches it.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import click
@@ -22,6 +24,28 @@ _out_option = click.option(
     default=None,
     help="Directory to write NAME.pem and NAME-key.pem into; defaults to --dir.",
 )
+_group_option = click.option(
+    "--group",
+    default=None,
+    help="Make the key readable by this group (root:GROUP, mode 0640), e.g. llmgw, the service's user; "
+    "by default only its owner may read it.",
+)
+
+
+def _share_key(key_path: Path, group: str | None) -> None:
+    """Let group read key_path: a service running as the llmgw user cannot read a root-only key."""
+    if group is None:
+        return
+    try:
+        shutil.chown(key_path, group=group)
+        os.chmod(key_path, 0o640)
+    except LookupError:
+        raise click.ClickException(f"there is no group {group!r} on this machine") from None
+    except PermissionError:
+        raise click.ClickException(
+            f"wrote {key_path} but could not give group {group!r} read access: "
+            "run this as root, or as a member of that group"
+        ) from None
 
 
 @click.group()
@@ -51,12 +75,16 @@ def init_ca(ca_dir: Path) -> None:
 )
 @_dir_option
 @_out_option
-def issue_server(name: str, hosts: tuple[str, ...], ca_dir: Path, out: Path | None) -> None:
+@_group_option
+def issue_server(
+    name: str, hosts: tuple[str, ...], ca_dir: Path, out: Path | None, group: str | None
+) -> None:
     """Issue the agent service's certificate NAME, valid for every --host."""
     try:
         cert_path, key_path = pki.issue_server(ca_dir, name, hosts, out or ca_dir)
     except CertificateError as exc:
         raise click.ClickException(str(exc)) from None
+    _share_key(key_path, group)
     click.echo(f"wrote {cert_path} and {key_path} for {', '.join(hosts)}")
 
 
@@ -64,10 +92,12 @@ def issue_server(name: str, hosts: tuple[str, ...], ca_dir: Path, out: Path | No
 @click.argument("node")
 @_dir_option
 @_out_option
-def issue_agent(node: str, ca_dir: Path, out: Path | None) -> None:
+@_group_option
+def issue_agent(node: str, ca_dir: Path, out: Path | None, group: str | None) -> None:
     """Issue node NODE's client certificate; its common name is the node id."""
     try:
         cert_path, key_path = pki.issue_agent(ca_dir, node, out or ca_dir)
     except CertificateError as exc:
         raise click.ClickException(str(exc)) from None
+    _share_key(key_path, group)
     click.echo(f"wrote {cert_path} and {key_path} for node {node}")

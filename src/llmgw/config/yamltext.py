@@ -16,6 +16,7 @@ import io
 from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.constructor import RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import (
     AliasEvent,
@@ -49,6 +50,7 @@ def read_yaml(text: str, source: str) -> Any:
     if size > MAX_BYTES:
         raise ConfigError(f"{source}: is {size:,} bytes; llmgw reads at most {MAX_BYTES:,} bytes of YAML")
     yaml = YAML(typ="rt")
+    yaml.Constructor = _JoiningConstructor
     try:
         _within_budget(yaml.parse(io.StringIO(text)), source)
         return yaml.load(io.StringIO(text))
@@ -116,10 +118,30 @@ def _scalar_allowed(event: ScalarEvent, source: str) -> None:
     if not event.style and len(value) > MAX_NUMBER and value[:1] in "+-.0123456789":
         raise _refused(event, source, f"has a number of {len(value):,} characters; quote it if it is text")
     try:
-        value.encode("utf-8")
+        _joined(value).encode("utf-8")
     except UnicodeEncodeError:
         # "\ud800" in double quotes: half a character, which the store, logs and replies cannot write.
         raise _refused(event, source, "has an escape (\\uD800-\\uDFFF) that is half a character") from None
+
+
+def _joined(value: str) -> str:
+    """value with each escaped surrogate pair as the one character it is.
+
+    "\ud83d\ude00" is how json.dumps writes an emoji (JSON is YAML); ruamel.yaml reads it as two
+    halves, and the definition was refused as "half a character". A half left alone stays a half.
+    """
+    if not any("\ud800" <= ch <= "\udfff" for ch in value):
+        return value
+    return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+
+
+class _JoiningConstructor(RoundTripConstructor):
+    """ruamel.yaml's round-trip constructor, building each string with its surrogate pairs joined."""
+
+    def construct_scalar(self, node: Any) -> Any:
+        if isinstance(node.value, str):
+            node.value = _joined(node.value)
+        return super().construct_scalar(node)
 
 
 def _tag_allowed(event: NodeEvent, source: str) -> None:

@@ -10,7 +10,6 @@ before calling the rest and settling in a `finally` after it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -94,11 +93,11 @@ def endpoint(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamRe
 
 async def read_request(call: Call, rest: Handler) -> web.StreamResponse:
     """Read the body once and find the model; the proxy forwards these same bytes."""
-    body = await bodies.read(call.request)
     try:
-        payload = json.loads(body)
-    except ValueError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        payload = await bodies.read_json(call.request)
+    except bodies.BadJson as exc:
+        raise ApiError(400, str(exc), code="invalid_json") from None
+    body = await bodies.read(call.request)
     if not isinstance(payload, dict):
         raise ApiError(
             400, f"the request body must be a JSON object, not {type(payload).__name__}", code="invalid_json"

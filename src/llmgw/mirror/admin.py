@@ -28,6 +28,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from llmgw.bodies import BadJson, read_json
 from llmgw.config import MirrorConfig
 from llmgw.errors import ConfigError
 from llmgw.hubref import RefError, parse_ref
@@ -176,8 +177,8 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
 
     async def post_fetch(request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except ValueError:
+            body = await read_json(request)
+        except BadJson:
             return _error(400, 'expected JSON: {"model": "org/model@revision", "include": ["*.gguf"]}')
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return _error(400, 'expected JSON: {"model": "org/model@revision", "include": ["*.gguf"]}')

@@ -42,6 +42,7 @@ class AgentHandle:
         gone now, and an engine left behind there held its GPU and port with no agent to say so.
         """
         self.supervisor.kill_all()
+        self.supervisor.forget_engines()
 
 
 @contextlib.asynccontextmanager

@@ -14,6 +14,7 @@ from typing import Literal
 import attrs
 
 from llmgw.errors import LlmgwError
+from llmgw.names import id_number, scope_name_problem
 from llmgw.store.base import Duplicate, IntegrityError, MissingReference, Queries, Store
 
 ScopeKind = Literal["org", "team", "project", "key"]
@@ -51,9 +52,10 @@ class Scope:
     def parse(cls, text: str) -> Scope:
         """ "project:3" -> Scope("project", 3)."""
         kind, _, number = text.partition(":")
-        if kind not in SCOPE_KINDS or not number.isdigit():
+        scope_id = id_number(number)
+        if kind not in SCOPE_KINDS or scope_id is None:
             raise ScopeError(f"'{text}' is not a scope: write KIND:ID, KIND one of {', '.join(SCOPE_KINDS)}")
-        return cls(kind, int(number))
+        return cls(kind, scope_id)
 
 
 @attrs.frozen
@@ -137,8 +139,9 @@ def _resolve(
     kind: Literal["org", "team", "project"],
 ) -> int:
     """The id of the one item text names, by id or by name, or a ScopeError listing the choices."""
-    if text.isdigit() and int(text) in names:
-        return int(text)
+    as_id = id_number(text)
+    if as_id is not None and as_id in names:
+        return as_id
     named = [item_id for item_id, name in names.items() if name == text]
     if len(named) == 1:
         return named[0]
@@ -151,8 +154,9 @@ def _resolve(
 
 
 def _checked(name: str, what: str) -> str:
-    if not name.strip():
-        raise ScopeError(f"a {what} needs a name")
+    problem = scope_name_problem(name, what)
+    if problem is not None:
+        raise ScopeError(problem)
     return name
 
 

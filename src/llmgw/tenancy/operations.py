@@ -199,7 +199,8 @@ def member_view(user: User) -> tv.Member:
 
 async def _user(store: Store, text: str) -> User:
     text = text.strip()
-    user = await get_user(store, int(text)) if text.isdigit() else await get_user_by_email(store, text)
+    user_id = names.id_number(text)
+    user = await get_user(store, user_id) if user_id is not None else await get_user_by_email(store, text)
     if user is None:
         raise UnknownScope(f"there is no account '{text}'; `llmgw users list` shows them")
     return user

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from llmgw.adminapi.tenancy import BadQuery, usage_query
 from llmgw.catalog import CATALOG_KEY
+from llmgw.names import id_number
 from llmgw.pricing import budget_warnings, unpriced, unpriced_sentence
 from llmgw.store.keys import list_keys
 from llmgw.store.prices import list_prices
@@ -98,7 +99,7 @@ async def users_page(request: web.Request) -> web.StreamResponse:
     # a link must not be able to put words of its own on an admin page.
     flash = None
     done, user_id = request.query.get("done", ""), request.query.get("user", "")
-    if done in _DONE and user_id.isdigit():
+    if done in _DONE and id_number(user_id) is not None:
         ctx = request.config_dict[WEB_KEY]
         user = await get_user(ctx.store, int(user_id))
         if user is not None:
@@ -119,11 +120,12 @@ async def user_action(request: web.Request) -> web.StreamResponse:
         if action == "approve":
             project = form.get("project", "")
             hierarchy = await load_hierarchy(ctx.store)
-            if not project.isdigit() or int(project) not in hierarchy.projects:
+            project_id = id_number(project)
+            if project_id is None or project_id not in hierarchy.projects:
                 return await _users_page(
                     request, 400, "Choose the project to approve the account into.", "error"
                 )
-            await approve_user(ctx.store, user_id, int(project))
+            await approve_user(ctx.store, user_id, project_id)
         elif action == "promote":
             await promote_user(ctx.store, user_id)
         else:  # disable: the route admits only these three
@@ -281,7 +283,8 @@ class _ProjectTotal:
 async def usage_page(request: web.Request) -> web.StreamResponse:
     ctx = request.config_dict[WEB_KEY]
     text = request.query.get("days", str(_DEFAULT_DAYS))
-    days_back = min(int(text), _MAX_DAYS) if text.isdigit() and int(text) > 0 else _DEFAULT_DAYS
+    asked = id_number(text)
+    days_back = min(asked, _MAX_DAYS) if asked else _DEFAULT_DAYS
     today = datetime.now(UTC).date()
     since = today - timedelta(days=days_back - 1)
     rows = await usage_by_day(ctx.store, since=since, until=today)

@@ -25,7 +25,7 @@ from llmgw.adminapi import openapi
 from llmgw.adminapi import tenancy as tenancyapi
 from llmgw.adminapi.openapi import DOCUMENT_KEY
 from llmgw.adminapi.routes import Route, mount
-from llmgw.bodies import decode_bodies
+from llmgw.bodies import MAX_ADMIN_BODY, decode_bodies
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory
@@ -51,7 +51,7 @@ _CHANGE_TYPES = frozenset({"application/json", "application/yaml", "application/
 
 
 # aiohttp's default: a model's definition or a node's new state is a few kilobytes.
-_MAX_BODY = 1024**2
+_MAX_BODY = MAX_ADMIN_BODY
 
 
 def _host_name(host: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmgw.adminapi.routes import Handler, Param, Route
+from llmgw.names import ID_PATTERN
 from llmgw.web import account, admin, projects
 from llmgw.web.context import WEB_KEY, WebContext
 from llmgw.web.pages import mount_table
@@ -61,7 +62,7 @@ ACCOUNT_PAGES: tuple[Route, ...] = (
         "/profile/keys/{key_id}/revoke",
         account.revoke_own_key,
         "Revoke one of your keys.",
-        parameters=(Param("key_id", pattern=r"\d+"),),
+        parameters=(Param("key_id", pattern=ID_PATTERN),),
     ),
 )
 
@@ -73,7 +74,7 @@ ADMIN_PAGES: tuple[Route, ...] = (
         "/admin/users/{user_id}/{action}",
         admin.user_action,
         "Approve, promote or disable an account.",
-        parameters=(Param("user_id", pattern=r"\d+"), Param("action", pattern="approve|promote|disable")),
+        parameters=(Param("user_id", pattern=ID_PATTERN), Param("action", pattern="approve|promote|disable")),
     ),
     _page(
         "GET", "/admin/projects", projects.projects_page, "Organisations, teams, projects.", link="Projects"

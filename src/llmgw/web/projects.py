@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from llmgw.errors import LlmgwError
+from llmgw.names import id_number
 from llmgw.store.scopes import Scope, load_hierarchy
 from llmgw.store.users import list_users
 from llmgw.tenancy import operations as tenancy
@@ -62,9 +63,10 @@ async def projects_page(request: web.Request) -> web.StreamResponse:
     level, item = request.query.get("kind", ""), request.query.get("id", "")
     if done in _DONE:
         name = ""
-        if level in _LEVELS and item.isdigit():
+        item_id = id_number(item)
+        if level in _LEVELS and item_id is not None:
             hierarchy = await load_hierarchy(request.config_dict[WEB_KEY].store)
-            name = hierarchy.name(Scope(_LEVELS[level], int(item)))
+            name = hierarchy.name(Scope(_LEVELS[level], item_id))
         flash = _DONE[done].format(name=name)
     return await _page(request, flash=flash)
 

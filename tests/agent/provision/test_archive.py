@@ -78,6 +78,10 @@ class TestTarGz:
             ({}, {"x": "y/..", "y": "."}),
             # A link inside the tree, and a file written through a parent made to point out.
             ({"d/../../escaped": "x"}, {}),
+            # A sibling whose name starts with the target's: a string-prefix check takes it for inside.
+            ({"../out-evil/cron": "x"}, {}),
+            ({}, {"lib": "../out-evil"}),
+            ({"../out-evil": "x"}, {}),
         ],
     )
     def test_an_entry_or_link_leaving_the_directory_is_refused(
@@ -91,6 +95,7 @@ class TestTarGz:
 
         assert not (tmp_path / "a" / "escaped").exists()
         assert not (tmp_path / "escaped").exists()
+        assert not (tmp_path / "a" / "out-evil").exists()
 
     def test_a_file_cannot_be_written_through_a_link_to_outside(self, tmp_path: Path) -> None:
         """The classic: a symlink to a directory outside, then a file under the symlink's name."""
@@ -128,7 +133,14 @@ class TestZip:
 
     @pytest.mark.parametrize(
         ("files", "links"),
-        [({"../escaped": "x"}, {}), ({}, {"bin/lib": "../../x"}), ({}, {"lib": "/usr/lib"})],
+        [
+            ({"../escaped": "x"}, {}),
+            ({}, {"bin/lib": "../../x"}),
+            ({}, {"lib": "/usr/lib"}),
+            # A sibling whose name starts with the target's: a string-prefix check takes it for inside.
+            ({"../out-evil/cron": "x"}, {}),
+            ({}, {"lib": "../out-evil"}),
+        ],
     )
     def test_a_zip_leaving_its_directory_is_refused(
         self, tmp_path: Path, kit: Any, files: Any, links: Any
@@ -140,6 +152,7 @@ class TestZip:
             unpack(write(tmp_path / "a.zip", kit.zip_bytes(files, links)), dest)
 
         assert not (tmp_path / "escaped").exists()
+        assert not (tmp_path / "out-evil").exists()
 
 
 def test_a_file_that_is_not_an_archive_is_refused_as_such(tmp_path: Path) -> None:
