@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import shutil
 import ssl
 import stat
 import subprocess
@@ -22,6 +21,8 @@ from llmgw import pki
 from llmgw.cli.cert import cert
 from llmgw.config import TLSConfig
 from llmgw.errors import CertificateError
+
+from . import needs
 
 
 def load(path: Path) -> x509.Certificate:
@@ -174,9 +175,10 @@ def test_the_cert_commands_write_an_authority_and_its_certificates(tmp_path: Pat
 
 
 class TestAKeyTheServiceCannotRead:
-    @pytest.mark.skipif(os.getuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
     def test_a_root_only_key_is_named_with_what_to_do_not_a_bare_permission_error(self) -> None:
         """The server or mirror, as the llmgw user, ended in `PermissionError: [Errno 13]`, naming no file."""
+        needs.root("reading a key as another user")
+        setpriv = needs.program("setpriv", "util-linux")
         with tempfile.TemporaryDirectory() as directory:
             base = Path(directory)
             base.chmod(0o755)
@@ -195,7 +197,7 @@ class TestAKeyTheServiceCannotRead:
             )
             done = subprocess.run(
                 [
-                    "setpriv",
+                    setpriv,
                     "--reuid=nobody",
                     "--regid=nogroup",
                     "--clear-groups",
@@ -213,8 +215,8 @@ class TestAKeyTheServiceCannotRead:
         assert f"tls.key names {key_path}, which this process" in done.stderr
         assert "--group llmgw" in done.stderr and "Traceback" not in done.stderr
 
-    @pytest.mark.skipif(os.getuid() != 0, reason="giving a key to a group needs root")
     def test_issue_with_group_makes_the_key_readable_by_that_group(self, ca: Path, tmp_path: Path) -> None:
+        needs.root("giving a key to a group")
         result = CliRunner().invoke(
             cert, ["issue-agent", "gpu-01", "--dir", str(ca), "--out", str(tmp_path), "--group", "nogroup"]
         )
