@@ -171,9 +171,14 @@ def replicas_view(inventory: Inventory, model: str | None = None) -> list[views.
             endpoint=r.endpoint,
             detail=r.detail,
             since_s=round(max(0.0, now - r.since), 1) if r.since else None,
+            agent_unreachable_s=_rounded(inventory.agent_unreachable_s(r)),
         )
         for r in sorted(inventory.replicas(model), key=lambda r: (r.model, r.node_id, r.shard_id))
     ]
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return round(seconds, 1) if seconds is not None else None
 
 
 def failures_view(inventory: Inventory, model: str | None = None) -> list[views.Failure]:
@@ -257,6 +262,7 @@ def status_view(
             total=len(models), serving=sum(1 for m in models if inventory.ready_endpoints(m.name))
         ),
         replicas=views.ReplicaCounts(total=len(replicas), ready=sum(1 for r in replicas if r.state == READY)),
+        agent_unreachable=sum(1 for r in replicas if inventory.agent_unreachable_s(r) is not None),
         refused=[
             views.Refused(peer=r.peer, reason=r.reason, count=r.count, last_s=r.last_s)
             for r in inventory.refused.recent()

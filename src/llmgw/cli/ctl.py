@@ -30,7 +30,17 @@ import click
 from llmgw import bound, config
 from llmgw.adminapi import views
 from llmgw.adminapi.auth import hash_token
-from llmgw.adminapi.present import DASH, ago, control_plane_line, failure_line, node_row, refused_line
+from llmgw.adminapi.present import (
+    DASH,
+    ago,
+    control_plane_line,
+    failure_line,
+    model_note,
+    node_row,
+    refused_line,
+    replica_state,
+    unattended_note,
+)
 from llmgw.cli.engine_check import engine_check
 from llmgw.cli.exit import (
     EXIT_CONFIG,
@@ -228,7 +238,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"llmgw     {view.version}")
     click.echo(f"nodes     {view.nodes.total}" + (f" ({states})" if states else ""))
     click.echo(f"models    {view.models.serving} of {view.models.total} serving")
-    click.echo(f"replicas  {view.replicas.ready} of {view.replicas.total} ready")
+    click.echo(f"replicas  {view.replicas.ready} of {view.replicas.total} ready{unattended_note(view)}")
     if view.control_plane is not None:
         click.echo(f"control   {control_plane_line(view.control_plane)}")
     # A node that never joined is often one refused at the door: its own log says why, and so does this.
@@ -306,7 +316,7 @@ def models(ctx: click.Context, as_json: bool) -> None:
     echo_table(
         ["MODEL", "READY", "ENGINES", "WHY NOT READY"],
         [
-            [m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), m.why_not_ready or ""]
+            [m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), model_note(m)]
             for m in _read(data, list[views.Model])
         ],
     )
@@ -336,7 +346,7 @@ def replicas(ctx: click.Context, model: str | None, everything: bool, as_json: b
     echo_table(
         ["REPLICA", "MODEL", "NODE", "STATE", "SINCE", "ENDPOINT OR DETAIL"],
         [
-            [r.shard_id, r.model, r.node, r.state, ago(r.since_s), r.endpoint or r.detail]
+            [r.shard_id, r.model, r.node, replica_state(r), ago(r.since_s), r.endpoint or r.detail]
             for r in _read(data, list[views.Replica])
         ],
     )

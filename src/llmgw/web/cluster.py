@@ -22,6 +22,8 @@ from llmgw.adminapi.present import (
     control_plane_line,
     node_row,
     refused_line,
+    replica_state,
+    unattended_note,
 )
 from llmgw.adminapi.routes import Param, Reply, Route
 from llmgw.catalog import CATALOG_KEY
@@ -103,6 +105,7 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         backing_off=_backing_off(request),
         refused_line=refused_line,
         control_plane_line=control_plane_line,
+        unattended_note=unattended_note,
         ago=ago,
         history=history is not None,
         charts=model_charts(history) if history is not None else [],
@@ -140,7 +143,15 @@ async def models_page(request: web.Request) -> web.StreamResponse:
     models = projections.models_view(inventory, request.config_dict[CATALOG_KEY].models())
     history = request.config_dict.get(HISTORY_KEY)
     charts = {m.name: model_charts(history, m.name) for m in models} if history is not None else {}
-    return await render(request, "admin_models.html", paths=paths, models=models, charts=charts, ago=ago)
+    return await render(
+        request,
+        "admin_models.html",
+        paths=paths,
+        models=models,
+        charts=charts,
+        ago=ago,
+        replica_state=replica_state,
+    )
 
 
 async def node_logs_page(request: web.Request) -> web.StreamResponse:
