@@ -7,13 +7,14 @@ the Register of an agent whose engines kept running). The secret lives in this
 module's maps and in the EngineRoute handed to the gateway, never on a Replica:
 Replica is what the admin API, `ctl` and the pages show.
 
-A request in flight to a node that is declared unreachable is abandoned with
-a 502 naming the node, rather than left waiting on a connection nobody will
-ever close: each node has a `lost` future the proxy listens to. An endpoint
-the gateway could not connect to leaves the routing table until its agent
-reports it ready again (or, on a node whose agent is connected and says
-nothing new, until a grace has passed, so a passing fault does not cost a
-replica for good).
+An endpoint the gateway could not get an answer from leaves the routing table
+until its agent reports it ready again (or, on a node whose agent is connected
+and says nothing new, until a grace has passed, so a passing fault does not
+cost a replica for good). When that happens while its node's agent is
+unreachable, the requests in flight there are abandoned with a 502 rather than
+left waiting on connections nobody may ever close: each replica has a `lost`
+future the proxy listens to. A node going quiet alone abandons nothing: its
+engines may well serve on without their agent.
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ class EngineRoute:
     node_id: str
     shard_id: str
     secret: str = attrs.field(repr=False)
-    # Resolves, with a sentence, when the node is declared unreachable.
+    # Resolves, with a sentence, when the engine fails the gateway while its node's agent is away.
     lost: asyncio.Future[str] = attrs.field(repr=False, eq=False)
     # Tell the inventory the engine did not accept a connection (with the reason).
     refused: Callable[[str], None] = attrs.field(repr=False, eq=False)
 
 
 class Routes:
-    """Secrets by shard, endpoints the gateway found dead, and each node's `lost` signal."""
+    """Secrets by shard, endpoints the gateway found dead, and each replica's `lost` signal."""
 
     def __init__(self, clock: Callable[[], float], retry_s: float) -> None:
         self._clock = clock
@@ -61,6 +62,7 @@ class Routes:
         live = set(shard_ids)
         self._secrets = {k: v for k, v in self._secrets.items() if k in live}
         self._refused = {k: v for k, v in self._refused.items() if k in live}
+        self._lost = {k: v for k, v in self._lost.items() if k in live}
 
     def refuse(self, shard_id: str) -> None:
         self._refused[shard_id] = self._clock()
@@ -86,15 +88,15 @@ class Routes:
             del self._refused[shard_id]
         return bool(due)
 
-    def lost(self, node_id: str) -> asyncio.Future[str]:
-        """The future that resolves when node_id is declared unreachable; needs a running loop."""
-        future = self._lost.get(node_id)
+    def lost(self, shard_id: str) -> asyncio.Future[str]:
+        """The future that resolves when shard_id's engine is given up for lost; needs a running loop."""
+        future = self._lost.get(shard_id)
         if future is None or future.done():
-            future = self._lost[node_id] = asyncio.get_running_loop().create_future()
+            future = self._lost[shard_id] = asyncio.get_running_loop().create_future()
         return future
 
-    def lose(self, node_id: str, reason: str) -> None:
-        """Abandon every request in flight to node_id's engines, saying reason."""
-        future = self._lost.pop(node_id, None)
+    def lose(self, shard_id: str, reason: str) -> None:
+        """Abandon every request in flight to shard_id's engine, saying reason."""
+        future = self._lost.pop(shard_id, None)
         if future is not None and not future.done():
             future.set_result(reason)

@@ -25,6 +25,7 @@ from llmgw.agent.client import AgentClient
 from llmgw.agent.supervisor import Supervisor
 from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, ModelConfig, ProfileConfig, ServerConfig
+from llmgw.control.engine_checks import EngineChecks
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Replica
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.stream.service import serve_agents
@@ -49,10 +50,13 @@ async def control_plane(cfg: ServerConfig) -> AsyncIterator[tuple[Inventory, int
     inventory = Inventory(grace_s=cfg.control.grace_s)
     async with serve_agents(cfg, inventory) as port, asyncio.TaskGroup() as tasks:
         reconciler = tasks.create_task(Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).run())
+        # As the server role: the engines of a node whose agent is lost serve while they answer.
+        checks = tasks.create_task(EngineChecks(inventory, cfg.control.engine_check_s).run())
         try:
             yield inventory, port
         finally:
             reconciler.cancel()
+            checks.cancel()
 
 
 @contextlib.asynccontextmanager
@@ -266,7 +270,7 @@ async def test_replicas_are_adopted_by_a_restarted_server_and_never_duplicated(
 async def test_a_lost_node_has_its_replica_replaced_on_another(
     fleet, server_cfg, tmp_path: Path, eventually
 ) -> None:
-    cfg = _catalog(server_cfg, grace_s=1.0)
+    cfg = _catalog(server_cfg, grace_s=1.0, engine_check_s=0.1)
     async with control_plane(cfg) as (inventory, port), contextlib.AsyncExitStack() as n1:
         await n1.enter_async_context(in_process_agent(_agent_cfg(fleet, "n1", port, tmp_path / "n1")))
         await eventually(lambda: _one_ready(inventory), WAIT_S)
@@ -282,7 +286,10 @@ async def test_a_lost_node_has_its_replica_replaced_on_another(
                 lambda: any(r.node_id == "n2" and r.state == READY for r in inventory.replicas(MODEL)), WAIT_S
             )
             assert len(second.statuses()) == 1
-            assert inventory.ready_endpoints(MODEL) == (second.statuses()[0].endpoint,)
+            # n1's engine went with its agent: the gateway's check takes it out.
+            await eventually(
+                lambda: inventory.ready_endpoints(MODEL) == (second.statuses()[0].endpoint,), WAIT_S
+            )
 
 
 async def test_what_a_node_reports_of_itself_reaches_the_inventory_and_so_does_a_gpu_failing(

@@ -46,7 +46,9 @@ class TestRouting:
         assert inventory.replicas() == []
         assert inventory.ready_endpoints("sim-chat") == ()
 
-    def test_a_silent_node_becomes_unreachable_and_its_replicas_leave_the_routing_table_at_once(self):
+    def test_a_silent_node_becomes_unreachable_and_its_replicas_stay_routed_until_the_gateway_finds_them_gone(
+        self,
+    ):
         clock = Clock()
         inventory = Inventory(grace_s=15, clock=clock)
         inventory.attach(register("n1", status("s1", "ready", "http://127.0.0.1:9001")))
@@ -55,6 +57,8 @@ class TestRouting:
         clock.now += 0.1
         assert inventory.expire() == ["n1"]
         assert inventory.node("n1").state == UNREACHABLE
+        assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:9001",)
+        inventory.engine_gone("s1", "sim on n1 did not answer the gateway's /health within 5 s")
         assert inventory.ready_endpoints("sim-chat") == ()
 
     def test_a_node_heard_from_again_is_ready_again(self):

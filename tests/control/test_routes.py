@@ -1,5 +1,8 @@
 """Across hosts, the control side: each replica's secret, the address rank 0 is reached at, a node lost.
 
+A node lost is its agent silent past the grace: its engines stay routed until
+one fails the gateway, and only then are its requests in flight abandoned.
+
 The inventory and the reconciler on a fake clock; nothing listens (the gateway
 side of the same is tests/gateway/test_engine_routes.py).
 """
@@ -160,7 +163,10 @@ class TestNodeAddresses:
 
 
 class TestLosingANode:
-    async def test_a_node_declared_unreachable_abandons_its_requests_saying_which_node(self) -> None:
+    async def test_a_node_declared_unreachable_keeps_its_engines_routed_and_their_requests_running(
+        self,
+    ) -> None:
+        """Its agent's silence alone abandons nothing: the engine may serve on without it."""
         clock = Clock()
         inventory = Inventory(grace_s=15, clock=clock)
         inventory.attach(register("n1", ready()))
@@ -168,10 +174,37 @@ class TestLosingANode:
         assert route is not None and not route.lost.done()
         clock.now += 15.5
         assert inventory.expire() == ["n1"]
-        assert route.lost.done()
-        assert route.lost.result().startswith("node n1 is unreachable (nothing from its agent for 16 s")
+        assert not route.lost.done()
+        assert inventory.ready_endpoints("sim-chat") == (ENDPOINT,)
+        (replica,) = inventory.replicas("sim-chat")
+        assert [(r.shard_id, rt.secret) for r, rt in inventory.unattended()] == [("s1", SECRET)]
+        clock.now += 24.5
+        assert inventory.agent_unreachable_s(replica) == 40.0
+
+    async def test_an_unattended_engine_that_fails_the_gateways_check_leaves_with_its_requests(
+        self,
+    ) -> None:
+        clock = Clock()
+        inventory = Inventory(grace_s=15, clock=clock)
+        inventory.attach(register("n1", ready()))
+        route = inventory.route(ENDPOINT)
+        assert route is not None
+        clock.now += 16
+        inventory.expire()
+        inventory.engine_gone("s1", "sim on n1 did not answer the gateway's /health within 5 s")
         assert inventory.ready_endpoints("sim-chat") == ()
-        assert inventory.route(ENDPOINT) is None
+        assert inventory.unattended() == []
+        assert route.lost.result() == (
+            "it stopped answering the gateway while its node's agent is away: "
+            "sim on n1 did not answer the gateway's /health within 5 s"
+        )
+        assert (
+            inventory.why_no_ready("sim-chat")
+            == "sim-chat has no ready replica: ready on n1, which is unreachable"
+        )
+        # Its agent back, reporting it ready: routed again.
+        inventory.attach(register("n1", ready()))
+        assert inventory.ready_endpoints("sim-chat") == (ENDPOINT,)
 
     async def test_while_its_agent_is_away_within_the_grace_a_nodes_engines_stay_routed(self) -> None:
         clock = Clock()
@@ -184,7 +217,8 @@ class TestLosingANode:
         assert inventory.ready_endpoints("sim-chat") == (ENDPOINT,)
         clock.now += 6
         assert inventory.expire() == ["n1"]
-        assert inventory.ready_endpoints("sim-chat") == ()
+        # Past it too, while the gateway's checks find it answering (control/engine_checks.py).
+        assert inventory.ready_endpoints("sim-chat") == (ENDPOINT,)
 
     async def test_an_engine_that_refused_the_gateway_is_not_routed_until_its_agent_reports_it_ready(
         self,
@@ -256,6 +290,7 @@ async def test_the_lost_signal_is_made_afresh_once_the_node_returns() -> None:
     first = inventory.route(ENDPOINT)
     clock.now += 16
     inventory.expire()
+    inventory.engine_gone("s1", "no answer")
     inventory.attach(register("n1", ready()))
     again = inventory.route(ENDPOINT)
     assert first is not None and again is not None

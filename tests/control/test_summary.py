@@ -220,6 +220,9 @@ class TestALostNodesReplica:
             )
             fleet.clock[0] += fleet.inventory.grace_s + 5
             assert fleet.inventory.expire() == ["n1"]
+            # The gateway keeps serving from an engine whose agent is away until its own check of the
+            # engine fails (control/engine_checks.py): here nothing listens at the endpoint.
+            fleet.inventory.engine_gone("s1", "connection refused")
             said = f"ready (node unreachable for {fleet.inventory.grace_s + 5:.0f} s; not routed)"
             message, _, page = await fleet.surfaces()
             assert message == f"{MODEL} has no ready replica: ready on n1, which is unreachable"

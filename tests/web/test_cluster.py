@@ -477,3 +477,23 @@ class TestAFleetOfHundreds:
         status, html = await get(f"{fleet_site}/?page={page}")
         assert status == 400
         assert why in html
+
+
+async def test_a_replica_served_while_its_nodes_agent_is_away_says_so_on_the_models_and_cluster_pages(
+    cluster_store: Store,
+) -> None:
+    now = [100.0]
+    inventory = Inventory(5.0, clock=lambda: now[0])
+    status = pb.ShardStatus(
+        shard_id="sim-chat-1", model="sim-chat", engine="sim", state="ready", endpoint="http://127.0.0.1:9"
+    )
+    inventory.attach(pb.Register(node_id="n1", running=[status]))
+    now[0] += 40
+    inventory.expire()
+    app = make_admin_app(CFG, inventory, Catalog(CFG), WebContext(cfg=CFG, store=cluster_store))
+    async with TestServer(app, host="127.0.0.1") as server:
+        base = str(server.make_url("")).rstrip("/")
+        _, models = await get(f"{base}/models")
+        _, cluster = await get(f"{base}/")
+    assert "ready; its node&#39;s agent unreachable for 40 s" in models
+    assert "1 of 1 replicas ready (1 whose node&#39;s agent is unreachable)" in cluster

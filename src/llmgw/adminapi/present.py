@@ -138,7 +138,25 @@ def ago(seconds: float | None) -> str:
 
 
 def replica_state(replica: views.Replica) -> str:
-    """ "ready", or "ready (node unreachable for 20 s; not routed)" for one the gateway passes by."""
+    """ "ready"; "ready (node unreachable for 20 s; not routed)" for one the gateway passes by; "ready; its
+    node's agent unreachable for 40 s" for one it still serves without its agent."""
     if replica.not_routed:
         return f"{replica.state} ({replica.not_routed}; not routed)"
-    return replica.state
+    if replica.agent_unreachable_s is None:
+        return replica.state
+    return f"{replica.state}; its node's agent unreachable for {replica.agent_unreachable_s:.0f} s"
+
+
+def model_note(model: views.Model) -> str:
+    """Why the model serves nothing; else what of its serving its nodes' agents cannot vouch for."""
+    if model.why_not_ready:
+        return model.why_not_ready
+    unattended = [r for r in model.replicas if r.agent_unreachable_s is not None]
+    return "; ".join(f"{r.shard_id} on {r.node} {replica_state(r)}" for r in unattended)
+
+
+def unattended_note(status: views.Status) -> str:
+    """ " (1 whose node's agent is unreachable)" after the ready count; empty when there is none."""
+    if not status.agent_unreachable:
+        return ""
+    return f" ({status.agent_unreachable} whose node's agent is unreachable)"

@@ -172,6 +172,7 @@ def replicas_view(inventory: Inventory, model: str | None = None) -> list[views.
             detail=r.detail,
             since_s=round(max(0.0, now - r.since), 1) if r.since else None,
             not_routed=_not_routed(r, inventory, now),
+            agent_unreachable_s=_rounded(inventory.agent_unreachable_s(r)),
         )
         for r in sorted(inventory.replicas(model), key=lambda r: (r.model, r.node_id, r.shard_id))
     ]
@@ -192,6 +193,10 @@ def _not_routed(replica: Replica, inventory: Inventory, now: float) -> str:
     if node.admin_state != READY:
         return f"node {node.admin_state}"
     return "the gateway could not connect to it"
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return round(seconds, 1) if seconds is not None else None
 
 
 def failures_view(inventory: Inventory, model: str | None = None) -> list[views.Failure]:
@@ -282,6 +287,7 @@ def status_view(
                 1 for r in replicas if r.state == READY and r.endpoint in inventory.ready_endpoints(r.model)
             ),
         ),
+        agent_unreachable=sum(1 for r in replicas if inventory.agent_unreachable_s(r) is not None),
         refused=[
             views.Refused(peer=r.peer, reason=r.reason, count=r.count, last_s=r.last_s)
             for r in inventory.refused.recent()

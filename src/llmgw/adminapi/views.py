@@ -157,6 +157,13 @@ class Replica:
             "Empty while the gateway routes to it, or while it is not ready."
         },
     )
+    agent_unreachable_s: float | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "Seconds its node's agent has been unreachable while the gateway still routes to it "
+            "(its engine answers the gateway); null while the agent is heard from or it is not routed."
+        },
+    )
 
 
 @attrs.frozen
@@ -286,6 +293,13 @@ class Status:
     control_plane: ControlPlane | None = attrs.field(
         default=None,
         metadata={"doc": "Leader or standby, and who leads; absent from a server older than this field."},
+    )
+    agent_unreachable: int = attrs.field(
+        default=0,
+        metadata={
+            "doc": "Of the ready replicas, those routed while their node's agent is unreachable "
+            "(their engines answer the gateway)."
+        },
     )
 
 

@@ -35,9 +35,11 @@ from llmgw.adminapi.present import (
     ago,
     control_plane_line,
     failure_line,
+    model_note,
     node_row,
     refused_line,
     replica_state,
+    unattended_note,
 )
 from llmgw.cli.engine_check import engine_check
 from llmgw.cli.exit import (
@@ -236,7 +238,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"llmgw     {view.version}")
     click.echo(f"nodes     {view.nodes.total}" + (f" ({states})" if states else ""))
     click.echo(f"models    {view.models.serving} of {view.models.total} serving")
-    click.echo(f"replicas  {view.replicas.ready} of {view.replicas.total} ready")
+    click.echo(f"replicas  {view.replicas.ready} of {view.replicas.total} ready{unattended_note(view)}")
     if view.control_plane is not None:
         click.echo(f"control   {control_plane_line(view.control_plane)}")
     # A node that never joined is often one refused at the door: its own log says why, and so does this.
@@ -314,7 +316,7 @@ def models(ctx: click.Context, as_json: bool) -> None:
     listed = _read(data, list[views.Model])
     echo_table(
         ["MODEL", "READY", "ENGINES", "WHY NOT READY"],
-        [[m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), m.why_not_ready or ""] for m in listed],
+        [[m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), model_note(m)] for m in listed],
     )
     # Beneath the table, as `ctl nodes` puts its notes: a budget that never binds is no error
     # anywhere else an operator looks.

@@ -83,8 +83,15 @@ class ControlConfig:
     )
     grace_s: float = _field(
         15.0,
-        "How long a node may stay silent before it is marked unreachable "
-        "and its replicas leave the routing table.",
+        "How long a node may stay silent before it is marked unreachable; its engines stay in the "
+        "routing table while they answer the gateway (`engine_check_s`).",
+        seconds(0, above=True),
+    )
+    engine_check_s: float = _field(
+        5.0,
+        "How often the gateway asks, itself, the health path of each engine on an unreachable node, "
+        "which must answer within as long: one that does not leaves the routing table. "
+        "See docs/operations.md.",
         seconds(0, above=True),
     )
     base_backoff_s: float = _field(

@@ -262,7 +262,7 @@ class Inventory:
         self._ready: dict[str, tuple[str, ...]] = {}
         self._unplaced: dict[str, str] = {}
         self._admin_states: dict[str, str] = {}
-        # Secrets, endpoints the gateway found dead, lost-node signals: never shown (llmgw/routes.py).
+        # Secrets, endpoints the gateway found dead, lost-engine signals: never shown (llmgw/routes.py).
         self._routing = Routes(clock, retry_s=grace_s)
         # Ready endpoint -> its replica, for route().
         self._by_endpoint: dict[str, Replica] = {}
@@ -413,7 +413,15 @@ class Inventory:
         self._seen(node_id)
 
     def expire(self) -> list[str]:
-        """Mark nodes silent past the grace unreachable; their replicas stop taking requests now."""
+        """Mark nodes silent past the grace unreachable; their engines serve on while they answer the gateway.
+
+        An agent away is not its engines away: stopped for an upgrade with
+        `keep_engines_on_stop`, or cut off from the control plane alone, it
+        leaves engines the gateway still reaches. Dropping them answered 503
+        "unreachable" while they served. The gateway's own checks (and its
+        requests) take them out of routing once they stop answering it
+        (gateway/engine_checks.py).
+        """
         now = self._clock()
         gone: list[Node] = []
         for node in self._by_last_seen.values():
@@ -423,20 +431,35 @@ class Inventory:
         for node in gone:
             node.state = UNREACHABLE
             del self._by_last_seen[node.id]
-            silent_s = now - node.last_seen
             log.warning(
-                "node is unreachable; its replicas leave the routing table",
+                "node is unreachable; its engines stay routed while they answer the gateway",
                 node=node.id,
-                silent_s=round(silent_s, 1),
-            )
-            self._routing.lose(
-                node.id,
-                f"node {node.id} is unreachable (nothing from its agent for {silent_s:.0f} s, "
-                f"control.grace_s is {self.grace_s:g} s)",
+                silent_s=round(now - node.last_seen, 1),
             )
         if self._routing.retry(self._agent_connected) or gone:
             self._rebuild()
         return [n.id for n in gone]
+
+    def unattended(self) -> list[tuple[Replica, EngineRoute]]:
+        """The routed replicas whose node's agent is unreachable: only the gateway can say they serve."""
+        return [
+            (r, route)
+            for endpoint, r in self._by_endpoint.items()
+            if (node := self._nodes.get(r.node_id)) is not None
+            and node.state == UNREACHABLE
+            and (route := self.route(endpoint)) is not None
+        ]
+
+    def agent_unreachable_s(self, replica: Replica) -> float | None:
+        """How long the agent of a routed replica's node has been silent; None when it is heard from."""
+        node = self._nodes.get(replica.node_id)
+        if (
+            node is None
+            or node.state != UNREACHABLE
+            or self._by_endpoint.get(replica.endpoint) is not replica
+        ):
+            return None
+        return max(0.0, self._clock() - node.last_seen)
 
     def _agent_connected(self, shard_id: str) -> bool:
         replica = self._replicas.get(shard_id)
@@ -516,7 +539,11 @@ class Inventory:
         return self._ready.get(model, ())
 
     def route(self, endpoint: str) -> EngineRoute | None:
-        """The node, secret and lost signal of a ready endpoint; None for one no longer ready."""
+        """The node, secret and lost signal of a ready endpoint; None for one no longer ready.
+
+        Its `lost` resolves when the engine stops answering the gateway while its node's agent is
+        unreachable: nobody else will end the requests it holds.
+        """
         replica = self._by_endpoint.get(endpoint)
         if replica is None:
             return None
@@ -525,7 +552,7 @@ class Inventory:
             node_id=replica.node_id,
             shard_id=shard_id,
             secret=self._routing.secret(shard_id),
-            lost=self._routing.lost(replica.node_id),
+            lost=self._routing.lost(shard_id),
             refused=lambda reason: self.engine_refused(shard_id, reason),
         )
 
@@ -538,19 +565,30 @@ class Inventory:
         return self._routing.secret(shard_id)
 
     def engine_refused(self, shard_id: str, reason: str) -> None:
-        """The gateway could not connect to the shard's engine: no more requests until it is ready again."""
+        """The gateway got no answer from the shard's engine: no more requests until it is ready again."""
         replica = self._replicas.get(shard_id)
         if replica is None or not self._routing.routable(shard_id):
             return
         self._routing.refuse(shard_id)
         log.warning(
-            "an engine refused the gateway; it leaves the routing table until its node says it is ready",
+            "an engine failed the gateway; it leaves the routing table until its node says it is ready",
             node=replica.node_id,
             shard=shard_id,
             endpoint=replica.endpoint,
             reason=reason,
         )
         self._rebuild()
+
+    def engine_gone(self, shard_id: str, reason: str) -> None:
+        """The gateway's own check of an engine whose agent is unreachable failed: out, with what it holds.
+
+        Its requests in flight are abandoned too (`lost`): no agent will report the engine gone,
+        and a host that vanished never closes their connections.
+        """
+        self.engine_refused(shard_id, reason)
+        self._routing.lose(
+            shard_id, f"it stopped answering the gateway while its node's agent is away: {reason}"
+        )
 
     def why_no_ready(self, model: str) -> str:
         """A sentence for a 503: where each replica of model is going instead of serving, node by node."""
@@ -625,7 +663,7 @@ class Inventory:
                 r.state == READY
                 and r.endpoint
                 and node is not None
-                and node.state == READY
+                # An unreachable node's engines too, until one fails the gateway (expire()).
                 and self._routing.routable(r.shard_id)
             ):
                 table = leaving if node.admin_state == DRAINING else ready

@@ -27,6 +27,7 @@ from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.config.database import is_postgres_url
+from llmgw.control.engine_checks import EngineChecks
 from llmgw.control.ha.leadership import Leadership, advertised, plane_name, while_leading
 from llmgw.control.ha.publish import FleetRoutes
 from llmgw.control.inventory import Inventory
@@ -201,6 +202,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         history = History(gateway_metrics, inventory, cfg.monitoring.window_s)
         tasks.keep(history.run(), "history-sampler")
         app[HISTORY_KEY] = history
+        # Engines whose node's agent is away serve on while they answer the gateway's own checks.
+        tasks.keep(EngineChecks(inventory, cfg.control.engine_check_s).run(), "engine-checks")
         reconciler = _reconciler(cfg, inventory, catalog, app, control_metrics, mirror)
         # Only the leader places and reconciles (always this server, without PostgreSQL).
         lead = functools.partial(_lead, fleet.routes, reconciler)

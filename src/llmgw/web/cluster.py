@@ -23,6 +23,7 @@ from llmgw.adminapi.present import (
     node_row,
     refused_line,
     replica_state,
+    unattended_note,
 )
 from llmgw.adminapi.routes import Param, Reply, Route
 from llmgw.catalog import CATALOG_KEY
@@ -104,6 +105,7 @@ async def cluster_page(request: web.Request) -> web.StreamResponse:
         backing_off=_backing_off(request),
         refused_line=refused_line,
         control_plane_line=control_plane_line,
+        unattended_note=unattended_note,
         ago=ago,
         history=history is not None,
         charts=model_charts(history) if history is not None else [],

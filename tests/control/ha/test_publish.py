@@ -140,10 +140,10 @@ class TestPublishing:
                 leader.inventory.attach(pb.Register(node_id="n2", running=[ready("n2", "s3", 9105, "c")]))
                 await eventually(lambda: len(standby.routes.ready_endpoints(MODEL)) == 3, ELECTED_S)
 
-    async def test_a_request_in_flight_through_a_standby_is_abandoned_when_the_leader_loses_its_node(
+    async def test_a_request_in_flight_through_a_standby_is_abandoned_when_the_leader_loses_its_engine(
         self, postgres_url: str
     ) -> None:
-        """As on the leader: a 502 naming the node, not a wait on a connection nobody will close."""
+        """As on the leader: kept while only the agent is lost; a 502 once its engine stops answering too."""
         now = [1000.0]
         async with running(Plane(postgres_url, "cp1", clock=lambda: now[0])) as leader:
             await eventually(lambda: leader.settled.is_set(), ELECTED_S)
@@ -154,8 +154,16 @@ class TestPublishing:
                 assert route is not None
                 now[0] += 60
                 assert leader.inventory.expire() == ["n1"]
-                await eventually(lambda: route.lost.done(), 1.0)
-                assert route.lost.result() == "node n1 is unreachable (the leader has lost its agent)"
+                await eventually(lambda: "n1" in standby.routes.published.unreachable, ELECTED_S)
+                assert not route.lost.done()
+                assert standby.routes.ready_endpoints(MODEL) == ("http://127.0.0.1:9108",)
+                leader.inventory.engine_gone(
+                    "s1", "sim on n1 did not answer the gateway's /health within 5 s"
+                )
+                await eventually(lambda: route.lost.done(), ELECTED_S)
+                assert route.lost.result() == (
+                    "node n1's agent is unreachable and its engine stopped answering the leader"
+                )
                 assert standby.routes.ready_endpoints(MODEL) == ()
 
 

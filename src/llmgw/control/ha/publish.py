@@ -67,7 +67,8 @@ class RoutingTable:
 
     ready: dict[str, list[Published]] = attrs.field(factory=dict)
     why: dict[str, str] = attrs.field(factory=dict)
-    # Nodes the leader declared unreachable: requests in flight to them are abandoned.
+    # Nodes whose agent the leader lost: requests in flight to their engines are abandoned once the
+    # leader takes those out of routing too (their engines stopped answering its gateway).
     unreachable: list[str] = attrs.field(factory=list)
 
     def nodes(self) -> set[str]:
@@ -132,7 +133,8 @@ class FleetRoutes:
         self._settled_term = 0
         # Endpoints this gateway could not connect to, until the next publication or a grace.
         self._refused: dict[str, float] = {}
-        self._lost: dict[str, asyncio.Future[str]] = {}
+        # shard id -> (its node, the signal its requests in flight listen to).
+        self._lost: dict[str, tuple[str, asyncio.Future[str]]] = {}
         self._view: tuple[object, dict[str, tuple[str, ...]], dict[str, Published]] | None = None
         self._dirty = asyncio.Event()
         leadership.on_connect(self._listen)
@@ -170,7 +172,7 @@ class FleetRoutes:
             node_id=published.node_id,
             shard_id=published.shard_id,
             secret=published.secret,
-            lost=self._lost_signal(published.node_id),
+            lost=self._lost_signal(published),
             refused=lambda reason: self._refuse(endpoint, reason),
         )
 
@@ -215,11 +217,14 @@ class FleetRoutes:
             )
         self._refused[endpoint] = self._clock()
 
-    def _lost_signal(self, node_id: str) -> asyncio.Future[str]:
-        future = self._lost.get(node_id)
-        if future is None or future.done():
-            future = self._lost[node_id] = asyncio.get_running_loop().create_future()
-        return future
+    def _lost_signal(self, published: Published) -> asyncio.Future[str]:
+        kept = self._lost.get(published.shard_id)
+        if kept is None or kept[1].done():
+            kept = self._lost[published.shard_id] = (
+                published.node_id,
+                asyncio.get_running_loop().create_future(),
+            )
+        return kept[1]
 
     # --- the leader's side
 
@@ -334,10 +339,17 @@ class FleetRoutes:
         # A new publication is the leader's word on every endpoint: refusals here start over.
         self._refused.clear()
         self._view = None
-        for node in table.unreachable:
-            future = self._lost.pop(node, None)
-            if future is not None and not future.done():
-                future.set_result(f"node {node} is unreachable (the leader has lost its agent)")
+        # An agent lost alone abandons nothing: its engines serve on while they answer the leader's
+        # gateway. Once the leader takes one out too, nobody will close what is in flight there.
+        routed = {p.shard_id for ps in table.ready.values() for p in ps}
+        unreachable = set(table.unreachable)
+        for shard_id, (node, future) in list(self._lost.items()):
+            if node in unreachable and shard_id not in routed:
+                del self._lost[shard_id]
+                if not future.done():
+                    future.set_result(
+                        f"node {node}'s agent is unreachable and its engine stopped answering the leader"
+                    )
         self.read.set()
         log.debug("read the routing table", generation=generation, models=len(table.ready))
 
