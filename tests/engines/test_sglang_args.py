@@ -68,7 +68,7 @@ def adapter_argvs() -> list[list[str]]:
     engine = SglangEngine()
     argvs = []
     for spec in _SPECS:
-        for variant in (spec, attrs.evolve(spec, secret="s3cret", args=list(engine.embedding_args))):
+        for variant in (spec, attrs.evolve(spec, secret="s3cret", args=engine.embedding_args)):
             argv = engine.command(attrs.evolve(variant, binary="/opt/sglang/bin/python"))
             assert argv[1:3] == ["-m", "sglang.launch_server"]
             argvs.append(argv[3:])
