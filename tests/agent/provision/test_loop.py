@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import venv
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from llmgw.agent.provision.installer import FAILED, READY
 from llmgw.agent.provision.loop import ProvisionLoop
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.config import AgentConfig, EngineOptions, ProvisionConfig
+from llmgw.launcher import run as run_command
 from llmgw.proto.llmgw import v1 as pb
 
 HOST = Host(os_id="ubuntu", id_like=("debian",), arch="amd64", cpu_flags=("avx2",))
@@ -206,13 +209,17 @@ class TestWhatIsReported:
         assert loop.statuses() == []
         assert loop.engine_versions() == {"llamacpp": "unknown"}
 
-    async def test_a_binary_agent_yaml_names_that_is_not_there_is_not_reported(
+    async def test_a_binary_agent_yaml_names_that_is_not_there_is_not_offered_and_says_why(
         self, make_loop: Any, tmp_path: Path
     ) -> None:
-        loop = make_loop({"vllm": EngineOptions(binary=str(tmp_path / "missing" / "vllm"))})
+        missing = tmp_path / "missing" / "vllm"
+        loop = make_loop({"vllm": EngineOptions(binary=str(missing))})
         await loop.probe_configured()
 
         assert loop.engine_versions() == {}
+        (st,) = loop.statuses()
+        assert (st.engine, st.state) == ("vllm", FAILED)
+        assert st.detail == f"agent.yaml names {missing}, which is not an executable file here"
 
     async def test_an_engine_merely_found_on_path_is_not_reported(
         self, make_loop: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -235,3 +242,66 @@ class TestWhatIsReported:
 
         assert await loop.run_pass() == []
         assert release.requests == []
+
+
+def python_with_sglang(root: Path) -> tuple[Path, Path]:
+    """A throwaway venv whose sglang is a one-line package that counts its imports: (python, count file)."""
+    venv.create(root, with_pip=False, symlinks=True)
+    (site,) = root.glob("lib/python*/site-packages")
+    imports = root / "imports"
+    (site / "sglang").mkdir()
+    (site / "sglang" / "__init__.py").write_text(
+        f"with open({str(imports)!r}, 'a') as f:\n    f.write('imported\\n')\n__version__ = '0.5.2'\n"
+    )
+    return root / "bin" / "python", imports
+
+
+class TestAnInterpreterAgentYamlNames:
+    """SGLang is a module: its interpreter is there on every machine, so only an import says it is."""
+
+    async def test_an_interpreter_that_cannot_import_sglang_is_reported_with_why(
+        self, make_loop: Any, running: Any
+    ) -> None:
+        """The interpreter running these tests has no sglang; the node says so rather than offering it."""
+        assert (await run_command([sys.executable, "-c", "import sglang"])).returncode != 0
+        loop = make_loop({"sglang": EngineOptions(binary=sys.executable)})
+        await running(loop)
+
+        await until(lambda: loop.probed and bool(loop.statuses()), loop.changed)
+
+        assert loop.engine_versions() == {}
+        (st,) = loop.statuses()
+        assert (st.engine, st.state) == ("sglang", FAILED)
+        assert st.detail == (
+            f"{sys.executable} cannot import sglang: ModuleNotFoundError: No module named 'sglang'"
+        )
+
+    async def test_an_interpreter_that_imports_sglang_offers_it_at_its_version(
+        self, make_loop: Any, tmp_path: Path
+    ) -> None:
+        python, _ = await asyncio.to_thread(python_with_sglang, tmp_path / "sglang-env")
+        loop = make_loop({"sglang": EngineOptions(binary=str(python))})
+
+        await loop.probe_configured()
+
+        assert loop.engine_versions() == {"sglang": "0.5.2"}
+        assert loop.statuses() == []
+
+    async def test_sglang_is_imported_once_however_often_the_control_plane_reconnects(
+        self, make_loop: Any, running: Any, tmp_path: Path
+    ) -> None:
+        """Each reconnect sends a Provision, and each Provision a pass: the import is not paid again."""
+        python, imports = await asyncio.to_thread(python_with_sglang, tmp_path / "sglang-env")
+        loop = make_loop({"sglang": EngineOptions(binary=str(python))})
+        await loop.probe_configured()  # the agent's own, before its first Register
+        await running(loop)
+
+        for passes in range(1, 4):
+            loop.kick(provision(("llamacpp", "b1")))
+            async with asyncio.timeout(30):
+                while loop.passes < passes:
+                    await loop.passed.wait()
+                    loop.passed.clear()
+
+        assert loop.engine_versions() == {"sglang": "0.5.2", "llamacpp": "b1"}
+        assert imports.read_text().splitlines() == ["imported"]

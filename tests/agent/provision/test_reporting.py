@@ -8,21 +8,30 @@ directory's conftest: the only fakes are the internet and the package tools.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from click.testing import CliRunner
 
 from llmgw import pki
+from llmgw.adminapi import handlers as adminapi
 from llmgw.agent.client import AgentClient
 from llmgw.agent.discovery.host import NO_AVX2_WARNING, Host
 from llmgw.agent.provision.loop import ProvisionLoop
 from llmgw.agent.provision.release import ReleaseClient
+from llmgw.catalog import Catalog
+from llmgw.cli.ctl import ctl
 from llmgw.config import (
     AgentConfig,
     ControlConfig,
+    EngineOptions,
     ModelConfig,
     ProfileConfig,
     ProvisionConfig,
@@ -91,10 +100,11 @@ class Cluster:
     client: AgentClient
 
 
-@pytest.fixture
-async def cluster(
-    tmp_path: Path, certs: Certs, machine: Any, releases: ReleaseClient
+@contextlib.asynccontextmanager
+async def running_cluster(
+    tmp_path: Path, certs: Certs, machine: Any, releases: ReleaseClient, engines: dict[str, EngineOptions]
 ) -> AsyncIterator[Cluster]:
+    """The control plane's agent service, and one agent n1 whose agent.yaml names engines."""
     server_cfg = ServerConfig(
         agent_listen="127.0.0.1:0",
         tls=certs.server,
@@ -109,6 +119,7 @@ async def cluster(
             tls=certs.n1,
             heartbeat_interval_s=0.05,
             state_dir=str(tmp_path / "agent"),
+            engines=engines,
             provision=ProvisionConfig(dir=str(tmp_path / "engines")),
         )
         loop = ProvisionLoop(agent_cfg, SLOW_VM, machine, releases, lock_retry_s=0.0)
@@ -130,6 +141,14 @@ async def cluster(
             finally:
                 for task in owned:
                     task.cancel()
+
+
+@pytest.fixture
+async def cluster(
+    tmp_path: Path, certs: Certs, machine: Any, releases: ReleaseClient
+) -> AsyncIterator[Cluster]:
+    async with running_cluster(tmp_path, certs, machine, releases, {}) as running:
+        yield running
 
 
 def llama_model() -> ModelConfig:
@@ -167,3 +186,38 @@ async def test_the_outcome_reaches_a_heartbeat(cluster: Cluster, release: Any) -
     assert "this CPU lacks avx2" in status.detail
     (verdict,) = Scheduler.for_inventory(inventory, ServerConfig(), []).explain(llama_model())
     assert verdict.candidate
+
+
+async def test_a_node_whose_interpreter_cannot_import_sglang_is_skipped_saying_why(
+    tmp_path: Path, certs: Certs, machine: Any, releases: ReleaseClient
+) -> None:
+    """agent.yaml names an interpreter without SGLang: `ctl explain` gives the node's own sentence."""
+    python = sys.executable  # the one running these tests, which has no sglang
+    sglang_model = ModelConfig(name="chat", profiles=[ProfileConfig(engine="sglang")])
+    engines = {"sglang": EngineOptions(binary=python)}
+    async with running_cluster(tmp_path, certs, machine, releases, engines) as running:
+        inventory = running.inventory
+        await eventually(lambda: inventory.node("n1") is not None)
+        node = inventory.node("n1")
+        assert node is not None
+        await eventually(lambda: any(p.engine == "sglang" for p in node.provision))
+        assert "sglang" not in node.engine_versions
+        why = (
+            f"does not have sglang installed (failed: {python} cannot import sglang: "
+            "ModuleNotFoundError: No module named 'sglang')"
+        )
+        (verdict,) = Scheduler.for_inventory(inventory, ServerConfig(), []).explain(sglang_model)
+        assert verdict.reason == why
+
+        cfg = ServerConfig(models=[sglang_model])
+        app = web.Application()
+        adminapi.install(app, cfg, inventory, Catalog(cfg))
+        async with TestServer(app) as admin:
+            url = str(admin.make_url("")).rstrip("/")
+            # In a thread: ctl runs its own event loop, and the admin API runs on this one.
+            result = await asyncio.to_thread(
+                CliRunner().invoke, ctl, ["--server", url, "explain", "chat"], catch_exceptions=False
+            )
+        assert result.exit_code == 0, result.output
+        (row,) = [line for line in result.stdout.splitlines() if " n1 " in line]
+        assert row.split(None, 3)[2:] == ["no", why]

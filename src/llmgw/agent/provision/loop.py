@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from collections.abc import Callable
 
+import attrs
 import structlog
 
 from llmgw.agent.discovery.host import Host
@@ -27,6 +29,8 @@ from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import CommandRunner
 from llmgw.backoff import ExponentialBackoff
 from llmgw.config import AgentConfig
+from llmgw.launcher import CommandResult
+from llmgw.launcher import run as run_command
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
@@ -34,11 +38,21 @@ log = structlog.get_logger(__name__)
 # The version reported for an engine agent.yaml names by its binary. A value,
 # not an absent key: absent means "this node cannot run it". The binary is not
 # run to ask, because people put wrapper scripts in front of an engine that
-# start a server when handed a flag they do not know.
+# start a server when handed a flag they do not know. (An interpreter is run,
+# with llmgw's own one-line import and no flags: see _MODULES.)
 UNKNOWN_VERSION = "unknown"
 
 # Engines that ship inside llmgw itself: never installed, never missing.
 _BUILT_IN = frozenset({"sim"})
+
+# Engines agent.yaml names by the interpreter they are installed in, with the
+# module that interpreter must import. Being there says nothing for these:
+# python3 is on every machine, and believing it put SGLang replicas on nodes
+# that had no SGLang, to fail there minutes later.
+_MODULES = {"sglang": "sglang"}
+# Generous: an import on a cold page cache pulls in torch, and takes seconds.
+IMPORT_TIMEOUT_S = 120.0
+_VERSION = re.compile(r"[0-9][A-Za-z0-9._+-]{0,63}")
 
 EVERY_S = 600.0
 FIRST_RETRY_S = 60.0
@@ -82,6 +96,12 @@ class ProvisionLoop:
         self._statuses: dict[str, InstallStatus] = {}
         self._installed: dict[str, InstallStatus] = {}
         self._configured: dict[str, str] = {}
+        # Engines agent.yaml names that cannot run here, with the sentence saying why.
+        self._unavailable: dict[str, InstallStatus] = {}
+        # Interpreter -> its module's version, or why it does not import. Once, because
+        # probing SGLang imports it in a Python interpreter, seconds on a cold cache,
+        # and a reconnect (a Provision, so a pass) is not a reason to pay that again.
+        self._imports: dict[tuple[str, str], _Runnable] = {}
         self._probed = False
         self._kicked = asyncio.Event()
         self.changed = asyncio.Event()
@@ -110,8 +130,10 @@ class ProvisionLoop:
         return {name: st.binary for name, st in self._installed.items()}
 
     def statuses(self) -> list[pb.ProvisionStatus]:
-        """Where each wanted engine's installation stands, by engine name."""
-        return [self._statuses[name].to_proto() for name in sorted(self._statuses)]
+        """Where each wanted engine's installation stands, and why a named one cannot run, by engine name."""
+        # Never the same engine in both: one agent.yaml names is never wanted (kick).
+        every = {**self._unavailable, **self._statuses}
+        return [every[name].to_proto() for name in sorted(every)]
 
     # -- what the control plane says --------------------------------------------
 
@@ -187,20 +209,40 @@ class ProvisionLoop:
         return results
 
     async def probe_configured(self) -> None:
-        """Look for the binaries agent.yaml names; the only engines believed without installing."""
+        """Look for the engines agent.yaml names; the only engines believed without installing."""
         found: dict[str, str] = {}
+        unavailable: dict[str, InstallStatus] = {}
         for name, opts in self._cfg.engines.items():
-            if opts.binary:
-                if await asyncio.to_thread(_runnable, opts.binary):
-                    found[name] = UNKNOWN_VERSION
-                else:
-                    log.warning(
-                        "agent.yaml names an engine binary that is not there", engine=name, binary=opts.binary
-                    )
-        changed = found != self._configured or not self._probed
-        self._configured, self._probed = found, True
+            if not opts.binary or opts.disabled:
+                continue
+            runnable = await self._runnable(name, opts.binary)
+            if runnable.why:
+                unavailable[name] = InstallStatus(name, UNKNOWN_VERSION, FAILED, runnable.why)
+            else:
+                found[name] = runnable.version
+        for name in unavailable.keys() - self._unavailable.keys():
+            log.warning("an engine agent.yaml names cannot run", engine=name, why=unavailable[name].detail)
+        changed = found != self._configured or unavailable != self._unavailable or not self._probed
+        self._configured, self._unavailable, self._probed = found, unavailable, True
         if changed:
             self._notify()
+
+    async def _runnable(self, engine: str, binary: str) -> _Runnable:
+        """Whether agent.yaml's binary for engine can run it: there, and for a module, importing it."""
+        path = await asyncio.to_thread(_executable, binary)
+        if not path:
+            where = "an executable file here" if os.sep in binary else "on the PATH"
+            return _Runnable(why=f"agent.yaml names {binary}, which is not {where}")
+        module = _MODULES.get(engine)
+        if module is None:
+            return _Runnable()
+        key = (path, module)
+        if key not in self._imports:
+            runnable = await _imports(path, module)
+            if runnable.timed_out:
+                return runnable  # a slow disk, not an answer: asked again on the next pass
+            self._imports[key] = runnable
+        return self._imports[key]
 
     # -- internals ----------------------------------------------------------------
 
@@ -233,7 +275,44 @@ def _versions(installed: dict[str, InstallStatus]) -> dict[str, str]:
     return {name: st.version for name, st in sorted(installed.items())}
 
 
-def _runnable(binary: str) -> bool:
+@attrs.frozen
+class _Runnable:
+    """An engine agent.yaml names: its version when it can run here, else why not."""
+
+    version: str = UNKNOWN_VERSION
+    why: str = ""
+    timed_out: bool = False
+
+
+def _executable(binary: str) -> str:
+    """The path binary runs from, or "" when there is none (blocking: in a thread)."""
     if os.sep in binary:
-        return os.path.isfile(binary) and os.access(binary, os.X_OK)
-    return shutil.which(binary) is not None
+        return binary if os.path.isfile(binary) and os.access(binary, os.X_OK) else ""
+    return shutil.which(binary) or ""
+
+
+async def _imports(python: str, module: str) -> _Runnable:
+    """Whether the interpreter imports module, and the version it says it is.
+
+    This runs llmgw's own one-line import, not the engine's launcher: no wrapper
+    script in front of a server is handed flags it would start one for.
+    """
+    code = f"import {module}; print(getattr({module}, '__version__', ''))"
+    try:
+        result = await run_command([python, "-c", code], timeout_s=IMPORT_TIMEOUT_S)
+    except OSError as exc:
+        return _Runnable(why=f"{python} cannot import {module}: {exc.strerror or exc}")
+    if result.timed_out:
+        return _Runnable(
+            why=f"{python} did not import {module} within {IMPORT_TIMEOUT_S:g} s", timed_out=True
+        )
+    if not result.ok:
+        return _Runnable(why=f"{python} cannot import {module}: {_last_words(result)}")
+    # Its last line: whatever the import printed on the way comes before it.
+    version = result.last_line()
+    return _Runnable(version=version if _VERSION.fullmatch(version) else UNKNOWN_VERSION)
+
+
+def _last_words(result: CommandResult) -> str:
+    # The traceback's last line names the error: "ModuleNotFoundError: No module named 'sglang'".
+    return result.last_line() or f"exit code {result.returncode}"
