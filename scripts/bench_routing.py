@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -395,11 +395,13 @@ def _watch(router: Router, endpoints: list[str], counts: _Result) -> None:
     """Count, on router, the requests the prefix index could place by their history, and those moved."""
     route = router.route
 
-    def watched(model: str, session: str = "", blocks: Sequence[int] = ()) -> tuple[str, str]:
+    def watched(
+        model: str, session: str = "", blocks: Sequence[int] = (), tried: Collection[str] = ()
+    ) -> tuple[str, str]:
         matched = router.prefixes.matched(blocks)
         # Idle replicas and a factor of 1: the replica that served the longest remembered prefix.
         wanted = router.prefixes.choose(blocks[:matched], endpoints, {}, 1.0) if matched > 1 else None
-        served, endpoint = route(model, session, blocks)
+        served, endpoint = route(model, session, blocks, tried)
         if wanted is not None:
             counts.remembered += 1
             counts.moved += endpoint != wanted

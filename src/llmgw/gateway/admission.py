@@ -24,7 +24,7 @@ from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.gateway import access
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
-from llmgw.gateway.quotas import Quotas, Short
+from llmgw.gateway.quotas import Quotas, Short, Ticket
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.pricing import cost, price_of
 from llmgw.store.keys import KeyRecord
@@ -42,6 +42,43 @@ _MAX_NAMES = ("max_completion_tokens", "max_tokens")
 _DEFAULT_MAX_TOKENS = ModelConfig().max_tokens
 
 log = structlog.get_logger(__name__)
+
+
+def _ask_the_engine(call: Call, max_tokens: int | None) -> None:
+    """Rewrite the request so the engine stops where the reservation does and reports its usage."""
+    payload = call.payload
+    changes: dict[str, Any] = {}
+    if max_tokens is not None:
+        # The engine's own default may be far longer (to the end of its context): it must stop
+        # where the reservation does.
+        changes["max_tokens"] = max_tokens
+    if payload.get("stream") is True and not _wants_usage(payload):
+        # Most clients stream without asking for usage; the engine's count is the only true one.
+        options = payload.get("stream_options")
+        changes["stream_options"] = {
+            **(options if isinstance(options, dict) else {}),
+            "include_usage": True,
+        }
+        call.hide_usage = True
+    if changes:
+        # The payload too: the router rewrites the body from it for a fallback model.
+        call.payload = {**payload, **changes}
+        call.body = json.dumps(call.payload, ensure_ascii=False).encode()
+
+
+def _used(call: Call, status: int, prompt: int, completion: int) -> tuple[int, int]:
+    """What a finished request is charged: (prompt tokens, completion tokens)."""
+    if call.usage is not None:
+        return plausible_usage(call, call.usage, prompt, completion)
+    if status >= 400 and status != 499:
+        return (0, 0)
+    if call.delivered is not None:
+        # The engine broke off a stream without reporting usage: the prompt it was sent (as
+        # reserved) and a token for each event the client had, never more than was reserved.
+        return (prompt, min(call.delivered, completion))
+    # A reply that reports no usage (a client that left before the engine reported it) is
+    # charged what was reserved, so that leaving early saves nothing.
+    return (prompt, completion)
 
 
 def plausible_usage(call: Call, reported: tuple[int, int], prompt: int, completion: int) -> tuple[int, int]:
@@ -135,6 +172,20 @@ class Admission:
         """What /v1/models shows key: the models it may call (gateway/access.py)."""
         return access.listed(names, key, self._quotas.hierarchy)
 
+    async def _admit(self, key: KeyRecord, model: str, tokens: int, spend: float) -> Ticket:
+        """The reservation for every scope of key's chain; a refusal is recorded as one, then raised."""
+        try:
+            try:
+                return self._quotas.admit(key, tokens, spend)
+            except Short as short:
+                # Several gateways: this one's lease is short; wait for a claim rather than refuse.
+                return await self._quotas.admit_leased(key, tokens, spend, short)
+        except ApiError as refusal:
+            self._recorder.record(
+                key.id, key.project_id, model, refusal.status, 0, 0, 0.0, 0.0, admitted=False
+            )
+            raise
+
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
         key = call.key
         if key is None:
@@ -159,36 +210,8 @@ class Admission:
                 refusal=("model", "max_tokens"),
             )
         prompt = len(call.body) + TEMPLATE_OVERHEAD
-        try:
-            try:
-                ticket = self._quotas.admit(key, prompt + completion, cost(price, prompt, completion))
-            except Short as short:
-                # Several gateways: this one's lease is short; wait for a claim rather than refuse.
-                ticket = await self._quotas.admit_leased(
-                    key, prompt + completion, cost(price, prompt, completion), short
-                )
-        except ApiError as refusal:
-            self._recorder.record(
-                key.id, key.project_id, model, refusal.status, 0, 0, 0.0, 0.0, admitted=False
-            )
-            raise
-        changes: dict[str, Any] = {}
-        if asked is None and not embeddings:
-            # The engine's own default may be far longer (to the end of its context): it must stop
-            # where the reservation does.
-            changes["max_tokens"] = limit
-        if payload.get("stream") is True and not _wants_usage(payload):
-            # Most clients stream without asking for usage; the engine's count is the only true one.
-            options = payload.get("stream_options")
-            changes["stream_options"] = {
-                **(options if isinstance(options, dict) else {}),
-                "include_usage": True,
-            }
-            call.hide_usage = True
-        if changes:
-            # The payload too: the router rewrites the body from it for a fallback model.
-            call.payload = {**payload, **changes}
-            call.body = json.dumps(call.payload, ensure_ascii=False).encode()
+        ticket = await self._admit(key, model, prompt + completion, cost(price, prompt, completion))
+        _ask_the_engine(call, limit if asked is None and not embeddings else None)
         call.count_usage = True
         charged = False
 
@@ -197,18 +220,7 @@ class Admission:
             if charged:
                 return
             charged = True
-            if call.usage is not None:
-                used = plausible_usage(call, call.usage, prompt, completion)
-            elif status >= 400 and status != 499:
-                used = (0, 0)
-            elif call.delivered is not None:
-                # The engine broke off a stream without reporting usage: the prompt it was sent (as
-                # reserved) and a token for each event the client had, never more than was reserved.
-                used = (prompt, min(call.delivered, completion))
-            else:
-                # A reply that reports no usage (a client that left before the engine reported it) is
-                # charged what was reserved, so that leaving early saves nothing.
-                used = (prompt, completion)
+            used = _used(call, status, prompt, completion)
             spent = cost(price, *used)
             call.cost = spent
             self._quotas.settle(ticket, sum(used), spent)
