@@ -133,8 +133,12 @@ def said_everywhere(surfaces: tuple[str, str, str], sentence: str) -> None:
     assert f"{MODEL} has no ready replica: {sentence}" in page
 
 
-def install(state: str, detail: str) -> list[pb.ProvisionStatus]:
-    return [pb.ProvisionStatus(engine="llamacpp", version="b1", state=state, detail=detail)]
+def install(state: str, detail: str, next_try_s: int | None = None) -> list[pb.ProvisionStatus]:
+    return [
+        pb.ProvisionStatus(
+            engine="llamacpp", version="b1", state=state, detail=detail, next_try_s=next_try_s
+        )
+    ]
 
 
 LABELLED = ModelConfig(name=MODEL, profiles=[ProfileConfig(engine="llamacpp", labels={"pool": "p-ldd"})])
@@ -162,6 +166,19 @@ class TestTheNodeThatCouldServe:
             said_everywhere(
                 await fleet.surfaces(),
                 f"only n-ldd has pool=p-ldd, and llamacpp b1 failed to install there: {LDD}",
+            )
+
+    async def test_its_failed_install_says_when_it_is_tried_again(self, fleet_of) -> None:
+        async with fleet_of(LABELLED) as fleet:
+            fleet.register("n-ldd", labels={"pool": "p-ldd"}, provision=install("failed", LDD, 300))
+            fleet.register("n-other", {"llamacpp": "b1"})
+            # The agent counted from when it sent it; a minute has gone by since.
+            fleet.clock[0] += 60
+            await fleet.reconciler.reconcile()
+            said_everywhere(
+                await fleet.surfaces(),
+                f"only n-ldd has pool=p-ldd, and llamacpp b1 failed to install there: {LDD} "
+                "(next try in 4 min)",
             )
 
     async def test_an_install_elsewhere_is_not_where_the_model_is_going(self, fleet_of) -> None:

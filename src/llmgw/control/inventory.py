@@ -95,6 +95,8 @@ class Node:
     weights: list[Weights] = attrs.field(factory=list)
     # Where each wanted engine's installation stands on the node, in its words.
     provision: list[ProvisionStatus] = attrs.field(factory=list)
+    # The inventory's clock when provision arrived: its next_try_s count from then.
+    provision_at: float = 0.0
     # What about the machine an operator should know: "no AVX2: inference runs several times slower ...".
     warnings: list[str] = attrs.field(factory=list)
     # ready, cordoned or draining: set by an administrator, kept across the node's reconnects.
@@ -313,6 +315,7 @@ class Inventory:
             storage=list(register.storage),
             weights=list(register.weights),
             provision=list(register.provision),
+            provision_at=self._clock(),
             warnings=list(register.warnings),
             admin_state=self._admin_states.get(node_id, READY),
         )
@@ -371,6 +374,7 @@ class Inventory:
             node.weights = records(heartbeat.weights, Weights)
         if heartbeat.provision_changed:
             node.provision = records(heartbeat.provision, ProvisionStatus)
+            node.provision_at = self._clock()
             self.changed.set()
         if heartbeat.warnings_changed:
             node.warnings = list(heartbeat.warnings)
