@@ -138,7 +138,10 @@ def ago(seconds: float | None) -> str:
 
 
 def replica_state(replica: views.Replica) -> str:
-    """ "ready", or "ready (node unreachable for 20 s; not routed)" for one the gateway passes by."""
+    """ "ready", or "ready (node unreachable for 20 s; not routed)" for one the gateway passes by,
+    or "starting (try 2; the last did not answer /health within 30 s)" after a failure."""
     if replica.not_routed:
         return f"{replica.state} ({replica.not_routed}; not routed)"
+    if replica.retrying:
+        return f"{replica.state} ({replica.retrying})"
     return replica.state

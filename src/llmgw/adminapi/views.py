@@ -157,6 +157,13 @@ class Replica:
             "Empty while the gateway routes to it, or while it is not ready."
         },
     )
+    retrying: str = attrs.field(
+        default="",
+        metadata={
+            "doc": 'For a starting replica where its model failed since it last served there: "try 2; '
+            'the last did not answer /health within 30 s". Empty otherwise.'
+        },
+    )
 
 
 @attrs.frozen

@@ -401,6 +401,7 @@ class Inventory:
             self._routing.remember(status.shard_id, status.engine_secret)
             if status.state == READY:
                 self._routing.ready_again(status.shard_id)
+                self.failures.served(status.model, node_id)
         log.info(
             "shard status",
             node=node_id,
@@ -574,6 +575,9 @@ class Inventory:
         node_id = replica.node_id
         if replica.state == "starting":
             part = f"starting on {node_id} for {max(0.0, now - replica.since):.0f} s"
+            retrying = self.failures.retrying(replica.model, node_id)
+            if retrying:
+                part += f" ({retrying})"
         elif replica.state == "downloading":
             progress = replica.detail.removeprefix("downloading ")
             part = f"downloading weights on {node_id}" + (f": {progress}" if progress else "")

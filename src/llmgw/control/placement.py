@@ -294,7 +294,9 @@ class Scheduler:
         backoff: Mapping[tuple[str, str], Backoff] | None = None,
     ) -> Scheduler:
         """A snapshot of the inventory; models is the live catalog's."""
-        return cls(inventory.nodes(), inventory.replicas(), models, cfg.control.placement, backoff, inventory.now())
+        return cls(
+            inventory.nodes(), inventory.replicas(), models, cfg.control.placement, backoff, inventory.now()
+        )
 
     def _hold(self, replica: Replica) -> None:
         st = self._states.get(replica.node_id)
