@@ -15,6 +15,7 @@ help command most engines share, and no recipe.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -141,6 +142,11 @@ class WheelRecipe:
 
 # What an engine says when it finds its port taken: llama.cpp, Python's servers (vLLM, SGLang), Go.
 _PORT_TAKEN_WORDS = ("address already in use", "couldn't bind", "could not bind", "eaddrinuse")
+# The port in a Python server's bind error (asyncio, under aiohttp and uvicorn: the sim, vLLM, SGLang):
+# "error while attempting to bind on address ('127.0.0.1', 8080): address already in use"; and in
+# Go's: "listen tcp 127.0.0.1:8080: bind: address already in use".
+_PYTHON_BIND_PORT = re.compile(r"bind on address \((?:'[^']*'|[^,]*), (\d+)")
+_GO_BIND_PORT = re.compile(r":(\d+): bind:")
 # Words a line an engine's own failure is told in has, searched for among its last lines.
 _ERROR_WORDS = (
     "error",
@@ -221,6 +227,15 @@ class Engine(Protocol):
     def says_port_taken(self, line: str) -> bool:
         """Whether an output line says the engine's port was taken by another program."""
         return any(w in line.lower() for w in _PORT_TAKEN_WORDS)
+
+    def port_in_line(self, line: str) -> int | None:
+        """The port a line saying the port was taken names; None when it names none.
+
+        The engine's, not the agent's: a profile whose args carried their own --port had the
+        engine bind that one, and "port 20013 is in use" sent an operator to a free port.
+        """
+        match = _PYTHON_BIND_PORT.search(line) or _GO_BIND_PORT.search(line)
+        return int(match.group(1)) if match else None
 
 
 def last_words(engine: Engine, output: Sequence[str], *, only_errors: bool = False) -> str:
