@@ -22,8 +22,8 @@ from llmgw.agent import logs as agent_logs
 from llmgw.agent.supervisor import ENDED_KEPT, Supervisor
 from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.engines.llamacpp import LlamaCppEngine
-from llmgw.engines.sim import SimEngine
 from llmgw.engines.sglang import SglangEngine
+from llmgw.engines.sim import SimEngine
 from llmgw.engines.vllm import VllmEngine
 from llmgw.log import LogRing
 from llmgw.proto.llmgw import v1 as pb

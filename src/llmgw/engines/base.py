@@ -140,6 +140,14 @@ class WheelRecipe:
     choose: Callable[[str, Machine], Wheels]
 
 
+# Why a profile's args may not carry a flag the agent sets itself: the engine takes the last of a
+# flag given twice, so args (which come last) won, and a replica bound a port the agent never
+# chose, or an address the gateway cannot reach, or a secret the gateway does not hold.
+PORT_WHY = "the agent chooses the port from agent.yaml's engine_ports"
+HOST_WHY = "the agent chooses the address the engine listens on (agent.yaml's engine_bind)"
+SECRET_WHY = "the agent gives each replica a secret of its own, which only the gateway holds"
+AGENT_FLAGS: Mapping[str, str] = {"--port": PORT_WHY, "--host": HOST_WHY, "--api-key": SECRET_WHY}
+
 # What an engine says when it finds its port taken: llama.cpp, Python's servers (vLLM, SGLang), Go.
 _PORT_TAKEN_WORDS = ("address already in use", "couldn't bind", "could not bind", "eaddrinuse")
 # The port in a Python server's bind error (asyncio, under aiohttp and uvicorn: the sim, vLLM, SGLang):
@@ -182,6 +190,9 @@ class Engine(Protocol):
     recipe: ClassVar[Recipe | WheelRecipe | None] = None
     # The metrics that say it is working, read by the agent's stall probe; None: probed for health only.
     progress: ClassVar[ProgressMetrics | None] = None
+    # Flags the agent sets on the command line or through the environment, with why a profile's
+    # args may not (profile_args_problem).
+    agent_flags: ClassVar[Mapping[str, str]] = AGENT_FLAGS
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""
@@ -236,6 +247,20 @@ class Engine(Protocol):
         """
         match = _PYTHON_BIND_PORT.search(line) or _GO_BIND_PORT.search(line)
         return int(match.group(1)) if match else None
+
+
+def profile_args_problem(engine: Engine, args: Sequence[str]) -> str | None:
+    """Why args may not be given to engine, naming the flag: "the agent chooses the port from
+    agent.yaml's engine_ports; remove --port 8080 from args". None when nothing in them is the agent's."""
+    for i, arg in enumerate(args):
+        flag, equals, _ = arg.partition("=")
+        why = engine.agent_flags.get(flag)
+        if why is None:
+            continue
+        shown = arg if equals else " ".join(args[i : i + 2])
+        # A secret is not repeated back: the error goes to logs and terminals.
+        return f"{why}; remove {flag if why == SECRET_WHY else shown} from args"
+    return None
 
 
 def last_words(engine: Engine, output: Sequence[str], *, only_errors: bool = False) -> str:

@@ -10,9 +10,20 @@ llama.cpp's GitHub releases (`choose_build` picks which).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
-from llmgw.engines.base import Build, Engine, LaunchSpec, Machine, Recipe, UnsupportedError
+from llmgw.engines.base import (
+    AGENT_FLAGS,
+    SECRET_WHY,
+    Build,
+    Engine,
+    LaunchSpec,
+    Machine,
+    Recipe,
+    UnsupportedError,
+)
 from llmgw.engines.progress import ProgressMetrics
 from llmgw.errors import LlmgwError
 
@@ -139,6 +150,9 @@ class LlamaCppEngine(Engine):
         if prefix is not None:
             return prefix.group(1) in "EF"
         return super().names_failure(line)
+
+    # llama-server also reads its key from a file.
+    agent_flags: ClassVar[Mapping[str, str]] = {**AGENT_FLAGS, "--api-key-file": SECRET_WHY}
 
     def port_in_line(self, line: str) -> int | None:
         """The port of llama-server's "couldn't bind HTTP server socket, hostname: …, port: 8080"."""
