@@ -169,6 +169,27 @@ class TestTheCatalog:
                 "name: m\nprofiles:\n  - engine: sim\n    gpus_per_node: -2\n",
                 "big.yaml:4: 'profiles[0].gpus_per_node' is -2; expected 0 or more",
             ),
+            (
+                "name: m\nprofiles:\n  - engine: llamacpp\n    args: [-c, 4096, --port, 8080]\n",
+                "big.yaml:4: 'profiles[0].args': the agent chooses the port from agent.yaml's "
+                "engine_ports; remove --port 8080 from args",
+            ),
+            (
+                "name: m\nprofiles:\n  - engine: sim\n    args: [--host=0.0.0.0]\n",
+                "big.yaml:4: 'profiles[0].args': the agent chooses the address the engine listens on "
+                "(agent.yaml's engine_bind); remove --host=0.0.0.0 from args",
+            ),
+            (
+                # The secret is not repeated back.
+                "name: m\nprofiles:\n  - engine: vllm\n    args: [--api-key, sekrit]\n",
+                "big.yaml:4: 'profiles[0].args': the agent gives each replica a secret of its own, "
+                "which only the gateway holds; remove --api-key from args",
+            ),
+            (
+                "name: m\nprofiles:\n  - engine: llamacpp\n    args: [--api-key-file, /k]\n",
+                "big.yaml:4: 'profiles[0].args': the agent gives each replica a secret of its own, "
+                "which only the gateway holds; remove --api-key-file from args",
+            ),
         ],
     )
     async def test_a_bad_definition_is_refused_with_what_is_wrong_and_where(self, text: str, error: str):

@@ -47,6 +47,11 @@ models:
             "  - name: m\n    source: https://h/w/..\n    profiles:\n      - engine: sim\n",
             "server.yaml:7: 'models[1].source' is 'https://h/w/..', which names no file",
         ),
+        (
+            "  - name: m\n    profiles:\n      - engine: sim\n        args: [--port, '8080']\n",
+            "server.yaml:9: 'models[1].profiles[0].args': the agent chooses the port from "
+            "agent.yaml's engine_ports; remove --port 8080 from args",
+        ),
     ],
 )
 def test_a_bad_model_in_server_yaml_is_refused_saying_what_and_where(

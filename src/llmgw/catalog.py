@@ -29,6 +29,7 @@ from aiohttp import web
 
 from llmgw import config, names
 from llmgw.config import ModelConfig, ServerConfig
+from llmgw.engines.base import profile_args_problem
 from llmgw.engines.registry import ENGINES
 from llmgw.errors import ConfigError, LlmgwError
 from llmgw.hubref import SOURCE_PREFIX, RefError, parse_ref
@@ -281,6 +282,9 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
         problem = names.profile_name_problem(profile.name)
         if problem is not None:
             raise ConfigError(f"{line('profiles', i, 'name')}: {problem}")
+        problem = profile_args_problem(ENGINES[profile.engine], profile.args)
+        if problem is not None:
+            raise ConfigError(f"{line('profiles', i, 'args')}: '{key('profiles', i, 'args')}': {problem}")
     _check_source(model, line, key)
     if model.name in model.fallbacks:
         i = model.fallbacks.index(model.name)

@@ -21,6 +21,10 @@ import pytest
 from llmgw.agent import logs as agent_logs
 from llmgw.agent.supervisor import ENDED_KEPT, Supervisor
 from llmgw.engines.base import Engine, LaunchSpec
+from llmgw.engines.llamacpp import LlamaCppEngine
+from llmgw.engines.sglang import SglangEngine
+from llmgw.engines.sim import SimEngine
+from llmgw.engines.vllm import VllmEngine
 from llmgw.log import LogRing
 from llmgw.proto.llmgw import v1 as pb
 
@@ -157,6 +161,58 @@ async def test_an_engine_that_finds_its_port_taken_is_reported_as_such(
         assert failed.detail == f"port {port} is in use: fake exited with code 1{words}"
     finally:
         holder.close()
+
+
+async def test_a_port_taken_names_the_port_the_engine_bound_not_the_one_the_agent_chose(
+    tmp_path: Path, reports: Reports
+) -> None:
+    """A profile whose args carry their own --port: the sim binds that one, and says so."""
+    supervisor = Supervisor({"sim": SimEngine()}, reports, state_dir=tmp_path, ready_timeout_s=60.0)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = holder.getsockname()[1]
+        try:
+            await supervisor.start(
+                pb.StartShard(shard_id="s1", model="tiny", engine="sim", args=["--port", str(held)])
+            )
+            failed = await reports.wait_for("failed")
+        finally:
+            await supervisor.aclose()
+    assert failed.detail.startswith(f"port {held} is in use: sim exited with code 1"), failed.detail
+
+
+@pytest.mark.parametrize(
+    ("engine", "line", "port"),
+    [
+        pytest.param(
+            LlamaCppEngine(),
+            "0.00.120.511 E srv    start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080",
+            8080,
+            id="llama.cpp",
+        ),
+        pytest.param(
+            VllmEngine(),
+            "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): "
+            "address already in use",
+            8000,
+            id="vLLM",
+        ),
+        pytest.param(
+            SglangEngine(),
+            "ERROR:    [Errno 98] error while attempting to bind on address ('::', 30000, 0, 0): "
+            "address already in use",
+            30000,
+            id="SGLang",
+        ),
+        pytest.param(SimEngine(), "OSError: [Errno 98] Address already in use", None, id="no-port"),
+    ],
+)
+def test_each_engine_reads_the_port_from_its_own_bind_error(
+    engine: Engine, line: str, port: int | None
+) -> None:
+    assert engine.says_port_taken(line)
+    assert engine.port_in_line(line) == port
 
 
 async def test_an_engine_that_fails_without_its_port_taken_is_not_said_to_have_a_taken_port(

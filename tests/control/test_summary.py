@@ -133,8 +133,10 @@ def said_everywhere(surfaces: tuple[str, str, str], sentence: str) -> None:
     assert f"{MODEL} has no ready replica: {sentence}" in page
 
 
-def install(state: str, detail: str) -> list[pb.ProvisionStatus]:
-    return [pb.ProvisionStatus(engine="llamacpp", version="b1", state=state, detail=detail)]
+def install(state: str, detail: str, next_try_s: int | None = None) -> list[pb.ProvisionStatus]:
+    return [
+        pb.ProvisionStatus(engine="llamacpp", version="b1", state=state, detail=detail, next_try_s=next_try_s)
+    ]
 
 
 LABELLED = ModelConfig(name=MODEL, profiles=[ProfileConfig(engine="llamacpp", labels={"pool": "p-ldd"})])
@@ -162,6 +164,19 @@ class TestTheNodeThatCouldServe:
             said_everywhere(
                 await fleet.surfaces(),
                 f"only n-ldd has pool=p-ldd, and llamacpp b1 failed to install there: {LDD}",
+            )
+
+    async def test_its_failed_install_says_when_it_is_tried_again(self, fleet_of) -> None:
+        async with fleet_of(LABELLED) as fleet:
+            fleet.register("n-ldd", labels={"pool": "p-ldd"}, provision=install("failed", LDD, 300))
+            fleet.register("n-other", {"llamacpp": "b1"})
+            # The agent counted from when it sent it; a minute has gone by since.
+            fleet.clock[0] += 60
+            await fleet.reconciler.reconcile()
+            said_everywhere(
+                await fleet.surfaces(),
+                f"only n-ldd has pool=p-ldd, and llamacpp b1 failed to install there: {LDD} "
+                "(next try in 4 min)",
             )
 
     async def test_an_install_elsewhere_is_not_where_the_model_is_going(self, fleet_of) -> None:
@@ -229,6 +244,35 @@ class TestALostNodesReplica:
             assert said in page
             assert said in await fleet.ctl("replicas")
             assert "replicas  0 of 1 ready" in await fleet.ctl("status")
+
+
+class TestAReplicaStartingAfterAFailure:
+    async def test_says_its_try_and_the_last_ones_words_wherever_its_state_is_shown(self, fleet_of) -> None:
+        def shard(shard_id: str, state: str, detail: str = "") -> pb.ShardStatus:
+            return pb.ShardStatus(
+                shard_id=shard_id, model=MODEL, engine="llamacpp", state=state, detail=detail
+            )
+
+        async with fleet_of(ANYWHERE) as fleet:
+            fleet.register("n-bin", {"llamacpp": "b1"})
+            fleet.inventory.shard_status(
+                "n-bin", shard("s1", "failed", "llamacpp did not answer /health within 30 s")
+            )
+            fleet.inventory.shard_status("n-bin", shard("s1", "stopped"))
+            fleet.inventory.shard_status("n-bin", shard("s2", "starting"))
+            fleet.clock[0] += 5
+            retrying = "(try 2; the last did not answer /health within 30 s)"
+            message, _, page = await fleet.surfaces()
+            assert message == f"{MODEL} has no ready replica: starting on n-bin for 5 s {retrying}"
+            assert f"starting {retrying}" in page
+            assert f"starting {retrying}" in await fleet.ctl("replicas")
+
+            # Once it served there, the next start is a first again.
+            fleet.inventory.shard_status("n-bin", shard("s2", "ready"))
+            fleet.inventory.shard_status("n-bin", shard("s2", "stopped"))
+            fleet.inventory.shard_status("n-bin", shard("s3", "starting"))
+            message, _, _ = await fleet.surfaces()
+            assert message == f"{MODEL} has no ready replica: starting on n-bin for 0 s"
 
 
 class TestAnUnpricedModelUnderABudget:

@@ -139,9 +139,12 @@ def ago(seconds: float | None) -> str:
 
 def replica_state(replica: views.Replica) -> str:
     """ "ready"; "ready (node unreachable for 20 s; not routed)" for one the gateway passes by; "ready; its
-    node's agent unreachable for 40 s" for one it still serves without its agent."""
+    node's agent unreachable for 40 s" for one it still serves without its agent; "starting (try 2; the
+    last did not answer /health within 30 s)" after a failure."""
     if replica.not_routed:
         return f"{replica.state} ({replica.not_routed}; not routed)"
+    if replica.retrying:
+        return f"{replica.state} ({replica.retrying})"
     if replica.agent_unreachable_s is None:
         return replica.state
     return f"{replica.state}; its node's agent unreachable for {replica.agent_unreachable_s:.0f} s"

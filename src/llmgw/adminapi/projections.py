@@ -173,6 +173,7 @@ def replicas_view(inventory: Inventory, model: str | None = None) -> list[views.
             since_s=round(max(0.0, now - r.since), 1) if r.since else None,
             not_routed=_not_routed(r, inventory, now),
             agent_unreachable_s=_rounded(inventory.agent_unreachable_s(r)),
+            retrying=inventory.failures.retrying(r.model, r.node_id) if r.state == "starting" else "",
         )
         for r in sorted(inventory.replicas(model), key=lambda r: (r.model, r.node_id, r.shard_id))
     ]

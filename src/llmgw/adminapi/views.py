@@ -164,6 +164,13 @@ class Replica:
             "(its engine answers the gateway); null while the agent is heard from or it is not routed."
         },
     )
+    retrying: str = attrs.field(
+        default="",
+        metadata={
+            "doc": 'For a starting replica where its model failed since it last served there: "try 2; '
+            'the last did not answer /health within 30 s". Empty otherwise.'
+        },
+    )
 
 
 @attrs.frozen

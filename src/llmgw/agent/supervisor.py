@@ -689,11 +689,13 @@ class Supervisor:
             return f"{said}; its last line: {words}" if words else said
         exited = f"{name} {_exit_reason(returncode)}"
         if not served:
-            said_taken = any(engine.says_port_taken(line) for line in shard.output)
+            taken = [line for line in shard.output if engine.says_port_taken(line)]
+            # The port the engine says it could not bind: a profile's args may have chosen another.
+            port = next((p for p in map(engine.port_in_line, taken) if p is not None), shard.port)
             # Also asked of the port itself: the engine's group is gone by now, so whatever still
             # listens there is another program, whatever words (or none) the engine used.
-            if said_taken or await asyncio.to_thread(_port_taken, self._bind or self._host, shard.port):
-                return f"port {shard.port} is in use: {exited}" + (f": {words}" if words else "")
+            if bool(taken) or await asyncio.to_thread(_port_taken, self._bind or self._host, shard.port):
+                return f"port {port} is in use: {exited}" + (f": {words}" if words else "")
             return f"{exited}: {words}" if words else f"{exited} before answering {health}"
         words = last_words(engine, list(shard.output), only_errors=True)
         return f"{exited} after serving" + (f": {words}" if words else "")

@@ -43,6 +43,9 @@ class Failures:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._kept: deque[Failure] = deque(maxlen=MAX_KEPT)
+        # (model, node) -> failures there since the model last served there. Not the kept ones
+        # counted: those stop at PER_MODEL_AND_NODE, and outlive a replica that served since.
+        self._streaks: dict[tuple[str, str], int] = {}
 
     def add(self, failure: Failure) -> None:
         # An agent repeats a failed shard's status when it reconnects: once is enough. A shard
@@ -54,9 +57,30 @@ class Failures:
         ):
             return
         self._kept.append(failure)
+        key = (failure.model, failure.node_id)
+        self._streaks[key] = self._streaks.pop(key, 0) + 1
+        if len(self._streaks) > MAX_KEPT:
+            del self._streaks[next(iter(self._streaks))]
         same = [f for f in self._kept if (f.model, f.node_id) == (failure.model, failure.node_id)]
         for old in same[:-PER_MODEL_AND_NODE]:
             self._kept.remove(old)
+
+    def served(self, model: str, node_id: str) -> None:
+        """A replica of model became ready on node_id: the next failure there is a first again."""
+        self._streaks.pop((model, node_id), None)
+
+    def retrying(self, model: str, node_id: str) -> str:
+        """ "try 2; the last did not answer /health within 30 s" for a replica starting where the
+        model failed since it last served; empty where it did not.
+
+        Until backoff starts, a replica starting again after a failure read only "starting on n1
+        for 5 s", the same as the first: nothing said it had failed, nor why.
+        """
+        streak = self._streaks.get((model, node_id), 0)
+        last = self.last(model, node_id)
+        if not streak or last is None:
+            return ""
+        return f"try {streak + 1}; the last {last.reason.removeprefix(f'{last.engine} ')}"
 
     def last(self, model: str, node_id: str) -> Failure | None:
         """The newest failure of model on node_id, if any is kept."""

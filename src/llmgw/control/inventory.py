@@ -95,6 +95,8 @@ class Node:
     weights: list[Weights] = attrs.field(factory=list)
     # Where each wanted engine's installation stands on the node, in its words.
     provision: list[ProvisionStatus] = attrs.field(factory=list)
+    # The inventory's clock when provision arrived: its next_try_s count from then.
+    provision_at: float = 0.0
     # What about the machine an operator should know: "no AVX2: inference runs several times slower ...".
     warnings: list[str] = attrs.field(factory=list)
     # ready, cordoned or draining: set by an administrator, kept across the node's reconnects.
@@ -313,6 +315,7 @@ class Inventory:
             storage=list(register.storage),
             weights=list(register.weights),
             provision=list(register.provision),
+            provision_at=self._clock(),
             warnings=list(register.warnings),
             admin_state=self._admin_states.get(node_id, READY),
         )
@@ -371,6 +374,7 @@ class Inventory:
             node.weights = records(heartbeat.weights, Weights)
         if heartbeat.provision_changed:
             node.provision = records(heartbeat.provision, ProvisionStatus)
+            node.provision_at = self._clock()
             self.changed.set()
         if heartbeat.warnings_changed:
             node.warnings = list(heartbeat.warnings)
@@ -397,6 +401,7 @@ class Inventory:
             self._routing.remember(status.shard_id, status.engine_secret)
             if status.state == READY:
                 self._routing.ready_again(status.shard_id)
+                self.failures.served(status.model, node_id)
         log.info(
             "shard status",
             node=node_id,
@@ -608,6 +613,9 @@ class Inventory:
         node_id = replica.node_id
         if replica.state == "starting":
             part = f"starting on {node_id} for {max(0.0, now - replica.since):.0f} s"
+            retrying = self.failures.retrying(replica.model, node_id)
+            if retrying:
+                part += f" ({retrying})"
         elif replica.state == "downloading":
             progress = replica.detail.removeprefix("downloading ")
             part = f"downloading weights on {node_id}" + (f": {progress}" if progress else "")

@@ -233,9 +233,11 @@ class Scheduler:
         catalog: Sequence[ModelConfig] = (),
         policy: str = SPREAD,
         backoff: Mapping[tuple[str, str], Backoff] | None = None,
+        now: float = 0.0,
     ) -> None:
+        """now: the inventory's clock at the snapshot, which a failed install's next try is counted on."""
         states = {n.id: _NodeState(n) for n in sorted(nodes, key=lambda n: n.id)}
-        self._take(states, replicas, catalog, policy, backoff)
+        self._take(states, replicas, catalog, policy, backoff, now)
 
     @classmethod
     async def snapshot(
@@ -257,7 +259,7 @@ class Scheduler:
                 states[node.id] = _NodeState(node)
             await asyncio.sleep(0)
         scheduler = cls.__new__(cls)
-        scheduler._take(states, inventory.replicas(), models, cfg.control.placement, backoff)
+        scheduler._take(states, inventory.replicas(), models, cfg.control.placement, backoff, inventory.now())
         return scheduler
 
     def _take(
@@ -267,8 +269,10 @@ class Scheduler:
         catalog: Sequence[ModelConfig],
         policy: str,
         backoff: Mapping[tuple[str, str], Backoff] | None,
+        now: float,
     ) -> None:
         self._policy = policy
+        self._now = now
         # (model, node) -> why the model is not placed there now; the reconciler keeps the clock.
         self._backoff = dict(backoff or {})
         self._states = states
@@ -290,7 +294,9 @@ class Scheduler:
         backoff: Mapping[tuple[str, str], Backoff] | None = None,
     ) -> Scheduler:
         """A snapshot of the inventory; models is the live catalog's."""
-        return cls(inventory.nodes(), inventory.replicas(), models, cfg.control.placement, backoff)
+        return cls(
+            inventory.nodes(), inventory.replicas(), models, cfg.control.placement, backoff, inventory.now()
+        )
 
     def _hold(self, replica: Replica) -> None:
         st = self._states.get(replica.node_id)
@@ -321,7 +327,8 @@ class Scheduler:
             return "no node can run it (it has no profile)"
         if not self._states:
             return "no node can run it (no node is connected)"
-        return summarize(model, self.explain(model), {st.id: st.node for st in self._states.values()})
+        nodes = {st.id: st.node for st in self._states.values()}
+        return summarize(model, self.explain(model), nodes, self._now)
 
     def _judge(self, st: _NodeState, profile: ProfileConfig, model: str = "") -> Verdict:
         kind, reason = _hard_reason(st, profile)

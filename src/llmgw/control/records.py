@@ -75,6 +75,9 @@ class ProvisionStatus:
     variant: str = ""
     state: str = ""
     detail: str = ""
+    # Seconds from the message until the agent tries a failed install again; None when it did not
+    # say (no try scheduled, or an older agent), which is not "now". Node.provision_at dates it.
+    next_try_s: int | None = None
 
 
 @attrs.frozen

@@ -48,22 +48,23 @@ _MANY: Mapping[str, str] = {
 }
 
 
-def summarize(model: ModelConfig, verdicts: Sequence[Verdict], nodes: Mapping[str, Node]) -> str:
+def summarize(model: ModelConfig, verdicts: Sequence[Verdict], nodes: Mapping[str, Node], now: float) -> str:
     """The sentence for model, from placement's verdicts on every node for every profile of it.
 
-    nodes is every node judged, by id: an install's state and words are read from it.
+    nodes is every node judged, by id: an install's state and words are read from it; now is the
+    inventory's clock, which a failed install's next try counts down on.
     """
     parts: list[str] = []
     # The groups of the nodes that pass the hard constraints, over every profile.
     blocking: set[str] = set()
     for profile in model.profiles:
         groups = _group(profile, verdicts, nodes)
-        only = _only(profile, groups, nodes)
+        only = _only(profile, groups, nodes, now)
         if only and len(model.profiles) == 1:
             return only
         blocking.update(k for k in groups if not k.startswith(_HARD))
         total = sum(1 for v in verdicts if v.profile == profile.name)
-        said = only or _listed(profile, groups, nodes, total)
+        said = only or _listed(profile, groups, nodes, total, now)
         parts.append(said if len(model.profiles) == 1 else f"profile {profile.name}: {said}")
     # A node installing the engine is where the model is going, said as such with its progress;
     # but only when nothing else blocks it: a failure elsewhere is what an operator must read first.
@@ -101,7 +102,9 @@ def _hard(groups: Mapping[str, list[Verdict]]) -> list[Verdict]:
     return [v for key, group in groups.items() if key.startswith(_HARD) for v in group]
 
 
-def _only(profile: ProfileConfig, groups: Mapping[str, list[Verdict]], nodes: Mapping[str, Node]) -> str:
+def _only(
+    profile: ProfileConfig, groups: Mapping[str, list[Verdict]], nodes: Mapping[str, Node], now: float
+) -> str:
     """ "only n-ldd has pool=p-ldd, and …": the hard constraints leave one node, and it is blocked.
 
     Empty otherwise: then every reason is listed, those of the nodes that pass the hard
@@ -111,7 +114,7 @@ def _only(profile: ProfileConfig, groups: Mapping[str, list[Verdict]], nodes: Ma
     if len(eligible) != 1 or not hard:
         return ""
     [v] = eligible
-    return f"only {v.node} has {_qualifies(profile)}, and {_there(profile, v, nodes[v.node])}"
+    return f"only {v.node} has {_qualifies(profile)}, and {_there(profile, v, nodes[v.node], now)}"
 
 
 def _qualifies(profile: ProfileConfig) -> str:
@@ -128,7 +131,7 @@ def _qualifies(profile: ProfileConfig) -> str:
     return " and ".join(asks) or "what it needs"
 
 
-def _there(profile: ProfileConfig, verdict: Verdict, node: Node) -> str:
+def _there(profile: ProfileConfig, verdict: Verdict, node: Node, now: float) -> str:
     """What blocks the one node that could serve, said of that node."""
     status = _install(node, profile.engine) if verdict.kind == ENGINE else None
     if status is None:
@@ -140,12 +143,16 @@ def _there(profile: ProfileConfig, verdict: Verdict, node: Node) -> str:
     if status.state == "unsupported":
         return f"{what} cannot be installed there{detail}"
     if status.state == "failed":
-        return f"{what} failed to install there{detail}"
+        return f"{what} failed to install there{detail}{_next_try(status, node, now)}"
     return f"it {verdict.reason}"
 
 
 def _listed(
-    profile: ProfileConfig, groups: Mapping[str, list[Verdict]], nodes: Mapping[str, Node], total: int
+    profile: ProfileConfig,
+    groups: Mapping[str, list[Verdict]],
+    nodes: Mapping[str, Node],
+    total: int,
+    now: float,
 ) -> str:
     """Every group in order, the nodes that pass the hard constraints first: one node by its own
     words, several counted, those that failed each named."""
@@ -158,7 +165,7 @@ def _listed(
         kind = key.removeprefix(_HARD)
         plain = all(v.reason == f"does not have {profile.engine} installed" for v in group)
         if kind in _EACH_NAMED:
-            parts.extend(_named(profile, v, nodes[v.node]) for v in group[:_NAMED])
+            parts.extend(_named(profile, v, nodes[v.node], now) for v in group[:_NAMED])
             if len(group) > _NAMED:
                 parts.append(f"{len(group) - _NAMED} more nodes {_many(profile, kind)}")
         elif kind == ENGINE and len(group) == total and plain:
@@ -170,13 +177,27 @@ def _listed(
     return ", ".join(parts) or "every node is a candidate"
 
 
-def _named(profile: ProfileConfig, verdict: Verdict, node: Node) -> str:
+def _named(profile: ProfileConfig, verdict: Verdict, node: Node, now: float) -> str:
     """ "installing llamacpp b6500 on n3: downloading … (12 of 16 MB)", else the node and its reason."""
     status = _install(node, profile.engine) if verdict.kind == ENGINE else None
     if status is not None and status.state == "installing":
         what = f"{status.engine} {status.version}" if status.version else status.engine
         return f"installing {what} on {node.id}" + (f": {status.detail}" if status.detail else "")
+    if status is not None and status.state == "failed":
+        return f"node {verdict.node} {verdict.reason}{_next_try(status, node, now)}"
     return f"node {verdict.node} {verdict.reason}"
+
+
+def _next_try(status: ProvisionStatus, node: Node, now: float) -> str:
+    """ " (next try in 4 min)" after a failed install whose agent said when; empty when it did not."""
+    if status.next_try_s is None:
+        return ""
+    left_s = status.next_try_s - max(0.0, now - node.provision_at)
+    if left_s <= 0:
+        return " (trying again now)"
+    if left_s < 90:
+        return f" (next try in {left_s:.0f} s)"
+    return f" (next try in {left_s / 60:.0f} min)"
 
 
 def _many(profile: ProfileConfig, kind: str) -> str:

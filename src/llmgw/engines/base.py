@@ -15,6 +15,7 @@ help command most engines share, and no recipe.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -139,8 +140,21 @@ class WheelRecipe:
     choose: Callable[[str, Machine], Wheels]
 
 
+# Why a profile's args may not carry a flag the agent sets itself: the engine takes the last of a
+# flag given twice, so args (which come last) won, and a replica bound a port the agent never
+# chose, or an address the gateway cannot reach, or a secret the gateway does not hold.
+PORT_WHY = "the agent chooses the port from agent.yaml's engine_ports"
+HOST_WHY = "the agent chooses the address the engine listens on (agent.yaml's engine_bind)"
+SECRET_WHY = "the agent gives each replica a secret of its own, which only the gateway holds"
+AGENT_FLAGS: Mapping[str, str] = {"--port": PORT_WHY, "--host": HOST_WHY, "--api-key": SECRET_WHY}
+
 # What an engine says when it finds its port taken: llama.cpp, Python's servers (vLLM, SGLang), Go.
 _PORT_TAKEN_WORDS = ("address already in use", "couldn't bind", "could not bind", "eaddrinuse")
+# The port in a Python server's bind error (asyncio, under aiohttp and uvicorn: the sim, vLLM, SGLang):
+# "error while attempting to bind on address ('127.0.0.1', 8080): address already in use"; and in
+# Go's: "listen tcp 127.0.0.1:8080: bind: address already in use".
+_PYTHON_BIND_PORT = re.compile(r"bind on address \((?:'[^']*'|[^,]*), (\d+)")
+_GO_BIND_PORT = re.compile(r":(\d+): bind:")
 # Words a line an engine's own failure is told in has, searched for among its last lines.
 _ERROR_WORDS = (
     "error",
@@ -176,6 +190,9 @@ class Engine(Protocol):
     recipe: ClassVar[Recipe | WheelRecipe | None] = None
     # The metrics that say it is working, read by the agent's stall probe; None: probed for health only.
     progress: ClassVar[ProgressMetrics | None] = None
+    # Flags the agent sets on the command line or through the environment, with why a profile's
+    # args may not (profile_args_problem).
+    agent_flags: ClassVar[Mapping[str, str]] = AGENT_FLAGS
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""
@@ -221,6 +238,29 @@ class Engine(Protocol):
     def says_port_taken(self, line: str) -> bool:
         """Whether an output line says the engine's port was taken by another program."""
         return any(w in line.lower() for w in _PORT_TAKEN_WORDS)
+
+    def port_in_line(self, line: str) -> int | None:
+        """The port a line saying the port was taken names; None when it names none.
+
+        The engine's, not the agent's: a profile whose args carried their own --port had the
+        engine bind that one, and "port 20013 is in use" sent an operator to a free port.
+        """
+        match = _PYTHON_BIND_PORT.search(line) or _GO_BIND_PORT.search(line)
+        return int(match.group(1)) if match else None
+
+
+def profile_args_problem(engine: Engine, args: Sequence[str]) -> str | None:
+    """Why args may not be given to engine, naming the flag: "the agent chooses the port from
+    agent.yaml's engine_ports; remove --port 8080 from args". None when nothing in them is the agent's."""
+    for i, arg in enumerate(args):
+        flag, equals, _ = arg.partition("=")
+        why = engine.agent_flags.get(flag)
+        if why is None:
+            continue
+        shown = arg if equals else " ".join(args[i : i + 2])
+        # A secret is not repeated back: the error goes to logs and terminals.
+        return f"{why}; remove {flag if why == SECRET_WHY else shown} from args"
+    return None
 
 
 def last_words(engine: Engine, output: Sequence[str], *, only_errors: bool = False) -> str:

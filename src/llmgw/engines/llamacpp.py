@@ -10,9 +10,20 @@ llama.cpp's GitHub releases (`choose_build` picks which).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
-from llmgw.engines.base import Build, Engine, LaunchSpec, Machine, Recipe, UnsupportedError
+from llmgw.engines.base import (
+    AGENT_FLAGS,
+    SECRET_WHY,
+    Build,
+    Engine,
+    LaunchSpec,
+    Machine,
+    Recipe,
+    UnsupportedError,
+)
 from llmgw.engines.progress import ProgressMetrics
 from llmgw.errors import LlmgwError
 
@@ -29,6 +40,9 @@ API_KEY_ENV = "LLAMA_API_KEY"
 
 # A split GGUF (model-00001-of-00003.gguf): llama-server is given the first part and finds the others.
 _PART = re.compile(r"-(\d+)-of-\d+\.gguf$")
+
+# llama-server's bind error: "couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080".
+_BIND_PORT = re.compile(r"couldn't bind .*\bport: (\d+)")
 
 # llama.cpp's log prefix, its time and level: "0.00.055.916 E ". E and F are errors whatever the words.
 _LOG_PREFIX = re.compile(r"^\d+(?:\.\d+)+ ([A-Z]) ")
@@ -136,6 +150,14 @@ class LlamaCppEngine(Engine):
         if prefix is not None:
             return prefix.group(1) in "EF"
         return super().names_failure(line)
+
+    # llama-server also reads its key from a file.
+    agent_flags: ClassVar[Mapping[str, str]] = {**AGENT_FLAGS, "--api-key-file": SECRET_WHY}
+
+    def port_in_line(self, line: str) -> int | None:
+        """The port of llama-server's "couldn't bind HTTP server socket, hostname: …, port: 8080"."""
+        match = _BIND_PORT.search(line)
+        return int(match.group(1)) if match else super().port_in_line(line)
 
     def readable(self, line: str) -> str:
         """Without the time and level, and the padding llama.cpp aligns its columns with."""

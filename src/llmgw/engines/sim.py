@@ -8,8 +8,10 @@ appended to that command line, so a catalog profile can set the delays.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from typing import ClassVar
 
-from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
+from llmgw.engines.base import HOST_WHY, PORT_WHY, Engine, HelpCommand, LaunchSpec
 from llmgw.engines.progress import ProgressMetrics
 from llmgw.engines.sim_words import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
 
@@ -24,6 +26,8 @@ class SimEngine(Engine):
     # `python -m llmgw.engines.sim`: the two words after the interpreter choose the program.
     help_command = HelpCommand(words=2)
     progress = ProgressMetrics(IN_FLIGHT_METRIC, (COMPLETION_TOKENS_METRIC,))
+    # Its secret comes only through the environment; it has no flag for one.
+    agent_flags: ClassVar[Mapping[str, str]] = {"--host": HOST_WHY, "--port": PORT_WHY}
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The sim's argv for spec; spec.args (e.g. --ttft-ms 50) come last."""

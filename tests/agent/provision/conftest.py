@@ -94,6 +94,9 @@ class FakeRelease:
         # Set to hold every download until released.
         self.hold_downloads: asyncio.Event | None = None
         self.download_started = asyncio.Event()
+        # Set to send only the first pause_after bytes of an asset until pause is set.
+        self.pause_after = 0
+        self.pause: asyncio.Event | None = None
         self.url = ""
 
     def app(self) -> web.Application:
@@ -119,7 +122,16 @@ class FakeRelease:
         self.download_started.set()
         if self.hold_downloads is not None:
             await self.hold_downloads.wait()
-        return web.Response(body=body, content_type="application/octet-stream")
+        if self.pause is None:
+            return web.Response(body=body, content_type="application/octet-stream")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[: self.pause_after])
+        await self.pause.wait()
+        await response.write(body[self.pause_after :])
+        await response.write_eof()
+        return response
 
     def downloads(self) -> list[str]:
         return [p for p in self.requests if "/releases/download/" in p]
@@ -140,8 +152,9 @@ async def release() -> AsyncIterator[FakeRelease]:
     try:
         yield fake
     finally:
-        if fake.hold_downloads is not None:
-            fake.hold_downloads.set()
+        for held in (fake.hold_downloads, fake.pause):
+            if held is not None:
+                held.set()
         await runner.cleanup()
 
 

@@ -133,6 +133,32 @@ class TestPasses:
         await loop.run_pass()
         assert loop.next_pass_s == 60.0, "a success did not reset the backoff"
 
+    async def test_a_failed_install_says_when_it_is_tried_again(self, make_loop: Any, release: Any) -> None:
+        clock = [1000.0]
+        loop = make_loop(clock=lambda: clock[0])
+        loop.kick(provision(("llamacpp", "b404")))
+        for _ in range(3):
+            await loop.run_pass()
+        clock[0] += 60
+
+        (st,) = loop.statuses()
+        assert (st.state, st.next_try_s) == (FAILED, 240 - 60)
+        loop.kick(provision(("llamacpp", "b1")))
+        await loop.run_pass()
+        (st,) = loop.statuses()
+        assert (st.state, st.next_try_s) == (READY, None), "a success kept a next try"
+
+    async def test_a_failed_pass_is_reported_once_its_next_try_is_known(
+        self, make_loop: Any, release: Any
+    ) -> None:
+        heard: list[None] = []
+        loop = make_loop(on_change=lambda: heard.append(None))
+        loop.kick(provision(("llamacpp", "b404")))
+        await loop.run_pass()
+        heard.clear()
+        await loop.run_pass()
+        assert heard, "the heartbeat never carried the next try"
+
     async def test_passes_repeat_on_their_own(self, make_loop: Any, running: Any, release: Any) -> None:
         """The ten-minute re-check, made short: a library removed later is found without a kick."""
         loop = make_loop(every_s=0.01)

@@ -68,7 +68,7 @@ def _expected(message: pb.Register) -> Registration:
         else None,
         engines_probed=message.engines_probed,
         provision=tuple(
-            records.ProvisionStatus(p.engine, p.version, p.variant, p.state, p.detail)
+            records.ProvisionStatus(p.engine, p.version, p.variant, p.state, p.detail, p.next_try_s)
             for p in message.provision
         ),
         warnings=tuple(message.warnings),
@@ -162,7 +162,13 @@ def _random_register(rng: random.Random) -> pb.Register:
         engines_probed=rng.random() < 0.5,
         provision=some(
             lambda: pb.ProvisionStatus(
-                engine=text(), version=text(), variant=text(), state=text(), detail=text()
+                engine=text(),
+                version=text(),
+                variant=text(),
+                state=text(),
+                detail=text(),
+                # Absent, or any int32: 0 ("now") is not absent.
+                next_try_s=rng.choice([None, int32()]),
             )
         ),
         warnings=some(text),

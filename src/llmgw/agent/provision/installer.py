@@ -32,6 +32,7 @@ from llmgw.agent.provision.place import fresh_dirs, put_in_place, read_marker, r
 from llmgw.agent.provision.recipes import RECIPES, cannot_install
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import CommandResult, CommandRunner
+from llmgw.agent.provision.transfer import STALL_S, DownloadReport
 from llmgw.agent.provision.wheels import EnvInstall, WheelSource, install_env, lock_digest, recheck
 from llmgw.engines.base import Build, Recipe, UnsupportedError, WheelRecipe, Wheels
 from llmgw.errors import LlmgwError
@@ -118,6 +119,7 @@ class Installer:
         lock_retry_s: float = 10.0,
         lock_wait_s: float = 600.0,
         version_timeout_s: float = 60.0,
+        download_stall_s: float = STALL_S,
     ) -> None:
         self.root = root
         self.host = host
@@ -128,6 +130,7 @@ class Installer:
         self.lock_retry_s = lock_retry_s
         self.lock_wait_s = lock_wait_s
         self.version_timeout_s = version_timeout_s
+        self.download_stall_s = download_stall_s
 
     async def converge(self, wants: Sequence[Want], source: Source | None = None) -> list[InstallStatus]:
         """Bring every wanted engine to ready, or say why it cannot be."""
@@ -271,8 +274,8 @@ class Installer:
                     )
                 archive = downloads / asset
                 url = self.releases.asset_url(recipe.repo, want.version, asset, source.base_url)
-                job.progress(f"downloading {asset}")
-                digest = await self.releases.download(url, archive, on_size=job.downloading(asset))
+                with DownloadReport(asset, job.progress, self.download_stall_s) as report:
+                    digest = await self.releases.download(url, archive, progress=report)
                 if digest != expected:
                     raise InstallError(
                         f"{asset} does not match the checksum {who} gave "
@@ -343,14 +346,6 @@ class _Job:
     def progress(self, detail: str) -> None:
         self._installer._report(self._status(INSTALLING, detail))
 
-    def downloading(self, asset: str) -> Callable[[int | None], None]:
-        """A report of a download's size, once the server has said it."""
-
-        def report(size: int | None) -> None:
-            self.progress(f"downloading {asset}{_size(size)}")
-
-        return report
-
     def failed(self, detail: str) -> InstallStatus:
         return self._status(FAILED, detail)
 
@@ -368,16 +363,6 @@ class _Job:
                 '(a VM needs CPU type "host")'
             )
         return self._status(READY, detail, str(binary))
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return ""
-    if n >= 1 << 20:
-        return f" ({n >> 20} MB)"
-    if n >= 1 << 10:
-        return f" ({n >> 10} KB)"
-    return f" ({n} bytes)"
 
 
 def _how(res: CommandResult) -> str:

@@ -15,9 +15,11 @@ works, and placing on it is how a replica fails on a node nobody watches.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 
 import attrs
@@ -77,8 +79,10 @@ class ProvisionLoop:
         every_s: float = EVERY_S,
         first_retry_s: float = FIRST_RETRY_S,
         lock_retry_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cfg = cfg
+        self._clock = clock
         self._host = host
         self._on_change = on_change
         self._every_s = every_s
@@ -107,6 +111,9 @@ class ProvisionLoop:
         self.changed = asyncio.Event()
         # When the next pass comes if nothing kicks one sooner.
         self.next_pass_s = every_s
+        # The clock's time of the next pass after one that failed; None while nothing failed.
+        # Reported with each failed install, so "failed to install" says when it is tried again.
+        self._next_try: float | None = None
         # Counted and signalled, for whoever waits on a pass to finish.
         self.passes = 0
         self.passed = asyncio.Event()
@@ -130,10 +137,18 @@ class ProvisionLoop:
         return {name: st.binary for name, st in self._installed.items()}
 
     def statuses(self) -> list[pb.ProvisionStatus]:
-        """Where each wanted engine's installation stands, and why a named one cannot run, by engine name."""
+        """Where each wanted engine's installation stands, and why a named one cannot run, by engine name;
+        a failed one with the seconds until it is tried again, counted from now (the agent's clock is
+        not the server's)."""
         # Never the same engine in both: one agent.yaml names is never wanted (kick).
         every = {**self._unavailable, **self._statuses}
-        return [every[name].to_proto() for name in sorted(every)]
+        out = [every[name].to_proto() for name in sorted(every)]
+        if self._next_try is not None:
+            next_try_s = max(0, math.ceil(self._next_try - self._clock()))
+            for name, status in zip(sorted(every), out, strict=True):
+                if status.state == FAILED and name in self._statuses:
+                    status.next_try_s = next_try_s
+        return out
 
     # -- what the control plane says --------------------------------------------
 
@@ -194,9 +209,13 @@ class ProvisionLoop:
         if any(st.state == FAILED for st in results):
             self._failures += 1
             self.next_pass_s = self._backoff.delay(self._failures)
+            self._next_try = self._clock() + self.next_pass_s
+            # The failure was reported as it happened, before its next try was known.
+            self._notify()
         else:
             self._failures = 0
             self.next_pass_s = self._every_s
+            self._next_try = None
         # Only what is still wanted: a Provision that arrived during the pass may have dropped one.
         still = {w.engine for w in self._wants or ()}
         installed = {st.engine: st for st in results if st.state == READY and st.engine in still}

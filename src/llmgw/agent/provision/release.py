@@ -115,9 +115,15 @@ class ReleaseClient:
         return f"{base}/{repo}/releases/download/{quote(tag)}/{quote(asset)}"
 
     async def download(
-        self, url: str, dest: Path, *, on_size: Callable[[int | None], None] | None = None
+        self,
+        url: str,
+        dest: Path,
+        *,
+        on_size: Callable[[int | None], None] | None = None,
+        progress: download.Progress | None = None,
     ) -> str:
-        """Fetch url into dest and return its sha256; on_size hears the length once known.
+        """Fetch url into dest and return its sha256; on_size hears the length once known, progress
+        (bytes on disk, the length) every chunk.
 
         Through the one resumable download (llmgw/download.py): a gigabyte of CUDA runtime cut
         off midway is resumed from what reached dest, not fetched again from its first byte.
@@ -125,14 +131,27 @@ class ReleaseClient:
         name = url.rsplit("/", 1)[-1]
         where = urlsplit(url).netloc or url
         told: list[int | None] = []
+        # (bytes on disk, the length): fetch tells where each try starts, received every chunk after.
+        at: list[int | None] = [0, None]
 
-        def progress(done: int, size: int | None) -> None:
+        def started(done: int, size: int | None) -> None:
+            at[:] = [done, size]
             if on_size is not None and not told:
                 told.append(size)
                 on_size(size)
+            if progress is not None:
+                progress(done, size)
+
+        def received(n: int) -> None:
+            done = (at[0] or 0) + n
+            at[0] = done
+            if progress is not None:
+                progress(done, at[1])
 
         try:
-            got = await download.fetch(self._http(), url, dest, retries=self._retries, progress=progress)
+            got = await download.fetch(
+                self._http(), url, dest, retries=self._retries, progress=started, received=received
+            )
         except download.Refused as exc:
             if exc.status == 404:
                 # A mirror missing one archive of a release looks like this too.

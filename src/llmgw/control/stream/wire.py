@@ -203,6 +203,7 @@ _PROVISION: _Fields = {
     3: ("variant", _STR),
     4: ("state", _STR),
     5: ("detail", _STR),
+    6: ("next_try_s", _INT32),
 }
 _SCHEMAS: dict[type[Any], _Fields] = {
     Gpu: _GPU,

@@ -227,6 +227,12 @@ class ProvisionStatus(betterproto.Message):
     detail: str = betterproto.string_field(5)
     """What is happening or what went wrong, in words for a person."""
 
+    next_try_s: Optional[int] = betterproto.int32_field(6, optional=True)
+    """
+    Seconds from this message until the agent tries a failed install again; absent when no
+     try is scheduled (or the agent does not say), which is not "now".
+    """
+
 
 @dataclass(eq=False, repr=False)
 class ShardStatus(betterproto.Message):
