@@ -13,6 +13,9 @@ from .needs import llama_server, pytest_make_collect_report, pytest_runtest_make
 from .postgres import Cluster, running_cluster
 from .postgres import unavailable as postgres_unavailable
 
+# vLLM as the agent installs it, for the tests that run it (tests/vllm_env.py).
+from .vllm_env import vllm_python  # noqa: F401
+
 # tests/test_needs.py runs small suites of its own.
 pytest_plugins = ["pytester"]
 

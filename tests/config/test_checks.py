@@ -62,6 +62,7 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("server.yaml", "auth.session_ttl_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.interval_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.grace_s"): _POSITIVE_SECONDS,
+    ("server.yaml", "control.engine_check_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.base_backoff_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.drain_timeout_s"): _SECONDS,
     ("server.yaml", "control.advertise"): [
@@ -105,6 +106,14 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
         ("tgi", "known engines: llamacpp, sglang, sim, vllm"),
     ],
     ("agent.yaml", "engines.<name>.parallel"): _AT_LEAST_ONE,
+    ("agent.yaml", "engines.<name>.index_url"): [
+        ("pypi.internal/simple", _URL),
+        ("file:///srv/simple", _URL),
+    ],
+    ("agent.yaml", "engines.<name>.wheelhouse"): [
+        ("wheels", "expected an absolute directory (/srv/wheels) or an http:// or https:// URL"),
+        ("ftp://mirror/wheels/", "expected an absolute directory"),
+    ],
     ("agent.yaml", "probe.interval_s"): [(0, "expected more than 0 and at most 3,600 (seconds)")],
     ("agent.yaml", "probe.timeout_s"): [(3601, "at most 3,600"), (float("nan"), "expected a finite number")],
     ("agent.yaml", "probe.failures"): _AT_LEAST_ONE,
@@ -168,6 +177,8 @@ ACCEPTED: dict[tuple[str, str], list[Any]] = {
     ("server.yaml", "admin_tokens"): [" " + "5E" * 32],
     ("server.yaml", "engine_mirror.base_url"): ["", "http://10.0.0.5:8081/engines/"],
     ("server.yaml", "engine_mirror.checksums"): ["sha256:" + "ab" * 32],
+    ("agent.yaml", "engines.<name>.index_url"): ["", "https://pypi.internal/simple"],
+    ("agent.yaml", "engines.<name>.wheelhouse"): ["", "/srv/wheels", "http://mirror.internal/wheels/"],
 }
 
 

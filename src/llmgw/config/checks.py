@@ -218,3 +218,18 @@ def _engine_kind_problem(name: Any) -> str:
 
 # agent.yaml's engines: a misspelt engine used to be a key nobody read, and its binary was never run.
 ENGINE_KINDS = Check("keys engine kinds: " + ", ".join(ENGINES), _engine_kind_problem, keys=True)
+
+
+def _wheelhouse_problem(value: Any) -> str:
+    text = str(value)
+    if not text or text.startswith("/"):
+        return ""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return ""
+    # A relative path would be read from whatever directory the agent was started in.
+    return "expected an absolute directory (/srv/wheels) or an http:// or https:// URL"
+
+
+# engines.<kind>.wheelhouse: pip takes both, and a relative one would follow the agent's working directory.
+WHEELHOUSE = Check("empty, an absolute directory, or an http:// or https:// URL", _wheelhouse_problem)

@@ -19,6 +19,7 @@ from llmgw.config.checks import (
     DATABASE,
     ENGINE_KINDS,
     TOKEN_DIGESTS,
+    WHEELHOUSE,
     Check,
     dial_address,
     http_url,
@@ -462,6 +463,19 @@ class EngineOptions:
     )
     disabled: bool = _field(
         False, "This node never installs nor reports the engine, so placement sends it none of its replicas."
+    )
+    index_url: str = _field(
+        "",
+        "For an engine the agent installs with pip (vLLM): a site's own package index (a PyPI mirror, "
+        "`https://pypi.internal/simple`), asked instead of PyPI and the engine's extra indexes (PyTorch's). "
+        "Empty: PyPI and those. See docs/provisioning.md.",
+        http_url(empty_ok=True),
+    )
+    wheelhouse: str = _field(
+        "",
+        "For an engine the agent installs with pip: a directory of its wheels, or the URL of a page "
+        "listing them; pip then asks no index at all (an offline node). Takes precedence over `index_url`.",
+        WHEELHOUSE,
     )
 
 

@@ -15,9 +15,13 @@ from llmgw.agent.discovery.host import Host
 from llmgw.agent.provision.installer import FAILED, READY
 from llmgw.agent.provision.loop import ProvisionLoop
 from llmgw.agent.provision.release import ReleaseClient
+from llmgw.agent.provision.wheels import DEFAULT_INDEX
 from llmgw.config import AgentConfig, EngineOptions, ProvisionConfig
+from llmgw.engines.vllm import TORCH_CPU_INDEX
 from llmgw.launcher import run as run_command
 from llmgw.proto.llmgw import v1 as pb
+
+from .test_wheels import FakeNode
 
 HOST = Host(os_id="ubuntu", id_like=("debian",), arch="amd64", cpu_flags=("avx2",))
 
@@ -331,3 +335,55 @@ class TestAnInterpreterAgentYamlNames:
 
         assert loop.engine_versions() == {"sglang": "0.5.2", "llamacpp": "b1"}
         assert imports.read_text().splitlines() == ["imported"]
+
+
+class TestWhereWheelsComeFrom:
+    """agent.yaml's index or wheelhouse for an engine reaches the pip that installs it."""
+
+    async def test_a_sites_index_in_agent_yaml_is_the_one_pip_asks(
+        self, tmp_path: Path, releases: ReleaseClient
+    ) -> None:
+        node = FakeNode()
+        cfg = agent_config(tmp_path, {"vllm": EngineOptions(index_url="https://pypi.site/simple")})
+        loop = ProvisionLoop(cfg, HOST, node, releases)
+        loop.kick(provision(("vllm", "0.32.0")))
+
+        (st,) = await loop.run_pass()
+
+        assert st.state == READY, st.detail
+        (pip,) = node.ran("pip", "install")
+        assert pip[pip.index("--index-url") + 1] == "https://pypi.site/simple"
+        assert "--extra-index-url" not in pip, "PyTorch's index was still asked"
+
+    async def test_a_wheelhouse_in_agent_yaml_makes_pip_ask_no_index(
+        self, tmp_path: Path, releases: ReleaseClient
+    ) -> None:
+        node = FakeNode()
+        cfg = agent_config(tmp_path, {"vllm": EngineOptions(wheelhouse="/srv/wheels")})
+        loop = ProvisionLoop(cfg, HOST, node, releases)
+        loop.kick(provision(("vllm", "0.32.0")))
+
+        (st,) = await loop.run_pass()
+
+        assert st.state == READY, st.detail
+        (pip,) = node.ran("pip", "install")
+        assert pip[-3:] == ("--no-index", "--find-links", "/srv/wheels")
+        assert "--index-url" not in pip
+
+    async def test_an_engine_agent_yaml_says_nothing_of_is_installed_from_pypi_and_its_extra_indexes(
+        self, tmp_path: Path, releases: ReleaseClient
+    ) -> None:
+        node = FakeNode()
+        loop = ProvisionLoop(
+            agent_config(tmp_path, {"llamacpp": EngineOptions(index_url="https://x/simple")}),
+            HOST,
+            node,
+            releases,
+        )
+        loop.kick(provision(("vllm", "0.32.0")))
+
+        await loop.run_pass()
+
+        (pip,) = node.ran("pip", "install")
+        assert pip[pip.index("--index-url") + 1] == DEFAULT_INDEX
+        assert pip[pip.index("--extra-index-url") + 1] == TORCH_CPU_INDEX

@@ -29,6 +29,7 @@ from llmgw.agent.discovery.host import Host
 from llmgw.agent.provision.installer import FAILED, READY, UNSUPPORTED, Installer, InstallStatus, Source, Want
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import CommandRunner
+from llmgw.agent.provision.wheels import WheelSource
 from llmgw.backoff import ExponentialBackoff
 from llmgw.config import AgentConfig
 from llmgw.launcher import CommandResult
@@ -204,8 +205,9 @@ class ProvisionLoop:
 
     async def run_pass(self) -> list[InstallStatus]:
         """One pass over the wanted engines; the next pass's delay follows its outcome."""
-        wants, source = list(self._wants or ()), self._source
-        results = await self.installer.converge(wants, source)
+        results: list[InstallStatus] = []
+        for want in list(self._wants or ()):
+            results += await self.installer.converge([want], self._source_for(want.engine))
         if any(st.state == FAILED for st in results):
             self._failures += 1
             self.next_pass_s = self._backoff.delay(self._failures)
@@ -264,6 +266,18 @@ class ProvisionLoop:
         return self._imports[key]
 
     # -- internals ----------------------------------------------------------------
+
+    def _source_for(self, engine: str) -> Source:
+        """The control plane's mirror for archives; agent.yaml's index or wheelhouse for pip's wheels.
+
+        The wheels' source is the node's to say: a PyPI mirror or a wheelhouse is a fact of the site's
+        network, and PyTorch's index, unreachable from a closed network, cost pip minutes of retries
+        before it failed.
+        """
+        opts = self._cfg.engine_options(engine)
+        return attrs.evolve(
+            self._source, wheels=WheelSource(index_url=opts.index_url, wheelhouse=opts.wheelhouse)
+        )
 
     def _by_hand(self, engine: str) -> bool:
         return bool(self._cfg.engine_options(engine).binary)
