@@ -19,6 +19,14 @@ from ..servers import loopback_server_config
 MODEL = "sim-chat"
 START_S = 60.0
 
+# `python -m llmgw`, with the rate limits' window shortened first: a window that rolls in seconds
+# rather than a minute, for a test that waits for it to roll. The window is a minute by definition
+# (rpm), so no setting changes it; every use of it reads this one module constant at run time.
+_SHORT_WINDOW = (
+    "import sys; from llmgw.gateway import quotas; quotas.WINDOW_S = float(sys.argv.pop(1)); "
+    "from llmgw.cli.main import main; main()"
+)
+
 
 @attrs.frozen
 class Server:
@@ -29,9 +37,14 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def server_process(tmp_path: Path, database: str) -> AsyncIterator[Server]:
+async def server_process(
+    tmp_path: Path, database: str, *, window_s: float | None = None
+) -> AsyncIterator[Server]:
     """`llmgw --role=server` in a process of its own on the shared store; started again in the same
-    tmp_path, it is the same server (its configuration, state and usage journal), its log appended."""
+    tmp_path, it is the same server (its configuration, state and usage journal), its log appended.
+
+    window_s: the rate limits count this many seconds rather than 60.
+    """
     path = tmp_path / "server.yaml"
     if await asyncio.to_thread(path.exists):
         cfg = await asyncio.to_thread(config.load, ServerConfig, path)
@@ -45,8 +58,9 @@ async def server_process(tmp_path: Path, database: str) -> AsyncIterator[Server]
         )
         await asyncio.to_thread(path.write_text, await asyncio.to_thread(config.dump, cfg))
     log = await asyncio.to_thread((tmp_path / "server.log").open, "ab")
+    launch = ("-m", "llmgw") if window_s is None else ("-c", _SHORT_WINDOW, str(window_s))
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "llmgw", "--role=server", "--config", str(path)), stdout=log, stderr=log
+        *(sys.executable, *launch, "--role=server", "--config", str(path)), stdout=log, stderr=log
     )
     try:
         state = Path(cfg.state_dir)

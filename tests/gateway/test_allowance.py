@@ -39,7 +39,7 @@ from llmgw.store.scopes import Hierarchy, Org, Project, Scope, Team
 from llmgw.tenancy import operations as tenancy
 
 from ..postgres import Cluster
-from ..waiting import eventually
+from ..waiting import eventually, eventually_async
 from .conftest import MODEL, FakeReplicas
 
 
@@ -225,6 +225,93 @@ class TestRequestsPerMinute:
         for start in admitted_at:
             assert sum(1 for t in admitted_at if start <= t < start + 60) <= 30
         assert len(admitted_at) >= 30 * 4 - 10
+
+
+async def _advance(clock: Clock, pool: asyncpg.Pool, seconds: float) -> None:
+    """The gateways' clock moves on, and the rows' seconds of the database's clock with it."""
+    clock.now += seconds
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE allowance_leases SET expires_at = expires_at - $1, frees_at = frees_at - $1", seconds
+        )
+
+
+async def _frees_in(pool: asyncpg.Pool) -> float | None:
+    """Seconds until the first live row with units frees one, as the rows say."""
+    async with pool.acquire() as conn:
+        value = await conn.fetchval(
+            "SELECT min(frees_at) - extract(epoch FROM clock_timestamp()) FROM allowance_leases "
+            "WHERE units > 0 AND expires_at > extract(epoch FROM clock_timestamp())"
+        )
+    return None if value is None else float(value)
+
+
+class TestRetryAfterAtTheSharedLimit:
+    """A refusal where the others hold the rest says when a request would really be admitted."""
+
+    @staticmethod
+    def _retry_after(refusal: Ticket | ApiError) -> int:
+        assert isinstance(refusal, ApiError) and refusal.status == 429, refusal
+        assert refusal.headers is not None
+        seconds = int(refusal.headers["Retry-After"])
+        assert f"try again in {seconds} s" in refusal.message
+        return seconds
+
+    async def test_a_gateway_holding_nothing_says_when_the_others_first_request_leaves_the_window(
+        self, gateways: Make, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        clock = Clock()
+        monkeypatch.setattr(quotas_module, "time", clock)
+        monkeypatch.setattr(allowance_module, "time", clock)
+        limits = [Limits(Scope("project", 1), rpm=5, tpm=None)]
+        first, second = await gateways(_hierarchy(1), limits), await gateways(_hierarchy(1), limits)
+        # Renewals never come: only the telling of a lease filled up.
+        telling = asyncio.create_task(first.allowance.run(interval_s=3600))
+        try:
+            # The first claim takes a unit to spare, and its row says so; the requests after spend it.
+            assert _admitted(await _burst([first], [_key(1, 1)], 1)) == 1
+            assert (await _frees_in(first.pool) or 0) <= 0
+            for _ in range(4):
+                assert _admitted(await _burst([first], [_key(1, 1)], 1)) == 1
+
+            async def told() -> bool:
+                return (await _frees_in(first.pool) or 0) > 50
+
+            await eventually_async(told)
+        finally:
+            telling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await telling
+        await _advance(clock, first.pool, 20)
+        retry = self._retry_after(await second.admit(_key(1, 1)))
+        # The first's requests leave the window 40 s from now; it gives them back at its next renewal.
+        assert 40 <= retry <= 40 + allowance_module.RENEW_S + 1
+        await _advance(clock, first.pool, 39)
+        await first.give_back()
+        assert isinstance(await second.admit(_key(1, 1)), ApiError)
+        await _advance(clock, first.pool, retry - 39)
+        await first.give_back()
+        assert isinstance(await second.admit(_key(1, 1)), Ticket)
+
+    async def test_gateways_that_split_the_limit_each_say_when_their_own_or_the_others_first_frees(
+        self, gateways: Make, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        clock = Clock()
+        monkeypatch.setattr(quotas_module, "time", clock)
+        monkeypatch.setattr(allowance_module, "time", clock)
+        limits = [Limits(Scope("project", 1), rpm=10, tpm=None)]
+        first, second = await gateways(_hierarchy(1), limits), await gateways(_hierarchy(1), limits)
+        assert _admitted(await _burst([first], [_key(1, 1)], 4)) == 4
+        await first.give_back()
+        await _advance(clock, first.pool, 15)
+        assert _admitted(await _burst([second], [_key(1, 1)], 10)) == 6
+        await second.give_back()
+        await _advance(clock, first.pool, 5)
+        # The first's requests leave in 40 s, the second's in 55 s: both say 40, and a renewal for
+        # the one whose unit another holds.
+        assert self._retry_after(await first.admit(_key(1, 1))) == 40
+        retry = self._retry_after(await second.admit(_key(1, 1)))
+        assert 40 <= retry <= 40 + allowance_module.RENEW_S + 1
 
 
 class TestTokensAndBudgets:

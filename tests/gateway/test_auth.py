@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import pytest
@@ -9,13 +10,87 @@ import pytest
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
 from llmgw.store import Store
-from llmgw.store.keys import create_key, revoke_key
+from llmgw.store.keys import KeyRecord, create_key, find_key, revoke_key
+
+from ..waiting import eventually
 
 if TYPE_CHECKING:
     from conftest import FakeEngine, GatewayFactory
 
 MODEL = "sim-chat"
 CHAT = "/v1/chat/completions"
+
+
+class TestAKeyTheCacheDoesNotHaveYet:
+    """Looked up in the store before it is refused: a key made anywhere works at once."""
+
+    async def test_a_key_made_after_the_last_reload_is_found_in_the_store_and_kept(
+        self, store: Store
+    ) -> None:
+        asked: list[str] = []
+
+        async def lookup(digest: str) -> KeyRecord | None:
+            asked.append(digest)
+            return await find_key(store, digest)
+
+        keys = KeyCache(lookup=lookup)
+        await keys.refresh(store)
+        plaintext, record = await create_key(store, "made-elsewhere")
+        with pytest.raises(ApiError):
+            keys.authenticate(f"Bearer {plaintext}")
+        assert await keys.look_up(f"Bearer {plaintext}")
+        assert keys.authenticate(f"Bearer {plaintext}") == record
+        assert asked == [record.key_hash]
+
+    async def test_an_unknown_key_costs_one_lookup_until_the_next_reload(self, store: Store) -> None:
+        asked: list[str] = []
+
+        async def lookup(digest: str) -> KeyRecord | None:
+            asked.append(digest)
+            return None
+
+        keys = KeyCache(lookup=lookup)
+        wrong = "Bearer sk-llmgw-" + "x" * 40
+        assert not await keys.look_up(wrong)
+        assert not await keys.look_up(wrong)
+        assert len(asked) == 1
+        await keys.refresh(store)
+        assert not await keys.look_up(wrong)
+        assert len(asked) == 2
+        # Not even shaped like a key: the store is not asked.
+        assert not await keys.look_up("Bearer something-else")
+        assert len(asked) == 2
+
+    async def test_only_one_lookup_runs_at_a_time(self) -> None:
+        release = asyncio.Event()
+        asked: list[str] = []
+
+        async def lookup(digest: str) -> KeyRecord | None:
+            asked.append(digest)
+            await release.wait()
+            return None
+
+        keys = KeyCache(lookup=lookup)
+        first = asyncio.create_task(keys.look_up("Bearer sk-llmgw-" + "a" * 40))
+        await eventually(lambda: asked)
+        assert not await keys.look_up("Bearer sk-llmgw-" + "b" * 40)
+        release.set()
+        assert not await first
+        assert len(asked) == 1
+
+    async def test_a_revoked_key_the_cache_holds_is_not_looked_up_again(self, store: Store) -> None:
+        plaintext, record = await create_key(store, "ci")
+        await revoke_key(store, record.prefix)
+        asked: list[str] = []
+
+        async def lookup(digest: str) -> KeyRecord | None:
+            asked.append(digest)
+            return await find_key(store, digest)
+
+        keys = KeyCache(lookup=lookup)
+        await keys.refresh(store)
+        assert not await keys.look_up(f"Bearer {plaintext}")
+        assert asked == []
 
 
 class TestKeyCache:

@@ -65,6 +65,10 @@ RENEW_S = 2.0
 # A claim that takes longer is given up (PostgreSQL unreachable): a request must not wait on a
 # connection to an address that drops packets.
 CLAIM_TIMEOUT_S = 2.0
+# A live holder rewrites its row's frees_at within a renewal of it passing (the round may take a
+# claim's timeout); one left unrenewed longer is a dead holder's, whose units come back only when
+# the row lapses.
+_STALE_S = 2 * RENEW_S + CLAIM_TIMEOUT_S
 # An on-demand claim takes this share of what nobody holds, besides what the
 # waiting requests need: fewer round trips under load, and, as allowance runs
 # low, smaller blocks so that the last units are not stranded with one holder.
@@ -87,21 +91,41 @@ _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('llmgw allowance ' || $1 
 # it: allowance this holder may already be spending), $6 ask (what it wants to
 # hold), $7 share of the rest, taken in whole steps of $8 (what one request
 # needs: no sliver too small for a request stranded with this holder), $9
-# seconds the row lives.
+# seconds the row lives, $10 what this holder has busy once the claim is spent,
+# $11 seconds until the first of it leaves the window (NULL: none busy).
+#
+# Each row also says when it next has a unit to give back (frees_at): now when
+# it holds more than is busy, else when its first busy unit leaves the window.
+# The claim returns, in seconds from now, when the first of the others' rows
+# gives one back: at its holder's next renewal after frees_at ($12, the renewal
+# interval), or when it lapses, for a row whose frees_at has gone unrenewed
+# past $13 (its holder dead or cut off). A refusal's Retry-After is that, or
+# this holder's own first unit leaving, whichever comes first: a request is not
+# admitted sooner, since a unit held by one holder is claimed by no other.
 _CLAIM = f"""
-WITH room AS (
-    SELECT $4::float8 - coalesce(sum(units), 0) AS units FROM allowance_leases
+WITH others AS (
+    SELECT units, frees_at, expires_at FROM allowance_leases
     WHERE scope = $1 AND kind = $2 AND holder <> $3 AND expires_at > {_NOW}
+), room AS (
+    SELECT $4::float8 - coalesce(sum(units), 0) AS units,
+        min(CASE WHEN frees_at >= {_NOW} - $13::float8
+            THEN least(greatest(frees_at, {_NOW}) + $12::float8, expires_at)
+            ELSE expires_at END) FILTER (WHERE units > 0) - {_NOW} AS frees_in
+    FROM others
 ), wanted AS (
-    SELECT room.units AS room, greatest(room.units - $6::float8, 0) * $7::float8 AS extra FROM room
+    SELECT room.units AS room, room.frees_in,
+        greatest(room.units - $6::float8, 0) * $7::float8 AS extra FROM room
+), granted AS (
+    SELECT greatest($5::float8, least(room, $6::float8 + floor(extra / $8::float8) * $8::float8)) AS units
+    FROM wanted
 )
-INSERT INTO allowance_leases (scope, kind, holder, units, expires_at)
-SELECT $1, $2, $3,
-    greatest($5::float8, least(room, $6::float8 + floor(extra / $8::float8) * $8::float8)),
-    {_NOW} + $9::float8
-FROM wanted
-ON CONFLICT (scope, kind, holder) DO UPDATE SET units = excluded.units, expires_at = excluded.expires_at
-RETURNING units, (SELECT room FROM wanted)
+INSERT INTO allowance_leases (scope, kind, holder, units, expires_at, frees_at)
+SELECT $1, $2, $3, granted.units, {_NOW} + $9::float8,
+    CASE WHEN granted.units > $10::float8 THEN {_NOW} ELSE {_NOW} + $11::float8 END
+FROM granted
+ON CONFLICT (scope, kind, holder) DO UPDATE
+SET units = excluded.units, expires_at = excluded.expires_at, frees_at = excluded.frees_at
+RETURNING units, (SELECT room FROM wanted), (SELECT frees_in FROM wanted)
 """
 
 _BEFORE = f"""
@@ -126,11 +150,14 @@ class Lease:
         "busy",
         "dry",
         "ends",
+        "frees",
         "kind",
         "limit",
         "lock",
+        "others_free_at",
         "scope",
         "spent",
+        "told_spare",
         "units",
         "until",
     )
@@ -143,6 +170,7 @@ class Lease:
         *,
         ends: float | None = None,
         before: Callable[[], float] | None = None,
+        frees: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.scope = scope
         self.kind = kind
@@ -153,6 +181,8 @@ class Lease:
         self.ends = ends
         # A budget's lease: what the store says the period spent so far, for the period's first claim.
         self.before = before
+        # A rate lease: seconds until the first unit busy here leaves the window (None: none busy).
+        self.frees = frees
         self.limit = 0.0
         # What this gateway's row holds, as far as it knows: never more than the row.
         self.units = 0.0
@@ -162,6 +192,12 @@ class Lease:
         self.spent = 0.0
         # The last claim found nothing left that no other holder holds.
         self.dry = False
+        # The clock's second at which, as the last claim saw the store, another holder may first give
+        # a unit back (None: no other holder holds any).
+        self.others_free_at: float | None = None
+        # A rate lease whose row says it has a unit to give back now: once requests spend it, the row
+        # is rewritten (Allowance.filled), or the others would tell their clients to retry too soon.
+        self.told_spare = False
         self.lock = asyncio.Lock()
 
     def fits(self, busy: float, need: float, now: float) -> bool:
@@ -188,6 +224,9 @@ class Allowance:
         self._term_s = term_s
         # The leases that have a row to renew or give back.
         self._held: dict[tuple[str, str], Lease] = {}
+        # Leases whose rows say they have a unit to spare, and no longer have: told by _tell_filled().
+        self._filled: list[Lease] = []
+        self._wake = asyncio.Event()
         self._failing = False
 
     def lease(
@@ -198,8 +237,9 @@ class Allowance:
         *,
         ends: float | None = None,
         before: Callable[[], float] | None = None,
+        frees: Callable[[], float | None] = lambda: None,
     ) -> Lease:
-        return Lease(scope, kind, busy, ends=ends, before=before)
+        return Lease(scope, kind, busy, ends=ends, before=before, frees=frees)
 
     async def claim(self, lease: Lease, need: float) -> None:
         """Ask for enough to spend need more now, and a share of the rest; one claim at a time.
@@ -212,7 +252,7 @@ class Allowance:
             if seen:
                 return
             busy = lease.busy()
-            await self._set(lease, busy + need, SHARE, need)
+            await self._set(lease, busy + need, SHARE, need, need)
 
     async def renew(self, lease: Lease) -> None:
         """Keep what was busy plus twice what went in the last interval; give back the rest."""
@@ -224,7 +264,9 @@ class Allowance:
             lease.spent = 0.0
             await self._set(lease, ask, 0.0, 1.0)
 
-    async def _set(self, lease: Lease, ask: float, share: float, step: float) -> None:
+    async def _set(self, lease: Lease, ask: float, share: float, step: float, need: float = 0.0) -> None:
+        """Set this holder's row to ask (and share of the rest, in steps); need: what a waiting request
+        spends of it at once."""
         now = time.monotonic()
         busy = lease.busy()
         # After a lapse only what is busy may still be counted in the row; the rest may be gone.
@@ -254,6 +296,10 @@ class Allowance:
                     share,
                     step,
                     ttl,
+                    busy + need,
+                    lease.frees(),
+                    RENEW_S,
+                    _STALE_S,
                 )
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             self._unreachable(exc)
@@ -264,7 +310,10 @@ class Allowance:
         lease.before = None
         assert row is not None
         units, room = float(row[0]), float(row[1])
+        # Counted from the answer, not the question: the wait it makes is never shorter than the store's.
+        lease.others_free_at = None if row[2] is None else time.monotonic() + float(row[2])
         lease.units = units
+        lease.told_spare = lease.ends is None and units > busy + need
         if lease.ends is None:
             lease.until = sent + self._term_s
         lease.dry = units >= room
@@ -302,7 +351,39 @@ class Allowance:
         self._failing = False
         return True
 
+    def filled(self, lease: Lease) -> None:
+        """Requests spent the last unit of a lease whose row says it has one to spare: say it has none.
+
+        Without it another gateway refused at the limit would tell its client to retry at this one's
+        next renewal, when the unit it counted on was already in a request's hands.
+        """
+        lease.told_spare = False
+        self._filled.append(lease)
+        self._wake.set()
+
     async def run(self, interval_s: float = RENEW_S) -> None:
+        """Renew the leases every interval; tell the store at once of those filled up."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._renew_every(interval_s))
+            group.create_task(self._tell_filled())
+
+    async def _tell_filled(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            filled, self._filled = self._filled, []
+            for lease in filled:
+                if self._failing or lease.lock.locked():
+                    # Counted alone meanwhile; or a claim in flight writes the row anyway.
+                    continue
+                async with lease.lock:
+                    # Its units as they are, unless they lapsed: only frees_at changes.
+                    try:
+                        await self._set(lease, lease.units, 0.0, 1.0)
+                    except StoreUnreachable:
+                        break
+
+    async def _renew_every(self, interval_s: float) -> None:
         """Renew every lease held, give back what goes unused, forget rows long run out."""
         rounds = 0
         while True:

@@ -1,29 +1,70 @@
-"""API key checks from an in-memory cache: one sha256 and one dict lookup per request, no database."""
+"""API key checks from an in-memory cache: one sha256 and one dict lookup per request, no database.
+
+A key the cache does not have is looked up in the store before it is refused, so that a key created
+anywhere (`llmgw keys create`, another server on the same PostgreSQL) is known to every gateway as
+soon as its creator is told it: the cache itself is reloaded only every half second. One lookup at
+a time, and each unknown key at most once per reload: a flood of made-up keys costs the store one
+query at a time, never one per request.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 
 from aiohttp import web
 
+from llmgw.errors import StoreError
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 from llmgw.store import Store
-from llmgw.store.keys import KeyRecord, list_keys
+from llmgw.store.keys import KEY_PREFIX, KeyRecord, list_keys
+
+# A key's sha256 hex digest → its record in the store, or None.
+Lookup = Callable[[str], Awaitable[KeyRecord | None]]
 
 
 class KeyCache:
     """Every key the store holds, by hash; revoked keys too, so a client can be told why."""
 
-    def __init__(self, records: Iterable[KeyRecord] = ()) -> None:
+    def __init__(self, records: Iterable[KeyRecord] = (), *, lookup: Lookup | None = None) -> None:
         self._by_hash: dict[str, KeyRecord] = {}
+        # None: only what the cache holds is known (a gateway without a store of its own).
+        self._lookup = lookup
+        # Hashes the store did not have at their lookup: not asked again until the next reload.
+        self._missed: set[str] = set()
+        self._looking = False
         self.replace(records)
 
     def replace(self, records: Iterable[KeyRecord]) -> None:
         """Swap in a whole new set at once: a request never sees half of a refresh."""
         self._by_hash = {record.key_hash: record for record in records}
+        self._missed = set()
+
+    async def look_up(self, authorization: str | None) -> bool:
+        """Whether the store has the key of an Authorization header the cache did not; cached if so."""
+        _, _, token = (authorization or "").strip().partition(" ")
+        token = token.strip()
+        if self._lookup is None or self._looking or not token.startswith(KEY_PREFIX):
+            return False
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        # Known and refused (revoked, expired): nothing the store could add.
+        if digest in self._missed or digest in self._by_hash:
+            return False
+        self._looking = True
+        try:
+            record = await self._lookup(digest)
+        except StoreError:
+            # The store away: the cache is all there is, as it is for every other key.
+            return False
+        finally:
+            self._looking = False
+        if record is None:
+            self._missed.add(digest)
+            return False
+        self._by_hash[digest] = record
+        return True
 
     async def refresh(self, store: Store) -> None:
         """Reload from the store; the caller decides how often (revocation must bite within a second)."""
@@ -75,5 +116,12 @@ class Authenticate:
         self._keys = keys
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
-        call.key = self._keys.authenticate(call.request.headers.get("Authorization"))
+        authorization = call.request.headers.get("Authorization")
+        try:
+            call.key = self._keys.authenticate(authorization)
+        except ApiError:
+            # Made since the cache's last reload, perhaps: the store is asked before the 401.
+            if not await self._keys.look_up(authorization):
+                raise
+            call.key = self._keys.authenticate(authorization)
         return await rest(call)

@@ -30,7 +30,7 @@ from datetime import UTC, date, datetime, timedelta
 import attrs
 
 from llmgw.config import PriceConfig
-from llmgw.gateway.allowance import RENEW_S, Allowance, Lease, StoreUnreachable
+from llmgw.gateway.allowance import Allowance, Lease, StoreUnreachable
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.journal import Entry
 from llmgw.gateway.usage import UsageRecorder
@@ -171,6 +171,25 @@ class Short(Exception):
 def _over(window: _Window, tpm: int, tokens: int) -> bool:
     """Whether tokens more would pass tpm: a tpm of 0 refuses everything."""
     return window.tokens + tokens > tpm
+
+
+def _first_free(lease: Lease, window: _Window | None) -> tuple[int, float]:
+    """When a unit of the lease's scope may first be had here: whole seconds (at least 1), and exact.
+
+    The first of this gateway's own requests to leave the window frees a unit of its lease; another
+    gateway's unit comes back at its renewal after its own first request leaves (the store says when,
+    at the claim that found nothing left). Before the earlier of the two no claim finds anything: the
+    renewal interval it once said instead was a retry sure to be refused.
+    """
+    now = time.monotonic()
+    waits: list[float] = []
+    if window is not None and window.events:
+        waits.append(window.events[0].t + WINDOW_S - now)
+    if lease.others_free_at is not None:
+        waits.append(lease.others_free_at - now)
+    # Neither: nobody holds a unit, so the next claim finds one.
+    wait = max(min(waits), 0.0) if waits else 0.0
+    return max(math.ceil(wait), 1), wait
 
 
 def _seconds(value: float) -> str:
@@ -392,8 +411,11 @@ class Quotas:
         if short:
             raise Short(short)
         if leased:
+            assert allowance is not None
             for lease, need in leased:
                 lease.spent += need
+                if lease.told_spare and lease.busy() + need >= lease.units:
+                    allowance.filled(lease)
         reservation = _Reservation(now, tokens)
         for window in windows:
             window.events.append(reservation)
@@ -427,7 +449,11 @@ class Quotas:
             window.prune(time.monotonic())
             return window.requests if kind == "requests" else window.tokens
 
-        lease = allowance.lease(str(scope), kind, busy)
+        def frees() -> float | None:
+            # The store tells the other gateways when this one's first unit comes back.
+            return window.events[0].t + WINDOW_S - time.monotonic() if window.events else None
+
+        lease = allowance.lease(str(scope), kind, busy, frees=frees)
         if kind == "requests":
             window.rpm_lease = lease
         else:
@@ -490,14 +516,7 @@ class Quotas:
                 headers={"Retry-After": "1"},
                 refusal=(shortfall.scope.kind, "budget"),
             )
-        window = self._windows.get(shortfall.scope)
-        now = time.monotonic()
-        # Other gateways give back what they do not use at their next renewal; this one's own
-        # requests leave the window on their own time.
-        wait = RENEW_S
-        if window is not None and window.events:
-            wait = min(wait, window.events[0].t + WINDOW_S - now)
-        seconds = max(math.ceil(wait), 1)
+        seconds, wait = _first_free(shortfall.lease, self._windows.get(shortfall.scope))
         if shortfall.what == "requests":
             said = f"{limit:.0f} requests per minute"
         else:

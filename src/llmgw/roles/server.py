@@ -49,7 +49,7 @@ from llmgw.listen import cannot_listen, split_host_port
 from llmgw.metrics import Metrics, Snapshot, new_registry, serve_metrics
 from llmgw.pricing import budget_warnings
 from llmgw.store import Store, open_store
-from llmgw.store.keys import create_key
+from llmgw.store.keys import create_key, find_key
 from llmgw.store.postgres import PostgresStore
 from llmgw.web.admin_listener import make_admin_app
 from llmgw.web.client_port import mount_client_port
@@ -175,7 +175,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
     async with contextlib.AsyncExitStack() as stack:
         _prepare_the_process(stack)
         store = await stack.enter_async_context(open_store(cfg.store, server=True))
-        keys = KeyCache()
+        keys = KeyCache(lookup=functools.partial(find_key, store))
         await keys.refresh(store)
         # server.yaml's models and those added with `llmgw ctl model add`, which the store kept. The
         # one catalog: the gateway routes by it, the admin API changes it, the reconciler places it.

@@ -132,6 +132,12 @@ async def list_keys(store: Store) -> list[KeyRecord]:
     return [_record(row) for row in await store.fetch_all("SELECT * FROM api_keys ORDER BY id")]
 
 
+async def find_key(store: Store, key_hash: str) -> KeyRecord | None:
+    """The key with this sha256, revoked or not; None when the store has none."""
+    row = await store.fetch_one("SELECT * FROM api_keys WHERE key_hash = ?", (key_hash,))
+    return None if row is None else _record(row)
+
+
 async def revoke_key(store: Store, prefix_or_key: str) -> KeyRecord | None:
     """Revoke the key with this visible prefix (or this whole key); None if there is no such key.
 

@@ -220,6 +220,10 @@ MIGRATIONS: Sequence[Migration] = (
         )
         """,
     ),
+    # 10: when each lease row next has a unit to give back, in seconds of the database's clock (NULL:
+    # none busy, or a row an earlier release wrote): a gateway refused at a limit the others hold
+    # tells its client when a request would really be admitted, not only when the next renewal is.
+    ("ALTER TABLE allowance_leases ADD COLUMN frees_at REAL",),
 )
 
 
