@@ -668,3 +668,9 @@ def new_token() -> None:
 
 
 ctl.add_command(engine_check)
+
+
+# Last: these modules use this one's helpers to reach the admin API.
+from llmgw.cli.model_plan import model_plan  # noqa: E402
+
+model.add_command(model_plan)

@@ -1,0 +1,92 @@
+"""A capacity plan: a model's shape, its estimate per profile, and where each fits.
+
+What `llmgw ctl model plan` prints and answers with `--json`. The context and
+parallel sequences come from the command line, else from the profile's own
+engine arguments (llama-server's `-c` is shared by its `-np` slots; vLLM's
+`--max-model-len`, SGLang's `--context-length`), else the model's trained
+context, one sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from llmgw.capacity.estimate import estimate, flag
+from llmgw.capacity.fit import ProfileFit, judge
+from llmgw.capacity.fleet import NodeCapacity, ProfileShape
+from llmgw.capacity.shape import ModelShape, WeightsFile
+
+# When neither the command, the profile nor the model's files say.
+DEFAULT_CONTEXT = 4096
+# The engine a model's format is served with when no profile names one.
+DEFAULT_ENGINE = {"gguf": "llamacpp", "safetensors": "vllm"}
+
+
+@attrs.frozen
+class Plan:
+    source: str
+    format: str
+    architecture: str
+    files: list[WeightsFile]
+    weights_bytes: int
+    # The first profile's engine's: the cache's bytes for one token, keys and values, all layers.
+    kv_bytes_per_token: int
+    context: int
+    parallel: int
+    profiles: list[ProfileFit]
+
+
+def _intflag(args: Sequence[str], *names: str) -> int | None:
+    value = flag(args, *names)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def sequences(profile: ProfileShape) -> tuple[int | None, int | None]:
+    """The context per sequence and the sequences a profile's engine arguments ask for, where they say."""
+    args = profile.args
+    if profile.engine == "llamacpp":
+        total = _intflag(args, "-c", "--ctx-size")
+        parallel = _intflag(args, "-np", "--parallel")
+        if total is not None and total > 0:
+            return total // (parallel or 1), parallel
+        return None, parallel
+    if profile.engine == "sglang":
+        return _intflag(args, "--context-length"), None
+    return _intflag(args, "--max-model-len"), None
+
+
+def make_plan(
+    shape: ModelShape,
+    profiles: Sequence[ProfileShape],
+    nodes: Sequence[NodeCapacity],
+    *,
+    context: int | None = None,
+    parallel: int | None = None,
+) -> Plan:
+    """shape's estimate for every profile (none: the engine its format is served with, on any cards)."""
+    fits: list[ProfileFit] = []
+    judged: Sequence[ProfileShape | None] = list(profiles) or [None]
+    for profile in judged:
+        engine = profile.engine if profile is not None else DEFAULT_ENGINE[shape.format]
+        said_context, said_parallel = sequences(profile) if profile is not None else (None, None)
+        ctx = context or said_context or shape.context_length or DEFAULT_CONTEXT
+        par = parallel or said_parallel or 1
+        args = profile.args if profile is not None else []
+        fits.append(judge(estimate(shape, engine, context=ctx, parallel=par, args=args), profile, nodes))
+    first = fits[0].estimate
+    return Plan(
+        source=shape.source,
+        format=shape.format,
+        architecture=shape.architecture,
+        files=list(shape.files),
+        weights_bytes=shape.weights_bytes,
+        kv_bytes_per_token=first.kv_bytes_per_token,
+        context=first.context,
+        parallel=first.parallel,
+        profiles=fits,
+    )

@@ -1,0 +1,150 @@
+"""`llmgw ctl model plan SOURCE`: will a model fit, and where, from its files' headers alone.
+
+The files are read on the machine ctl runs on (capacity/shape.py reads their
+headers, never the weights); the admin API is asked only for the fleet's
+cards and memory, and for a catalog model's source and profiles.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import quote, urlparse
+
+import click
+
+from llmgw.adminapi import views
+from llmgw.capacity.estimate import gigabytes
+from llmgw.capacity.fleet import Capacity, ProfileShape
+from llmgw.capacity.ggufmeta import HeaderError
+from llmgw.capacity.plan import Plan, make_plan
+from llmgw.capacity.shape import ModelShape, read_shape
+from llmgw.cli.ctl import _exchange, _fail, _read, _target, json_option
+from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
+from llmgw.cli.table import echo_table
+
+
+def _local(source: str) -> Path | None:
+    """The path a source names on this machine, if it names one: a path, or a file:// URL."""
+    if source.startswith("file://"):
+        return Path(urlparse(source).path)
+    if "://" in source or source.startswith("mirror:"):
+        return None
+    return Path(source).expanduser()
+
+
+def _shape(path: Path) -> ModelShape:
+    try:
+        return read_shape(path)
+    except HeaderError as exc:
+        _fail(str(exc), EXIT_ERROR)
+
+
+def _fleet(ctx: click.Context, as_json: bool, name: str | None) -> Capacity:
+    target = _target(ctx, as_json)
+    path = "/api/v1/capacity" + (f"?model={quote(name, safe='')}" if name else "")
+    status, data = _exchange(target, "GET", path)
+    if status == 404 and name:
+        _fail(f"{name} is neither a file or directory here nor a model in the catalog", EXIT_NOT_FOUND)
+    if status >= 400:
+        _fail(str((data or {}).get("error") or f"the server answered {status}"), EXIT_ERROR)
+    return _read(data, Capacity)
+
+
+def _resolve(ctx: click.Context, source: str, as_json: bool) -> tuple[ModelShape, Capacity]:
+    """The model's shape and the fleet: a local file or directory, else a catalog model's source."""
+    path = _local(source)
+    if path is not None and path.exists():
+        shape = _shape(path)
+        return shape, _fleet(ctx, as_json, None)
+    if "@" in source and path is not None and not path.exists() and source.count("/") == 1:
+        _fail(
+            f"{source} is not on this machine, and reading a model's headers from the mirror is not "
+            "done yet: `llmgw mirror fetch` it here, or give its file or directory",
+            EXIT_USAGE,
+        )
+    fleet = _fleet(ctx, as_json, source)
+    if fleet.model is None:
+        _fail(f"the server did not describe {source}", EXIT_ERROR)
+    where = _local(fleet.model.source)
+    if where is None or not where.exists():
+        _fail(
+            f"{source}'s source {fleet.model.source or '(none)'} is not a file or directory on this "
+            "machine: run this where its files are, or give their path",
+            EXIT_USAGE,
+        )
+    return _shape(where), fleet
+
+
+def _profiles(fleet: Capacity, name: str | None) -> list[ProfileShape]:
+    profiles = list(fleet.model.profiles) if fleet.model is not None else []
+    if name is None:
+        return profiles
+    chosen = [p for p in profiles if p.name == name]
+    if not chosen:
+        have = ", ".join(p.name for p in profiles) or "none (it is not a catalog model)"
+        _fail(f"no profile {name}; the model's profiles: {have}", EXIT_USAGE)
+    return chosen
+
+
+@click.command("plan")
+@click.argument("source")
+@click.option(
+    "--context",
+    type=click.IntRange(1),
+    help="Tokens per sequence (default: the profile's, else the model's).",
+)
+@click.option(
+    "--parallel", type=click.IntRange(1), help="Sequences served at once (default: the profile's, else 1)."
+)
+@click.option("--profile", "profile_name", help="Only this profile of the catalog model.")
+@json_option
+@click.pass_context
+def model_plan(
+    ctx: click.Context,
+    source: str,
+    context: int | None,
+    parallel: int | None,
+    profile_name: str | None,
+    as_json: bool,
+) -> None:
+    """Will SOURCE fit, and where: a GGUF file, a Hugging Face directory or a catalog model.
+
+    Reads the files' headers only, never the weights: the weights' bytes per file and
+    quantisation, the KV cache per token, what one replica needs at CONTEXT × PARALLEL,
+    and node by node, profile by profile, whether it fits and why not.
+    """
+    shape, fleet = _resolve(ctx, source, as_json)
+    profiles = _profiles(fleet, profile_name)
+    plan = make_plan(shape, profiles, fleet.nodes, context=context, parallel=parallel)
+    if _target(ctx, as_json).as_json:
+        click.echo(json.dumps(views.CONVERTER.unstructure(plan), indent=2, sort_keys=True))
+        return
+    _print(plan, fleet)
+
+
+def _print(plan: Plan, fleet: Capacity) -> None:
+    click.echo(f"model     {plan.source} ({plan.format}, {plan.architecture})")
+    click.echo(f"weights   {gigabytes(plan.weights_bytes)} ({plan.weights_bytes} bytes)")
+    for f in plan.files:
+        click.echo(f"  {Path(f.path).name}  {gigabytes(f.bytes)}  {f.quantisation}")
+    for fit in plan.profiles:
+        e = fit.estimate
+        click.echo("")
+        click.echo(f"profile {fit.profile} ({fit.engine})")
+        click.echo(
+            f"  KV cache  {e.kv_bytes_per_token} bytes per token ({e.kv_type or 'none'}); "
+            f"{gigabytes(e.kv_bytes)} at context {e.context} × {e.parallel}"
+        )
+        click.echo(
+            f"  replica   {gigabytes(e.total_bytes)}: weights {gigabytes(e.weights_bytes)} + "
+            f"KV {gigabytes(e.kv_bytes)} + overhead {gigabytes(e.overhead_bytes)}"
+        )
+        if fleet.nodes:
+            echo_table(
+                ["NODE", "FITS", "WHY"],
+                [[n.node, "yes" if n.fits else "no", n.reason] for n in fit.nodes],
+            )
+        else:
+            click.echo("  no node has registered yet")
+        click.echo(f"  {fit.summary}")
