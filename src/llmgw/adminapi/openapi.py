@@ -16,7 +16,7 @@ from aiohttp import web
 from llmgw.adminapi import views
 from llmgw.adminapi.routes import Reply, Route
 from llmgw.adminapi.schema import components, ref
-from llmgw.capacity import fleet
+from llmgw.capacity import fleet as capacity
 from llmgw.mirror import admin as mirror_admin
 from llmgw.tenancy import views as tenancy_views
 
@@ -55,7 +55,9 @@ def document(version: str, routes: Iterable[Route]) -> dict[str, Any]:
             "/admin on the client port, where it needs an admin token (`admin_tokens`) or session.",
         },
         "components": {
-            "schemas": components((*views.SHAPES, *fleet.SHAPES, *tenancy_views.SHAPES, *mirror_admin.SHAPES)),
+            "schemas": components(
+                (*views.SHAPES, *capacity.SHAPES, *tenancy_views.SHAPES, *mirror_admin.SHAPES)
+            ),
             "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
         },
         "paths": paths(routes),

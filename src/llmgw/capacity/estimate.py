@@ -106,4 +106,4 @@ def estimate(
 
 def gigabytes(n: float) -> str:
     """21.4 GB: decimal, one place, as a card's memory is sold."""
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"

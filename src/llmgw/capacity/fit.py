@@ -138,8 +138,10 @@ def _any(estimate: Estimate, node: NodeCapacity) -> NodeFit:
                     f"fits on {count} of its {len(usable)} free {cls} card(s), {gigabytes(per_card)} each",
                     [c.index for c in usable[:count]],
                 )
-    free = sum(c.free_bytes for c in node.cards if c.usable)
-    return NodeFit(node.id, False, f"has {gigabytes(free)} free on all its GPUs together")
+    usable = [c for c in node.cards if c.usable]
+    free = sum(c.free_bytes for c in usable)
+    together = " on all its GPUs together" if len(usable) > 1 else ""
+    return NodeFit(node.id, False, f"has {gigabytes(free)} free{together}")
 
 
 def _nth(n: int) -> str:

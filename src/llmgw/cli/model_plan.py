@@ -19,7 +19,7 @@ from llmgw.capacity.fleet import Capacity, ProfileShape
 from llmgw.capacity.ggufmeta import HeaderError
 from llmgw.capacity.plan import Plan, make_plan
 from llmgw.capacity.shape import ModelShape, read_shape
-from llmgw.cli.ctl import _exchange, _fail, _read, _target, json_option
+from llmgw.cli.adminclient import exchange, fail, json_option, read, target
 from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
 from llmgw.cli.table import echo_table
 
@@ -37,18 +37,18 @@ def _shape(path: Path) -> ModelShape:
     try:
         return read_shape(path)
     except HeaderError as exc:
-        _fail(str(exc), EXIT_ERROR)
+        fail(str(exc), EXIT_ERROR)
 
 
 def _fleet(ctx: click.Context, as_json: bool, name: str | None) -> Capacity:
-    target = _target(ctx, as_json)
+    admin = target(ctx, as_json)
     path = "/api/v1/capacity" + (f"?model={quote(name, safe='')}" if name else "")
-    status, data = _exchange(target, "GET", path)
+    status, data = exchange(admin, "GET", path)
     if status == 404 and name:
-        _fail(f"{name} is neither a file or directory here nor a model in the catalog", EXIT_NOT_FOUND)
+        fail(f"{name} is neither a file or directory here nor a model in the catalog", EXIT_NOT_FOUND)
     if status >= 400:
-        _fail(str((data or {}).get("error") or f"the server answered {status}"), EXIT_ERROR)
-    return _read(data, Capacity)
+        fail(str((data or {}).get("error") or f"the server answered {status}"), EXIT_ERROR)
+    return read(data, Capacity)
 
 
 def _resolve(ctx: click.Context, source: str, as_json: bool) -> tuple[ModelShape, Capacity]:
@@ -58,17 +58,17 @@ def _resolve(ctx: click.Context, source: str, as_json: bool) -> tuple[ModelShape
         shape = _shape(path)
         return shape, _fleet(ctx, as_json, None)
     if "@" in source and path is not None and not path.exists() and source.count("/") == 1:
-        _fail(
+        fail(
             f"{source} is not on this machine, and reading a model's headers from the mirror is not "
             "done yet: `llmgw mirror fetch` it here, or give its file or directory",
             EXIT_USAGE,
         )
     fleet = _fleet(ctx, as_json, source)
     if fleet.model is None:
-        _fail(f"the server did not describe {source}", EXIT_ERROR)
+        fail(f"the server did not describe {source}", EXIT_ERROR)
     where = _local(fleet.model.source)
     if where is None or not where.exists():
-        _fail(
+        fail(
             f"{source}'s source {fleet.model.source or '(none)'} is not a file or directory on this "
             "machine: run this where its files are, or give their path",
             EXIT_USAGE,
@@ -83,7 +83,7 @@ def _profiles(fleet: Capacity, name: str | None) -> list[ProfileShape]:
     chosen = [p for p in profiles if p.name == name]
     if not chosen:
         have = ", ".join(p.name for p in profiles) or "none (it is not a catalog model)"
-        _fail(f"no profile {name}; the model's profiles: {have}", EXIT_USAGE)
+        fail(f"no profile {name}; the model's profiles: {have}", EXIT_USAGE)
     return chosen
 
 
@@ -117,7 +117,7 @@ def model_plan(
     shape, fleet = _resolve(ctx, source, as_json)
     profiles = _profiles(fleet, profile_name)
     plan = make_plan(shape, profiles, fleet.nodes, context=context, parallel=parallel)
-    if _target(ctx, as_json).as_json:
+    if target(ctx, as_json).as_json:
         click.echo(json.dumps(views.CONVERTER.unstructure(plan), indent=2, sort_keys=True))
         return
     _print(plan, fleet)

@@ -1,0 +1,138 @@
+"""`llmgw ctl model plan` on a real admin API on loopback: files read here, the fleet asked of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from click.testing import CliRunner
+
+from llmgw.adminapi import capacity, handlers
+from llmgw.adminapi.routes import mount
+from llmgw.catalog import Catalog
+from llmgw.cli.ctl import ctl
+from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
+from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
+from llmgw.control.inventory import Inventory
+from llmgw.proto.llmgw import v1 as pb
+from tests.capacity.models import Q, write_gguf, write_hf_directory
+
+
+def fleet() -> Inventory:
+    """A node with a free 80 GB card, one whose only card is nearly full, and one with RAM alone."""
+    inventory = Inventory(5.0, clock=lambda: 1000.0)
+    for node_id, used in (("big", 0), ("full", 81800)):
+        card = pb.Gpu(index=0, gpu_class="h100-80g", memory_total_mb=81920, memory_used_mb=used, healthy=True)
+        inventory.attach(
+            pb.Register(node_id=node_id, gpus=[card], memory=pb.Memory(total_mb=65536, available_mb=60000)),
+            "10.0.0.1:1",
+        )
+    inventory.attach(
+        pb.Register(node_id="cpu", memory=pb.Memory(total_mb=4096, available_mb=1)), "10.0.0.2:1"
+    )
+    return inventory
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+    (gguf_path,) = write_gguf(tmp_path / "m.gguf", qtype=Q.Q4_K)
+    cfg = ServerConfig(
+        models=[
+            ModelConfig(
+                name="tiny",
+                source=gguf_path.as_uri(),
+                profiles=[
+                    ProfileConfig(engine="llamacpp", name="gpu", gpu_class="h100-80g", args=["-c", "8192"]),
+                    ProfileConfig(engine="llamacpp", name="cpu"),
+                ],
+            ),
+            ModelConfig(name="far", source="https://example.invalid/m.gguf", profiles=[ProfileConfig()]),
+        ]
+    )
+    app = web.Application()
+    handlers.provide(app, cfg, fleet(), Catalog(cfg))
+    mount(app, capacity.ROUTES)
+    async with TestServer(app) as test_server:
+        yield str(test_server.make_url("")).rstrip("/"), gguf_path
+
+
+async def run(*args: str) -> tuple[int, str, str]:
+    result = await asyncio.to_thread(CliRunner().invoke, ctl, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+async def test_a_local_gguf_is_planned_against_every_node(server: tuple[str, Path]):
+    url, path = server
+    code, out, err = await run("--server", url, "model", "plan", str(path), "--context", "4096")
+    assert (code, err) == (0, "")
+    assert "Q4_K 100%" in out and "profile (any) (llamacpp)" in out
+    assert out.endswith(
+        "  needs 277.5 MB at context 4096 × 1; fits on big; cpu has 1.0 MB of RAM free; "
+        "full has 125.8 MB free\n"
+    )
+
+
+async def test_json_carries_the_weights_and_the_cache_per_token_and_reads_back(server: tuple[str, Path]):
+    url, path = server
+    code, out, _ = await run("--server", url, "model", "plan", str(path), "--parallel", "2", "--json")
+    plan = json.loads(out)
+    assert code == 0
+    assert plan["weights_bytes"] == sum(f["bytes"] for f in plan["files"])
+    assert plan["kv_bytes_per_token"] == 2 * 4 * 64 * 2 * 2
+    (fit,) = plan["profiles"]
+    assert fit["estimate"]["kv_bytes"] == plan["kv_bytes_per_token"] * 2048 * 2
+    assert {n["node"]: n["fits"] for n in fit["nodes"]} == {"big": True, "cpu": False, "full": False}
+
+
+async def test_a_catalog_model_is_planned_per_profile_from_its_source(server: tuple[str, Path]):
+    url, _ = server
+    code, out, _ = await run("--server", url, "model", "plan", "tiny", "--json")
+    plan = json.loads(out)
+    assert code == 0
+    assert [(p["profile"], p["estimate"]["context"]) for p in plan["profiles"]] == [
+        ("gpu", 8192),
+        ("cpu", 2048),
+    ]
+    gpu, cpu = plan["profiles"]
+    assert [n["node"] for n in gpu["nodes"] if n["fits"]] == ["big"]
+    assert [n["node"] for n in cpu["nodes"] if n["fits"]] == ["big", "full"]
+    code, out, _ = await run("--server", url, "model", "plan", "tiny", "--profile", "cpu", "--json")
+    assert [p["profile"] for p in json.loads(out)["profiles"]] == ["cpu"]
+
+
+async def test_a_profile_the_model_lacks_is_refused_naming_those_it_has(server: tuple[str, Path]):
+    code, _, err = await run("--server", server[0], "model", "plan", "tiny", "--profile", "h200")
+    assert (code, err) == (EXIT_USAGE, "llmgw ctl: no profile h200; the model's profiles: gpu, cpu\n")
+
+
+async def test_a_source_that_is_neither_here_nor_in_the_catalog_is_refused(server: tuple[str, Path]):
+    code, _, err = await run("--server", server[0], "model", "plan", "/nowhere/m.gguf")
+    assert code == EXIT_NOT_FOUND
+    assert "neither a file or directory here nor a model in the catalog" in err
+
+
+async def test_a_catalog_model_whose_files_are_elsewhere_says_where_to_run_it(server: tuple[str, Path]):
+    code, _, err = await run("--server", server[0], "model", "plan", "far")
+    assert code == EXIT_USAGE
+    assert "is not a file or directory on this machine: run this where its files are" in err
+
+
+async def test_a_truncated_file_is_refused_in_words(server: tuple[str, Path]):
+    url, path = server
+    path.write_bytes(path.read_bytes()[:100])
+    code, _, err = await run("--server", url, "model", "plan", str(path))
+    assert code == EXIT_ERROR
+    assert "ends inside its GGUF header" in err
+
+
+async def test_a_hugging_face_directory_is_planned_for_vllm(server: tuple[str, Path], tmp_path: Path):
+    directory = write_hf_directory(tmp_path / "hf")
+    code, out, _ = await run("--server", server[0], "model", "plan", str(directory), "--json")
+    plan = json.loads(out)
+    assert (code, plan["format"], plan["profiles"][0]["engine"]) == (0, "safetensors", "vllm")
+    assert plan["profiles"][0]["estimate"]["kv_type"] == "bf16"
