@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.adminapi.handlers import CATALOG_KEY, INVENTORY_KEY
+from llmgw.adminapi.handlers import INVENTORY_KEY
 from llmgw.adminapi.projections import node_state
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Param, Reply, Route
 from llmgw.adminapi.views import Error
 from llmgw.capacity.fleet import Capacity, Card, CatalogModel, NodeCapacity, ProfileShape
+from llmgw.catalog import CATALOG_KEY
 from llmgw.config import ModelConfig
 from llmgw.control.inventory import READY, Inventory, Node
 

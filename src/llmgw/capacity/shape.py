@@ -115,7 +115,7 @@ def _per_layer(header: GgufHeader, key: str, layers: int, default: Sequence[int]
     """A count per layer: some architectures (OpenELM) state one per layer, most one for all."""
     value = header.metadata.get(key)
     if isinstance(value, list):
-        return [int(v) for v in value[:layers]]  # type: ignore[call-overload]
+        return [int(v) for v in value[:layers]]
     if value is None and default is not None:
         return list(default)
     return [_int(header, key)] * layers
