@@ -33,6 +33,9 @@ _ID = re.compile(ID_PATTERN)
 # to the engine it is passed to), no empty part (a "//" or a leading or trailing "/").
 _PART = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
 _MODEL = re.compile(rf"{_PART}(/{_PART})*")
+# A model's name as a JSON Schema pattern, for the admin API's document (anchored: JSON Schema's
+# patterns match anywhere).
+MODEL_PATTERN = rf"^{_PART}(/{_PART})*$"
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 MODEL_RULE = (
@@ -97,14 +100,26 @@ def scope_name_problem(name: str, what: str) -> str | None:
     A control character (U+0018 was stored once) is invisible on a page and garbles a terminal
     that prints a listing.
     """
-    if not name.strip():
+    if not name.strip(" "):
         return f"a {what} needs a name"
-    if len(name) > MAX_SCOPE_NAME or any(not ch.isprintable() for ch in name):
+    if len(name) > MAX_SCOPE_NAME or _CONTROL_CHARACTER.search(name):
         return (
-            f"the {what} name {name!r} is not allowed; a name is printable characters "
-            f"(no line breaks, tabs or control characters), at most {MAX_SCOPE_NAME} of them"
+            f"the {what} name {name!r} is not allowed; a name is at most {MAX_SCOPE_NAME} characters, "
+            "with no line breaks, tabs or other control characters"
         )
     return None
+
+
+# What a scope's name may not hold: control characters (C0, DEL, C1) and the line and paragraph
+# separators. The same class is the admin API document's pattern (SCOPE_NAME_PATTERN), so that the
+# document and the server agree on every name. str.isprintable() was the rule before, and no short
+# pattern says it (Python's re, which makes the fuzzer's examples, has no \p{...}): the document
+# allowed names the server refused.
+_CONTROL = "\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029"
+_CONTROL_CHARACTER = re.compile(f"[{_CONTROL}]")
+# A scope's name as scope_name_problem allows it, as a JSON Schema pattern: no control characters,
+# not only spaces (maxLength: MAX_SCOPE_NAME says how many).
+SCOPE_NAME_PATTERN = f"^ *[^ {_CONTROL}][^{_CONTROL}]*$"
 
 
 def id_number(text: str) -> int | None:

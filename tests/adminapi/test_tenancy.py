@@ -297,6 +297,19 @@ async def test_every_status_of_every_route_is_asked_and_its_reply_validates(
     await ask("GET", "/api/v1/usage", "/api/v1/usage?by=model&since=2026-01-01&until=2026-12-31")
     await ask("GET", "/api/v1/usage", "/api/v1/usage?by=colour")
     await ask("GET", "/api/v1/usage", "/api/v1/usage?since=yesterday")
+    # Two teams called "dup" (in two orgs), a project called "dup" in each: finding one by that
+    # name is a 409 that says the ids, wherever a route finds a team or a project by name.
+    for org in ("o1", "o2"):
+        await _json(client, "POST", "/api/v1/orgs", {"name": org})
+        _, team = await _json(client, "POST", "/api/v1/teams", {"name": "dup", "parent": org})
+        await _json(client, "POST", "/api/v1/projects", {"name": "dup", "parent": str(team["id"])})
+    await ask("GET", "/api/v1/projects", "/api/v1/projects?team=dup")
+    await ask("PUT", models, "/api/v1/projects/dup/models", {"models": None})
+    await ask("GET", members, "/api/v1/projects/dup/members")
+    await ask("POST", members, "/api/v1/projects/dup/members", {"user": user.id})
+    await ask("DELETE", member, "/api/v1/projects/dup/members/ana@example.com")
+    await ask("PUT", quota, "/api/v1/quotas/team:dup", {"rpm": 5})
+    await ask("DELETE", quota, "/api/v1/quotas/project:dup")
     # Every route that takes a body refuses one that is not JSON, and a field it does not take.
     for route in tenancyapi.ROUTES:
         if route.body is None:

@@ -430,7 +430,7 @@ ROUTES: tuple[Route, ...] = (
         handler=get_explain_placement,
         operation="explainPlacement",
         summary="Per node, whether the model's next replica could go there, and why.",
-        parameters=(Param("model", "query", required=True),),
+        parameters=(Param("model", "query", schema={"type": "string", "minLength": 1}, required=True),),
         replies={200: Reply("One verdict per node.", views.Placement), 400: _ERROR, 404: _ERROR},
     ),
     Route(
@@ -441,7 +441,8 @@ ROUTES: tuple[Route, ...] = (
         summary="Ask every node to remove weights no catalog model uses, never any in use.",
         description="Send Content-Type: application/json (an empty object will do; the "
         "body is not read): without it a page elsewhere could make this change through a browser.",
-        body=Body(media={"application/json": {"schema": {"description": "Not read."}}}, required=False),
+        # Required: a POST with no body is one a page elsewhere may send without a preflight (415).
+        body=Body(media={"application/json": {"schema": {"description": "Not read."}}}),
         replies={
             200: Reply("What each node was asked to remove, and what it keeps.", views.Collected),
             415: _ERROR,

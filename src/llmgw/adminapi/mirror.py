@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmgw.adminapi import views
-from llmgw.adminapi.routes import Guard, Param, Reply, Route, mount
+from llmgw.adminapi.routes import Body, Guard, Param, Reply, Route, mount
 from llmgw.control.mirror import MIRROR_CLIENT_KEY, MirrorClient, relay
 from llmgw.mirror import admin as mirror_admin
 
@@ -16,6 +16,17 @@ _RELAYED = "Relayed to the mirror's admin listener; 404 where server.yaml names 
 _GONE = Reply("No mirror is configured (or, for one fetch or model, no such one).", views.Error)
 _UNREACHABLE = Reply("The mirror cannot be reached.", views.Error)
 _ERROR = Reply("What went wrong, in a sentence.", views.Error)
+
+
+# What the mirror reads of a fetch (mirror/admin.py); the rest of the body it does not read.
+_FETCH = {
+    "type": "object",
+    "required": ["model"],
+    "properties": {
+        "model": {"type": "string", "description": "REPO[@REVISION]."},
+        "include": {"type": "array", "items": {"type": "string", "minLength": 1}},
+    },
+}
 
 
 def _summary(what: str) -> str:
@@ -67,6 +78,7 @@ ROUTES: tuple[Route, ...] = (
         handler=relay(lambda _: "/api/v1/fetches"),
         operation="mirrorFetch",
         summary=_summary('Start a fetch: {"model": "REPO[@REVISION]", "include": ["GLOB"]}.'),
+        body=Body(media={"application/json": {"schema": _FETCH}}),
         replies={
             202: Reply("The fetch, running.", mirror_admin.Fetch),
             400: _ERROR,

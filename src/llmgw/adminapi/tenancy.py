@@ -19,11 +19,12 @@ from llmgw.adminapi import views
 from llmgw.adminapi.handlers import CONFIG_KEY
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Guard, Handler, Param, Reply, Route, mount
+from llmgw.adminapi.schema import named
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json
 from llmgw.catalog import CATALOG_KEY
 from llmgw.errors import LlmgwError
 from llmgw.store import Store
-from llmgw.store.scopes import Scope, ScopeInUse, UnknownScope
+from llmgw.store.scopes import AmbiguousScope, Scope, ScopeInUse, UnknownScope
 from llmgw.store.usage import USAGE_BY, UsageBy
 from llmgw.tenancy import operations as tenancy
 from llmgw.tenancy import views as tv
@@ -48,7 +49,7 @@ class BadQuery(Exception):
 def _failed(exc: LlmgwError) -> web.Response:
     if isinstance(exc, UnknownScope):
         return error(404, str(exc))
-    if isinstance(exc, ScopeInUse):
+    if isinstance(exc, (ScopeInUse, AmbiguousScope)):
         return error(409, str(exc))
     return error(400, str(exc))
 
@@ -98,6 +99,9 @@ def _number(body: dict[str, Any], name: str, kind: type, example: str) -> Any:
     value = body[name]
     if value is None:
         return None
+    # 389.0 is an integer to JSON Schema, as the document says these are, and to most JSON writers.
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
     whole = isinstance(value, int) and not isinstance(value, bool)
     if (kind is int and not whole) or (kind is float and not (whole or isinstance(value, float))):
         raise BadQuery(f"{name} must be {'a whole number' if kind is int else 'a number'} or null: {example}")
@@ -159,6 +163,8 @@ async def _create_level(request: web.Request, store: Store) -> Any:
 async def _rename_level(request: web.Request, store: Store) -> Any:
     _, kind = _level(request)
     body = await _body(request, '{"name": "new name"}')
+    # Not read, but a parent that is not even a string is a mistake the caller should hear of.
+    _text(body, "parent", '{"name": "new name"}', required=False)
     return await tenancy.rename(
         store, kind, request.match_info["item"], _text(body, "name", '{"name": "new"}')
     )
@@ -284,18 +290,38 @@ async def _usage(request: web.Request, store: Store) -> Any:
 
 _BAD = Reply("What is wrong with the request, in a sentence.", views.Error)
 _MISSING = Reply("Something it names does not exist.", views.Error)
-_TAKEN = Reply("The name is taken, or something still belongs to it.", views.Error)
+_TAKEN = Reply(
+    "The name is taken, something still belongs to it, or several have a name it gives (give the id).",
+    views.Error,
+)
+# Every route that finds a team or project by its name: several may have it (an org's is unique).
+_AMBIGUOUS = {409: Reply("Several have a name it gives: give the id of one.", views.Error)}
 _ITEM = {
     "orgs": Param("item", description="The organisation's id or name."),
     "teams": Param("item", description="The team's id or name."),
     "projects": Param("item", description="The project's id or name."),
 }
 _SCOPE = Param(
-    "scope", description="org:NAME, team:NAME, project:NAME (an id works for a name) or key:PREFIX."
+    "scope",
+    description="org:NAME, team:NAME, project:NAME (an id works for a name) or key:PREFIX.",
+    schema={"type": "string", "pattern": "^(org|team|project|key):."},
 )
 # Model names may hold slashes (meta-llama/Llama-3.1-8B).
-_MODEL = Param("model", description="The model's name; it may hold slashes.", pattern=r"[\s\S]+")
-_DAY = {"type": "string", "pattern": r"^(\d{4}-\d{2}-\d{2})?$"}
+_MODEL = Param(
+    "model",
+    description="The model's name; it may hold slashes.",
+    schema=named("ModelName"),
+    pattern=r"[\s\S]+",
+)
+# A day date.fromisoformat reads, or nothing: "2024-02-30" matched \d{4}-\d{2}-\d{2} and was a 400
+# the document did not foresee. Years 0001 to 9999; 29 February in leap years alone.
+_YEAR = "([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})"
+_LEAP = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_DAY_PATTERN = (
+    f"^({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+    f"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)?$"
+)
+_DAY = {"type": "string", "pattern": _DAY_PATTERN}
 
 
 def _route(
@@ -337,7 +363,11 @@ def _level_routes(collection: str, view: type, what: str) -> tuple[Route, ...]:
             _list_level,
             f"list{what}s",
             f"Every {lower}.",
-            {200: Reply(f"The {lower}s.", view, many=True), **missing},
+            {
+                200: Reply(f"The {lower}s.", view, many=True),
+                **missing,
+                **(_AMBIGUOUS if parent == "team" else {}),
+            },
             parameters=query,
         ),
         _route(
@@ -347,7 +377,7 @@ def _level_routes(collection: str, view: type, what: str) -> tuple[Route, ...]:
             f"create{what}",
             f"Create a {lower}.",
             {201: Reply("It was created.", view), 400: _BAD, **missing, 409: _TAKEN},
-            body=tv.NameChange,
+            body=tv.NewChild if parent else tv.NameChange,
         ),
         _route(
             "PATCH",
@@ -384,7 +414,7 @@ ROUTES: tuple[Route, ...] = (
         _set_models,
         "setProjectModels",
         "Limit a project's keys to some models (null: any); each key's own list applies too.",
-        {200: Reply("The project.", tv.Project), 400: _BAD, 404: _MISSING},
+        {200: Reply("The project.", tv.Project), 400: _BAD, 404: _MISSING, **_AMBIGUOUS},
         body=tv.ModelsChange,
         parameters=_PROJECT,
     ),
@@ -394,7 +424,7 @@ ROUTES: tuple[Route, ...] = (
         _members,
         "listMembers",
         "The accounts in a project.",
-        {200: Reply("Its members.", tv.Member, many=True), 404: _MISSING},
+        {200: Reply("Its members.", tv.Member, many=True), 404: _MISSING, **_AMBIGUOUS},
         parameters=_PROJECT,
     ),
     _route(
@@ -403,7 +433,7 @@ ROUTES: tuple[Route, ...] = (
         _add_member,
         "addMember",
         "Put an account in the project (out of any other); a pending one is approved.",
-        {200: Reply("The account.", tv.Member), 400: _BAD, 404: _MISSING},
+        {200: Reply("The account.", tv.Member), 400: _BAD, 404: _MISSING, **_AMBIGUOUS},
         body=tv.MemberChange,
         parameters=_PROJECT,
     ),
@@ -413,7 +443,7 @@ ROUTES: tuple[Route, ...] = (
         _remove_member,
         "removeMember",
         "Take an account out of the project; it can create no keys until it joins another.",
-        {200: Reply("The account.", tv.Member), 400: _BAD, 404: _MISSING},
+        {200: Reply("The account.", tv.Member), 400: _BAD, 404: _MISSING, **_AMBIGUOUS},
         parameters=(*_PROJECT, Param("user", description="The account's id or email.")),
     ),
     _route(
@@ -430,7 +460,7 @@ ROUTES: tuple[Route, ...] = (
         _set_quota,
         "setQuota",
         "Change a scope's limits and budget: a field left out stays, null clears it; binds within a second.",
-        {200: Reply("The scope's quota now.", tv.Quota), 400: _BAD, 404: _MISSING},
+        {200: Reply("The scope's quota now.", tv.Quota), 400: _BAD, 404: _MISSING, **_AMBIGUOUS},
         body=tv.QuotaChange,
         parameters=(_SCOPE,),
     ),
@@ -440,7 +470,7 @@ ROUTES: tuple[Route, ...] = (
         _clear_quota,
         "clearQuota",
         "Remove a scope's limits and budget.",
-        {200: Reply("The scope's quota now: none.", tv.Quota), 400: _BAD, 404: _MISSING},
+        {200: Reply("The scope's quota now: none.", tv.Quota), 400: _BAD, 404: _MISSING, **_AMBIGUOUS},
         parameters=(_SCOPE,),
     ),
     _route(

@@ -37,6 +37,11 @@ class ScopeInUse(ScopeError):
     """The name is taken, or something still belongs to it (the admin API's 409)."""
 
 
+class AmbiguousScope(ScopeError):
+    """Several have the name given: the id says which (the admin API's 409, as the state, not the
+    request, is what is wrong: the same request named one team before a second was given its name)."""
+
+
 @attrs.frozen(cache_hash=True)
 class Scope:
     """Something limits, budgets and usage attach to: a key, a project, a team or an org."""
@@ -147,7 +152,7 @@ def _resolve(
         return named[0]
     if named:
         choices = "; ".join(f"{item_id}: {describe(Scope(kind, item_id))}" for item_id in named)
-        raise ScopeError(f"several {what}s are called '{text}'; give the id of one: {choices}")
+        raise AmbiguousScope(f"several {what}s are called '{text}'; give the id of one: {choices}")
     known = ", ".join(f"{item_id} ({name})" for item_id, name in names.items()) or "none"
     plural = "organisations" if what == "organisation" else f"{what}s"
     raise UnknownScope(f"there is no {what} '{text}'; the {plural} are {known}")

@@ -11,11 +11,18 @@ from typing import Literal
 
 import attrs
 
+from llmgw.adminapi.schema import named
+
 Period = Literal["day", "week", "month", "total"]
 # Where a model's price comes from, first to last: `llmgw prices set`, the model's own definition,
 # server.yaml's `pricing`, its `default_price`; "none" when nothing prices it.
 PriceSource = Literal["set", "model", "pricing", "default", "none"]
 UsageBy = Literal["org", "team", "project", "key", "model"]
+
+# What a request's field must be beyond its type, in the document (adminapi/schema.py).
+_AT_LEAST_0 = {"schema": {"minimum": 0}}
+_NOT_BLANK = {"pattern": r"\S"}
+_SCOPE_NAME = named("ScopeName")
 
 
 @attrs.frozen
@@ -90,9 +97,9 @@ class Quota:
 class QuotaChange:
     """The body of PUT /api/v1/quotas/{scope}: a field left out keeps what the scope had; null clears it."""
 
-    rpm: int | None
-    tpm: int | None
-    budget: float | None
+    rpm: int | None = attrs.field(metadata=_AT_LEAST_0)
+    tpm: int | None = attrs.field(metadata=_AT_LEAST_0)
+    budget: float | None = attrs.field(metadata=_AT_LEAST_0)
     period: Period
 
 
@@ -110,17 +117,31 @@ class Price:
 class PriceChange:
     """The body of PUT /api/v1/prices/{model}."""
 
-    prompt_per_1k: float
-    completion_per_1k: float
+    prompt_per_1k: float = attrs.field(metadata=_AT_LEAST_0)
+    completion_per_1k: float = attrs.field(metadata=_AT_LEAST_0)
 
 
 @attrs.frozen
 class NameChange:
-    """The body of POST to a collection (create) and PATCH to an item (rename)."""
+    """The body of POST /api/v1/orgs (create) and PATCH to an item (rename)."""
 
-    name: str
+    name: str = attrs.field(metadata={"schema": _SCOPE_NAME})
     parent: str = attrs.field(
-        default="", metadata={"doc": "Creating a team: its organisation; a project: its team (id or name)."}
+        default="",
+        metadata={
+            "doc": "Not read: an organisation is in nothing, and a rename does not move.",
+            "required": False,
+        },
+    )
+
+
+@attrs.frozen
+class NewChild:
+    """The body of POST /api/v1/teams and /api/v1/projects: what it is called, and what it goes in."""
+
+    name: str = attrs.field(metadata={"schema": _SCOPE_NAME})
+    parent: str = attrs.field(
+        metadata={"doc": "A team's organisation; a project's team (id or name).", "schema": _SCOPE_NAME}
     )
 
 
@@ -128,14 +149,24 @@ class NameChange:
 class MemberChange:
     """The body of POST /api/v1/projects/{project}/members."""
 
-    user: str = attrs.field(metadata={"doc": "The account's id or email."})
+    user: str = attrs.field(
+        metadata={
+            "doc": "The account's id or email.",
+            "schema": {"type": ["string", "integer"], **_NOT_BLANK},
+        },
+    )
 
 
 @attrs.frozen
 class ModelsChange:
     """The body of PUT /api/v1/projects/{project}/models."""
 
-    models: list[str] | None = attrs.field(metadata={"doc": "The only models allowed; null: any model."})
+    models: list[str] | None = attrs.field(
+        metadata={
+            "doc": "The only models allowed; null: any model.",
+            "schema": {"items": {"type": "string", **_NOT_BLANK}},
+        }
+    )
 
 
 @attrs.frozen
@@ -169,6 +200,7 @@ SHAPES: tuple[type, ...] = (
     Price,
     PriceChange,
     NameChange,
+    NewChild,
     MemberChange,
     ModelsChange,
     UsageRow,
