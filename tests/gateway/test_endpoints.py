@@ -280,7 +280,7 @@ class TestUpstreamErrors:
             reply = await client.post(CHAT, json={"model": EXT, "messages": []})
             body = await reply.read()
         assert reply.status == 503
-        assert f"{EXT}/0 (127.0.0.1:{port}) {state.detail}" in _error(body)["message"]
+        assert f"{EXT} has no ready endpoint: {EXT}/0: {state.detail}" in _error(body)["message"]
 
 
 class TestChecks:

@@ -55,6 +55,7 @@ from llmgw.config import ServerConfig
 from llmgw.control.nodelogs import MAX_LINES
 from llmgw.download import human_bytes
 from llmgw.errors import ConfigError
+from llmgw.gateway.endpoints import ENDPOINT_ENGINE
 from llmgw.listen import split_host_port
 from llmgw.mirror.admin import Fetch
 from llmgw.mirror.fetch import FetchedModel
@@ -511,6 +512,9 @@ def model_add(ctx: click.Context, path: Path, as_json: bool) -> None:
         return
     added = _read(data, views.Model)
     verb = "replaced" if status == 200 else "added"
+    if added.engines == [ENDPOINT_ENGINE]:
+        click.echo(f"{verb} {added.name}: served by {added.wanted} endpoint(s), checked from now on")
+        return
     click.echo(f"{verb} {added.name}: {added.wanted} replica(s) wanted, placed from now on")
     if added.unpriced:
         click.echo(f"warning: {added.unpriced}", err=True)

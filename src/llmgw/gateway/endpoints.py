@@ -45,6 +45,8 @@ from llmgw.routes import EngineRoute
 log = structlog.get_logger(__name__)
 
 EndpointStateName = Literal["checking", "ready", "failing"]
+# What `ctl replicas` and the pages show in an endpoint's engine column.
+ENDPOINT_ENGINE = "endpoint"
 # How much of a /models listing is read: a cloud API lists hundreds of models, never megabytes.
 _LISTING = 4 * 1024 * 1024
 # How many of the models an endpoint lists a sentence names, when the one asked for is not among them.
@@ -169,13 +171,13 @@ class Endpoints:
         endpoints = self._by_model.get(model)
         if endpoints is None:
             return self._fleet.why_no_ready(model)
-        said = [f"{e.id} ({e.host}) {self._words(self._states[e])}" for e in endpoints]
+        said = [f"{e.id}: {self._words(e, self._states[e])}" for e in endpoints]
         return f"{model} has no ready endpoint: {'; '.join(said)}"
 
     @staticmethod
-    def _words(state: _State) -> str:
+    def _words(endpoint: Endpoint, state: _State) -> str:
         if state.state == "checking":
-            return "is not checked yet"
+            return f"{endpoint.url} is not checked yet"
         return state.detail or state.state
 
     def route(self, endpoint: str) -> EngineRoute | None:

@@ -448,6 +448,7 @@ def _admin_app(
     admin_app[PRICES_KEY] = gateway_app[PRICES_KEY]
     admin_app[CONTROL_PLANE_KEY] = gateway_app[CONTROL_PLANE_KEY]
     admin_app[HISTORY_KEY] = gateway_app[HISTORY_KEY]
+    admin_app[ENDPOINTS_KEY] = gateway_app[ENDPOINTS_KEY]
     admin_app.router.add_get("/metrics", metrics.handle)
     if reconciler is not None:
         admin_app[BACKOFF_KEY] = reconciler.backoff
