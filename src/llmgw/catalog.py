@@ -261,10 +261,12 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
     problem = names.model_name_problem(model.name)
     if problem is not None:
         raise ConfigError(f"{line('name')}: {problem}")
-    if not model.profiles:
+    if model.endpoints:
+        _check_endpoints(model, line, key)
+    elif not model.profiles:
         raise ConfigError(
-            f"{line('profiles')}: {model.name} has no profile; "
-            "add one under 'profiles' (its engine, at least) so it can be placed"
+            f"{line('profiles')}: {model.name} has no profile; add one under 'profiles' (its engine, at "
+            "least) so it can be placed, or name the servers that serve it under 'endpoints'"
         )
     seen: set[str] = set()
     for i, profile in enumerate(model.profiles):
@@ -289,6 +291,36 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
     if model.name in model.fallbacks:
         i = model.fallbacks.index(model.name)
         raise ConfigError(f"{line('fallbacks', i)}: {model.name} cannot be its own fallback")
+
+
+def _check_endpoints(model: ModelConfig, line: Callable[..., str], key: Callable[..., str]) -> None:
+    """Endpoints in place of profiles, each with a URL and at most one way to its key; or say why not."""
+    if model.profiles:
+        # Placed on the fleet and sent elsewhere too, its replicas and endpoints would be two
+        # models under one name, with one set of timeouts and limits: the operator picks one.
+        raise ConfigError(
+            f"{line('endpoints')}: {model.name} has both 'profiles' (replicas placed on the fleet) and "
+            "'endpoints' (servers outside it); a model has one or the other: make the other a model of "
+            "its own and name it in 'fallbacks'"
+        )
+    for i, endpoint in enumerate(model.endpoints):
+        parsed = urllib.parse.urlsplit(endpoint.url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(
+                f"{line('endpoints', i, 'url')}: '{key('endpoints', i, 'url')}' is {endpoint.url!r}; "
+                "expected the http:// or https:// base URL of an OpenAI-compatible server, such as http://10.1.2.3:8000/v1"
+            )
+        if parsed.query or parsed.fragment or parsed.username or parsed.password:
+            # A key in the URL would be shown wherever the URL is: it goes in api_key_env or api_key_file.
+            raise ConfigError(
+                f"{line('endpoints', i, 'url')}: '{key('endpoints', i, 'url')}' must be a plain base URL, "
+                "without a query, a fragment or credentials: put its key in 'api_key_env' or 'api_key_file'"
+            )
+        if endpoint.api_key_env and endpoint.api_key_file:
+            raise ConfigError(
+                f"{line('endpoints', i, 'api_key_file')}: endpoint {i} of {model.name} names both "
+                "'api_key_env' and 'api_key_file'; keep the one that holds its key"
+            )
 
 
 def _check_source(model: ModelConfig, line: Callable[..., str], key: Callable[..., str]) -> None:

@@ -36,6 +36,10 @@ class EngineRoute:
     lost: asyncio.Future[str] = attrs.field(repr=False, eq=False)
     # Tell the inventory the engine did not accept a connection (with the reason).
     refused: Callable[[str], None] = attrs.field(repr=False, eq=False)
+    # An endpoint outside the fleet (gateway/endpoints.py): its base URL ("http://10.1.2.3:8000/v1"), which
+    # the request's path after /v1 is joined to, and the name it knows the model by. Both empty for a replica.
+    url: str = ""
+    upstream_model: str = ""
 
 
 class Routes:

@@ -63,6 +63,7 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("server.yaml", "control.interval_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.grace_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.engine_check_s"): _POSITIVE_SECONDS,
+    ("server.yaml", "control.endpoint_check_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.base_backoff_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.drain_timeout_s"): _SECONDS,
     ("server.yaml", "control.advertise"): [
@@ -77,6 +78,8 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("server.yaml", "models[].pricing.prompt_per_1k"): _PRICE,
     ("server.yaml", "models[].pricing.completion_per_1k"): _PRICE,
     ("server.yaml", "models[].max_tokens"): _AT_LEAST_ONE,
+    ("server.yaml", "models[].fallback_when_busy"): _COUNT,
+    ("server.yaml", "models[].endpoints[].url"): [("10.1.2.3:8000/v1", _URL), ("ftp://10.1.2.3/", _URL)],
     ("server.yaml", "models[].timeouts.connect_s"): _POSITIVE_SECONDS,
     ("server.yaml", "models[].timeouts.first_byte_s"): _POSITIVE_SECONDS,
     ("server.yaml", "models[].timeouts.idle_s"): _POSITIVE_SECONDS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import betterproto
 
 from llmgw.catalog import Catalog
-from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ServerConfig
+from llmgw.config import ControlConfig, EndpointConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.reconciler import Reconciler
 from llmgw.proto.llmgw import v1 as pb
@@ -165,6 +165,20 @@ async def test_shards_of_a_model_no_longer_in_the_catalog_are_stopped():
     await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
     ((kind, stop),) = sent(link)
     assert (kind, stop.shard_id, stop.reason) == ("stop", "gone-1", "gone is no longer in the catalog")
+
+
+async def test_a_model_served_by_endpoints_is_never_placed_and_its_old_replicas_are_stopped():
+    inventory = Inventory(grace_s=15)
+    link = node(inventory, "n1", ready("sim-chat-1"))
+    outside = ModelConfig(name="sim-chat", endpoints=[EndpointConfig(url="http://10.1.2.3:8000/v1")])
+    cfg = server_config(outside)
+    await Reconciler(cfg, inventory, Catalog(cfg), in_flight={}).reconcile()
+    ((kind, stop),) = sent(link)
+    assert (kind, stop.shard_id, stop.reason) == (
+        "stop",
+        "sim-chat-1",
+        "sim-chat is now served by its endpoints",
+    )
 
 
 async def test_the_first_profile_some_node_can_run_is_used():

@@ -22,6 +22,7 @@ from llmgw.adminapi.engine_metrics import ScrapeError, scrape
 from llmgw.adminapi.explain import explain_placement
 from llmgw.adminapi.openapi import DOCUMENT_KEY, OPENAPI, document
 from llmgw.adminapi.projections import (
+    endpoints_view,
     failed_replicas_view,
     failures_view,
     fetch_log,
@@ -43,6 +44,7 @@ from llmgw.control.inventory import ADMIN_STATES, Inventory, Node
 from llmgw.control.nodelogs import ANSWER_TIMEOUT_S, DEFAULT_LINES, MAX_LINES
 from llmgw.control.placement import Backoff
 from llmgw.errors import ConfigError
+from llmgw.gateway.endpoints import ENDPOINTS_KEY
 from llmgw.pricing import price_of, unpriced_sentence
 from llmgw.store.quotas import Budget
 
@@ -158,8 +160,8 @@ async def set_node_state(request: web.Request) -> web.Response:
 
 async def get_models(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
-    inventory = request.config_dict[INVENTORY_KEY]
-    return reply([model_view(m, inventory, unpriced(request, m)) for m in models])
+    inventory, endpoints = request.config_dict[INVENTORY_KEY], request.config_dict.get(ENDPOINTS_KEY)
+    return reply([model_view(m, inventory, unpriced(request, m), endpoints) for m in models])
 
 
 # JSON, or YAML under the names it goes by; none of them is one a page elsewhere may send without
@@ -191,7 +193,8 @@ async def post_model(request: web.Request) -> web.Response:
         return error(400, str(exc))
     except DeclaredModel as exc:
         return error(409, str(exc))
-    return reply(model_view(model, inventory, unpriced(request, model)), 200 if replaced else 201)
+    endpoints = request.config_dict.get(ENDPOINTS_KEY)
+    return reply(model_view(model, inventory, unpriced(request, model), endpoints), 200 if replaced else 201)
 
 
 async def delete_model(request: web.Request) -> web.Response:
@@ -212,7 +215,7 @@ async def get_replicas(request: web.Request) -> web.Response:
     everything = request.query.get("all", "")
     if everything not in ("", "0", "1", "true", "false"):
         return error(400, f"all is {everything!r}; expected 1 (also list replicas that failed lately) or 0")
-    listed = replicas_view(inventory, model)
+    listed = replicas_view(inventory, model) + endpoints_view(request.config_dict.get(ENDPOINTS_KEY), model)
     if everything in ("1", "true"):
         listed += failed_replicas_view(inventory, model)
     return reply(listed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import attrs
 
 from llmgw.adminapi import views
+from llmgw.gateway.endpoints import ENDPOINT_ENGINE
 
 DASH = "—"
 # The line counts a node's log page offers, and how often it reloads itself when following.
@@ -141,6 +142,10 @@ def replica_state(replica: views.Replica) -> str:
     """ "ready"; "ready (node unreachable for 20 s; not routed)" for one the gateway passes by; "ready; its
     node's agent unreachable for 40 s" for one it still serves without its agent; "starting (try 2; the
     last did not answer /health within 30 s)" after a failure."""
+    if replica.engine == ENDPOINT_ENGINE:
+        # A server outside the fleet: its state is its last check's, and why it fails is the whole story.
+        said = f": {replica.detail}" if replica.detail and replica.state != "ready" else ""
+        return f"endpoint {replica.state}{said}"
     if replica.not_routed:
         return f"{replica.state} ({replica.not_routed}; not routed)"
     if replica.retrying:

@@ -11,15 +11,18 @@ about its disk must not read as one with a full disk.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import llmgw
 from llmgw.adminapi import views
 from llmgw.config import ModelConfig
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES, NoAnswer, NodeLog
+from llmgw.gateway.endpoints import ENDPOINT_ENGINE, Endpoints
 
 
 def node_state(node: Node) -> views.NodeState:
@@ -238,7 +241,44 @@ def failed_replicas_view(inventory: Inventory, model: str | None = None) -> list
     ]
 
 
-def model_view(model: ModelConfig, inventory: Inventory, unpriced: str | None = None) -> views.Model:
+def endpoints_view(endpoints: Endpoints | None, model: str | None = None) -> list[views.Replica]:
+    """A model's endpoints outside the fleet (gateway/endpoints.py) as `ctl replicas` lists replicas: its
+    engine "endpoint", its node the endpoint's host, its state and why in words; never its key."""
+    if endpoints is None:
+        return []
+    now = time.time()
+    return [
+        views.Replica(
+            shard_id=e.id,
+            model=e.model,
+            node=urlsplit(e.url).netloc,
+            engine=ENDPOINT_ENGINE,
+            profile=e.upstream_model,
+            state=e.state,
+            endpoint=e.url,
+            detail=e.detail,
+            since_s=round(max(0.0, now - e.since), 1),
+        )
+        for e in endpoints.statuses(model)
+    ]
+
+
+def model_view(
+    model: ModelConfig, inventory: Inventory, unpriced: str | None = None, endpoints: Endpoints | None = None
+) -> views.Model:
+    if model.endpoints:
+        listed = endpoints_view(endpoints, model.name)
+        ready = sum(1 for r in listed if r.state == "ready")
+        why = None if ready or endpoints is None else endpoints.why_no_ready(model.name)
+        return views.Model(
+            name=model.name,
+            wanted=len(model.endpoints),
+            ready=ready,
+            engines=[ENDPOINT_ENGINE],
+            replicas=listed,
+            why_not_ready=why,
+            unpriced=unpriced,
+        )
     return views.Model(
         name=model.name,
         wanted=model.replicas,

@@ -58,6 +58,7 @@ from llmgw.cli.exit import (
 from llmgw.cli.table import echo_table
 from llmgw.control.nodelogs import MAX_LINES
 from llmgw.download import human_bytes
+from llmgw.gateway.endpoints import ENDPOINT_ENGINE
 from llmgw.mirror.admin import Fetch
 from llmgw.mirror.fetch import FetchedModel
 from llmgw.names import url_segment
@@ -391,6 +392,9 @@ def model_add(ctx: click.Context, path: Path, as_json: bool) -> None:
         return
     added = _read(data, views.Model)
     verb = "replaced" if status == 200 else "added"
+    if added.engines == [ENDPOINT_ENGINE]:
+        click.echo(f"{verb} {added.name}: served by {added.wanted} endpoint(s), checked from now on")
+        return
     click.echo(f"{verb} {added.name}: {added.wanted} replica(s) wanted, placed from now on")
     if added.unpriced:
         click.echo(f"warning: {added.unpriced}", err=True)

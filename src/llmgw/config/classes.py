@@ -95,6 +95,13 @@ class ControlConfig:
         "See docs/operations.md.",
         seconds(0, above=True),
     )
+    endpoint_check_s: float = _field(
+        15.0,
+        "How often the server asks each model endpoint outside the fleet (a model's `endpoints`) for "
+        "`GET <url>/models` with its key, which must answer within as long; one that fails leaves the "
+        "routing table, its state in words on `ctl replicas` and the pages, until a check passes.",
+        seconds(0, above=True),
+    )
     base_backoff_s: float = _field(
         5.0,
         "First wait before a model is tried again on a node where its replica failed; doubles with each "
@@ -182,6 +189,33 @@ class TimeoutsConfig:
 
 
 @attrs.frozen
+class EndpointConfig:
+    url: str = _field(
+        "",
+        "The base URL of an OpenAI-compatible server outside the fleet (`http://10.1.2.3:8000/v1`, "
+        "`https://api.example.com/v1`): requests go to `<url>/chat/completions`, `<url>/completions`, "
+        "`<url>/embeddings`, and its health is `GET <url>/models`. See docs/endpoints.md.",
+        http_url(empty_ok=False),
+    )
+    model: str = _field(
+        "",
+        "The name that server knows the model by: each request's `model` is rewritten to it. Empty: "
+        "the catalog name.",
+    )
+    api_key_env: str = _field(
+        "",
+        "The environment variable of the server process holding the key sent to it as "
+        "`Authorization: Bearer`; never shown, logged or returned. Empty, with `api_key_file` empty: "
+        "no key is sent.",
+    )
+    api_key_file: str = _field(
+        "",
+        "A file (readable by the server only) holding the key, in place of `api_key_env`; read at each "
+        "health check, so a rotated key is used within `control.endpoint_check_s`.",
+    )
+
+
+@attrs.frozen
 class ModelConfig:
     name: str = _field("", "The model name clients ask for in `model`.")
     replicas: int = _field(1, "How many replicas to keep running.", number(0))
@@ -223,8 +257,21 @@ class ModelConfig:
     )
     timeouts: TimeoutsConfig = _field(
         TimeoutsConfig(),
-        "How long the gateway waits on this model's engines: to connect, for the first byte, between two "
-        "bytes of a reply, and in all. See docs/gateway.md, Timeouts.",
+        "How long the gateway waits on this model's engines, or its endpoints: to connect, for the first "
+        "byte, between two bytes of a reply, and in all. See docs/gateway.md, Timeouts.",
+    )
+    endpoints: list[EndpointConfig] = _field(
+        [],
+        "Servers outside the fleet that serve this model (any OpenAI-compatible server, a cloud API), in "
+        "place of `profiles`: a model has one or the other. Routed to like replicas, checked every "
+        "`control.endpoint_check_s`. See docs/endpoints.md.",
+    )
+    fallback_when_busy: int = _field(
+        0,
+        "Send a request to the first of `fallbacks` with a ready replica or endpoint when every ready "
+        "replica of this model has at least this many requests in flight (and that fallback has one "
+        "below it); 0: only when this model has no ready replica.",
+        number(0),
     )
 
 

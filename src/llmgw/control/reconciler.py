@@ -94,14 +94,17 @@ class Reconciler:
 
     async def reconcile(self) -> None:
         """One pass over the catalog."""
-        models = self._catalog.models()
+        # A model served by endpoints outside the fleet is not placed; replicas it had are stopped.
+        models = [m for m in self._catalog.models() if not m.endpoints]
         catalog = {m.name: m for m in models}
         # One snapshot per pass, built at the first placement, counting what this pass places. A
         # replica stopped later in the pass still holds its cards in it: freed by the next pass.
         self._scheduler = None
         for replica in self._inventory.replicas():
             if replica.model not in catalog:
-                await self._stop(replica, f"{replica.model} is no longer in the catalog")
+                served = self._catalog.get(replica.model) is not None
+                why = "is now served by its endpoints" if served else "is no longer in the catalog"
+                await self._stop(replica, f"{replica.model} {why}")
         # Every failure is recorded before anything is placed: the pass's placement snapshot is taken
         # at its first placement, and a model whose failure was recorded after that (a later model in
         # the catalog) was placed straight back on the node it had just failed on.
@@ -181,7 +184,10 @@ class Reconciler:
                 return False
         if self._scheduler is None:
             self._scheduler = await Scheduler.snapshot(
-                self._inventory, self._cfg, self._catalog.models(), self.backoff()
+                self._inventory,
+                self._cfg,
+                [m for m in self._catalog.models() if not m.endpoints],
+                self.backoff(),
             )
         placement = self._scheduler.place(model)
         if placement is None:

@@ -37,10 +37,19 @@ class EngineRefused(EngineFailed):
 
 
 def where(call: Call) -> str:
-    """The replica's node, or the engine's address when the request has no route (no control plane)."""
-    if call.route is not None:
-        return call.route.node_id
+    """The replica's node, the endpoint's id and host, or the engine's address without a route."""
+    route = call.route
+    if route is not None:
+        return f"endpoint {route.shard_id} ({route.node_id})" if route.url else route.node_id
     return urlsplit(call.endpoint).netloc or call.endpoint
+
+
+def scrub(call: Call, data: bytes) -> bytes:
+    """data without the key the gateway sent (an upstream may quote it back): never logged, never shown."""
+    route = call.route
+    if route is None or not route.secret:
+        return data
+    return data.replace(route.secret.encode(), b"[its key]")
 
 
 def excerpt(data: bytes, limit: int = EXCERPT) -> str:
@@ -51,6 +60,7 @@ def excerpt(data: bytes, limit: int = EXCERPT) -> str:
 
 def _log(call: Call, what: str, status: int, content_type: str, data: bytes) -> None:
     route = call.route
+    data = scrub(call, data)
     log.warning(
         what,
         model=call.served_model or call.model,
@@ -67,6 +77,7 @@ def _log(call: Call, what: str, status: int, content_type: str, data: bytes) -> 
 def server_error(call: Call, status: int, content_type: str, body: bytes) -> EngineFailed:
     """The error for an engine's 5xx: its own words when it said them in OpenAI's shape, else a 502."""
     _log(call, "the engine answered with a server error", status, content_type, body)
+    body = scrub(call, body)
     model = call.served_model or call.model
     try:
         said = json.loads(body)["error"]
@@ -88,6 +99,7 @@ def server_error(call: Call, status: int, content_type: str, body: bytes) -> Eng
 def not_json(call: Call, status: int, content_type: str, data: bytes) -> EngineFailed:
     """The 502 for a reply that is not the JSON object an OpenAI route answers with."""
     _log(call, "the engine's reply is not JSON", status, content_type, data)
+    data = scrub(call, data)
     shown = f": {excerpt(data, _SAID)}" if data.strip() else ""
     return EngineFailed(
         502,

@@ -41,11 +41,14 @@ from llmgw.gateway.faults import (
     error_event,
     looks_like_json,
     not_json,
+    scrub,
     server_error,
     stream_failed,
+    where,
 )
 from llmgw.gateway.pipeline import Call
 from llmgw.gateway.streams import MalformedStream, StreamTap
+from llmgw.gateway.upstream import REFUSAL_BODY, is_endpoint, refusal, url_of
 from llmgw.gateway.usage import STREAM_TAIL, find_usage
 
 log = structlog.get_logger(__name__)
@@ -111,12 +114,14 @@ def _count_upstream_error(call: Call, stage: str) -> None:
 
 
 def _where(call: Call) -> str:
-    where = urlsplit(call.endpoint).netloc or call.endpoint
-    return f"{where} on node {call.route.node_id}" if call.route is not None else where
+    if is_endpoint(call):
+        return where(call)
+    at = urlsplit(call.endpoint).netloc or call.endpoint
+    return f"{at} on node {call.route.node_id}" if call.route is not None else at
 
 
 def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
-    where = _where(call)
+    at = _where(call)
     if isinstance(exc, aiohttp.ClientConnectorError):
         reason = exc.os_error.strerror or str(exc.os_error)
     elif isinstance(exc, aiohttp.ServerDisconnectedError):
@@ -131,7 +136,8 @@ def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
     kind = EngineRefused if isinstance(exc, (aiohttp.ClientConnectorError, TimeoutError)) else EngineFailed
     return kind(
         502,
-        f"the engine for {call.model} at {where} did not answer: {reason}",
+        f"the {'server' if is_endpoint(call) else 'engine'} for {call.model} at {at} "
+        f"did not answer: {reason}",
         type="server_error",
         code="engine_unavailable",
     )
@@ -203,6 +209,8 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
     async with upstream:
         if upstream.status >= 500:
             raise await _server_error(call, upstream, deadlines, first)
+        if upstream.status >= 400 and is_endpoint(call):
+            return await _refused(call, upstream, deadlines, first)
         tap = _tap(call, upstream)
         headers = _reply_headers(call, upstream, tap)
         chunk = await _first_read(call, upstream, deadlines, first)
@@ -217,7 +225,7 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
 async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> aiohttp.ClientResponse:
     """The request sent, its reply's status and headers; a 502 or 504 when it did not answer."""
     session = call.request.app[SESSION_KEY]
-    url = call.endpoint + call.request.path_qs
+    url = url_of(call)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=call.timeouts.connect_s)
     try:
         async with asyncio.timeout_at(first[0]):
@@ -259,15 +267,43 @@ async def _server_error(
 ) -> EngineFailed:
     """The error for an engine's 5xx, from the start of what it sent (bounded: an error page can be long)."""
     _count_upstream_error(call, "status")
+    body = await _start_of(call, upstream, deadlines, first, _ERROR_BODY)
+    return server_error(call, upstream.status, upstream.headers.get(hdrs.CONTENT_TYPE, ""), body)
+
+
+async def _refused(
+    call: Call, upstream: aiohttp.ClientResponse, deadlines: Deadlines, first: tuple[float, str]
+) -> web.Response:
+    """An endpoint's 4xx: an error naming it (upstream.py), or the client's own passed on, without the key."""
+    body = await _start_of(call, upstream, deadlines, first, REFUSAL_BODY)
+    error = refusal(call, upstream.status, upstream.headers, body)
+    if error is not None:
+        _count_upstream_error(call, "status")
+        raise error
+    headers = {name: upstream.headers[name] for name in (hdrs.CONTENT_TYPE,) if name in upstream.headers}
+    headers[MODEL_HEADER] = call.served_model or call.model
+    if call.request_id:
+        headers[REQUEST_ID_HEADER] = call.request_id
+    if call.done is not None:
+        call.done(upstream.status)
+    return web.Response(
+        body=scrub(call, body), status=upstream.status, reason=upstream.reason, headers=headers
+    )
+
+
+async def _start_of(
+    call: Call, upstream: aiohttp.ClientResponse, deadlines: Deadlines, first: tuple[float, str], limit: int
+) -> bytes:
+    """Up to limit bytes of a reply, or what came of it before the engine stopped sending."""
     body = bytearray()
     deadline = first
     try:
-        while len(body) < _ERROR_BODY and (chunk := await deadlines.read(call, upstream, deadline)):
+        while len(body) < limit and (chunk := await deadlines.read(call, upstream, deadline)):
             body += chunk
             deadline = deadlines.next_byte()
     except (aiohttp.ClientError, EngineTimedOut):
         pass  # what it sent before it stopped says enough
-    return server_error(call, upstream.status, upstream.headers.get(hdrs.CONTENT_TYPE, ""), bytes(body))
+    return bytes(body)
 
 
 def _tap(call: Call, upstream: aiohttp.ClientResponse) -> StreamTap | None:

@@ -7,8 +7,11 @@ the longest start of its prompt (affinity.py). Both give way to the fewest in fl
 bound, and both choose only among ready endpoints: a draining or failed replica is never chosen.
 
 A model with no ready replica is served by the first of its `fallbacks` that
-has one; the request then names the fallback, since an engine answers only
-to its own model's name, and the reply's x-llmgw-model header says so.
+has one (and, with `fallback_when_busy`, one whose every replica is that busy by
+the first that has a replica below it); the request then names the fallback,
+since an engine answers only to its own model's name, and the reply's
+x-llmgw-model header says so. A model served by endpoints outside the fleet
+(endpoints.py) is named as its endpoint knows it.
 """
 
 from __future__ import annotations
@@ -107,17 +110,20 @@ class Router:
         served = model
         endpoints = self._ready(model, tried)
         if not endpoints:
-            for fallback in definition.fallbacks:
-                endpoints = self._ready(fallback, tried)
-                if endpoints and self._catalog.get(fallback) is not None:
-                    served = fallback
-                    break
-            else:
+            served, endpoints = self._fallback(definition.fallbacks, tried)
+            if not endpoints:
                 why = self._replicas.why_no_ready(model)
                 if definition.fallbacks:
                     names = ", ".join(definition.fallbacks)
                     why += f"; nor has any of its fallbacks ({names})"
                 raise ApiError(503, why, type="server_error", code="no_ready_replica")
+        elif definition.fallback_when_busy and definition.fallbacks:
+            bound = definition.fallback_when_busy
+            if all(self._in_flight.get(e, 0) >= bound for e in endpoints):
+                # Every replica is past its bound: a fallback with room takes it, else the least loaded.
+                other, room = self._fallback(definition.fallbacks, tried, bound)
+                if room:
+                    served, endpoints = other, room
         best = ""
         if self._policy != "least_in_flight":
             if session:
@@ -130,6 +136,18 @@ class Router:
             self.prefixes.record(blocks, best)
         self._in_flight[best] = self._in_flight.get(best, 0) + 1
         return served, best
+
+    def _fallback(
+        self, fallbacks: Sequence[str], tried: Collection[str], bound: int = 0
+    ) -> tuple[str, Sequence[str]]:
+        """The first fallback with ready endpoints (each with fewer than bound in flight, when bound)."""
+        for fallback in fallbacks:
+            endpoints = self._ready(fallback, tried)
+            if bound:
+                endpoints = [e for e in endpoints if self._in_flight.get(e, 0) < bound]
+            if endpoints and self._catalog.get(fallback) is not None:
+                return fallback, endpoints
+        return "", ()
 
     def _ready(self, model: str, tried: Collection[str]) -> Sequence[str]:
         endpoints = self._replicas.ready_endpoints(model)
@@ -188,11 +206,11 @@ class Router:
             if definition is not None:
                 call.timeouts = definition.timeouts
             call.body = body
-            if call.served_model != call.model:
-                # The fallback's engine answers only to its own name.
-                call.body = json.dumps(
-                    {**call.payload, "model": call.served_model}, ensure_ascii=False
-                ).encode()
+            route = call.route
+            # An endpoint knows the model by its own name; a fallback's engine answers only to the fallback's.
+            named = route.upstream_model if route is not None and route.upstream_model else served
+            if named != call.model:
+                call.body = json.dumps({**call.payload, "model": named}, ensure_ascii=False).encode()
             try:
                 return await rest(call)
             except EngineFailed as failure:

@@ -40,6 +40,7 @@ from llmgw.gateway.admission import Admission
 from llmgw.gateway.allowance import Allowance
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.endpoints import ENDPOINTS_KEY, Endpoints
 from llmgw.gateway.history import History
 from llmgw.gateway.journal import Entry, Journal, open_journal
 from llmgw.gateway.metrics import GatewayMetrics, budget_families
@@ -197,7 +198,13 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         metrics = Metrics(registry, [s for s in (control_metrics.snapshot, budgets) if s is not None])
         fleet = await _join_the_fleet(stack, tasks, cfg, inventory, catalog, control_metrics)
         gateway_metrics = GatewayMetrics(registry, catalog, log_requests=cfg.log.requests)
-        app = _gateway_app(cfg, catalog, fleet, inventory, keys, quotas, usage, gateway_metrics)
+        # Models served outside the fleet are routed by their endpoints, the others by the fleet's table:
+        # the leader's published one while this server is a standby, else its own inventory's.
+        endpoints = Endpoints(
+            catalog, fleet.routes if fleet.routes is not None else inventory, cfg.control.endpoint_check_s
+        )
+        tasks.keep(endpoints.run(), "endpoint-checks")
+        app = _gateway_app(cfg, catalog, fleet, keys, quotas, usage, gateway_metrics, endpoints)
         # The last hours for the pages' charts, sampled from the same counters a scraper reads.
         history = History(gateway_metrics, inventory, cfg.monitoring.window_s)
         tasks.keep(history.run(), "history-sampler")
@@ -356,21 +363,22 @@ def _gateway_app(
     cfg: ServerConfig,
     catalog: Catalog,
     fleet: _Fleet,
-    inventory: Inventory,
     keys: KeyCache,
     quotas: Quotas,
     usage: UsageRecorder,
     gateway_metrics: GatewayMetrics,
+    endpoints: Endpoints,
 ) -> web.Application:
     """The client-facing app (/v1/*), with what its admin routes read of this server."""
     app = make_gateway_app(
         cfg,
         catalog,
-        fleet.routes if fleet.routes is not None else inventory,
+        endpoints,
         keys,
         Admission(cfg, catalog, quotas, usage),
         gateway_metrics,
     )
+    app[ENDPOINTS_KEY] = endpoints
 
     def plane() -> views.ControlPlane:
         return control_plane_view(cfg, fleet.leadership)
@@ -440,6 +448,7 @@ def _admin_app(
     admin_app[PRICES_KEY] = gateway_app[PRICES_KEY]
     admin_app[CONTROL_PLANE_KEY] = gateway_app[CONTROL_PLANE_KEY]
     admin_app[HISTORY_KEY] = gateway_app[HISTORY_KEY]
+    admin_app[ENDPOINTS_KEY] = gateway_app[ENDPOINTS_KEY]
     admin_app.router.add_get("/metrics", metrics.handle)
     if reconciler is not None:
         admin_app[BACKOFF_KEY] = reconciler.backoff

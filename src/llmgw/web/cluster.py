@@ -28,6 +28,7 @@ from llmgw.adminapi.present import (
 from llmgw.adminapi.routes import Param, Reply, Route
 from llmgw.catalog import CATALOG_KEY
 from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES
+from llmgw.gateway.endpoints import ENDPOINTS_KEY
 from llmgw.web.history import HISTORY_KEY, gpu_charts, model_charts
 from llmgw.web.render import render
 
@@ -142,7 +143,8 @@ async def models_page(request: web.Request) -> web.StreamResponse:
     paths = request.config_dict[PATHS_KEY]
     # Each with whether budgets bind on it: /admin/quotas says so only where a budget is set.
     catalog = request.config_dict[CATALOG_KEY].models()
-    models = [projections.model_view(m, inventory, unpriced(request, m)) for m in catalog]
+    endpoints = request.config_dict.get(ENDPOINTS_KEY)
+    models = [projections.model_view(m, inventory, unpriced(request, m), endpoints) for m in catalog]
     history = request.config_dict.get(HISTORY_KEY)
     charts = {m.name: model_charts(history, m.name) for m in models} if history is not None else {}
     return await render(
