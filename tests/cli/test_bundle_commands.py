@@ -101,9 +101,13 @@ class TestBundleCommands:
     def test_engines_that_llmgw_does_not_install_are_refused_before_anything_is_asked(
         self, tmp_path: Path
     ) -> None:
+        code, _, stderr = _run("create", str(tmp_path / "b"), "--engines", "sglang=0.5")
+        assert code == EXIT_ERROR
+        assert "sglang is installed by hand and has nothing to bundle" in stderr
+        assert not (tmp_path / "b").exists()
         code, _, stderr = _run("create", str(tmp_path / "b"), "--engines", "vllm=0.9")
         assert code == EXIT_ERROR
-        assert "vllm is installed by hand and has nothing to bundle" in stderr
+        assert "a bundle does not carry vLLM's wheels yet" in stderr
         assert not (tmp_path / "b").exists()
 
 

@@ -11,8 +11,6 @@ from typing import Literal
 
 import attrs
 
-from llmgw.adminapi.schema import named
-
 Period = Literal["day", "week", "month", "total"]
 # Where a model's price comes from, first to last: `llmgw prices set`, the model's own definition,
 # server.yaml's `pricing`, its `default_price`; "none" when nothing prices it.
@@ -22,7 +20,9 @@ UsageBy = Literal["org", "team", "project", "key", "model"]
 # What a request's field must be beyond its type, in the document (adminapi/schema.py).
 _AT_LEAST_0 = {"schema": {"minimum": 0}}
 _NOT_BLANK = {"pattern": r"\S"}
-_SCOPE_NAME = named("ScopeName")
+# The shared schema of a scope name, defined with the others of NAMED in adminapi/schema.py (the admin
+# API sits above tenancy, so the reference is written here, and the document's validation resolves it).
+_SCOPE_NAME = {"$ref": "#/components/schemas/ScopeName"}
 
 
 @attrs.frozen

@@ -155,9 +155,10 @@ async def test_a_second_stream_for_a_node_replaces_the_first(server_cfg, fleet, 
         await eventually(lambda: not inventory.node("n1").connected)
 
 
-async def test_a_silent_node_becomes_unreachable_and_its_replicas_leave_the_routing_table(
+async def test_a_silent_node_becomes_unreachable_and_its_replicas_stay_routed_until_their_engine_is_gone(
     server_cfg, fleet, eventually
 ):
+    """The gateway reaches engines directly: a quiet agent alone does not take an answering engine away."""
     cfg = attrs.evolve(server_cfg, control=ControlConfig(grace_s=0.3))
     inventory = Inventory(cfg.control.grace_s)
     ready = pb.ShardStatus(
@@ -167,14 +168,21 @@ async def test_a_silent_node_becomes_unreachable_and_its_replicas_leave_the_rout
         await stream.send_message(register("n1", running=[ready]))
         assert (await stream.recv_message()) is not None
         assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:1",)
+        (replica,) = inventory.replicas("sim-chat")
         # The stream stays open, but the node says nothing past its grace.
         await eventually(lambda: inventory.node("n1").state == UNREACHABLE)
+        assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:1",)
+        assert inventory.agent_unreachable_s(replica) is not None
+        await stream.send_message(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=1)))
+        await eventually(lambda: inventory.agent_unreachable_s(replica) is None)
+        assert inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:1",)
+        # Quiet again, and this time the server's own check finds nothing answering there.
+        await eventually(lambda: inventory.node("n1").state == UNREACHABLE)
+        inventory.engine_gone("s1", "connection refused")
         assert inventory.ready_endpoints("sim-chat") == ()
         assert inventory.why_no_ready("sim-chat") == (
             "sim-chat has no ready replica: ready on n1, which is unreachable"
         )
-        await stream.send_message(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=1)))
-        await eventually(lambda: inventory.ready_endpoints("sim-chat") == ("http://127.0.0.1:1",))
 
 
 async def test_shard_statuses_from_a_node_update_the_routing_table(server_cfg, fleet, eventually):
