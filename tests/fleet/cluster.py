@@ -313,7 +313,7 @@ class Fleet:
         return list(self.admin("replicas" + (f"?model={model}" if model else "")))
 
     def routed(self, model: str) -> int:
-        """How many of model's replicas the gateway routes to now (ready, on a reachable node)."""
+        """How many of model's replicas the gateway routes to now."""
         return int(next(m for m in self.admin("models") if m["name"] == model)["ready"])
 
     def wait_connected(self, *nodes: str, timeout_s: float = 60) -> None:
