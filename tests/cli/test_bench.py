@@ -7,13 +7,16 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import attrs
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
+from llmgw.adminapi import bench as benchapi
 from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi.routes import mount
 from llmgw.bench.engineload import engine_load
 from llmgw.bench.result import Level, Run
 from llmgw.catalog import Catalog
@@ -60,14 +63,16 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         inventory.attach(
             pb.Register(node_id="n1", engine_versions={"sim": "builtin"}, running=[shard]), "127.0.0.1:1"
         )
-        catalog = Catalog(CFG)
+        cfg = attrs.evolve(CFG, state_dir=str(tmp_path / "state"))
+        catalog = Catalog(cfg)
         key, _ = await create_key(store, "bench")
         keys = KeyCache()
         await keys.refresh(store)
         admin_app = web.Application()
-        adminapi.install(admin_app, CFG, inventory, catalog)
+        adminapi.install(admin_app, cfg, inventory, catalog)
+        mount(admin_app, benchapi.ROUTES)
         async with (
-            TestServer(make_gateway_app(CFG, catalog, inventory, keys), host="127.0.0.1", port=0) as gateway,
+            TestServer(make_gateway_app(cfg, catalog, inventory, keys), host="127.0.0.1", port=0) as gateway,
             TestServer(admin_app, host="127.0.0.1", port=0) as admin,
         ):
             yield Cluster(
@@ -136,6 +141,41 @@ class TestBench:
     async def test_a_concurrency_that_is_not_a_list_of_numbers_is_a_usage_error(self, cluster: Cluster):
         code, _, err = await run("--server", cluster.admin, "bench", MODEL, "--concurrency", "1,four")
         assert code == EXIT_USAGE and "is not a list of whole numbers such as 1,4,16" in err
+
+
+class TestKept:
+    async def test_a_run_is_kept_on_the_server_and_read_back_newest_first(self, cluster: Cluster):
+        for levels in ("1", "2"):
+            code, _, err = await run(*bench_args(cluster, "--concurrency", levels, "--json"))
+            assert (code, err) == (0, "")
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{cluster.admin}/api/v1/models/{MODEL}/bench") as reply,
+        ):
+            runs = await reply.json()
+        assert [[level["concurrency"] for level in r["levels"]] for r in runs] == [[2], [1]]
+        assert all(r["levels"][0]["requests"] > 0 for r in runs)
+
+    async def test_no_keep_leaves_nothing_on_the_server(self, cluster: Cluster):
+        code, _, _ = await run(*bench_args(cluster, "--concurrency", "1", "--no-keep"))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{cluster.admin}/api/v1/models/{MODEL}/bench") as reply,
+        ):
+            assert (code, await reply.json()) == (0, [])
+
+    async def test_a_run_of_another_model_or_an_unknown_model_is_refused(self, cluster: Cluster):
+        _, out, _ = await run(*bench_args(cluster, "--concurrency", "1", "--no-keep", "--json"))
+        kept = json.loads(out)
+        async with aiohttp.ClientSession() as session:
+            other = {**kept, "model": "other"}
+            async with session.post(f"{cluster.admin}/api/v1/models/{MODEL}/bench", json=other) as reply:
+                assert (reply.status, await reply.json()) == (
+                    400,
+                    {"error": "the run is of other, not sim-chat"},
+                )
+            async with session.post(f"{cluster.admin}/api/v1/models/other/bench", json=kept) as reply:
+                assert reply.status == 404
 
 
 class TestEngineLoad:

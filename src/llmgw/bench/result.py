@@ -61,3 +61,7 @@ class Run:
     engines: list[str] = attrs.field(
         factory=list, metadata={"doc": "The engines of the replicas whose metrics were read."}
     )
+
+
+# The admin API document's components (adminapi/openapi.py).
+SHAPES: tuple[type, ...] = (Run,)

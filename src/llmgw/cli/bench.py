@@ -22,7 +22,17 @@ from llmgw.adminapi import views
 from llmgw.bench.engineload import EngineLoad, engine_load, peak
 from llmgw.bench.load import Offer, hold, level
 from llmgw.bench.result import Level, Run
-from llmgw.cli.adminclient import Target, call, fail, gateway_url, json_option, request, target
+from llmgw.cli.adminclient import (
+    Target,
+    call,
+    error_text,
+    exchange,
+    fail,
+    gateway_url,
+    json_option,
+    request,
+    target,
+)
 from llmgw.cli.exit import EXIT_ERROR, EXIT_USAGE
 from llmgw.cli.table import echo_table
 from llmgw.names import url_segment
@@ -149,6 +159,12 @@ def _gateway(ctx: click.Context, admin: Target, given: str | None) -> str:
     envvar="LLMGW_GATEWAY",
     help="The gateway's base URL [default: the server's `listen`, as it bound it].",
 )
+@click.option(
+    "--keep/--no-keep",
+    default=True,
+    show_default=True,
+    help="Keep the run on the server (`GET /api/v1/models/MODEL/bench` reads it back).",
+)
 @json_option
 @click.pass_context
 def bench(
@@ -160,6 +176,7 @@ def bench(
     seconds: float,
     key: str | None,
     gateway: str | None,
+    keep: bool,
     as_json: bool,
 ) -> None:
     """Load MODEL through the gateway and report, per concurrency, latency, throughput and errors.
@@ -178,10 +195,20 @@ def bench(
         run = asyncio.run(_run(admin, offer, concurrencies, seconds))
     except aiohttp.InvalidURL:
         fail(f"--gateway {url} is not a URL; expected one like http://127.0.0.1:8080", EXIT_USAGE)
+    if keep:
+        _keep(admin, run)
     if admin.as_json:
         click.echo(json.dumps(views.CONVERTER.unstructure(run), indent=2, sort_keys=True))
         return
     _print(run)
+
+
+def _keep(admin: Target, run: Run) -> None:
+    """Keep run on the server; one that cannot (an older server) says so and the run is still printed."""
+    body = views.CONVERTER.unstructure(run)
+    status, data = exchange(admin, "POST", f"/api/v1/models/{url_segment(run.model)}/bench", body)
+    if status >= 400:
+        click.echo(f"llmgw ctl: the run was not kept on the server: {error_text(data, status)}", err=True)
 
 
 def _figure(value: float | None, unit: str = "") -> str:
