@@ -125,6 +125,8 @@ LAYERS = [
         "llmgw.pricing",
         _above("gateway", "tenancy", "control", "adminapi", "web", "cli", "roles", "agent", "mirror"),
     ),
+    # ctl measures with it and the admin API keeps its results: it may import neither.
+    Layer("llmgw.bench", _above("control", "gateway", "web", "cli", "roles", "adminapi", "agent")),
     # Both ends of the agent stream read these words, so they can import neither end.
     Layer("llmgw.stream_words", _above("control", "agent")),
 ]

@@ -73,6 +73,11 @@ _API: dict[str, tuple[dict[str, str], Any]] = {
     "addModel": ({}, {"name": "added", "profiles": [{"engine": "sim"}]}),
     "removeModel": ({"name": "sim-chat"}, None),
     "collectWeights": ({}, {}),
+    "keepBench": (
+        {"name": "sim-chat"},
+        {"model": "sim-chat", "started_at": "2026-01-01T00:00:00+00:00", "prompt_tokens": 1, "max_tokens": 1}
+        | {"seconds": 1.0, "levels": []},
+    ),
     "createOrg": ({}, {"name": "acme"}),
     "renameOrg": ({"item": "default"}, {"name": "renamed"}),
     "deleteOrg": ({"item": "default"}, None),

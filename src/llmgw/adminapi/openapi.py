@@ -16,6 +16,7 @@ from aiohttp import web
 from llmgw.adminapi import views
 from llmgw.adminapi.routes import Reply, Route
 from llmgw.adminapi.schema import components, ref
+from llmgw.bench import result as bench_result
 from llmgw.capacity import fleet as capacity
 from llmgw.mirror import admin as mirror_admin
 from llmgw.tenancy import views as tenancy_views
@@ -56,7 +57,13 @@ def document(version: str, routes: Iterable[Route]) -> dict[str, Any]:
         },
         "components": {
             "schemas": components(
-                (*views.SHAPES, *capacity.SHAPES, *tenancy_views.SHAPES, *mirror_admin.SHAPES)
+                (
+                    *views.SHAPES,
+                    *capacity.SHAPES,
+                    *bench_result.SHAPES,
+                    *tenancy_views.SHAPES,
+                    *mirror_admin.SHAPES,
+                )
             ),
             "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
         },

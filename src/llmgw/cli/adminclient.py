@@ -48,15 +48,27 @@ def fail(message: str, code: int) -> NoReturn:
 
 def admin_url(config_path: Path) -> str:
     """The admin listener of the server config_path configures: as it bound it, or as configured."""
+    return _listener_url(config_path, "admin_listen", "--server URL")
+
+
+def gateway_url(config_path: Path) -> str:
+    """The gateway (client port) of the server config_path configures: as it bound it, or as configured."""
+    return _listener_url(config_path, "listen", "--gateway URL")
+
+
+def _listener_url(config_path: Path, key: str, option: str) -> str:
     try:
         cfg = config.load(ServerConfig, config_path)
         # A server started with `--admin-listen 127.0.0.1:0` listens on a port server.yaml does not
         # name; it records the one it got in its state directory (bound.py).
         running = bound.read(Path(cfg.state_dir))
-        address = running.admin if running is not None else cfg.admin_listen
-        host, port = split_host_port(address, "admin_listen")
+        if key == "listen":
+            address = running.gateway if running is not None else cfg.listen
+        else:
+            address = running.admin if running is not None else cfg.admin_listen
+        host, port = split_host_port(address, key)
     except ConfigError as exc:
-        fail(f"{exc} (or say where the server is with --server URL)", EXIT_CONFIG)
+        fail(f"{exc} (or say where the server is with {option})", EXIT_CONFIG)
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

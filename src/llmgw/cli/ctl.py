@@ -50,6 +50,7 @@ from llmgw.cli.adminclient import print_json as _print_json
 from llmgw.cli.adminclient import read as _read
 from llmgw.cli.adminclient import request as _request
 from llmgw.cli.adminclient import target as _target
+from llmgw.cli.bench import bench
 from llmgw.cli.engine_check import engine_check
 from llmgw.cli.exit import (
     EXIT_ERROR,
@@ -558,3 +559,4 @@ ctl.add_command(engine_check)
 from llmgw.cli.model_plan import model_plan  # noqa: E402
 
 model.add_command(model_plan)
+ctl.add_command(bench)

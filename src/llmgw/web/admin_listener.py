@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import llmgw
+from llmgw.adminapi import bench as benchapi
 from llmgw.adminapi import capacity as capacityapi
 from llmgw.adminapi import handlers as adminapi
 from llmgw.adminapi import mirror as mirrorapi
@@ -39,7 +40,13 @@ from llmgw.web.mirror_page import MIRROR_PAGE
 from llmgw.web.pages import mount_table
 
 # The admin API, on the admin listener and under /admin on the client port.
-API: tuple[Route, ...] = (*adminapi.ROUTES, *capacityapi.ROUTES, *tenancyapi.ROUTES, *mirrorapi.ROUTES)
+API: tuple[Route, ...] = (
+    *adminapi.ROUTES,
+    *capacityapi.ROUTES,
+    *benchapi.ROUTES,
+    *tenancyapi.ROUTES,
+    *mirrorapi.ROUTES,
+)
 # The pages of the admin listener, at its root; under /admin on the client port too.
 PAGES: tuple[Route, ...] = (*cluster.PAGES, MIRROR_PAGE)
 # Files the pages load; not in the document.
