@@ -130,3 +130,10 @@ def test_the_wheel_install_md_builds_carries_the_pages_units_and_protocol(tmp_pa
         "llmgw/py.typed",
     ):
         assert expected in names, f"the wheel lacks {expected}"
+
+
+def test_the_readme_links_every_page_of_the_docs() -> None:
+    """A page the README does not link is one a newcomer never finds (it once listed 7 of 15)."""
+    readme = (ROOT / "README.md").read_text()
+    unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if f"](docs/{p.name})" not in readme]
+    assert unlinked == [], f"README.md links none of: {unlinked}"
