@@ -138,12 +138,19 @@ _FAKE_HCA = (
 )
 
 
-def _run_role(host: Host, role: str, config: Path, log: Path, fake_hca: bool = False) -> Process:
-    """`llmgw --role=ROLE --config CONFIG` inside host, its JSON log lines in log."""
+def _run_role(
+    host: Host,
+    role: str,
+    config: Path,
+    log: Path,
+    fake_hca: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> Process:
+    """`llmgw --role=ROLE --config CONFIG` inside host, its JSON log lines in log; env added to its own."""
     argv = llmgw_argv("--log-format=json", f"--role={role}", "--config", str(config))
     if fake_hca:
         argv = ["sh", "-c", _FAKE_HCA, "sh", *argv]
-    return host.run(argv, log=log, env=_env(), name=role)
+    return host.run(argv, log=log, env={**_env(), **(env or {})}, name=role)
 
 
 class Fleet:
@@ -193,17 +200,24 @@ class Fleet:
         }
         return _write_yaml(self.workdir / f"{name}.yaml", data)
 
-    def start_server(self, models: Sequence[Mapping[str, Any]], **overrides: Any) -> Process:
-        """The server role on cp, with an API key made beforehand; returns once /health answers."""
+    def start_server(
+        self, models: Sequence[Mapping[str, Any]], env: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Process:
+        """The server role on cp, with an API key made beforehand; returns once /health answers.
+
+        env: added to the server's environment (the variable an endpoint's `api_key_env` names).
+        """
         path = self.server_config(models, **overrides)
         if not self.key:
             self.key = llmgw_command("keys", "create", "fleet", "--config", str(path)).strip()
-        self.server = self.run_server(self.cp, path)
+        self.server = self.run_server(self.cp, path, env=env)
         return self.server
 
-    def run_server(self, host: Host, path: Path, name: str = "server") -> Process:
+    def run_server(
+        self, host: Host, path: Path, name: str = "server", env: Mapping[str, str] | None = None
+    ) -> Process:
         """The server role on host with the configuration at path; returns once its /health answers."""
-        server = _run_role(host, "server", path, self.workdir / "logs" / f"{name}.log")
+        server = _run_role(host, "server", path, self.workdir / "logs" / f"{name}.log", env=env)
         health = f"http://{host.address}:{GATEWAY_PORT}/health"
         wait_until(
             lambda: host.call(http, "GET", health).status == 200 or not server.alive(),

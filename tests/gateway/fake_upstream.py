@@ -1,11 +1,16 @@
 """A fake OpenAI-compatible server on a loopback port: it checks its key, reports usage, streams, fails and
-hangs on demand. What a model's `endpoints` lead to in the tests (and in scripts/bench_endpoints.py)."""
+hangs on demand. What a model's `endpoints` lead to in the tests (and in scripts/bench_endpoints.py).
+
+`python -m tests.gateway.fake_upstream ADDRESS PORT`, from the repository's root, serves one in a
+process of its own (its default key and model) until SIGTERM: an endpoint on a host of its own in
+tests/fleet/test_endpoints.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -114,3 +119,12 @@ async def serve(upstream: FakeUpstream) -> AsyncIterator[FakeUpstream]:
     finally:
         upstream.release.set()
         await server.close()
+
+
+def main(argv: list[str]) -> None:
+    address, port = argv
+    web.run_app(FakeUpstream().app(), host=address, port=int(port), print=None)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
