@@ -252,8 +252,8 @@ class TestCreate:
             parse_engines(["llamacpp=../b1"])
         with pytest.raises(BundleError, match="sglang is installed by hand"):
             parse_engines(["sglang=0.5"])
-        with pytest.raises(BundleError, match="a bundle does not carry vLLM's wheels yet"):
-            parse_engines(["vllm=0.32.0"])
+        with pytest.raises(BundleError, match=r"llmgw has no lock of vLLM 0\.9"):
+            parse_engines(["vllm=0.9"])
         with pytest.raises(BundleError, match="name some of x64, arm64"):
             parse_arches("x64,riscv")
 

@@ -107,7 +107,7 @@ class TestBundleCommands:
         assert not (tmp_path / "b").exists()
         code, _, stderr = _run("create", str(tmp_path / "b"), "--engines", "vllm=0.9")
         assert code == EXIT_ERROR
-        assert "a bundle does not carry vLLM's wheels yet" in stderr
+        assert "llmgw has no lock of vLLM 0.9 for a node with no NVIDIA driver (cpu)" in stderr
         assert not (tmp_path / "b").exists()
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import __version__, launcher
+from llmgw import __version__
 from llmgw.agent.discovery.host import Host
 from llmgw.agent.provision.recipes import RECIPES
 from llmgw.agent.provision.release import ReleaseClient
@@ -44,18 +44,20 @@ from llmgw.bundle.manifest import (
     Manifest,
     digest,
 )
+from llmgw.bundle.wheelhouse import (
+    HOST_ARCH,
+    PIP_PLATFORMS,
+    check_locked,
+    download_wheelhouses,
+    run_pip,
+    wheel_recipe,
+)
 from llmgw.engines.base import Recipe, UnsupportedError
 from llmgw.hubref import parse_ref
 from llmgw.mirror.fetch import INCOMING, FetchProgress, HubFetcher
 from llmgw.mirror.fetch import MANIFEST as PINS
 
 ARCHES = ("x64", "arm64")
-# A node's architecture as the recipes name it, and as pip's platform tags do.
-_HOST_ARCH = {"x64": "amd64", "arm64": "arm64"}
-_PIP_PLATFORMS = {
-    "x64": ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "linux_x86_64"),
-    "arm64": ("manylinux_2_28_aarch64", "manylinux2014_aarch64", "linux_aarch64"),
-}
 _READ = 8 << 20
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 Report = Callable[[str], None]
@@ -73,6 +75,9 @@ class CreateOptions:
     tar: bool = False
     # Wheels copied as they are (llmgw's own among them) instead of asking pip for them.
     wheelhouse: Path | None = None
+    # Where pip downloads an engine's locked wheels (vLLM's) from, instead of pip's own configuration
+    # and the lock's extra indexes: a site's PyPI mirror, as agent.yaml's engines.<kind>.index_url.
+    index_url: str = ""
     # What pip builds llmgw's wheel from: a version pin, a source directory, a wheel.
     llmgw_spec: str = f"llmgw=={__version__}"
     hf_endpoint: str = "https://huggingface.co"
@@ -98,20 +103,16 @@ def parse_engines(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:
         if not _VERSION.fullmatch(version):
             # It becomes a directory of the bundle and of the mirror: "../x" would land elsewhere.
             raise BundleError(f"--engines {spec!r}: {version!r} is not a release tag (such as b11434)")
-        recipe = RECIPES.get(engine)
-        archived = sorted(name for name, r in RECIPES.items() if isinstance(r, Recipe))
-        if recipe is None:
+        if engine not in RECIPES:
+            archived = sorted(name for name, r in RECIPES.items() if isinstance(r, Recipe))
+            pipped = sorted(name for name in RECIPES if wheel_recipe(name) is not None)
             raise BundleError(
-                f"--engines {spec!r}: llmgw installs {', '.join(archived)} from release archives; "
-                f"{engine} is installed by hand and has nothing to bundle"
+                f"--engines {spec!r}: llmgw installs {', '.join(archived)} from release archives and "
+                f"{', '.join(pipped)} from the wheels of a lock; {engine} is installed by hand and has "
+                "nothing to bundle"
             )
-        if not isinstance(recipe, Recipe):
-            # Its wheels would go in the bundle and the mirror would serve them as a wheelhouse
-            # (Source.wheels): not written yet.
-            raise BundleError(
-                f"--engines {spec!r}: {engine} is installed with pip, and a bundle does not carry "
-                f"{recipe.title}'s wheels yet; bundle {', '.join(archived)}"
-            )
+        if wheel_recipe(engine) is not None:
+            check_locked(engine, version)
         out.append((engine, version))
     return tuple(out)
 
@@ -138,6 +139,10 @@ async def create_bundle(opts: CreateOptions, report: Report) -> Created:
         files += await _wheels(work, opts, report)
         engines, engine_files = await _engines(work, opts, report)
         files += engine_files
+        wheelhouses, wheel_files = await download_wheelhouses(
+            work, opts.engines, opts.arches, opts.cpu_only, opts.index_url, report
+        )
+        files += wheel_files
         models, model_files = await _models(work, opts, report)
         files += model_files
         report(f"hashing {len(files)} files")
@@ -151,6 +156,7 @@ async def create_bundle(opts: CreateOptions, report: Report) -> Created:
             files=listed,
             engines=engines,
             models=models,
+            wheelhouses=wheelhouses,
         )
         data = manifest.to_bytes()
         await asyncio.to_thread((work / MANIFEST).write_bytes, data)
@@ -173,13 +179,13 @@ async def _wheels(work: Path, opts: CreateOptions, report: Report) -> list[tuple
         await asyncio.to_thread(_copy_wheels, opts.wheelhouse, wheels)
     else:
         report(f"building llmgw's wheel ({opts.llmgw_spec})")
-        await _pip(["wheel", "--no-deps", "--wheel-dir", str(wheels), opts.llmgw_spec])
+        await run_pip(["wheel", "--no-deps", "--wheel-dir", str(wheels), opts.llmgw_spec])
         own = await asyncio.to_thread(_own_wheel, wheels, "pip")
         python = f"{sys.version_info.major}.{sys.version_info.minor}"
         for arch in opts.arches:
             report(f"downloading llmgw's dependencies for {arch} (Python {python})")
-            platforms = [arg for p in _PIP_PLATFORMS[arch] for arg in ("--platform", p)]
-            await _pip(
+            platforms = [arg for p in PIP_PLATFORMS[arch] for arg in ("--platform", p)]
+            await run_pip(
                 [
                     "download",
                     "--dest",
@@ -213,13 +219,6 @@ def _own_wheel(wheels: Path, where: str) -> Path:
     return own[-1]
 
 
-async def _pip(args: list[str]) -> None:
-    result = await launcher.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args])
-    if result.returncode != 0:
-        tail = "\n".join(result.output.strip().splitlines()[-5:])
-        raise BundleError(f"`pip {' '.join(args[:1])}` failed (exit {result.returncode}):\n{tail}")
-
-
 async def _engines(
     work: Path, opts: CreateOptions, report: Report
 ) -> tuple[tuple[BundleEngine, ...], list[tuple[str, Kind, str]]]:
@@ -227,6 +226,8 @@ async def _engines(
     files: list[tuple[str, Kind, str]] = []
     async with ReleaseClient(opts.release_api, opts.release_download) as releases:
         for engine, version in opts.engines:
+            if wheel_recipe(engine) is not None:
+                continue
             recipe = _archive_recipe(engine)
             assets: dict[str, str] = {}
             for arch in opts.arches:
@@ -283,9 +284,9 @@ def _archive_recipe(engine: str) -> Recipe:
 def _builds(engine: str, version: str, arch: str, cpu_only: bool) -> list[tuple[str, ...]]:
     """The asset sets a node of arch could install: the recipe's choice without a GPU, and with one."""
     recipe = _archive_recipe(engine)
-    hosts = [Host(arch=_HOST_ARCH[arch])]
+    hosts = [Host(arch=HOST_ARCH[arch])]
     if not cpu_only:
-        hosts.append(Host(arch=_HOST_ARCH[arch], nvidia_driver="any"))
+        hosts.append(Host(arch=HOST_ARCH[arch], nvidia_driver="any"))
     builds: list[tuple[str, ...]] = []
     for host in hosts:
         try:

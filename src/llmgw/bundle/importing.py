@@ -12,7 +12,10 @@ and server.yaml as they were.
 Then the models go to ROOT/REPO/COMMIT/ (their pins last, as a fetch places
 them), the engines' archives to ROOT/engines/REPO/releases/download/TAG/,
 and server.yaml's `engine_mirror` is set to the mirror's URL for them and
-their digests, written last and whole.
+their digests, written last and whole. vLLM's wheels go to
+ROOT/engines/wheels/ENGINE/VERSION-VARIANT/, a directory the mirror serves as
+a page of links for pip; each node is told of it in its own agent.yaml
+(`engines.vllm.wheelhouse`), which the import names and does not write.
 
 Blocking throughout (hashing gigabytes): call it in a thread from a loop.
 """
@@ -44,6 +47,7 @@ from llmgw.bundle.manifest import (
     MODELS,
     SIGNATURE,
     BundleError,
+    BundleWheelhouse,
     Manifest,
     digest,
     parse,
@@ -83,6 +87,13 @@ class Imported:
     signer: str | None
     # engine_mirror.base_url as set in server.yaml; empty when the bundle has no engine.
     engine_base_url: str
+    # Where nodes find the mirror (--mirror-url, else server.yaml's mirror.url); empty when neither says.
+    mirror_url: str = ""
+
+    def wheelhouse_urls(self) -> list[tuple[BundleWheelhouse, str]]:
+        """Each wheelhouse placed, with the URL agent.yaml names it by (`engines.ENGINE.wheelhouse`)."""
+        base = self.mirror_url or "http://MIRROR:8081"
+        return [(w, f"{base}/files/{w.path}/") for w in self.manifest.wheelhouses]
 
 
 def import_bundle(opts: ImportOptions, report: Report) -> Imported:
@@ -135,7 +146,7 @@ def import_bundle(opts: ImportOptions, report: Report) -> Imported:
         _abandon(staging, incoming, opts.root if created_root else None)
         raise
     _abandon(staging, incoming, None)
-    return Imported(manifest=manifest, signer=signer, engine_base_url=base_url)
+    return Imported(manifest=manifest, signer=signer, engine_base_url=base_url, mirror_url=_mirror_url(opts))
 
 
 def _abandon(staging: Path, incoming: Path, root: Path | None) -> None:
@@ -416,6 +427,17 @@ def _engine_mirror(opts: ImportOptions, manifest: Manifest) -> tuple[str | None,
     except ConfigError as exc:
         raise BundleError(f"engine_mirror could not be set: {exc}; nothing was imported") from None
     return new_text, base_url
+
+
+def _mirror_url(opts: ImportOptions) -> str:
+    """The mirror's URL as a node reaches it; empty when neither --mirror-url nor server.yaml says."""
+    if opts.mirror_url or opts.server_config is None or not opts.server_config.is_file():
+        return opts.mirror_url.rstrip("/")
+    try:
+        return config.load(ServerConfig, opts.server_config).mirror.url.rstrip("/")
+    except (ConfigError, OSError):
+        # Only to name a URL in a sentence: a server.yaml that cannot be read is no reason to refuse.
+        return ""
 
 
 def _place(root: Path, staging: Path, manifest: Manifest, models: list[FetchedModel]) -> None:

@@ -9,6 +9,7 @@ Paths inside a bundle mirror where their files go:
 
   wheels/NAME.whl                                   llmgw's wheel and its dependencies
   engines/REPO/releases/download/TAG/ASSET          a llama.cpp release archive
+  engines/wheels/ENGINE/VERSION-VARIANT/NAME.whl    a wheel of vLLM's lock (a node's wheelhouse)
   models/REPO/COMMIT/PATH                           a model's file (and its .llmgw-model.json pins)
 """
 
@@ -30,6 +31,8 @@ FORMAT = 1
 WHEELS = "wheels"
 ENGINES = "engines"
 MODELS = "models"
+# Under ENGINES, so the import places them beside the archives and the mirror serves them the same way.
+ENGINE_WHEELS = f"{ENGINES}/wheels"
 
 Kind = Literal["wheel", "engine", "model"]
 _converter = cattrs.Converter(forbid_extra_keys=True)
@@ -62,6 +65,29 @@ class BundleEngine:
 
 
 @attrs.frozen
+class BundleWheelhouse:
+    """One lock of an engine installed with pip, every wheel of it carried: a node's `wheelhouse`."""
+
+    engine: str
+    version: str
+    # "cpu", "cuda": which lock of the version (engines/locks/ENGINE-VERSION-VARIANT.txt).
+    variant: str
+    # "amd64", as the lock's header says; empty when it says none.
+    machine: str
+    # The directory of the bundle holding the wheels, and of the mirror's root once imported.
+    path: str
+
+    @property
+    def label(self) -> str:
+        """As a node's status names it: "vllm 0.32.0 (cpu)"."""
+        return f"{self.engine} {self.version} ({self.variant})"
+
+
+def wheelhouse_path(engine: str, version: str, variant: str) -> str:
+    return f"{ENGINE_WHEELS}/{engine}/{version}-{variant}"
+
+
+@attrs.frozen
 class BundleModel:
     repo: str
     revision: str
@@ -76,6 +102,7 @@ class Manifest:
     files: tuple[BundleFile, ...]
     engines: tuple[BundleEngine, ...] = ()
     models: tuple[BundleModel, ...] = ()
+    wheelhouses: tuple[BundleWheelhouse, ...] = ()
 
     def to_bytes(self) -> bytes:
         return (json.dumps(_converter.unstructure(self), indent=1) + "\n").encode()
@@ -116,6 +143,12 @@ def parse(data: bytes, source: str) -> Manifest:
             raise BundleError(f"{source}: {MANIFEST} lists {f.path!r} as a {f.kind}, which belongs elsewhere")
         if len(f.sha256) != 64 or any(c not in "0123456789abcdef" for c in f.sha256) or f.size < 0:
             raise BundleError(f"{source}: {MANIFEST} gives {f.path!r} no valid sha256 and size")
+    for w in manifest.wheelhouses:
+        # Its path becomes the URL a node is told to install from.
+        if w.path != wheelhouse_path(w.engine, w.version, w.variant) or unsafe_path(w.path) is not None:
+            raise BundleError(
+                f"{source}: {MANIFEST} names the wheels of {w.label} at {w.path!r}, not where they go"
+            )
     return manifest
 
 

@@ -51,8 +51,8 @@ def _split(values: tuple[str, ...]) -> list[str]:
     "--engines",
     multiple=True,
     metavar="ENGINE=VERSION",
-    help="An engine release to carry, such "
-    "as llamacpp=b11434: its archives for each --arch with the publisher's digests.",
+    help="An engine release to carry, such as llamacpp=b11434 (its archives for each --arch with the "
+    "publisher's digests) or vllm=0.32.0 (every wheel of the lock llmgw ships for it).",
 )
 @click.option(
     "--arch",
@@ -72,6 +72,13 @@ def _split(values: tuple[str, ...]) -> list[str]:
     "--wheelhouse",
     type=click.Path(path_type=Path, file_okay=False),
     help="Copy the wheels in this directory (llmgw's own among them) instead of asking pip for them.",
+)
+@click.option(
+    "--index-url",
+    default="",
+    metavar="URL",
+    help="The package index an engine's locked wheels (vLLM's) come from, instead of pip's own "
+    "configuration and the lock's extra indexes (PyTorch's).",
 )
 @click.option(
     "--llmgw",
@@ -115,13 +122,16 @@ def create(
     cpu_only: bool,
     tar: bool,
     wheelhouse: Path | None,
+    index_url: str,
     llmgw_spec: str | None,
     hf_endpoint: str,
     token_file: Path | None,
     release_api: str,
     release_download: str,
 ) -> None:
-    """Collect llmgw's wheels, the engines' archives and the models into OUT, and print the manifest's sha256.
+    """Collect llmgw's wheels, the engines' archives (or vLLM's locked wheels) and the models into OUT.
+
+    The manifest's sha256 is printed last.
 
     Carry the sha256 apart from the bundle (a message, a ticket): `llmgw bundle import` refuses a
     bundle whose manifest does not have it.
@@ -135,6 +145,7 @@ def create(
             cpu_only=cpu_only,
             tar=tar,
             wheelhouse=wheelhouse,
+            index_url=index_url,
             hf_endpoint=hf_endpoint,
             hf_token=read_token(str(token_file) if token_file is not None else ""),
             release_api=release_api,
@@ -148,7 +159,8 @@ def create(
     m = created.manifest
     click.echo(
         f"bundle {created.path}: {len(m.files)} files, {human_bytes(m.size, None)} "
-        f"({len(m.models)} models, {len(m.engines)} engine releases)"
+        f"({len(m.models)} models, {len(m.engines)} engine releases"
+        + (f", {len(m.wheelhouses)} engine wheelhouses)" if m.wheelhouses else ")")
     )
     click.echo(f"manifest sha256: {created.sha256}")
 
@@ -239,9 +251,17 @@ def import_(
         click.echo(f"  model  {model.repo}@{model.commit}  (source: mirror:{model.repo}@{model.commit})")
     for engine in m.engines:
         click.echo(f"  engine {engine.engine} {engine.version} for {', '.join(engine.arch)}")
+    for house in m.wheelhouses:
+        machine = f" for {house.machine}" if house.machine else ""
+        click.echo(f"  engine {house.label}{machine}: the wheels of its lock")
     if done.engine_base_url:
         click.echo(
             f"engine_mirror.base_url is {done.engine_base_url}; restart the server to send it to the nodes"
+        )
+    for house, url in done.wheelhouse_urls():
+        click.echo(
+            f"nodes install {house.label} from the mirror with agent.yaml "
+            f"`engines.{house.engine}.wheelhouse: {url}`"
         )
 
 

@@ -4,7 +4,10 @@ aiohttp's file responses answer Range requests, which is what lets a node
 resume an interrupted download of a multi-gigabyte file instead of starting over.
 A directory's URL (ending in "/") answers with the listing a node fetches a
 whole directory by: {"files": [{"path": "config.json", "size": 1234}, ...]}
-(agent/weights.py).
+(agent/weights.py). Asked for HTML (pip sends `Accept: text/html`), the same
+URL answers with a page of links to the files instead, which is what pip's
+`--find-links URL` reads: a node installs vLLM from the wheels a bundle
+placed under files/engines/wheels/ (bundle/wheelhouse.py) with no index.
 
 No name beginning with a dot is listed or served: the mirror keeps its own
 bookkeeping under such names (downloads in progress under .incoming/, a
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import attrs
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
 from llmgw.config import MirrorConfig
@@ -65,6 +70,15 @@ def list_files(root: Path, directory: Path) -> list[dict[str, object]] | None:
     return files
 
 
+def links_page(files: list[dict[str, object]]) -> str:
+    """A directory's files as an HTML page of relative links, the form pip's --find-links reads."""
+    rows = "".join(
+        f'<a href="{html.escape(urllib.parse.quote(str(f["path"])))}">{html.escape(str(f["path"]))}</a><br>\n'
+        for f in files
+    )
+    return f"<!DOCTYPE html>\n<html><body>\n{rows}</body></html>\n"
+
+
 def _hidden(path: str) -> bool:
     return any(part.startswith(".") and part != "." for part in path.split("/"))
 
@@ -83,6 +97,9 @@ def make_mirror_app(root: Path) -> web.Application:
         files = await asyncio.to_thread(list_files, root, root / request.match_info["path"])
         if files is None:
             raise web.HTTPNotFound(text="no such directory on this mirror")
+        # llmgw's own clients send aiohttp's `Accept: */*` and read JSON; pip and browsers name text/html.
+        if "text/html" in request.headers.get(hdrs.ACCEPT, ""):
+            return web.Response(text=links_page(files), content_type="text/html")
         return web.json_response({"files": files})
 
     # Before the static route, which would otherwise answer a directory's URL with 403.

@@ -356,6 +356,11 @@ class _Steps:
         )
         if done.engine_base_url:
             self.ok(f"engine_mirror in {opts.config_path}: {done.engine_base_url}")
+        for house, url in done.wheelhouse_urls():
+            self.ok(
+                f"{house.label}'s wheels in the mirror: nodes install it with agent.yaml "
+                f"`engines.{house.engine}.wheelhouse: {url}`"
+            )
         return load_server_config(opts.config_path)
 
     # -- the store: async --------------------------------------------------------
