@@ -40,6 +40,7 @@ from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json, read_text
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.config.yamltext import MAX_BYTES as MAX_YAML_BYTES
+from llmgw.control.estimates import Needs
 from llmgw.control.inventory import ADMIN_STATES, Inventory, Node
 from llmgw.control.nodelogs import ANSWER_TIMEOUT_S, DEFAULT_LINES, MAX_LINES
 from llmgw.control.placement import Backoff
@@ -52,6 +53,8 @@ CONFIG_KEY = web.AppKey("llmgw.admin.config", ServerConfig)
 INVENTORY_KEY = web.AppKey("llmgw.admin.inventory", Inventory)
 # The reconciler's backoff, (model, node) -> why not now, when a reconciler runs (roles/server.py).
 BACKOFF_KEY: web.AppKey[Callable[[], Mapping[tuple[str, str], Backoff]]] = web.AppKey("llmgw.admin.backoff")
+# The reconciler's estimates from models' headers, (model, profile) -> need (control/estimates.py).
+NEEDS_KEY: web.AppKey[Callable[[], Needs]] = web.AppKey("llmgw.admin.needs")
 # The budgets the gateway enforces now, when the server runs one (roles/server.py): a model added
 # with no price while any is set is said to escape them, in the answer to the one who added it.
 BUDGETS_KEY: web.AppKey[Callable[[], Sequence[Budget]]] = web.AppKey("llmgw.admin.budgets")
@@ -254,7 +257,10 @@ async def get_explain_placement(request: web.Request) -> web.Response:
         known = ", ".join(catalog.names()) or "nothing"
         return error(404, f"no model {name} in the catalog; it has {known}")
     backoff = request.config_dict.get(BACKOFF_KEY)
-    candidates = explain_placement(model, inventory, cfg, catalog.models(), backoff() if backoff else None)
+    needs = request.config_dict.get(NEEDS_KEY)
+    candidates = explain_placement(
+        model, inventory, cfg, catalog.models(), backoff() if backoff else None, needs() if needs else None
+    )
     return reply(
         views.Placement(
             model=name,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import betterproto
@@ -61,6 +61,8 @@ class Facts:
     # The names of the fabrics it is on, sorted.
     fabrics: tuple[str, ...]
     memory_total_mb: int | None
+    # index -> MB free on the card (total less what it reports in use), for an estimate per card.
+    gpu_free_mb: Mapping[int, int] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -103,9 +105,9 @@ class Node:
     admin_state: str = READY
     # facts()'s GPUs and fabrics, with the lists they were read from: the inventory replaces those,
     # never edits them.
-    _hardware: tuple[object, object, tuple[tuple[int, str, bool, str], ...], tuple[str, ...]] | None = (
-        attrs.field(default=None, init=False, eq=False, repr=False)
-    )
+    _hardware: (
+        tuple[object, object, tuple[tuple[int, str, bool, str], ...], tuple[str, ...], dict[int, int]] | None
+    ) = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def facts(self) -> Facts:
         """What placement reads of the node's GPUs, fabrics and memory, out of the messages once.
@@ -120,9 +122,12 @@ class Node:
                 self.fabrics,
                 tuple((g.index, g.gpu_class, g.healthy, g.unhealthy_reason) for g in self.gpus),
                 tuple(sorted({f.name for f in self.fabrics if f.name})),
+                {g.index: max(g.memory_total_mb - g.memory_used_mb, 0) for g in self.gpus},
             )
         memory_total_mb = self.memory.total_mb if self.memory is not None else None
-        return Facts(gpus=hardware[2], fabrics=hardware[3], memory_total_mb=memory_total_mb)
+        return Facts(
+            gpus=hardware[2], fabrics=hardware[3], memory_total_mb=memory_total_mb, gpu_free_mb=hardware[4]
+        )
 
     def set_memory(self, total_mb: int, available_mb: int) -> None:
         """The memory a heartbeat reported, written into the node's Memory rather than a new one.

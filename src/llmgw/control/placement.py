@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
+from llmgw.control.estimates import Need, Needs
 from llmgw.control.inventory import READY, Inventory, Node, Replica
 from llmgw.control.summary import summarize
 from llmgw.control.verdicts import (
@@ -124,6 +125,7 @@ class _NodeState:
         "fabrics",
         "free",
         "free_count",
+        "free_mb",
         "id",
         "labels",
         "memory_free",
@@ -155,6 +157,7 @@ class _NodeState:
         self.memory_total = facts.memory_total_mb
         self.memory_free = self.memory_total
         self.fabrics = facts.fabrics
+        self.free_mb = facts.gpu_free_mb
 
     def free_of(self, gpu_class: str) -> list[int]:
         return sorted(i for i, c in self.free.items() if not gpu_class or c == gpu_class)
@@ -162,20 +165,30 @@ class _NodeState:
     def count_free(self, gpu_class: str) -> int:
         return self.free_count[gpu_class] if gpu_class else len(self.free)
 
-    def fits(self, profile: ProfileConfig) -> bool:
+    def roomy(self, gpu_class: str, card_mb: int) -> list[int]:
+        """The free cards of the class with card_mb free on each (all free ones when card_mb is 0)."""
+        free = self.free_of(gpu_class)
+        return [i for i in free if self.free_mb.get(i, 0) >= card_mb] if card_mb else free
+
+    def fits(self, profile: ProfileConfig, need: Need | None = None) -> bool:
         """Whether what is left takes one more replica of profile (`_capacity_reason` says why not)."""
-        need = gpus_needed(profile)
-        if need and self.count_free(profile.gpu_class) < need:
+        cards, card_mb = gpus_needed(profile), _card_mb(profile, need)
+        if cards and self.count_free(profile.gpu_class) < cards:
             return False
-        if profile.min_memory_mb > 0:
-            return self.memory_free is not None and self.memory_free >= profile.min_memory_mb
+        if card_mb and len(self.roomy(profile.gpu_class, card_mb)) < cards:
+            return False
+        memory_mb = _memory_mb(profile, need)
+        if memory_mb > 0:
+            return self.memory_free is not None and self.memory_free >= memory_mb
         return True
 
-    def claim(self, gpu_class: str, cards: int, indices: Sequence[int], memory_mb: int) -> tuple[int, ...]:
-        """Take cards (the given indices, else the lowest free ones of the class) and memory."""
+    def claim(
+        self, gpu_class: str, cards: int, indices: Sequence[int], memory_mb: int, card_mb: int = 0
+    ) -> tuple[int, ...]:
+        """Take cards (the given indices, else the lowest free ones of the class with card_mb) and memory."""
         taken = [i for i in indices if i in self.free]
         if not indices:
-            taken = self.free_of(gpu_class)[:cards]
+            taken = self.roomy(gpu_class, card_mb)[:cards]
         for i in taken:
             self.free_count[self.free.pop(i)] -= 1
         if self.memory_free is not None:
@@ -234,10 +247,15 @@ class Scheduler:
         policy: str = SPREAD,
         backoff: Mapping[tuple[str, str], Backoff] | None = None,
         now: float = 0.0,
+        needs: Needs | None = None,
     ) -> None:
-        """now: the inventory's clock at the snapshot, which a failed install's next try is counted on."""
+        """now: the inventory's clock at the snapshot, which a failed install's next try is counted on.
+
+        needs: each (model, profile)'s estimate from its headers (control/estimates.py), for profiles
+        that state no min_memory_mb.
+        """
         states = {n.id: _NodeState(n) for n in sorted(nodes, key=lambda n: n.id)}
-        self._take(states, replicas, catalog, policy, backoff, now)
+        self._take(states, replicas, catalog, policy, backoff, now, needs)
 
     @classmethod
     async def snapshot(
@@ -246,6 +264,7 @@ class Scheduler:
         cfg: ServerConfig,
         models: Sequence[ModelConfig],
         backoff: Mapping[tuple[str, str], Backoff] | None = None,
+        needs: Needs | None = None,
     ) -> Scheduler:
         """for_inventory, its nodes read a slice at a time with the loop given back between slices.
 
@@ -259,7 +278,9 @@ class Scheduler:
                 states[node.id] = _NodeState(node)
             await asyncio.sleep(0)
         scheduler = cls.__new__(cls)
-        scheduler._take(states, inventory.replicas(), models, cfg.control.placement, backoff, inventory.now())
+        scheduler._take(
+            states, inventory.replicas(), models, cfg.control.placement, backoff, inventory.now(), needs
+        )
         return scheduler
 
     def _take(
@@ -270,8 +291,10 @@ class Scheduler:
         policy: str,
         backoff: Mapping[tuple[str, str], Backoff] | None,
         now: float,
+        needs: Needs | None,
     ) -> None:
         self._policy = policy
+        self._needs = dict(needs or {})
         self._now = now
         # (model, node) -> why the model is not placed there now; the reconciler keeps the clock.
         self._backoff = dict(backoff or {})
@@ -292,10 +315,17 @@ class Scheduler:
         cfg: ServerConfig,
         models: Sequence[ModelConfig],
         backoff: Mapping[tuple[str, str], Backoff] | None = None,
+        needs: Needs | None = None,
     ) -> Scheduler:
         """A snapshot of the inventory; models is the live catalog's."""
         return cls(
-            inventory.nodes(), inventory.replicas(), models, cfg.control.placement, backoff, inventory.now()
+            inventory.nodes(),
+            inventory.replicas(),
+            models,
+            cfg.control.placement,
+            backoff,
+            inventory.now(),
+            needs,
         )
 
     def _hold(self, replica: Replica) -> None:
@@ -307,7 +337,8 @@ class Scheduler:
             # A replica of a model no longer in the catalog still holds the cards it reported.
             st.claim("", 0, replica.gpu_indices, 0)
             return
-        st.claim(profile.gpu_class, gpus_needed(profile), replica.gpu_indices, profile.min_memory_mb)
+        need = self._needs.get((replica.model, replica.profile))
+        st.claim(profile.gpu_class, gpus_needed(profile), replica.gpu_indices, _memory_mb(profile, need))
 
     # -- explaining ----------------------------------------------------------------
 
@@ -315,7 +346,8 @@ class Scheduler:
         """Every node, for every profile of model in order: a candidate, or the reason it is not."""
         verdicts: list[Verdict] = []
         for profile in model.profiles:
-            judged = [self._judge(st, profile, model.name) for st in self._states.values()]
+            need = self._needs.get((model.name, profile.name))
+            judged = [self._judge(st, profile, model.name, need) for st in self._states.values()]
             if profile.nodes > 1:
                 judged = self._judge_fabrics(profile, judged)
             verdicts.extend(judged)
@@ -328,10 +360,11 @@ class Scheduler:
         if not self._states:
             return "no node can run it (no node is connected)"
         nodes = {st.id: st.node for st in self._states.values()}
-        return summarize(model, self.explain(model), nodes, self._now)
+        needs = {p.name: n.words() for p in model.profiles if (n := self._needs.get((model.name, p.name)))}
+        return summarize(model, self.explain(model), nodes, self._now, needs)
 
-    def _judge(self, st: _NodeState, profile: ProfileConfig, model: str = "") -> Verdict:
-        kind, reason = _hard_reason(st, profile)
+    def _judge(self, st: _NodeState, profile: ProfileConfig, model: str, need: Need | None) -> Verdict:
+        kind, reason = _hard_reason(st, profile, need)
         if reason:
             return Verdict(profile=profile.name, node=st.id, reason=reason, kind=kind, hard=True)
         kind, reason = _state_reason(st, profile)
@@ -339,7 +372,7 @@ class Scheduler:
         if not reason and backoff is not None:
             kind, reason = BACKOFF, backoff.reason()
         if not reason:
-            kind, reason = _capacity_reason(st, profile)
+            kind, reason = _capacity_reason(st, profile, need)
         return Verdict(profile=profile.name, node=st.id, reason=reason, kind=kind)
 
     def _judge_fabrics(self, profile: ProfileConfig, judged: list[Verdict]) -> list[Verdict]:
@@ -366,22 +399,24 @@ class Scheduler:
         if model.name in self._unplaceable:
             return None
         for profile in model.profiles:
+            need = self._needs.get((model.name, profile.name))
             if profile.nodes > 1:
-                placement = self._place_across(model, profile)
+                placement = self._place_across(model, profile, need)
             else:
-                placement = self._place_one(model, profile)
+                placement = self._place_one(model, profile, need)
             if placement is not None:
                 return placement
         self._unplaceable.add(model.name)
         return None
 
-    def _pool(self, profile: ProfileConfig) -> _Pool:
+    def _pool(self, profile: ProfileConfig, need: Need | None = None) -> _Pool:
         needs = (
             profile.engine,
             profile.gpu_class,
             gpus_needed(profile),
             profile.nodes,
-            profile.min_memory_mb,
+            _memory_mb(profile, need),
+            _card_mb(profile, need),
             tuple(sorted(profile.labels.items())),
         )
         pool = self._pools.get(needs)
@@ -392,8 +427,8 @@ class Scheduler:
                 self._pools_of[st.id].append(pool)
         return pool
 
-    def _place_one(self, model: ModelConfig, profile: ProfileConfig) -> Placement | None:
-        heap = self._pool(profile).heap
+    def _place_one(self, model: ModelConfig, profile: ProfileConfig, need: Need | None) -> Placement | None:
+        heap = self._pool(profile, need).heap
         # Nodes backing off for this model only: set aside, and back in the pool for other models.
         skipped: list[tuple[int, int, int, str]] = []
         try:
@@ -403,35 +438,41 @@ class Scheduler:
                 if key != st.key(self._policy):
                     heapq.heappop(heap)  # stale: a fresher entry was pushed when the node changed
                     continue
-                if not st.fits(profile):
+                if not st.fits(profile, need):
                     # Full for this profile, and nothing frees up within one snapshot.
                     heapq.heappop(heap)
                     continue
                 if (model.name, st.id) in self._backoff:
                     skipped.append(heapq.heappop(heap))
                     continue
-                rank = self._claim(st, profile)
+                rank = self._claim(st, profile, need)
                 return Placement(model=model.name, profile=profile, ranks=(rank,))
             return None
         finally:
             for key in skipped:
                 heapq.heappush(heap, key)
 
-    def _place_across(self, model: ModelConfig, profile: ProfileConfig) -> Placement | None:
+    def _place_across(
+        self, model: ModelConfig, profile: ProfileConfig, need: Need | None
+    ) -> Placement | None:
         """A multi-node replica: `nodes` candidates that share one fabric, never across two."""
         best: tuple[list[tuple[int, int, int, str]], str] | None = None
-        for fabric, heap in sorted(self._pool(profile).by_fabric(self._policy).items()):
-            chosen = self._smallest(heap, model, profile)
+        for fabric, heap in sorted(self._pool(profile, need).by_fabric(self._policy).items()):
+            chosen = self._smallest(heap, model, profile, need)
             if chosen is not None and (best is None or chosen < best[0]):
                 best = (chosen, fabric)
         if best is None:
             return None
         keys, fabric = best
-        ranks = tuple(self._claim(self._states[key[-1]], profile) for key in keys)
+        ranks = tuple(self._claim(self._states[key[-1]], profile, need) for key in keys)
         return Placement(model=model.name, profile=profile, ranks=ranks, fabric=fabric)
 
     def _smallest(
-        self, heap: list[tuple[int, int, int, str]], model: ModelConfig, profile: ProfileConfig
+        self,
+        heap: list[tuple[int, int, int, str]],
+        model: ModelConfig,
+        profile: ProfileConfig,
+        need: Need | None,
     ) -> list[tuple[int, int, int, str]] | None:
         """The keys of the first `profile.nodes` nodes in heap that can take model now, or None.
 
@@ -444,7 +485,7 @@ class Scheduler:
             while heap and len(chosen) < profile.nodes:
                 key = heapq.heappop(heap)
                 st = self._states[key[-1]]
-                if key != st.key(self._policy) or not st.fits(profile):
+                if key != st.key(self._policy) or not st.fits(profile, need):
                     continue
                 if (model.name, st.id) in self._backoff:
                     skipped.append(key)
@@ -455,8 +496,9 @@ class Scheduler:
                 heapq.heappush(heap, key)
         return chosen if len(chosen) == profile.nodes else None
 
-    def _claim(self, st: _NodeState, profile: ProfileConfig) -> Rank:
-        taken = st.claim(profile.gpu_class, gpus_needed(profile), (), profile.min_memory_mb)
+    def _claim(self, st: _NodeState, profile: ProfileConfig, need: Need | None = None) -> Rank:
+        memory_mb, card_mb = _memory_mb(profile, need), _card_mb(profile, need)
+        taken = st.claim(profile.gpu_class, gpus_needed(profile), (), memory_mb, card_mb)
         key = st.key(self._policy)
         for pool in self._pools_of.get(st.id, ()):
             heapq.heappush(pool.heap, key)
@@ -464,6 +506,20 @@ class Scheduler:
                 for fabric in st.fabrics:
                     heapq.heappush(pool.fabric_heaps[fabric], key)
         return Rank(node=st.id, gpu_indices=taken)
+
+
+def _memory_mb(profile: ProfileConfig, need: Need | None) -> int:
+    """RAM one replica takes: min_memory_mb where stated, else the estimate of one not on GPUs."""
+    if profile.min_memory_mb > 0:
+        return profile.min_memory_mb
+    return need.share_mb if need is not None and need.cards == 0 else 0
+
+
+def _card_mb(profile: ProfileConfig, need: Need | None) -> int:
+    """Memory each card of one replica needs: the estimate's share, where min_memory_mb is not stated."""
+    if profile.min_memory_mb > 0 or need is None:
+        return 0
+    return need.share_mb if need.cards else 0
 
 
 def _statically_fit(st: _NodeState, profile: ProfileConfig) -> bool:
@@ -477,7 +533,7 @@ def _statically_fit(st: _NodeState, profile: ProfileConfig) -> bool:
     return all(st.labels.get(k) == v for k, v in profile.labels.items())
 
 
-def _hard_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
+def _hard_reason(st: _NodeState, profile: ProfileConfig, need: Need | None) -> tuple[str, str]:
     """What the node can never offer the profile: GPU class, fabric, labels, memory in all.
 
     Checked before its state: an unreachable node, or one installing its engine, that the
@@ -494,9 +550,9 @@ def _hard_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
             return LABEL, f"lacks the label {key}={value}"
         if have != value:
             return LABEL, f"has the label {key}={have}, not {key}={value}"
-    total = st.memory_total
-    if profile.min_memory_mb > 0 and total is not None and total < profile.min_memory_mb:
-        return MEMORY, _too_little_memory(st, profile)
+    total, memory_mb = st.memory_total, _memory_mb(profile, need)
+    if memory_mb > 0 and total is not None and total < memory_mb:
+        return MEMORY, _too_little_memory(st, profile, need)
     return "", ""
 
 
@@ -514,30 +570,42 @@ def _state_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
     return "", ""
 
 
-def _capacity_reason(st: _NodeState, profile: ProfileConfig) -> tuple[str, str]:
+def _capacity_reason(st: _NodeState, profile: ProfileConfig, need: Need | None) -> tuple[str, str]:
     """What placed replicas use up: free cards and memory."""
-    need = gpus_needed(profile)
+    cards = gpus_needed(profile)
     cls = profile.gpu_class
-    if need and (free := st.count_free(cls)) < need:
+    if cards and (free := st.count_free(cls)) < cards:
         total = st.classes[cls] if cls else sum(st.classes.values())
-        reason = f"has too few free {cls + ' ' if cls else ''}GPUs ({free} of {total} free, {need} needed)"
+        reason = f"has too few free {cls + ' ' if cls else ''}GPUs ({free} of {total} free, {cards} needed)"
         sick = [(i, why) for i, c, why in st.unhealthy if not cls or c == cls]
         if sick:
             whys = "; ".join(f"GPU {i}: {why or 'unhealthy'}" for i, why in sick)
             reason += f"; {len(sick)} unhealthy ({whys})"
         return CARDS, reason
-    if profile.min_memory_mb > 0:
+    card_mb = _card_mb(profile, need)
+    if card_mb and need is not None and len(roomy := st.roomy(cls, card_mb)) < cards:
+        most = max((st.free_mb.get(i, 0) for i in st.free_of(cls)), default=0)
+        return CARDS, (
+            f"has too few free {cls + ' ' if cls else ''}GPUs with the memory a replica needs "
+            f"({len(roomy)} of {st.count_free(cls)} free cards, {cards} needed; "
+            f"{most} MB free on its best; the model needs {need.words()})"
+        )
+    memory_mb = _memory_mb(profile, need)
+    if memory_mb > 0:
         if st.memory_free is None or st.memory_total is None:
             return MEMORY, "has not reported its memory"
-        if st.memory_free < profile.min_memory_mb:
-            return MEMORY, _too_little_memory(st, profile)
+        if st.memory_free < memory_mb:
+            return MEMORY, _too_little_memory(st, profile, need)
     return "", ""
 
 
-def _too_little_memory(st: _NodeState, profile: ProfileConfig) -> str:
+def _too_little_memory(st: _NodeState, profile: ProfileConfig, need: Need | None) -> str:
     free = max(st.memory_free or 0, 0)
-    need = profile.min_memory_mb
-    return f"has too little memory ({free} MB free of {st.memory_total} MB, {need} MB needed)"
+    if profile.min_memory_mb > 0 or need is None:
+        wanted = f"{profile.min_memory_mb} MB needed"
+    else:
+        wanted = f"the model needs {need.words()}"
+    return f"has too little memory ({free} MB free of {st.memory_total} MB, {wanted})"
 
 
 def explain(
@@ -547,9 +615,10 @@ def explain(
     catalog: Sequence[ModelConfig] = (),
     policy: str = SPREAD,
     backoff: Mapping[tuple[str, str], Backoff] | None = None,
+    needs: Needs | None = None,
 ) -> list[Verdict]:
     """Every node for every profile of model: candidate or the one reason it is not, as of now."""
-    return Scheduler(nodes, replicas, catalog, policy, backoff).explain(model)
+    return Scheduler(nodes, replicas, catalog, policy, backoff, needs=needs).explain(model)
 
 
 def _not_installed(node: Node, engine: str) -> str:

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from llmgw.backoff import ExponentialBackoff
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
+from llmgw.control.estimates import Estimates, Needs
 from llmgw.control.failures import Failure
 from llmgw.control.inventory import DRAINING, READY, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.metrics import ControlMetrics, reject_reason
@@ -72,6 +73,8 @@ class Reconciler:
         # replica (or shard) id -> clock time it was first seen draining, for control.drain_timeout_s.
         self._draining_since: dict[str, float] = {}
         self._scheduler: Scheduler | None = None
+        # What each model's replica needs by its headers, read when its definition changes.
+        self._estimates = Estimates(mirror.resolve if mirror is not None else None)
         # A model added or removed is acted on now, not at the next interval.
         self._catalog.subscribe(inventory.changed.set)
 
@@ -97,6 +100,7 @@ class Reconciler:
         # A model served by endpoints outside the fleet is not placed; replicas it had are stopped.
         models = [m for m in self._catalog.models() if not m.endpoints]
         catalog = {m.name: m for m in models}
+        await self._estimates.refresh(models)
         # One snapshot per pass, built at the first placement, counting what this pass places. A
         # replica stopped later in the pass still holds its cards in it: freed by the next pass.
         self._scheduler = None
@@ -188,6 +192,7 @@ class Reconciler:
                 self._cfg,
                 [m for m in self._catalog.models() if not m.endpoints],
                 self.backoff(),
+                self._estimates.needs(),
             )
         placement = self._scheduler.place(model)
         if placement is None:
@@ -238,6 +243,10 @@ class Reconciler:
     def _on_ready_node(self, replica: Replica) -> bool:
         node = self._inventory.node(replica.node_id)
         return node is not None and node.state == READY
+
+    def needs(self) -> Needs:
+        """Each (model, profile)'s estimate from its headers, as placement uses it (control/estimates.py)."""
+        return self._estimates.needs()
 
     def backoff(self) -> dict[tuple[str, str], Backoff]:
         """(model, node) -> why the model is not placed on the node now, for placement and explain."""

@@ -48,11 +48,19 @@ _MANY: Mapping[str, str] = {
 }
 
 
-def summarize(model: ModelConfig, verdicts: Sequence[Verdict], nodes: Mapping[str, Node], now: float) -> str:
+def summarize(
+    model: ModelConfig,
+    verdicts: Sequence[Verdict],
+    nodes: Mapping[str, Node],
+    now: float,
+    needs: Mapping[str, str] | None = None,
+) -> str:
     """The sentence for model, from placement's verdicts on every node for every profile of it.
 
     nodes is every node judged, by id: an install's state and words are read from it; now is the
-    inventory's clock, which a failed install's next try counts down on.
+    inventory's clock, which a failed install's next try counts down on. needs: profile -> its
+    estimate in words ("about 4.3 GB (estimated from the model's headers)"), said where nodes
+    counted together lack the memory, so that "3 nodes have too little memory" says for what.
     """
     parts: list[str] = []
     # The groups of the nodes that pass the hard constraints, over every profile.
@@ -65,6 +73,10 @@ def summarize(model: ModelConfig, verdicts: Sequence[Verdict], nodes: Mapping[st
         blocking.update(k for k in groups if not k.startswith(_HARD))
         total = sum(1 for v in verdicts if v.profile == profile.name)
         said = only or _listed(profile, groups, nodes, total, now)
+        need = (needs or {}).get(profile.name)
+        short = any(k.removeprefix(_HARD) in (MEMORY, CARDS) for k in groups)
+        if need and short and need not in said:
+            said += f"; a replica needs {need}"
         parts.append(said if len(model.profiles) == 1 else f"profile {profile.name}: {said}")
     # A node installing the engine is where the model is going, said as such with its progress;
     # but only when nothing else blocks it: a failure elsewhere is what an operator must read first.

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from llmgw import bound, config, heap, openfiles
 from llmgw.adminapi import views
-from llmgw.adminapi.handlers import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY, PRICES_KEY
+from llmgw.adminapi.handlers import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY, NEEDS_KEY, PRICES_KEY
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
@@ -412,6 +412,7 @@ def _reconciler(
     )
     # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
     app[BACKOFF_KEY] = reconciler.backoff
+    app[NEEDS_KEY] = reconciler.needs
     return reconciler
 
 
@@ -452,6 +453,7 @@ def _admin_app(
     admin_app.router.add_get("/metrics", metrics.handle)
     if reconciler is not None:
         admin_app[BACKOFF_KEY] = reconciler.backoff
+        admin_app[NEEDS_KEY] = reconciler.needs
     return admin_app
 
 

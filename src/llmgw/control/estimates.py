@@ -1,0 +1,138 @@
+"""What one replica of each catalog model needs, by its files' headers, read once per definition.
+
+Placement runs every reconcile pass and must never read a file or the
+network; so the reconciler refreshes this cache at the start of a pass, and
+only a model whose definition changed (added, replaced) is read again. A
+profile that states `min_memory_mb` keeps it; for one that does not, the
+estimate (llmgw/capacity/: the same one `llmgw ctl model plan` prints) is what
+a replica needs: per card on GPUs, split over gpus_per_node × nodes, else in
+RAM. A model whose headers cannot be read is placed as before, and the log
+says why once per definition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import structlog
+
+from llmgw.capacity.estimate import MIB, estimate, gigabytes
+from llmgw.capacity.fit import cards_needed
+from llmgw.capacity.fleet import ProfileShape
+from llmgw.capacity.plan import DEFAULT_CONTEXT, sequences
+from llmgw.capacity.shape import ModelShape, read_shape
+from llmgw.config import ModelConfig, ProfileConfig
+from llmgw.control.remoteheaders import fetch_headers
+from llmgw.errors import LlmgwError
+from llmgw.hubref import SOURCE_PREFIX
+
+log = structlog.get_logger(__name__)
+
+# A mirror: source -> its URL and pins (control/mirror.py's MirrorClient.resolve).
+Resolve = Callable[[str], Awaitable[tuple[str, dict[str, str]]]]
+
+
+@attrs.frozen
+class Need:
+    """One replica's estimated memory: on `cards` cards (0: in RAM), `share_mb` on each, or in RAM."""
+
+    total_bytes: int
+    cards: int
+    share_mb: int
+
+    def words(self) -> str:
+        """ "about 4.3 GB per card (estimated from the model's headers)"."""
+        where = " per card" if self.cards else ""
+        return f"about {gigabytes(self.share_mb * MIB)}{where} (estimated from the model's headers)"
+
+
+# (model, profile) -> its need; a profile absent has none estimated (min_memory_mb says, or nothing).
+Needs = Mapping[tuple[str, str], Need]
+
+
+def need_of(shape: ModelShape, profile: ProfileConfig) -> Need | None:
+    """profile's replica's need by shape, as `ctl model plan` judges it; None for a weightless engine."""
+    ps = ProfileShape(
+        name=profile.name,
+        engine=profile.engine,
+        gpu_class=profile.gpu_class,
+        gpus_per_node=profile.gpus_per_node,
+        nodes=profile.nodes,
+        min_memory_mb=profile.min_memory_mb,
+        args=list(profile.args),
+    )
+    context, parallel = sequences(ps)
+    est = estimate(
+        shape,
+        profile.engine,
+        context=context or shape.context_length or DEFAULT_CONTEXT,
+        parallel=parallel or 1,
+        args=profile.args,
+    )
+    if est.total_bytes <= 0:
+        return None
+    cards = cards_needed(ps) * max(profile.nodes, 1)
+    share = math.ceil(est.total_bytes / cards) if cards else est.total_bytes
+    return Need(total_bytes=est.total_bytes, cards=cards, share_mb=math.ceil(share / MIB))
+
+
+class Estimates:
+    """The needs of the catalog's models, kept per model definition."""
+
+    def __init__(self, resolve: Resolve | None = None, timeout_s: float = 10.0) -> None:
+        """resolve turns a mirror: source into its URL; timeout_s bounds reading one model's headers."""
+        self._resolve = resolve
+        self._timeout_s = timeout_s
+        # name -> the definition its needs were read for (equal definitions are not read again).
+        self._seen: dict[str, ModelConfig] = {}
+        self._needs: dict[tuple[str, str], Need] = {}
+
+    def needs(self) -> Needs:
+        return self._needs
+
+    async def refresh(self, models: Sequence[ModelConfig]) -> None:
+        """Read the headers of every model whose definition is new since the last refresh."""
+        names = {m.name for m in models}
+        for gone in [n for n in self._seen if n not in names]:
+            self._forget(gone)
+        for model in models:
+            if self._seen.get(model.name) == model:
+                continue
+            self._forget(model.name)
+            self._seen[model.name] = model
+            if not model.source or all(p.min_memory_mb > 0 for p in model.profiles):
+                continue
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    shape = await self._shape(model.source)
+            except (LlmgwError, TimeoutError) as exc:
+                why = str(exc) or f"reading its headers took over {self._timeout_s:.0f} s"
+                log.warning("placing without a memory estimate", model=model.name, reason=why)
+                continue
+            for profile in model.profiles:
+                need = need_of(shape, profile) if profile.min_memory_mb <= 0 else None
+                if need is not None:
+                    self._needs[(model.name, profile.name)] = need
+
+    def _forget(self, name: str) -> None:
+        self._seen.pop(name, None)
+        for key in [k for k in self._needs if k[0] == name]:
+            del self._needs[key]
+
+    async def _shape(self, source: str) -> ModelShape:
+        url = source
+        if source.startswith(SOURCE_PREFIX):
+            if self._resolve is None:
+                raise LlmgwError(f"{source}: no mirror is configured to read its headers from")
+            url, _ = await self._resolve(source)
+        tmp = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="llmgw-headers-"))
+        try:
+            return await asyncio.to_thread(read_shape, await fetch_headers(url, tmp))
+        finally:
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
