@@ -14,9 +14,10 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from llmgw.adminapi import auth
+from llmgw.adminapi import auth, views
 from llmgw.adminapi import handlers as adminapi
 from llmgw.agent.discovery.host import Host
+from llmgw.bench.result import Level, Run
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory
@@ -497,3 +498,68 @@ async def test_a_replica_served_while_its_nodes_agent_is_away_says_so_on_the_mod
         _, cluster = await get(f"{base}/")
     assert "ready; its node&#39;s agent unreachable for 40 s" in models
     assert "1 of 1 replicas ready (1 whose node&#39;s agent is unreachable)" in cluster
+
+
+class TestBenchRunsOnTheModelsPage:
+    """The runs of `ctl bench` the server keeps, drawn per model on the models page."""
+
+    @staticmethod
+    def a_run(model: str) -> dict[str, object]:
+        def level(concurrency: int, ttft_ms: float, tokens_per_s: float) -> Level:
+            return Level(
+                concurrency=concurrency,
+                requests=10,
+                errors=0,
+                error="",
+                seconds=2.0,
+                output_tokens=int(tokens_per_s * 2),
+                ttft_p50_ms=ttft_ms,
+                ttft_p95_ms=ttft_ms * 2,
+                itl_p50_ms=5.0,
+                output_tokens_per_s=tokens_per_s,
+                requests_per_s=5.0,
+                queue_depth_max=None,
+                kv_cache_max=None,
+                engine_readings=0,
+            )
+
+        run = Run(
+            model=model,
+            started_at="2025-06-01T12:00:00Z",
+            prompt_tokens=32,
+            max_tokens=16,
+            seconds=2.0,
+            levels=[level(1, 40.0, 90.0), level(4, 120.0, 250.0)],
+            engines=["llamacpp"],
+        )
+        unstructured: dict[str, object] = views.CONVERTER.unstructure(run)
+        return unstructured
+
+    async def test_a_model_with_a_kept_run_shows_its_charts_and_one_without_shows_none(
+        self, cluster_store: Store, tmp_path: Path
+    ):
+        cfg = attrs.evolve(
+            CFG,
+            state_dir=str(tmp_path),
+            models=[
+                *CFG.models,
+                ModelConfig(name="unbenched", replicas=0, profiles=[ProfileConfig(engine="sim")]),
+            ],
+        )
+        catalog = Catalog(cfg)
+        app = make_admin_app(cfg, Inventory(5.0), catalog, WebContext(cfg=cfg, store=cluster_store))
+        async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
+            base = str(server.make_url("")).rstrip("/")
+            async with session.post(
+                f"{base}/api/v1/models/sim-chat/bench",
+                json=self.a_run("sim-chat"),
+                headers={"Authorization": "Bearer s3cret"},
+            ) as reply:
+                assert reply.status == 201, await reply.text()
+            status, html = await get(f"{base}/models")
+        assert status == 200
+        benched, unbenched = html.split('id="model-unbenched"')
+        assert "<svg" in benched and "TTFT, run 2025-06-01T12:00:00Z" in benched
+        assert "output tokens/s, run 2025-06-01T12:00:00Z at 4: total 250" in benched
+        assert "2025-06-01T12:00:00Z · llamacpp · 32-word prompts" in benched
+        assert "<svg" not in unbenched and "Benchmarks" not in unbenched

@@ -52,10 +52,12 @@ def _write(directory: Path, run: Run) -> None:
         old.unlink(missing_ok=True)
 
 
-def read_runs(directory: Path) -> list[Run]:
-    """The runs kept in directory, newest first; a file that cannot be read is left out. Blocking."""
+def read_runs(directory: Path, newest: int = KEEP) -> list[Run]:
+    """The newest runs kept in directory, newest first; a file that cannot be read is left out. Blocking."""
     runs: list[Run] = []
     for path in sorted(directory.glob("*.json"), reverse=True):
+        if len(runs) >= newest:
+            break
         try:
             runs.append(views.CONVERTER.structure(json.loads(path.read_text(encoding="utf-8")), Run))
         except (OSError, ValueError, cattrs.BaseValidationError):

@@ -115,20 +115,55 @@ def small_lines(
     For the pages' history: the title and the newest value of each line are written on it, so it
     reads without hovering. A gap (None) breaks its line.
     """
-    plot_w = _SMALL_W - _SMALL_LEFT - _SMALL_RIGHT
-    plot_h = _SMALL_H - _SMALL_TOP - _SMALL_BOTTOM
-    values = [v for _, vs in lines for v in vs if v is not None]
-    top = _nice_ceiling(max(values, default=0.0))
-    start, end = (times[0], times[-1]) if times else (0.0, 1.0)
-    width = max(end - start, 1e-9)
     newest = ", ".join(
         f"{one.label} {_reading(next((v for v in reversed(vs) if v is not None), None), unit)}"
         for one, vs in lines
     )
+    below = [(_SMALL_LEFT, "start", span)] if span else []
+    return _small(title, f"{title}: {newest}", times, lines, unit, below)
+
+
+def level_lines(
+    title: str,
+    levels: Sequence[int],
+    lines: Sequence[tuple[Series, Sequence[float | None]]],
+    unit: str = "",
+) -> Markup:
+    """A small <svg> of lines over a benchmark's concurrency levels, each level labelled beneath.
+
+    The levels are evenly spaced whatever their values (1, 4, 16, 64 would otherwise bunch at the
+    left), and the header gives each line's value at the highest level.
+    """
+    at = ", ".join(f"{one.label} {_reading(vs[-1] if vs else None, unit)}" for one, vs in lines)
+    xs = [float(i) for i in range(len(levels))]
+    plot_w = _SMALL_W - _SMALL_LEFT - _SMALL_RIGHT
+    width = max(len(levels) - 1, 1e-9)
+    below = [
+        (_SMALL_LEFT + plot_w * x / width, "middle", str(level)) for x, level in zip(xs, levels, strict=True)
+    ]
+    last = f" at {levels[-1]}" if levels else ""
+    return _small(title, f"{title}{last}: {at}", xs, lines, unit, below)
+
+
+def _small(
+    title: str,
+    header: str,
+    xs: Sequence[float],
+    lines: Sequence[tuple[Series, Sequence[float | None]]],
+    unit: str,
+    below: Sequence[tuple[float, str, str]],
+) -> Markup:
+    """small_lines and level_lines: the lines over xs, with texts below at (x, anchor, text)."""
+    plot_w = _SMALL_W - _SMALL_LEFT - _SMALL_RIGHT
+    plot_h = _SMALL_H - _SMALL_TOP - _SMALL_BOTTOM
+    values = [v for _, vs in lines for v in vs if v is not None]
+    top = _nice_ceiling(max(values, default=0.0))
+    start, end = (xs[0], xs[-1]) if xs else (0.0, 1.0)
+    width = max(end - start, 1e-9)
     parts = [
         f'<svg class="chart small" role="img" viewBox="0 0 {_SMALL_W} {_SMALL_H}" width="{_SMALL_W}"'
         f' height="{_SMALL_H}" xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>'
-        f'<text x="{_SMALL_LEFT}" y="12">{escape(title)}: {escape(newest)}</text>'
+        f'<text x="{_SMALL_LEFT}" y="12">{escape(header)}</text>'
     ]
     for fraction in (0, 1):
         y = _SMALL_TOP + plot_h * (1 - fraction)
@@ -138,11 +173,11 @@ def small_lines(
             f'<line x1="{_SMALL_LEFT}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d8dce3"/>'
             f'<text x="{_SMALL_LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">{label}</text>'
         )
-    if span:
-        parts.append(f'<text x="{_SMALL_LEFT}" y="{_SMALL_H - 2}">{escape(span)}</text>')
+    for x, anchor, text in below:
+        parts.append(f'<text x="{x:.1f}" y="{_SMALL_H - 2}" text-anchor="{anchor}">{escape(text)}</text>')
     for one, vs in lines:
         runs: list[list[tuple[float, float]]] = [[]]
-        for t, v in zip(times, vs, strict=True):
+        for t, v in zip(xs, vs, strict=True):
             if v is None:
                 runs.append([])
                 continue

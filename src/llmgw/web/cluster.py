@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 from importlib import resources
+from pathlib import Path
 from urllib.parse import quote, urlencode
 
 import attrs
 from aiohttp import web
+from markupsafe import Markup
 
 from llmgw.adminapi import projections
-from llmgw.adminapi.handlers import BACKOFF_KEY, INVENTORY_KEY, control_plane_view, unpriced
+from llmgw.adminapi.bench import read_runs, runs_dir
+from llmgw.adminapi.handlers import BACKOFF_KEY, CONFIG_KEY, INVENTORY_KEY, control_plane_view, unpriced
 from llmgw.adminapi.present import (
     LOG_PAGE_FOLLOW_S,
     LOG_PAGE_LINES,
@@ -26,9 +29,11 @@ from llmgw.adminapi.present import (
     unattended_note,
 )
 from llmgw.adminapi.routes import Param, Reply, Route
+from llmgw.bench.result import Run
 from llmgw.catalog import CATALOG_KEY
 from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES
 from llmgw.gateway.endpoints import ENDPOINTS_KEY
+from llmgw.web.chart import Series, colour, level_lines
 from llmgw.web.history import HISTORY_KEY, gpu_charts, model_charts
 from llmgw.web.render import render
 
@@ -37,6 +42,8 @@ CLUSTER_PAGE_FAILURES = 20
 # Nodes on one page of the cluster page, with their GPU charts: a few milliseconds of the loop the
 # gateway serves on to build and draw. All of 10,000 at once held it for seconds.
 NODES_PER_PAGE = 100
+# The newest runs of `ctl bench` the models page draws for each model; the admin API has all it keeps.
+BENCH_RUNS_SHOWN = 3
 
 _ASSETS = {"cluster.css": "text/css", "cluster.js": "text/javascript"}
 
@@ -147,15 +154,57 @@ async def models_page(request: web.Request) -> web.StreamResponse:
     models = [projections.model_view(m, inventory, unpriced(request, m), endpoints) for m in catalog]
     history = request.config_dict.get(HISTORY_KEY)
     charts = {m.name: model_charts(history, m.name) for m in models} if history is not None else {}
+    # In a thread, as the admin route reads them: a disk slow to answer must not stall the gateway.
+    state_dir = Path(request.config_dict[CONFIG_KEY].state_dir)
+    runs = await asyncio.to_thread(_newest_runs, state_dir, [m.name for m in models])
     return await render(
         request,
         "admin_models.html",
         paths=paths,
         models=models,
         charts=charts,
+        bench={name: [(run_label(run), run_charts(run)) for run in kept] for name, kept in runs.items()},
         ago=ago,
         replica_state=replica_state,
     )
+
+
+def _newest_runs(state_dir: Path, names: list[str]) -> dict[str, list[Run]]:
+    return {name: read_runs(runs_dir(state_dir, name), BENCH_RUNS_SHOWN) for name in names}
+
+
+def run_label(run: Run) -> str:
+    """ "2025-06-01T12:00:00Z · llamacpp · 32-word prompts, max_tokens 64, 10 s per level"."""
+    engines = ", ".join(run.engines) or "engine not reported"
+    return (
+        f"{run.started_at} · {engines} · {run.prompt_tokens}-word prompts, max_tokens {run.max_tokens}, "
+        f"{run.seconds:g} s per level"
+    )
+
+
+def run_charts(run: Run) -> list[Markup]:
+    """Time to first token and output tokens/s of one run, over its concurrency levels."""
+    levels = [level.concurrency for level in run.levels]
+
+    def seconds(ms: float | None) -> float | None:
+        return None if ms is None else ms / 1000
+
+    return [
+        level_lines(
+            f"TTFT, run {run.started_at}",
+            levels,
+            [
+                (Series("p50", colour(0)), [seconds(level.ttft_p50_ms) for level in run.levels]),
+                (Series("p95", colour(1)), [seconds(level.ttft_p95_ms) for level in run.levels]),
+            ],
+            unit="s",
+        ),
+        level_lines(
+            f"output tokens/s, run {run.started_at}",
+            levels,
+            [(Series("total", colour(2)), [level.output_tokens_per_s for level in run.levels])],
+        ),
+    ]
 
 
 async def node_logs_page(request: web.Request) -> web.StreamResponse:
