@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -26,6 +27,8 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.agent.supervisor import Supervisor
+from llmgw.capacity.estimate import estimate
+from llmgw.capacity.shape import read_shape
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.engines.base import LaunchSpec
@@ -111,9 +114,18 @@ async def _reached(reports: Reports, state: str) -> pb.ShardStatus:
     return status
 
 
+@attrs.frozen
+class _Running:
+    """vLLM serving the tiny model: its endpoint, the model directory, the supervisor keeping its output."""
+
+    endpoint: str
+    model: Path
+    supervisor: Supervisor
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    """vLLM serving the tiny model as tiny-chat, started by a supervisor; yields its endpoint."""
+async def running(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[_Running]:
+    """vLLM serving the tiny model as tiny-chat, started by a supervisor."""
     model = _tiny_model(tmp_path_factory.mktemp("model") / "tiny")
     reports = Reports()
     async with Supervisor(
@@ -125,7 +137,27 @@ async def engine(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) ->
     ) as supervisor:
         await supervisor.start(_start("tiny-chat"))
         ready = await _reached(reports, "ready")
-        yield ready.endpoint
+        yield _Running(ready.endpoint, model, supervisor)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(running: _Running) -> str:
+    """The endpoint of the module's vLLM."""
+    return running.endpoint
+
+
+async def test_the_kv_cache_vllm_sizes_holds_as_many_bytes_a_token_as_the_estimate_says(
+    running: _Running,
+) -> None:
+    """The cache space vLLM was given over the tokens it says that holds, against `model plan`'s rule."""
+    output = "\n".join(running.supervisor.output("s1"))
+    space = re.search(r"set \(([\d.]+)/[\d.]+\) GiB for KV cache", output)
+    tokens = re.search(r"KV cache size: ([\d,]+) tokens", output)
+    assert space and tokens, f"no KV cache lines in vLLM's output:\n{output[-3000:]}"
+    measured = float(space[1]) * (1 << 30) / int(tokens[1].replace(",", ""))
+    shape = await asyncio.to_thread(read_shape, running.model)
+    estimated = estimate(shape, "vllm", context=512).kv_bytes_per_token
+    assert abs(measured / estimated - 1) <= 0.10, (measured, estimated)
 
 
 @attrs.define
