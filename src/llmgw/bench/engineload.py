@@ -13,7 +13,8 @@ import attrs
 
 # Requests waiting for a slot, summed over the page's label sets.
 QUEUE_NAMES = ("llamacpp:requests_deferred", "vllm:num_requests_waiting", "sglang:num_queue_reqs")
-# KV-cache occupancy, 0 to 1; the highest of the page's label sets.
+# KV-cache occupancy, 0 to 1; the highest of the page's label sets. llama-server b11434's page
+# has no cache gauge (its kv_cache_usage_ratio is gone): kept for older builds, read as absent there.
 KV_NAMES = (
     "llamacpp:kv_cache_usage_ratio",
     "vllm:kv_cache_usage_perc",
