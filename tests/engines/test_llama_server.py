@@ -304,12 +304,6 @@ async def test_ctl_bench_through_the_gateway_reads_the_engines_own_queue_and_no_
         assert level["kv_cache_max"] is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="llama-server b11434 closes the connection after a streamed reply while announcing "
-    "Keep-Alive; the gateway reuses it from its pool and answers 502 'closed the connection "
-    "without replying' (about one request in ten here) instead of sending it again on a new one",
-)
 async def test_ctl_bench_through_the_gateway_gets_no_errors_from_llama_server(
     bench_run: dict[str, Any],
 ) -> None:

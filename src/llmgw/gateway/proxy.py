@@ -143,6 +143,11 @@ def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
     )
 
 
+# How many kept-alive connections a request may find closed by the engine before one answers: the
+# pool holds at most a few per engine, each given up once it fails.
+_STALE_CONNECTIONS = 3
+
+
 def _unacknowledged(exc: BaseException) -> bool:
     """Whether exc is the kernel giving up on a request its engine never acknowledged (a lost link)."""
     cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
@@ -229,6 +234,15 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=call.timeouts.connect_s)
     try:
         async with asyncio.timeout_at(first[0]):
+            for _ in range(_STALE_CONNECTIONS):
+                try:
+                    return await session.post(url, data=call.body, headers=_headers(call), timeout=timeout)
+                except aiohttp.ServerDisconnectedError:
+                    # A kept-alive connection the engine had already closed: llama-server announces
+                    # Keep-Alive on a streamed reply, then closes, and about one request in ten met such
+                    # a connection with a 502. Nothing was read, and the dead connection has left the
+                    # pool: the next try takes another, or a fresh one.
+                    continue
             return await session.post(url, data=call.body, headers=_headers(call), timeout=timeout)
     except aiohttp.ClientError as exc:
         failure: BaseException = exc
