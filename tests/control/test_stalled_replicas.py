@@ -144,9 +144,12 @@ async def test_a_stopped_engine_leaves_routing_at_once_and_says_so_in_every_surf
 
         await eventually(lambda: inventory.failures.recent(MODEL), within_s=WAIT_S)
         # Out of the routing table as the stall was reported, before the engine was killed.
+        # The replica may be stopped after it failed (the reconciler places it again): what matters is
+        # that the stall came first and the routing table was already empty when it did.
         states = [state for state, _ in seen]
-        assert states[-2:] == ["stalled", "failed"], states
-        assert seen[-2][1] == (), seen
+        at = states.index("stalled")
+        assert states[at : at + 2] == ["stalled", "failed"], states
+        assert seen[at][1] == (), seen
         [failure] = inventory.failures.recent(MODEL)
         assert failure.reason.startswith(STALLED), failure.reason
 
