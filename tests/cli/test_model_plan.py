@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -17,8 +18,9 @@ from llmgw.adminapi.routes import mount
 from llmgw.catalog import Catalog
 from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
-from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
+from llmgw.config import MirrorClientConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory
+from llmgw.control.mirror import MIRROR_CLIENT_KEY, MirrorClient, MirrorError
 from llmgw.proto.llmgw import v1 as pb
 from tests.capacity.models import Q, write_gguf, write_hf_directory
 
@@ -39,7 +41,42 @@ def fleet() -> Inventory:
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+async def weights(tmp_path: Path) -> AsyncIterator[str]:
+    """A loopback server of a tiny GGUF (w/m.gguf) and a Hugging Face directory (w/hf/), Range and all."""
+    root = tmp_path / "w"
+    root.mkdir()
+    write_gguf(root / "m.gguf", qtype=Q.Q4_K)
+    write_hf_directory(root / "hf")
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        path = root / request.match_info["path"]
+        if request.path.endswith("/") and path.is_dir():
+            return web.json_response({"files": [{"path": p.name} for p in sorted(path.iterdir())]})
+        if not path.is_file():
+            raise web.HTTPNotFound()
+        return web.FileResponse(path)
+
+    app = web.Application()
+    app.router.add_get("/{path:.*}", serve)
+    async with TestServer(app, host="127.0.0.1", port=0) as test_server:
+        yield str(test_server.make_url("/"))
+
+
+class HeldMirror(MirrorClient):
+    """The mirror as the server resolves it: org/hf@main is the loopback server's hf/ directory."""
+
+    def __init__(self, files: str) -> None:
+        super().__init__(MirrorClientConfig())
+        self._files = files
+
+    async def resolve(self, source: str) -> tuple[str, dict[str, str]]:
+        if source != "mirror:org/hf@main":
+            raise MirrorError(f"{source}: the mirror does not hold it")
+        return self._files + "hf/", {}
+
+
+@pytest.fixture
+async def server(tmp_path: Path, weights: str) -> AsyncIterator[tuple[str, Path]]:
     (gguf_path,) = write_gguf(tmp_path / "m.gguf", qtype=Q.Q4_K)
     cfg = ServerConfig(
         models=[
@@ -52,10 +89,17 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
                 ],
             ),
             ModelConfig(name="far", source="https://example.invalid/m.gguf", profiles=[ProfileConfig()]),
+            ModelConfig(
+                name="served",
+                source=weights + "m.gguf",
+                profiles=[ProfileConfig(name="cpu", engine="llamacpp")],
+            ),
+            ModelConfig(name="gone", source=weights + "none.gguf", profiles=[ProfileConfig()]),
         ]
     )
     app = web.Application()
     handlers.provide(app, cfg, fleet(), Catalog(cfg))
+    app[MIRROR_CLIENT_KEY] = HeldMirror(weights)
     mount(app, capacity.ROUTES)
     async with TestServer(app) as test_server:
         yield str(test_server.make_url("")).rstrip("/"), gguf_path
@@ -136,3 +180,49 @@ async def test_a_hugging_face_directory_is_planned_for_vllm(server: tuple[str, P
     plan = json.loads(out)
     assert (code, plan["format"], plan["profiles"][0]["engine"]) == (0, "safetensors", "vllm")
     assert plan["profiles"][0]["estimate"]["kv_type"] == "bf16"
+
+
+async def test_a_catalog_model_served_over_http_is_planned_from_the_headers_the_server_reads(
+    server: tuple[str, Path],
+):
+    code, out, err = await run("--server", server[0], "model", "plan", "served", "--json")
+    plan = json.loads(out)
+    assert (code, err) == (0, "")
+    assert plan["format"] == "gguf" and plan["files"][0]["quantisation"].startswith("Q4_K 100%")
+    assert [p["profile"] for p in plan["profiles"]] == ["cpu"]
+    assert {n["node"]: n["fits"] for n in plan["profiles"][0]["nodes"]} == {
+        "big": True,
+        "cpu": False,
+        "full": True,
+    }
+
+
+async def test_a_model_on_the_mirror_is_planned_from_the_headers_the_server_reads(
+    server: tuple[str, Path],
+):
+    code, out, err = await run("--server", server[0], "model", "plan", "org/hf@main", "--json")
+    plan = json.loads(out)
+    assert (code, err) == (0, "")
+    assert (plan["format"], plan["profiles"][0]["engine"]) == ("safetensors", "vllm")
+
+
+async def test_a_model_the_server_cannot_read_is_refused_with_the_readers_sentence(
+    server: tuple[str, Path],
+):
+    code, _, err = await run("--server", server[0], "model", "plan", "gone")
+    assert code == EXIT_USAGE
+    assert "the server could not read its headers: " in err and "none.gguf answered HTTP 404" in err
+    code, _, err = await run("--server", server[0], "model", "plan", "org/other@main")
+    assert code == EXIT_USAGE
+    assert "mirror:org/other@main: the mirror does not hold it" in err
+
+
+async def test_the_capacity_route_reads_a_sources_shape_and_refuses_a_path(server: tuple[str, Path]):
+    url = server[0] + "/api/v1/capacity"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url, params={"source": "mirror:org/hf@main"}) as response:
+            body = await response.json()
+        assert (response.status, body["shape"]["format"], body["shape_error"]) == (200, "safetensors", None)
+        async with session.get(url, params={"source": "/etc/passwd"}) as response:
+            assert response.status == 400
+            assert "neither mirror:REPO@REVISION nor an http(s) URL" in (await response.json())["error"]

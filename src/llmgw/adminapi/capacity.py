@@ -1,8 +1,13 @@
-"""`GET /api/v1/capacity`: each node's cards and memory, and a catalog model's source and profiles.
+"""`GET /api/v1/capacity`: each node's cards and memory, a catalog model's source and profiles, its shape.
 
 What `llmgw ctl model plan` judges a model's estimate against. `/api/v1/nodes`
 counts a node's cards; planning needs each card's memory, free and claimed, so
 it has a route of its own rather than making every node listing larger.
+
+The model's shape is read here, from its headers over HTTP (a catalog model's
+source, or `?source=`), by the reader placement uses (control/estimates.py):
+ctl may run where the files are not, and only the server holds the mirror's
+client certificate that resolves a `mirror:` source.
 """
 
 from __future__ import annotations
@@ -15,9 +20,17 @@ from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Param, Reply, Route
 from llmgw.adminapi.views import Error
 from llmgw.capacity.fleet import Capacity, Card, CatalogModel, NodeCapacity, ProfileShape
+from llmgw.capacity.shape import ModelShape
 from llmgw.catalog import CATALOG_KEY
 from llmgw.config import ModelConfig
+from llmgw.control.estimates import remote_shape
 from llmgw.control.inventory import READY, Inventory, Node
+from llmgw.control.mirror import MIRROR_CLIENT_KEY
+from llmgw.errors import LlmgwError
+from llmgw.hubref import SOURCE_PREFIX
+
+# Reading one model's headers for a planner who waits on the answer.
+SHAPE_TIMEOUT_S = 10.0
 
 
 def node_capacity(node: Node, claimed: set[int]) -> NodeCapacity:
@@ -73,9 +86,29 @@ def fleet_capacity(inventory: Inventory) -> list[NodeCapacity]:
     return [node_capacity(n, claimed.get(n.id, set())) for n in nodes]
 
 
+def _readable(source: str) -> bool:
+    """A source the server reads headers from: never a path, which would be the server's own files."""
+    return source.startswith((SOURCE_PREFIX, "http://", "https://"))
+
+
+async def read_model_shape(request: web.Request, source: str) -> tuple[ModelShape | None, str | None]:
+    """(shape, None), or (None, the reader's sentence); (None, None): not the server's to read."""
+    if not _readable(source):
+        return None, None
+    mirror = request.config_dict.get(MIRROR_CLIENT_KEY)
+    try:
+        shape = await remote_shape(source, mirror.resolve if mirror else None, SHAPE_TIMEOUT_S)
+    except LlmgwError as exc:
+        return None, str(exc)
+    return shape, None
+
+
 async def get_capacity(request: web.Request) -> web.Response:
     inventory = request.config_dict[INVENTORY_KEY]
     name = request.query.get("model", "")
+    source = request.query.get("source", "")
+    if "source" in request.query and not _readable(source):
+        return error(400, f"source {source!r} is neither mirror:REPO@REVISION nor an http(s) URL")
     model = None
     if name:
         catalog = request.config_dict[CATALOG_KEY]
@@ -84,7 +117,10 @@ async def get_capacity(request: web.Request) -> web.Response:
             known = ", ".join(catalog.names()) or "nothing"
             return error(404, f"no model {name} in the catalog; it has {known}")
         model = catalog_model(found)
-    return reply(Capacity(nodes=fleet_capacity(inventory), model=model))
+        # A source given as well is read in place of the model's: its profiles, another revision.
+        source = source or found.source
+    shape, why = await read_model_shape(request, source) if source else (None, None)
+    return reply(Capacity(nodes=fleet_capacity(inventory), model=model, shape=shape, shape_error=why))
 
 
 ROUTES: tuple[Route, ...] = (
@@ -93,11 +129,25 @@ ROUTES: tuple[Route, ...] = (
         path="/api/v1/capacity",
         handler=get_capacity,
         operation="capacity",
-        summary="Every node's cards and memory, and a catalog model's source and profiles.",
-        description="What `llmgw ctl model plan` judges a model's estimated memory against.",
-        parameters=(Param("model", "query", "A catalog model whose source and profiles to include."),),
+        summary="Every node's cards and memory, and a catalog model's source, profiles and shape.",
+        description=(
+            "What `llmgw ctl model plan` judges a model's estimated memory against. The model's shape "
+            "is read from its headers (never its weights) when its source is mirror:REPO@REVISION or "
+            "an http(s) URL; shape_error says why not when they cannot be read."
+        ),
+        parameters=(
+            Param("model", "query", "A catalog model whose source, profiles and shape to include."),
+            Param(
+                "source",
+                "query",
+                "mirror:REPO@REVISION or an http(s) URL: a model whose shape to read (in place of the "
+                "catalog model's source, with model).",
+                schema={"type": "string", "pattern": "^(mirror:|https?://)"},
+            ),
+        ),
         replies={
             200: Reply("The nodes, by id, and the model asked about.", Capacity),
+            400: Reply("A source that is neither mirror: nor an http(s) URL.", Error),
             404: Reply("No such model in the catalog.", Error),
         },
     ),

@@ -102,7 +102,7 @@ def _schema(hint: Any, pending: list[type]) -> dict[str, Any]:
     if origin is Literal:
         (kind,) = {_SCALARS[type(a)]["type"] for a in args}
         return {"type": kind, "enum": list(args)}
-    if origin is list:
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
         return {"type": "array", "items": _schema(args[0], pending)}
     if origin is dict and args[0] is str:
         return {"type": "object", "additionalProperties": _schema(args[1], pending)}

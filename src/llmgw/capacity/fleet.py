@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import attrs
 
+from llmgw.capacity.shape import ModelShape
+
 
 @attrs.frozen
 class Card:
@@ -66,10 +68,17 @@ class CatalogModel:
 
 @attrs.frozen
 class Capacity:
-    """The fleet's nodes, and the catalog model asked about (null when none was)."""
+    """The fleet's nodes, the catalog model asked about (null when none was), and its shape."""
 
     nodes: list[NodeCapacity]
     model: CatalogModel | None = None
+    shape: ModelShape | None = attrs.field(
+        default=None,
+        metadata={"doc": "The model's shape, read by the server from its headers; null when not read."},
+    )
+    shape_error: str | None = attrs.field(
+        default=None, metadata={"doc": "Why the server could not read the model's headers."}
+    )
 
 
 SHAPES: tuple[type, ...] = (Capacity,)

@@ -1,8 +1,10 @@
 """`llmgw ctl model plan SOURCE`: will a model fit, and where, from its files' headers alone.
 
-The files are read on the machine ctl runs on (capacity/shape.py reads their
-headers, never the weights); the admin API is asked only for the fleet's
-cards and memory, and for a catalog model's source and profiles.
+Files on the machine ctl runs on are read here (capacity/shape.py reads their
+headers, never the weights); a model elsewhere (a catalog model's http(s) or
+`mirror:` source, or REPO@REVISION on the mirror) has its headers read by the
+server, with placement's reader. The admin API also gives the fleet's cards and
+memory, and a catalog model's source and profiles.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from llmgw.capacity.shape import ModelShape, read_shape
 from llmgw.cli.adminclient import exchange, fail, json_option, read, target
 from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
 from llmgw.cli.table import echo_table
+from llmgw.hubref import SOURCE_PREFIX
 
 
 def _local(source: str) -> Path | None:
@@ -40,10 +43,9 @@ def _shape(path: Path) -> ModelShape:
         fail(str(exc), EXIT_ERROR)
 
 
-def _fleet(ctx: click.Context, as_json: bool, name: str | None) -> Capacity:
+def _fleet(ctx: click.Context, as_json: bool, query: str, name: str | None = None) -> Capacity:
     admin = target(ctx, as_json)
-    path = "/api/v1/capacity" + (f"?model={quote(name, safe='')}" if name else "")
-    status, data = exchange(admin, "GET", path)
+    status, data = exchange(admin, "GET", "/api/v1/capacity" + query)
     if status == 404 and name:
         fail(f"{name} is neither a file or directory here nor a model in the catalog", EXIT_NOT_FOUND)
     if status >= 400:
@@ -51,29 +53,41 @@ def _fleet(ctx: click.Context, as_json: bool, name: str | None) -> Capacity:
     return read(data, Capacity)
 
 
+def _mirror_ref(source: str, path: Path | None) -> bool:
+    """REPO@REVISION, not a path here: a model on the mirror."""
+    return "@" in source and path is not None and not path.exists() and source.count("/") == 1
+
+
 def _resolve(ctx: click.Context, source: str, as_json: bool) -> tuple[ModelShape, Capacity]:
-    """The model's shape and the fleet: a local file or directory, else a catalog model's source."""
+    """The model's shape and the fleet: a local file or directory, else as the server reads it.
+
+    A catalog model's files are read here when its source is a path on this
+    machine; otherwise (an http(s) URL, `mirror:`) and for REPO@REVISION, the
+    server reads their headers, as placement does.
+    """
     path = _local(source)
     if path is not None and path.exists():
         shape = _shape(path)
-        return shape, _fleet(ctx, as_json, None)
-    if "@" in source and path is not None and not path.exists() and source.count("/") == 1:
+        return shape, _fleet(ctx, as_json, "")
+    if _mirror_ref(source, path):
+        fleet = _fleet(ctx, as_json, "?source=" + quote(SOURCE_PREFIX + source, safe=""))
+    else:
+        fleet = _fleet(ctx, as_json, "?model=" + quote(source, safe=""), source)
+        if fleet.model is None:
+            fail(f"the server did not describe {source}", EXIT_ERROR)
+        where = _local(fleet.model.source)
+        if where is not None and where.exists():
+            return _shape(where), fleet
+    if fleet.shape is None:
+        model_source = fleet.model.source if fleet.model is not None else SOURCE_PREFIX + source
+        why = fleet.shape_error or "it is neither an http(s) URL nor a mirror: source"
         fail(
-            f"{source} is not on this machine, and reading a model's headers from the mirror is not "
-            "done yet: `llmgw mirror fetch` it here, or give its file or directory",
+            f"{source}'s source {model_source or '(none)'} is not a file or directory on this machine: "
+            f"run this where its files are, or give their path; the server could not read its "
+            f"headers: {why}",
             EXIT_USAGE,
         )
-    fleet = _fleet(ctx, as_json, source)
-    if fleet.model is None:
-        fail(f"the server did not describe {source}", EXIT_ERROR)
-    where = _local(fleet.model.source)
-    if where is None or not where.exists():
-        fail(
-            f"{source}'s source {fleet.model.source or '(none)'} is not a file or directory on this "
-            "machine: run this where its files are, or give their path",
-            EXIT_USAGE,
-        )
-    return _shape(where), fleet
+    return fleet.shape, fleet
 
 
 def _profiles(fleet: Capacity, name: str | None) -> list[ProfileShape]:
@@ -108,7 +122,7 @@ def model_plan(
     profile_name: str | None,
     as_json: bool,
 ) -> None:
-    """Will SOURCE fit, and where: a GGUF file, a Hugging Face directory or a catalog model.
+    """Will SOURCE fit, and where: a GGUF file, a Hugging Face directory, REPO@REVISION or a catalog model.
 
     Reads the files' headers only, never the weights: the weights' bytes per file and
     quantisation, the KV cache per token, what one replica needs at CONTEXT × PARALLEL,

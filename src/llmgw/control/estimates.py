@@ -109,11 +109,9 @@ class Estimates:
             if not model.source or all(p.min_memory_mb > 0 for p in model.profiles):
                 continue
             try:
-                async with asyncio.timeout(self._timeout_s):
-                    shape = await self._shape(model.source)
-            except (LlmgwError, TimeoutError) as exc:
-                why = str(exc) or f"reading its headers took over {self._timeout_s:.0f} s"
-                log.warning("placing without a memory estimate", model=model.name, reason=why)
+                shape = await remote_shape(model.source, self._resolve, self._timeout_s)
+            except LlmgwError as exc:
+                log.warning("placing without a memory estimate", model=model.name, reason=str(exc))
                 continue
             for profile in model.profiles:
                 need = need_of(shape, profile) if profile.min_memory_mb <= 0 else None
@@ -125,14 +123,29 @@ class Estimates:
         for key in [k for k in self._needs if k[0] == name]:
             del self._needs[key]
 
-    async def _shape(self, source: str) -> ModelShape:
-        url = source
-        if source.startswith(SOURCE_PREFIX):
-            if self._resolve is None:
-                raise LlmgwError(f"{source}: no mirror is configured to read its headers from")
-            url, _ = await self._resolve(source)
-        tmp = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="llmgw-headers-"))
-        try:
-            return await asyncio.to_thread(read_shape, await fetch_headers(url, tmp))
-        finally:
-            await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+async def remote_shape(source: str, resolve: Resolve | None, timeout_s: float) -> ModelShape:
+    """The shape of the model at source (an http(s) URL, or mirror:REPO@REV through resolve).
+
+    Placement's estimates and `GET /api/v1/capacity` both read a model's headers
+    here, so `ctl model plan` judges the shape placement does. LlmgwError in words
+    when they cannot be read, in timeout_s or at all.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_shape(source, resolve)
+    except TimeoutError:
+        raise LlmgwError(f"reading {source}'s headers took over {timeout_s:.0f} s") from None
+
+
+async def _read_shape(source: str, resolve: Resolve | None) -> ModelShape:
+    url = source
+    if source.startswith(SOURCE_PREFIX):
+        if resolve is None:
+            raise LlmgwError(f"{source}: no mirror is configured to read its headers from")
+        url, _ = await resolve(source)
+    tmp = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="llmgw-headers-"))
+    try:
+        return await asyncio.to_thread(read_shape, await fetch_headers(url, tmp))
+    finally:
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
