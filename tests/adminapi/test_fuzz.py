@@ -32,10 +32,13 @@ from schemathesis.specs.openapi.checks import (
 )
 
 import llmgw
+from llmgw.adminapi import capacity
 from llmgw.adminapi.auth import hash_token
+from llmgw.capacity.shape import ModelShape
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
 from llmgw.control.inventory import Inventory
+from llmgw.errors import LlmgwError
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.store import Store
@@ -90,6 +93,19 @@ async def _client_port_app(store: Store) -> AsyncIterator[web.Application]:
     app = make_gateway_app(cfg, catalog, inventory, KeyCache())
     mount_client_port(app, cfg, inventory, catalog, WebContext(cfg=cfg, store=store))
     yield app
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_headers_fetched() -> Iterator[None]:
+    """The fuzzer adds models with any http(s) source and asks their capacity: the server would fetch
+    from wherever it names. Nothing is fetched here; the reader's refusal is what the route answers."""
+
+    async def refused(source: str, *_: Any) -> ModelShape:
+        raise LlmgwError(f"{source}: the fuzz test reads no headers")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity, "remote_shape", refused)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -88,7 +88,8 @@ async def server(tmp_path: Path, weights: str) -> AsyncIterator[tuple[str, Path]
                     ProfileConfig(engine="llamacpp", name="cpu"),
                 ],
             ),
-            ModelConfig(name="far", source="https://example.invalid/m.gguf", profiles=[ProfileConfig()]),
+            # Nothing listens on loopback port 9: the server's read is refused at once, and goes nowhere else.
+            ModelConfig(name="far", source="http://127.0.0.1:9/m.gguf", profiles=[ProfileConfig()]),
             ModelConfig(
                 name="served",
                 source=weights + "m.gguf",
@@ -225,4 +226,4 @@ async def test_the_capacity_route_reads_a_sources_shape_and_refuses_a_path(serve
         assert (response.status, body["shape"]["format"], body["shape_error"]) == (200, "safetensors", None)
         async with session.get(url, params={"source": "/etc/passwd"}) as response:
             assert response.status == 400
-            assert "neither mirror:REPO@REVISION nor an http(s) URL" in (await response.json())["error"]
+            assert "is not mirror:REPO@REVISION" in (await response.json())["error"]

@@ -107,8 +107,10 @@ async def get_capacity(request: web.Request) -> web.Response:
     inventory = request.config_dict[INVENTORY_KEY]
     name = request.query.get("model", "")
     source = request.query.get("source", "")
-    if "source" in request.query and not _readable(source):
-        return error(400, f"source {source!r} is neither mirror:REPO@REVISION nor an http(s) URL")
+    # Only the mirror: a URL given here would have the server fetch from wherever the caller names
+    # (a catalog model's own URL is the operator's, read as placement reads it).
+    if "source" in request.query and not source.startswith(SOURCE_PREFIX):
+        return error(400, f"source {source!r} is not mirror:REPO@REVISION")
     model = None
     if name:
         catalog = request.config_dict[CATALOG_KEY]
@@ -140,14 +142,14 @@ ROUTES: tuple[Route, ...] = (
             Param(
                 "source",
                 "query",
-                "mirror:REPO@REVISION or an http(s) URL: a model whose shape to read (in place of the "
+                "mirror:REPO@REVISION: a model on the mirror whose shape to read (in place of the "
                 "catalog model's source, with model).",
-                schema={"type": "string", "pattern": "^(mirror:|https?://)"},
+                schema={"type": "string", "pattern": "^mirror:"},
             ),
         ),
         replies={
             200: Reply("The nodes, by id, and the model asked about.", Capacity),
-            400: Reply("A source that is neither mirror: nor an http(s) URL.", Error),
+            400: Reply("A source that is not mirror:REPO@REVISION.", Error),
             404: Reply("No such model in the catalog.", Error),
         },
     ),

@@ -31,6 +31,13 @@ _LLAMACPP_CACHE = {
 }
 # Engines that load no weights: the sim engine answers from nothing.
 _WEIGHTLESS = frozenset({"sim"})
+
+
+def loads_weights(engine: str) -> bool:
+    """Whether an engine's replicas hold the model's weights (the sim's hold nothing)."""
+    return engine not in _WEIGHTLESS
+
+
 # (fraction of the weights, flat bytes) each engine needs beyond weights and cache: llama.cpp's
 # compute buffers; vLLM's and SGLang's activations, CUDA graphs and context.
 _OVERHEAD = {"llamacpp": (0.05, 256 * MIB), "vllm": (0.10, 1024 * MIB), "sglang": (0.10, 1024 * MIB)}

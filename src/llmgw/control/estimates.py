@@ -22,7 +22,7 @@ from pathlib import Path
 import attrs
 import structlog
 
-from llmgw.capacity.estimate import MIB, estimate, gigabytes
+from llmgw.capacity.estimate import MIB, estimate, gigabytes, loads_weights
 from llmgw.capacity.fit import cards_needed
 from llmgw.capacity.fleet import ProfileShape
 from llmgw.capacity.plan import DEFAULT_CONTEXT, sequences
@@ -106,7 +106,10 @@ class Estimates:
                 continue
             self._forget(model.name)
             self._seen[model.name] = model
-            if not model.source or all(p.min_memory_mb > 0 for p in model.profiles):
+            # Nothing to read for a profile that states its need, or an engine that loads no weights.
+            if not model.source or all(
+                p.min_memory_mb > 0 or not loads_weights(p.engine) for p in model.profiles
+            ):
                 continue
             try:
                 shape = await remote_shape(model.source, self._resolve, self._timeout_s)
