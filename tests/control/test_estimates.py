@@ -18,7 +18,7 @@ from llmgw.control.inventory import Inventory, Node
 from llmgw.control.placement import Scheduler
 from llmgw.control.reconciler import Reconciler
 from llmgw.proto.llmgw import v1 as pb
-from tests.capacity.models import write_gguf, write_hf_directory
+from tests.capacity.models import Q, write_gguf, write_hf_directory
 
 H100 = "h100-80g"
 
@@ -28,6 +28,13 @@ async def weights(tmp_path: Path) -> AsyncIterator[str]:
     """A loopback server of a tiny GGUF (m.gguf) and a Hugging Face directory (hf/), Range and all."""
     write_gguf(tmp_path / "m.gguf")
     write_hf_directory(tmp_path / "hf")
+    # llama.cpp models as the mirror holds them: a directory of GGUF files, one of them split in parts.
+    (tmp_path / "split").mkdir()
+    write_gguf(tmp_path / "split" / "m.gguf", split_max_tensors=8)
+    (tmp_path / "split" / "README.md").write_text("a model card\n")
+    (tmp_path / "two").mkdir()
+    write_gguf(tmp_path / "two" / "m-q4.gguf", qtype=Q.Q8_0)
+    write_gguf(tmp_path / "two" / "m-f16.gguf")
 
     async def serve(request: web.Request) -> web.StreamResponse:
         path = tmp_path / request.match_info["path"]
@@ -74,6 +81,25 @@ async def test_a_gguf_over_http_is_estimated_from_its_first_bytes(weights: str) 
     need = estimates.needs()[("tiny", "p")]
     # llama.cpp's 256 MiB of compute buffers is most of a tiny model's need.
     assert need.cards == 0 and 256 < need.share_mb < 400
+
+
+async def test_a_directory_of_one_split_gguf_model_is_estimated_from_every_parts_first_bytes(
+    weights: str,
+) -> None:
+    """A llama.cpp model on the mirror is a directory: its one model is read as its adapter picks it."""
+    whole, split = Estimates(), Estimates()
+    await whole.refresh([model(weights + "m.gguf")])
+    await split.refresh([model(weights + "split/")])
+    assert split.needs()[("tiny", "p")] == whole.needs()[("tiny", "p")]
+
+
+async def test_a_directory_of_two_gguf_models_is_not_estimated_and_says_why(weights: str) -> None:
+    estimates = Estimates()
+    with structlog.testing.capture_logs() as logs:
+        await estimates.refresh([model(weights + "two/")])
+    assert estimates.needs() == {}
+    [said] = [e for e in logs if e["event"] == "placing without a memory estimate"]
+    assert "holds 2 GGUF models (m-f16.gguf, m-q4.gguf): llama.cpp loads one" in said["reason"]
 
 
 async def test_a_hugging_face_directory_over_http_is_estimated_from_its_safetensors_headers(

@@ -4,7 +4,9 @@ A GGUF file's header is its first few megabytes (its vocabulary is most of
 it), so the first 8 MiB are asked for with a Range request; a directory's
 listing (the mirror's `{"files": [{"path": ...}]}`, as agents read it) names
 its config.json, fetched whole, and its .safetensors files, of which the
-8-byte length and then the JSON header are asked for. What comes back is laid
+8-byte length and then the JSON header are asked for; a directory of GGUF
+files without a config.json (a llama.cpp model on the mirror) gives its one
+model's first 8 MiB, every part of a split one. What comes back is laid
 out in a local directory as the model's files would be, truncated after their
 headers, for capacity/shape.py to read as it reads any model.
 """
@@ -12,6 +14,7 @@ headers, for capacity/shape.py to read as it reads any model.
 from __future__ import annotations
 
 import asyncio
+import re
 import struct
 import urllib.parse
 from pathlib import Path, PurePosixPath
@@ -25,6 +28,8 @@ GGUF_HEAD = 8 << 20
 # Past these, a header or a config is not one.
 _MAX_SAFETENSORS_HEADER = 100 << 20
 _MAX_CONFIG = 1 << 20
+# A split GGUF's parts: NAME-00001-of-00003.gguf.
+_PART = re.compile(r"-(\d+)-of-\d+(?=\.gguf$)")
 
 
 async def fetch_headers(url: str, into: Path) -> Path:
@@ -35,6 +40,8 @@ async def fetch_headers(url: str, into: Path) -> Path:
             head = await _get(session, url, 0, GGUF_HEAD)
             return await _write(into / name, head)
         listing = await _listing(session, url)
+        if "config.json" not in listing and any(path.endswith(".gguf") for path in listing):
+            return await _gguf_in(session, url, listing, into)
         for path in listing:
             if path == "config.json":
                 await _write(into / path, await _get(session, url + path, None, _MAX_CONFIG))
@@ -49,6 +56,29 @@ async def fetch_headers(url: str, into: Path) -> Path:
                 header = await _get(session, file_url, 8, length)
                 await _write(into / path, length_bytes[:8] + header)
         return into
+
+
+async def _gguf_in(session: aiohttp.ClientSession, url: str, listing: list[str], into: Path) -> Path:
+    """The one GGUF model of a directory (every part of a split one), as llama.cpp's adapter picks it."""
+    ggufs = sorted(path for path in listing if path.endswith(".gguf"))
+    firsts = [path for path in ggufs if _first_part(PurePosixPath(path).name)]
+    if len(firsts) != 1:
+        raise LlmgwError(
+            f"{url} holds {len(firsts)} GGUF models ({', '.join(firsts)}): llama.cpp loads one, so no "
+            "estimate is made; fetch only the one to serve into the mirror"
+        )
+    stem = _PART.sub("", PurePosixPath(firsts[0]).name)
+    for path in ggufs:
+        if path == firsts[0] or _PART.sub("", PurePosixPath(path).name) == stem:
+            target = into / path
+            await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
+            await _write(target, await _get(session, url + path, 0, GGUF_HEAD))
+    return into / firsts[0]
+
+
+def _first_part(name: str) -> bool:
+    part = _PART.search(name)
+    return part is None or int(part.group(1)) == 1
 
 
 async def _listing(session: aiohttp.ClientSession, url: str) -> list[str]:
