@@ -408,3 +408,31 @@ def test_while_standbys_answer_the_wait_between_rounds_stays_short_however_long_
         failures = client.failures_after(failures, registered=False, standby=False)
     assert backoff.delay(failures) > 2.0
     assert client.failures_after(failures, registered=True, standby=False) == 1
+
+
+async def test_an_agent_outside_the_servers_version_window_logs_the_refusal_in_words(certs: Certs):
+    inventory = Inventory(5.0)
+    reasons: list[str] = []
+    # This agent runs llmgw.__version__ (0.x); a server ten minors ahead is out of its reach.
+    async with serve_agents(
+        server_config(certs), inventory, refused=reasons.append, version="0.99.0"
+    ) as port:
+        with capture_logs() as logs:
+            async with running(agent(agent_config(certs.n1, port), FakeSupervisor())):
+                await eventually(lambda: logged(logs, "is older than this server accepts (0.98–0.100)"))
+    # The agent's own entry, not the server's (both log to the same capture here).
+    refusal = next(
+        entry for entry in logs if entry["event"] == "the control plane refused this agent's version"
+    )
+    assert refusal["log_level"] == "error"
+    assert "upgrade it (docs/operations.md, Versions)" in str(refusal["error"])
+    assert inventory.nodes() == [] and "version" in reasons
+
+
+def test_a_refusal_of_the_agents_version_waits_the_longest_before_the_next_round() -> None:
+    # A fleet of refused agents must not dial several times a second until someone upgrades them.
+    failures = client.failures_after(0, registered=False, standby=False, outdated=True)
+    backoff = ExponentialBackoff(base_s=0.5, cap_s=30.0)
+    assert backoff.delay(failures) == 30.0
+    # A standby's refusal still keeps the wait short: a leader of this version may take over within seconds.
+    assert client.failures_after(0, registered=False, standby=True, outdated=True) <= client.STANDBY_FAILURES

@@ -50,6 +50,7 @@ def fleet() -> Inventory:
     inventory.attach(
         pb.Register(
             node_id="gpu-01",
+            agent_version="0.11.2",
             engine_versions={"sim": "builtin", "llamacpp": "b4000"},
             engines_probed=True,
             gpus=[

@@ -81,6 +81,7 @@ async def sites(cluster_store: Store) -> AsyncIterator[Sites]:
     inventory.attach(
         pb.Register(
             node_id="n1",
+            agent_version="0.11.2",
             engine_versions={"sim": "builtin"},
             engines_probed=True,
             gpus=[pb.Gpu(index=0, name="L4", gpu_class="l4-24g", healthy=False, unhealthy_reason="XID 79")],
@@ -117,10 +118,20 @@ class TestOnTheAdminListener:
         row = html[html.index('id="node-n2"') : html.index("</tr>", html.index('id="node-n2"'))]
         cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
         # gpus, ram, disk: never reported by n2.
-        assert cells[2:5] == ["—", "—", "—"]
-        assert "none yet" in cells[5]
+        assert cells[3:6] == ["—", "—", "—"]
+        assert "none yet" in cells[6]
         assert "GPU 0 (L4): XID 79" in html
         assert 'href="/nodes/n1/logs"' in html
+
+    async def test_the_cluster_page_shows_each_nodes_agent_version_and_unknown_for_one_that_did_not_say(
+        self, sites: Sites
+    ):
+        _, html = await get(f"{sites.admin}/")
+        versions = {}
+        for node in ("n1", "n2"):
+            row = html[html.index(f'id="node-{node}"') : html.index("</tr>", html.index(f'id="node-{node}"'))]
+            versions[node] = re.sub(r"<[^>]+>", "", re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[2])
+        assert versions == {"n1": "0.11.2", "n2": "unknown"}
 
     async def test_a_node_still_installing_gets_a_row_per_install_warning_and_sick_gpu_beneath_it(
         self, sites: Sites
@@ -151,7 +162,7 @@ class TestOnTheAdminListener:
         node_row = html[start : html.index("</tr>", start)]
         assert "debian 12 (bookworm) amd64" in node_row
         cells = re.findall(r"<td[^>]*>(.*?)</td>", node_row, re.S)
-        assert cells[5] == "sim"  # Engines: what runs, not what is still on its way
+        assert cells[6] == "sim"  # Engines: what runs, not what is still on its way
         beneath = re.findall(r'<tr class="node-note">.*?<td[^>]*class="(\w+)">(.*?)</td>', html[start:], re.S)
         assert beneath == [
             (

@@ -25,6 +25,8 @@ class NodeRow:
 
     id: str
     state: str
+    # The agent's llmgw version; "unknown" for an agent from before versions were sent.
+    version: str
     address: str
     # "ubuntu 24.04 (noble) amd64, NVIDIA 570.86.15", or empty when the node did not say.
     os: str
@@ -98,6 +100,7 @@ def node_row(view: views.Node) -> NodeRow:
     return NodeRow(
         id=view.id,
         state=view.state,
+        version=view.agent_version or "unknown",
         address=view.address,
         os=_os(view.host),
         gpus=f"{gpus.free}/{gpus.total}" if gpus else DASH,

@@ -39,7 +39,7 @@ from llmgw.keepalive import keep_alive
 from llmgw.log import RING, LogRing
 from llmgw.pki import certificate_problem, client_ssl_context
 from llmgw.proto.llmgw import v1 as pb
-from llmgw.stream_words import STANDBY
+from llmgw.stream_words import STANDBY, VERSION_WINDOW
 from llmgw.tasks import first_to_finish
 
 log = structlog.get_logger(__name__)
@@ -129,8 +129,9 @@ class AgentClient:
         self._dial_s = dial_timeout_s
         self._ring = ring
         self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
-        # Whether the last server dialled said it was a standby.
+        # Whether the last server dialled said it was a standby; whether it refused this agent's version.
         self._standby = False
+        self._outdated = False
         # Set while a control plane has accepted this node's Register; server says which one.
         self.connected = asyncio.Event()
         self.server: str | None = None
@@ -152,15 +153,16 @@ class AgentClient:
         ssl_context = await asyncio.to_thread(client_ssl_context, self._cfg.tls)
         failures = 0
         while True:
-            registered = standby = False
+            registered = standby = outdated = False
             self._dial_s = dial_bound(self._dial_timeout_s, failures)
             for address in self._cfg.servers:
-                self._standby = False
+                self._standby = self._outdated = False
                 registered = await self._attempt(address, ssl_context)
                 if registered:
                     break
                 standby = standby or self._standby
-            failures = failures_after(failures, registered=registered, standby=standby)
+                outdated = outdated or self._outdated
+            failures = failures_after(failures, registered=registered, standby=standby, outdated=outdated)
             await asyncio.sleep(self._backoff.delay(failures))
 
     async def _attempt(self, address: str, ssl_context: ssl.SSLContext) -> bool:
@@ -177,7 +179,16 @@ class AgentClient:
         except asyncio.CancelledError:
             raise
         except GRPCError as exc:
-            if exc.status is not Status.UNAVAILABLE or not (exc.message or "").startswith(STANDBY):
+            if exc.status is Status.FAILED_PRECONDITION and VERSION_WINDOW in (exc.message or ""):
+                # Not a warning that passes: this node stays out of work until someone upgrades.
+                self._outdated = True
+                log.error(
+                    "the control plane refused this agent's version",
+                    server=address,
+                    agent_version=llmgw.__version__,
+                    error=_explain(exc, address),
+                )
+            elif exc.status is not Status.UNAVAILABLE or not (exc.message or "").startswith(STANDBY):
                 self._failed(exc, _explain(exc, address), address)
             else:
                 # Expected of every standby the list names before the leader: not a warning.
@@ -265,7 +276,14 @@ class AgentClient:
         if betterproto.which_one_of(first, "kind")[0] == "ack":
             self.server = address
             self.connected.set()
-            log.info("registered with the control plane", server=address, node=self._cfg.node_id)
+            log.info(
+                "registered with the control plane",
+                server=address,
+                node=self._cfg.node_id,
+                agent_version=llmgw.__version__,
+                # Empty from a server older than the version window (docs/operations.md, "Versions").
+                server_version=first.ack.server_version or "unknown",
+            )
         else:
             await self._handle(first)
         jobs = [self._receive(stream), self._send(stream, outbox)]
@@ -403,15 +421,23 @@ def dial_bound(base_s: float, failures: int) -> float:
 STANDBY_FAILURES = 3
 
 
-def failures_after(failures: int, *, registered: bool, standby: bool) -> int:
+# Failures in a row a refusal of this agent's version counts as at least: the longest wait there is.
+OUTDATED_FAILURES = 64
+
+
+def failures_after(failures: int, *, registered: bool, standby: bool, outdated: bool = False) -> int:
     """The failures in a row after one round of `servers`, which set the wait before the next round.
 
     A stream that ended after its Register counts as the first failure: the shortest wait. While a
     standby answers, a leader holds the lock or one takes it within seconds: a wait grown long
     over earlier failures would keep this node from the new leader past the takeover bound.
+    A server that refused this agent's version takes it only once one of them is upgraded: the
+    longest wait at once, rather than a fleet of refused agents dialling it several times a second.
     """
     failures = 1 if registered else failures + 1
-    return min(failures, STANDBY_FAILURES) if standby else failures
+    if standby:
+        return min(failures, STANDBY_FAILURES)
+    return max(failures, OUTDATED_FAILURES) if outdated else failures
 
 
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.

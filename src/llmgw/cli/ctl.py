@@ -148,6 +148,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
         [
             "NODE",
             "STATE",
+            "VERSION",
             "GPUS FREE",
             "RAM FREE",
             "DISK FREE",
@@ -161,6 +162,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
             [
                 r.id,
                 r.state,
+                r.version,
                 r.gpus,
                 r.ram,
                 r.disk,

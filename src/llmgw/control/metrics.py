@@ -51,7 +51,7 @@ class ControlMetrics:
         self.agents_refused = Counter(
             "llmgw_agent_connections_refused",
             "Agent connections the control plane refused, by reason (tls, no_common_name, "
-            "register_timeout, not_registered, wrong_node, shutting_down, standby).",
+            "register_timeout, not_registered, wrong_node, version, shutting_down, standby).",
             ["reason"],
             registry=registry,
         )

@@ -374,3 +374,47 @@ async def test_a_heartbeat_leaves_nothing_alive_for_the_garbage_collector_to_wal
         finally:
             gc.unfreeze()
     assert alive < len(forty_nodes), f"{alive} objects made by {len(forty_nodes)} heartbeats are still alive"
+
+
+class TestVersions:
+    async def test_an_agent_older_than_the_window_is_refused_saying_to_upgrade_it(self, server_cfg, fleet):
+        inventory = Inventory(server_cfg.control.grace_s)
+        reasons: list[str] = []
+        async with serve_agents(server_cfg, inventory, refused=reasons.append, version="0.11.0") as port:
+            with pytest.raises(GRPCError) as refused:
+                async with dial(port, fleet.agents["n1"]) as stream:
+                    await stream.send_message(register("n1", agent_version="0.9.0"))
+                    await stream.recv_message()
+        assert refused.value.status == Status.FAILED_PRECONDITION
+        assert refused.value.message == (
+            "node n1: agent 0.9.0 is older than this server accepts (0.10–0.12): "
+            "upgrade it (docs/operations.md, Versions)"
+        )
+        assert inventory.nodes() == [] and reasons == ["version"]
+
+    async def test_an_agent_newer_than_the_window_is_refused_saying_to_upgrade_the_server_first(
+        self, server_cfg, fleet
+    ):
+        inventory = Inventory(server_cfg.control.grace_s)
+        async with serve_agents(server_cfg, inventory, version="0.11.0") as port:
+            with pytest.raises(GRPCError) as refused:
+                async with dial(port, fleet.agents["n1"]) as stream:
+                    await stream.send_message(register("n1", agent_version="0.13.0"))
+                    await stream.recv_message()
+        assert refused.value.message == (
+            "node n1: agent 0.13.0 is newer than this server accepts (0.10–0.12): upgrade the server first"
+        )
+        assert inventory.nodes() == []
+
+    @pytest.mark.parametrize("agent_version", ["0.10.3", "0.11.0", "0.12.1", ""])
+    async def test_an_agent_inside_the_window_or_silent_about_its_version_is_acked_with_the_servers(
+        self, server_cfg, fleet, agent_version: str
+    ):
+        inventory = Inventory(server_cfg.control.grace_s)
+        async with serve_agents(server_cfg, inventory, version="0.11.0") as port:
+            async with dial(port, fleet.agents["n1"]) as stream:
+                await stream.send_message(register("n1", agent_version=agent_version))
+                reply = await stream.recv_message()
+            assert reply is not None and reply.ack.ok and reply.ack.server_version == "0.11.0"
+            node = inventory.node("n1")
+            assert node is not None and node.agent_version == agent_version

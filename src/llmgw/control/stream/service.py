@@ -22,6 +22,7 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
+import llmgw
 from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.records import Registration
@@ -34,6 +35,7 @@ from llmgw.names import node_id_problem
 from llmgw.pki import certificate_names, server_ssl_context
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.tasks import first_to_finish
+from llmgw.versions import refusal as version_refusal
 
 log = structlog.get_logger(__name__)
 
@@ -66,13 +68,16 @@ class AgentService:
         provision: pb.Provision | None = None,
         refused: Callable[[str], None] = lambda reason: None,
         gate: Gate | None = None,
+        version: str = llmgw.__version__,
     ) -> None:
         """refused is told why each connection was turned away (a short fixed word, for metrics).
 
         gate, with several control planes, turns agents away while this one is a standby, and ends
-        every stream when it stops leading; without one this server always leads.
+        every stream when it stops leading; without one this server always leads. version is this
+        server's llmgw version, which sets the agent versions it takes (llmgw/versions.py).
         """
         self._inventory = inventory
+        self._version = version
         self._gate = gate
         self._refused = refused
         # The engines every node should have, sent after each Ack: a node rebuilt from nothing or
@@ -174,9 +179,11 @@ class AgentService:
                 Status.PERMISSION_DENIED,
                 f"node {named} presented a certificate for {cert_node}: a node may only register as itself",
             )
+        self._check_version(register, where)
         link = self._inventory.attach(register, where)
         # The agent counts itself connected only on this: a refusal arrives as the stream's status instead.
-        link.outbox.put_nowait(pb.ControlMessage(ack=pb.Ack(ref="register", ok=True)))
+        ack = pb.Ack(ref="register", ok=True, server_version=self._version)
+        link.outbox.put_nowait(pb.ControlMessage(ack=ack))
         if self._provision is not None:
             link.outbox.put_nowait(pb.ControlMessage(provision=self._provision))
         ends: list[Coroutine[Any, Any, object]] = [link.replaced.wait(), self._closing.wait()]
@@ -196,6 +203,28 @@ class AgentService:
             raise GRPCError(
                 Status.ABORTED, f"node {cert_node} opened a newer stream, which replaces this one"
             )
+
+    def _check_version(self, register: Registration, where: str) -> None:
+        """Refuse an agent outside this server's version window, in words that say which end to upgrade."""
+        node, version = register.node_id, register.agent_version
+        if not version:
+            # Every agent before versions were checked sends none: refusing it would strand a fleet
+            # whose servers were upgraded first, as docs/operations.md tells an operator to do.
+            log.warning(
+                "a node's agent does not say its version; taking it: upgrade it to the server's version",
+                node=node,
+                peer=where,
+                server_version=self._version,
+            )
+            return
+        why = version_refusal(version, self._version)
+        if why is None:
+            return
+        log.warning(
+            "refused a node whose agent version this server does not take", node=node, peer=where, error=why
+        )
+        self._inventory.refused.refuse(where, why)
+        raise self._refuse("version", Status.FAILED_PRECONDITION, f"node {node}: {why}")
 
     async def _receive(self, stream: _AgentStream, node_id: str) -> None:
         """Hand each message the node sends on to the inventory as it arrives, until the stream ends.
@@ -244,18 +273,23 @@ async def serve_agents(
     inventory: Inventory,
     refused: Callable[[str], None] = lambda reason: None,
     gate: Gate | None = None,
+    version: str = llmgw.__version__,
 ) -> AsyncIterator[int]:
     """Listen on cfg.agent_listen with mutual TLS and expire silent nodes; yields the bound port.
 
     refused is told why each connection was turned away: tls, no_common_name, register_timeout,
-    not_registered, wrong_node, shutting_down or standby. gate: see AgentService.
+    not_registered, wrong_node, version, shutting_down or standby. gate and version: see AgentService.
     """
     ssl_context = await asyncio.to_thread(server_ssl_context, cfg.tls)
     names = await asyncio.to_thread(certificate_names, Path(cfg.tls.cert))
     handshakes = Handshakes(ssl_context, names, inventory.refused, refused)
     host, port = split_host_port(cfg.agent_listen, "agent_listen")
     service = AgentService(
-        inventory, provision=provision_message(cfg.engines, cfg.engine_mirror), refused=refused, gate=gate
+        inventory,
+        provision=provision_message(cfg.engines, cfg.engine_mirror),
+        refused=refused,
+        gate=gate,
+        version=version,
     )
     server = _TLSServer([service], handshakes)
     try:

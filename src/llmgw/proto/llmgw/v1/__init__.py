@@ -57,6 +57,11 @@ class Register(betterproto.Message):
     """
 
     agent_version: str = betterproto.string_field(2)
+    """
+    The agent's llmgw version: the control plane refuses one outside its window (one minor either
+     side of its own) and takes an empty one, from an agent older than the window, with a warning.
+    """
+
     gpus: List["Gpu"] = betterproto.message_field(3)
     memory: "Memory" = betterproto.message_field(4)
     engine_versions: Dict[str, str] = betterproto.map_field(
@@ -329,6 +334,11 @@ class Ack(betterproto.Message):
     ref: str = betterproto.string_field(1)
     ok: bool = betterproto.bool_field(2)
     error: str = betterproto.string_field(3)
+    server_version: str = betterproto.string_field(4)
+    """
+    On the Ack of a Register: the control plane's llmgw version, so the agent's log says which
+     server it runs against (docs/operations.md, "Versions"). Empty from servers before it was sent.
+    """
 
 
 @dataclass(eq=False, repr=False)
