@@ -237,11 +237,14 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
             for _ in range(_STALE_CONNECTIONS):
                 try:
                     return await session.post(url, data=call.body, headers=_headers(call), timeout=timeout)
-                except aiohttp.ServerDisconnectedError:
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                    if isinstance(exc, aiohttp.ClientConnectorError) or _unacknowledged(exc):
+                        raise  # no connection at all, or a lost link: not a stale connection
                     # A kept-alive connection the engine had already closed: llama-server announces
                     # Keep-Alive on a streamed reply, then closes, and about one request in ten met such
-                    # a connection with a 502. Nothing was read, and the dead connection has left the
-                    # pool: the next try takes another, or a fresh one.
+                    # a connection with a 502 ("it closed the connection without replying", or "can not
+                    # write request body" when the close came first). Nothing was read, and the dead
+                    # connection has left the pool: the next try takes another, or a fresh one.
                     continue
             return await session.post(url, data=call.body, headers=_headers(call), timeout=timeout)
     except aiohttp.ClientError as exc:
