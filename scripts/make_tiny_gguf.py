@@ -54,7 +54,9 @@ def _tokenizer_fields(vocab: Path) -> dict[str, tuple[Any, gguf.GGUFValueType, g
     return fields
 
 
-def write_tiny_gguf(out: Path, vocab: Path, *, name: str = "tiny-llama", seed: int = 0) -> Path:
+def write_tiny_gguf(
+    out: Path, vocab: Path, *, name: str = "tiny-llama", seed: int = 0, context: int = CONTEXT
+) -> Path:
     """Write the model to out and return out. Deterministic for a given seed."""
     tokenizer = _tokenizer_fields(vocab)
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])
@@ -70,7 +72,7 @@ def write_tiny_gguf(out: Path, vocab: Path, *, name: str = "tiny-llama", seed: i
 
     writer = gguf.GGUFWriter(out, "llama")
     writer.add_name(name)
-    writer.add_context_length(CONTEXT)
+    writer.add_context_length(context)
     writer.add_embedding_length(EMBEDDING)
     writer.add_block_count(LAYERS)
     writer.add_feed_forward_length(FEED_FORWARD)
@@ -113,13 +115,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where to write the model")
     parser.add_argument("--name", default="tiny-llama", help="general.name in the file")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=CONTEXT,
+        help=f"the context length it was trained on, the most llama-server gives a slot (default {CONTEXT})",
+    )
     args = parser.parse_args(argv)
     if not args.vocab.is_file():
         parser.error(
             f"the vocabulary {args.vocab} does not exist "
             "(scripts/build-llama-server.sh leaves one in its cache)"
         )
-    write_tiny_gguf(args.out, args.vocab, name=args.name, seed=args.seed)
+    write_tiny_gguf(args.out, args.vocab, name=args.name, seed=args.seed, context=args.context)
     print(args.out)
     return 0
 

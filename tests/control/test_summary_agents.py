@@ -292,15 +292,17 @@ class TestTheNodeWhoseLabelsFit:
             installing_node("n-y", {"pool": "other"}, tls["n-y"], plane.port, tmp_path, slow),
         ):
             await eventually(lambda: failed_with_next_try(plane, "n-x"), within_s=WAIT_S)
-            n_y = plane.inventory.node("n-y")
-            await eventually(
-                lambda: (
+
+            def n_y_downloading() -> bool:
+                # Looked up each time: n-y may not have registered yet when n-x has already failed.
+                n_y = plane.inventory.node("n-y")
+                return (
                     n_y is not None
                     and [p.state for p in n_y.provision] == ["installing"]
                     and n_y.provision[0].detail.startswith(f"downloading {CPU_ASSET}")
-                ),
-                within_s=WAIT_S,
-            )
+                )
+
+            await eventually(n_y_downloading, within_s=WAIT_S)
             surfaces = await plane.surfaces()
             said_everywhere(
                 surfaces,

@@ -48,14 +48,17 @@ MODEL = "tiny-chat"
 CHAT = "/v1/chat/completions"
 # Small, so a stopped engine is found out quickly; not so small that a busy test machine trips them.
 TIMEOUTS = TimeoutsConfig(connect_s=2, first_byte_s=2, idle_s=2, total_s=300)
-# The tiny model's context, in one slot: a generation that ignores EOS runs to its end (some
-# 2,000 tokens, seconds even on a fast machine) unless it is cancelled.
-CONTEXT = 2048
+# The context, in one slot: a generation that ignores EOS runs to its end unless it is cancelled.
+# Long, so that it cannot end while the cancel is on its way: the tiny model decodes 1,300 tokens a
+# second here, and its 2,048 once ran to their end on a loaded CI machine before the gateway and
+# llama-server saw the client gone. llama-server gives a slot no more than the context the model
+# was trained on, so the model is written with this one.
+CONTEXT = 32768
 # A generation that runs until the context is full, unless someone stops it.
 LONG = {
     "model": MODEL,
     "messages": [{"role": "user", "content": "Hello"}],
-    "max_tokens": 4096,
+    "max_tokens": CONTEXT,
     "ignore_eos": True,
     "temperature": 0,
     "stream": True,
@@ -83,6 +86,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(BUILD / "ggml-vocab-llama-spm.gguf"),
             "--out",
             str(model),
+            "--context",
+            str(CONTEXT),
         ],
         check=True,
         stdout=subprocess.DEVNULL,
@@ -111,7 +116,8 @@ async def engine(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Engine]:
         context_size=CONTEXT,
         parallel=1,
         binary=str(BUILD / "bin" / "llama-server"),
-        args=("--threads", "2"),
+        # One thread: the other core stays free for the gateway, which must see the client leave.
+        args=("--threads", "1"),
     )
     log = tmp_path / "llama-server.log"
     with log.open("wb") as out:
@@ -233,7 +239,7 @@ class _AsServed(TestServer):
 async def gateway(engine: Engine, tmp_path: Path) -> AsyncIterator[Gateway]:
     """A gateway with admission whose model has small timeouts, in front of the engine."""
     async with open_store(tmp_path / "llmgw.db") as store:
-        cfg = ServerConfig(models=[ModelConfig(name=MODEL, timeouts=TIMEOUTS)])
+        cfg = ServerConfig(models=[ModelConfig(name=MODEL, timeouts=TIMEOUTS, max_tokens=CONTEXT)])
         catalog = Catalog(cfg)
         keys, recorder = KeyCache(), UsageRecorder()
         quotas = Quotas(recorder)
@@ -280,7 +286,7 @@ async def test_a_client_that_leaves_mid_stream_stops_llama_server_generating_and
         return (await _metrics(engine))["llamacpp:requests_processing"] == 0
 
     # Long enough for the whole generation on a slow machine: what shows the cancel is how much was decoded.
-    await eventually_async(idle, within_s=90)
+    await eventually_async(idle, within_s=300)
     assert await _slots_processing(engine) == 0
     # Run to its end, the generation would have decoded about a token per place left in the context.
     decoded = (await _metrics(engine))["llamacpp:n_decode_total"]

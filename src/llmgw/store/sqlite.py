@@ -88,6 +88,29 @@ class SqliteStore(Store):
         await self.db.execute(statement)
 
 
+# How long a store being created by another process at the same moment is waited for.
+_WAL_WAIT_S = 5.0
+
+
+async def _use_wal(db: aiosqlite.Connection) -> sqlite3.Row | None:
+    """Turn the store to write-ahead logging; the journal mode it is in after, as SQLite says it.
+
+    SQLite refuses the change at once, without its busy wait, while another connection is turning
+    a new store to WAL or migrating it (several servers or commands started together): wait for
+    that one rather than refuse to start.
+    """
+    loop = asyncio.get_running_loop()
+    until = loop.time() + _WAL_WAIT_S
+    while True:
+        try:
+            async with db.execute("PRAGMA journal_mode = WAL") as cursor:
+                return await cursor.fetchone()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or loop.time() > until:
+                raise
+        await asyncio.sleep(0.05)
+
+
 @contextlib.asynccontextmanager
 async def open_sqlite(
     path: Path, migrations: Sequence[Migration] = MIGRATIONS, *, server: bool = False
@@ -114,16 +137,17 @@ async def open_sqlite(
             raise unusable(path, exc) from None
         try:
             db.row_factory = aiosqlite.Row
-            async with db.execute("PRAGMA journal_mode = WAL") as cursor:
-                row = await cursor.fetchone()
+            # Another process (`llmgw keys create` while the server runs) may hold
+            # the write lock for a moment; wait rather than fail. Set first: turning
+            # a new store to WAL takes that lock too, and another server starting at
+            # the same moment may be migrating it.
+            await db.execute("PRAGMA busy_timeout = 5000")
+            row = await _use_wal(db)
             if row is None or str(row[0]).lower() != "wal":
                 raise StoreError(
                     f"the store {path} cannot use write-ahead logging (journal mode is {row and row[0]}); "
                     "is it on a network file system?"
                 )
-            # Another process (`llmgw keys create` while the server runs) may hold
-            # the write lock for a moment; wait rather than fail.
-            await db.execute("PRAGMA busy_timeout = 5000")
             await db.execute("PRAGMA foreign_keys = ON")
             # Safe with WAL: a power cut may lose the last commits, never corrupt.
             await db.execute("PRAGMA synchronous = NORMAL")
