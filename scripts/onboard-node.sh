@@ -24,9 +24,22 @@ usage: onboard-node.sh --node ID --addr HOST --server HOST:PORT[,HOST:PORT...] [
   --ssh-user USER    log in as USER (default: ssh's own choice); sudo is used
                      on the node when USER is not root
   --pki DIR          the certificate authority (default /etc/llmgw/pki)
+  --wait-ssh SECONDS how long to wait for a machine still booting to answer ssh
+                     (default 120; 0 tries once)
+
+  Which llmgw the node gets: always one exact version, by default the one this
+  machine runs, from the package index.
+  --version V        another version
+  --sha256 HEX       the sha256 of llmgw V's wheel: the node downloads the wheel,
+                     checks it, and installs only that
   --wheel FILE       install llmgw from this wheel, checked by its sha256 on
-                     arrival, instead of from the package index (the version
-                     this machine runs)
+                     arrival; its dependencies come from the index, or from
+                     --wheelhouse or --mirror
+  --wheelhouse DIR   a directory of wheels holding llmgw V and every dependency
+                     (a bundle's wheels/): copied to the node, each file checked
+                     by its sha256 there, and installed with no index at all
+  --mirror URL       a page of links to those wheels on the site's network (pip's
+                     --find-links), asked instead of the index
 USAGE
     exit 2
 }
@@ -38,7 +51,8 @@ die() {
 
 say() { echo "== $*"; }
 
-NODE="" ADDR="" SERVER="" FABRIC="" SSH_USER="" PKI=/etc/llmgw/pki WHEEL=""
+NODE="" ADDR="" SERVER="" FABRIC="" SSH_USER="" PKI=/etc/llmgw/pki WHEEL="" WHEELHOUSE=""
+VERSION="" SHA256="" MIRROR="" WAIT_SSH=120
 while [ $# -gt 0 ]; do
     case "$1" in
     --node) NODE="${2:-}"; shift 2 ;;
@@ -48,6 +62,11 @@ while [ $# -gt 0 ]; do
     --ssh-user) SSH_USER="${2:-}"; shift 2 ;;
     --pki) PKI="${2:-}"; shift 2 ;;
     --wheel) WHEEL="${2:-}"; shift 2 ;;
+    --wheelhouse) WHEELHOUSE="${2:-}"; shift 2 ;;
+    --version) VERSION="${2:-}"; shift 2 ;;
+    --sha256) SHA256="${2:-}"; shift 2 ;;
+    --mirror) MIRROR="${2:-}"; shift 2 ;;
+    --wait-ssh) WAIT_SSH="${2:-}"; shift 2 ;;
     -h | --help) usage ;;
     *) echo "onboard-node.sh: unknown option $1" >&2; usage ;;
     esac
@@ -56,14 +75,40 @@ if [ -z "$NODE" ] || [ -z "$ADDR" ] || [ -z "$SERVER" ]; then usage; fi
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 UNIT="$HERE/../systemd/llmgw-agent.service"
+INSTALLER="$HERE/onboard-node-install.sh"
 [ -f "$UNIT" ] || die "$UNIT is missing: run this from a checkout of llmgw"
+[ -f "$INSTALLER" ] || die "$INSTALLER is missing: run this from a checkout of llmgw"
 [ -r "$PKI/ca-key.pem" ] || die "there is no readable certificate authority in $PKI (run it as root, or give --pki)"
 command -v llmgw >/dev/null || die "llmgw is not on PATH here: it issues the node's certificate"
+case "$WAIT_SSH" in '' | *[!0-9]*) die "--wait-ssh takes whole seconds, not '$WAIT_SSH'" ;; esac
+# The same version as here unless told otherwise, so that the node and its
+# control plane speak the same protocol.
+[ -n "$VERSION" ] || VERSION="$(llmgw --version | awk '{print $NF}')"
+case "$VERSION" in *[!A-Za-z0-9.+!_-]*) die "'$VERSION' is not a version" ;; esac
+SHA256="$(printf '%s' "$SHA256" | tr 'A-F' 'a-f')"
+case "$SHA256" in '') ;; *[!0-9a-f]*) die "--sha256 takes 64 hex digits, not '$SHA256'" ;; esac
+[ -z "$SHA256" ] || [ "${#SHA256}" -eq 64 ] || die "--sha256 takes 64 hex digits, not '$SHA256'"
+case "$MIRROR" in '' | http://* | https://*) ;; *) die "--mirror takes an http:// or https:// URL, not '$MIRROR'" ;; esac
+case "$MIRROR" in *"'"*) die "--mirror '$MIRROR' holds a quote" ;; esac
+if [ -n "$WHEELHOUSE" ] && [ -n "$MIRROR" ]; then
+    die "give --wheelhouse or --mirror, not both: one of them is where the node's wheels come from"
+fi
 if [ -n "$WHEEL" ]; then
     [ -f "$WHEEL" ] || die "the wheel $WHEEL does not exist"
     case "$WHEEL" in *.whl) ;; *) die "$WHEEL is not a wheel (.whl)" ;; esac
 fi
-
+LLMGW_WHEEL=""
+if [ -n "$WHEELHOUSE" ]; then
+    [ -d "$WHEELHOUSE" ] || die "the wheelhouse $WHEELHOUSE is not a directory (a --tar bundle's wheels are extracted with: tar -xf BUNDLE.tar wheels)"
+    if [ -z "$WHEEL" ]; then
+        # Wheel names spell the version with '_' for '-' (PEP 427).
+        LLMGW_WHEEL="$(find "$WHEELHOUSE" -maxdepth 1 -name "llmgw-${VERSION//-/_}-*.whl" | head -n 1)"
+        if [ -z "$LLMGW_WHEEL" ]; then
+            HELD="$(find "$WHEELHOUSE" -maxdepth 1 -name 'llmgw-*.whl' -printf '%f ')"
+            die "$WHEELHOUSE holds no wheel of llmgw $VERSION (its llmgw wheels: ${HELD:-none}); give --version, or --wheel FILE"
+        fi
+    fi
+fi
 TARGET="${SSH_USER:+$SSH_USER@}$ADDR"
 # BatchMode: a password prompt nobody answers would hang here forever.
 SSH_OPTS=(-o BatchMode=yes -o ConnectTimeout=15)
@@ -101,69 +146,79 @@ cp "$PKI/ca.pem" "$WORK/ca.pem"
 } >"$WORK/agent.yaml"
 cp "$UNIT" "$WORK/llmgw-agent.service"
 
-# 3. What installs llmgw on the node. The same version as here, so that the
-# node and its control plane speak the same protocol.
-VERSION="$(llmgw --version | awk '{print $NF}')"
-SOURCE="llmgw==$VERSION"
-SHA256=""
+# 3. What installs llmgw on the node, and exactly which llmgw: the version,
+# and a digest wherever there is one to check it by.
+cp "$INSTALLER" "$WORK/install.sh"
+FROM="the package index"
+PACKAGE="llmgw==$VERSION"
 if [ -n "$WHEEL" ]; then
     cp "$WHEEL" "$WORK/"
-    SOURCE="$(basename "$WHEEL")"
+    PACKAGE="$(basename "$WHEEL")"
     SHA256="$(sha256sum "$WHEEL" | awk '{print $1}')"
+    FROM="$PACKAGE"
+elif [ -n "$LLMGW_WHEEL" ]; then
+    PACKAGE="$(basename "$LLMGW_WHEEL")"
+    GOT="$(sha256sum "$LLMGW_WHEEL" | awk '{print $1}')"
+    if [ -n "$SHA256" ] && [ "$GOT" != "$SHA256" ]; then
+        die "$LLMGW_WHEEL has sha256 $GOT, not the $SHA256 given with --sha256; the node was not touched"
+    fi
+    SHA256=""
 fi
-cat >"$WORK/install.sh" <<EOF
-#!/bin/sh
-# Runs on $NODE as root, from the directory onboard-node.sh copied it to.
-# DESTDIR, as in make install, puts everything under another root.
-set -eu
-cd "\$(dirname "\$0")"
-D="\${DESTDIR:-}"
-command -v python3 >/dev/null || { echo "python3 is not installed on $NODE (apt-get install python3-venv)" >&2; exit 1; }
-if [ -n "$SHA256" ]; then
-    # A wheel cut short or altered in transit must not become the node's llmgw.
-    echo "$SHA256  $SOURCE" | sha256sum -c - >/dev/null 2>&1 || {
-        echo "$SOURCE arrived on $NODE with another sha256 than it left with; nothing was installed" >&2
-        exit 1
-    }
-    PACKAGE="\$(pwd)/$SOURCE"
-else
-    PACKAGE="$SOURCE"
+if [ -n "$WHEELHOUSE" ]; then
+    # Every wheel, dependencies too, is checked on the node before pip sees it:
+    # a wheelhouse copied from a carried bundle is the one place they come from.
+    mkdir "$WORK/wheelhouse"
+    find "$WHEELHOUSE" -maxdepth 1 -type f -name '*.whl' -exec cp {} "$WORK/wheelhouse/" \;
+    (cd "$WORK/wheelhouse" && sha256sum ./*.whl >../wheelhouse.sha256)
+    FROM="the wheelhouse $WHEELHOUSE, every file checked by its sha256 on $NODE"
+elif [ -n "$MIRROR" ]; then
+    FROM="$MIRROR"
 fi
-[ -x "\$D/opt/llmgw/bin/pip" ] || python3 -m venv "\$D/opt/llmgw"
-"\$D/opt/llmgw/bin/pip" install --quiet --upgrade "\$PACKAGE"
-install -d -m 0755 "\$D/usr/local/bin"
-ln -sfn /opt/llmgw/bin/llmgw "\$D/usr/local/bin/llmgw"
-install -d -m 0755 "\$D/etc/llmgw"
-install -m 0644 ca.pem agent.pem "\$D/etc/llmgw/"
-install -m 0600 agent-key.pem "\$D/etc/llmgw/"
-if [ -f "\$D/etc/llmgw/agent.yaml" ] && ! cmp -s agent.yaml "\$D/etc/llmgw/agent.yaml"; then
-    # Somebody's edits (labels, engine paths): kept beside the new file.
-    cp "\$D/etc/llmgw/agent.yaml" "\$D/etc/llmgw/agent.yaml.bak"
-fi
-install -m 0644 agent.yaml "\$D/etc/llmgw/"
-install -d -m 0755 "\$D/etc/systemd/system"
-install -m 0644 llmgw-agent.service "\$D/etc/systemd/system/"
-systemctl daemon-reload
-systemctl enable --quiet llmgw-agent
-# restart rather than start: onboarding again must pick up the new files.
-systemctl restart llmgw-agent
-EOF
+{
+    echo "NODE='$NODE'"
+    echo "VERSION='$VERSION'"
+    echo "PACKAGE='$PACKAGE'"
+    echo "SHA256='$SHA256'"
+    echo "MIRROR='$MIRROR'"
+} >"$WORK/settings"
 
-# 4. Over to the node: a private directory there, the files, the install.
-say "copying llmgw $VERSION and the configuration to $TARGET"
+# 4. Over to the node. A machine just booted answers ssh only after a while:
+# waiting here is what saves a person from running the script again by hand.
+say "waiting for $TARGET to answer ssh (up to $WAIT_SSH s)"
+DEADLINE=$((SECONDS + WAIT_SSH))
+until ERR="$(ssh "${SSH_OPTS[@]}" "$TARGET" true 2>&1)"; do
+    case "$ERR" in
+    *"Permission denied"* | *"Host key verification failed"*)
+        # A booting machine refuses no one: this will not change by waiting.
+        die "$TARGET answers ssh but will not let us in: $ERR" ;;
+    esac
+    [ "$SECONDS" -lt "$DEADLINE" ] || die "$TARGET did not answer ssh within $WAIT_SSH s (--wait-ssh): ${ERR:-ssh failed}"
+    sleep 1
+done
+say "copying llmgw $VERSION ($FROM) and the configuration to $TARGET"
 REMOTE="$(ssh "${SSH_OPTS[@]}" "$TARGET" 'mktemp -d')"
 [ -n "$REMOTE" ] || die "could not make a temporary directory on $TARGET"
-scp -q "${SSH_OPTS[@]}" "$WORK"/* "$TARGET:$REMOTE/"
+scp -q -r "${SSH_OPTS[@]}" "$WORK"/* "$TARGET:$REMOTE/"
 say "installing on $NODE"
 # $REMOTE is expanded here on purpose: it is the directory the node gave us.
 # shellcheck disable=SC2029
 ssh "${SSH_OPTS[@]}" "$TARGET" \
     "if [ \"\$(id -u)\" -eq 0 ]; then sh $REMOTE/install.sh; else sudo sh $REMOTE/install.sh; fi; rc=\$?; rm -rf $REMOTE; exit \$rc" \
-    || die "installing on $NODE failed (above is what it said)"
-
-echo
-echo "$NODE is onboarded: llmgw-agent is running there and dialling $SERVER."
-echo "Watch it join with:"
-echo "  llmgw ctl nodes"
-echo "and, when it does not, read why on the node:"
-echo "  ssh $TARGET journalctl -u llmgw-agent -n 50"
+    && RC=0 || RC=$?
+case "$RC" in
+0)
+    echo
+    echo "$NODE is onboarded: llmgw-agent is running there and dialling $SERVER."
+    echo "Watch it join with:"
+    echo "  llmgw ctl nodes"
+    echo "and, when it does not, read why on the node:"
+    echo "  ssh $TARGET journalctl -u llmgw-agent -n 50"
+    ;;
+10)
+    echo
+    echo "$NODE has llmgw $VERSION and its configuration, but its agent is not running:"
+    echo "start it on the node with the command above. Then watch it join with:"
+    echo "  llmgw ctl nodes"
+    ;;
+*) die "installing on $NODE failed (what it said is above)" ;;
+esac

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -20,12 +21,21 @@ SCRIPT = REPO / "scripts" / "onboard-node.sh"
 
 # ssh runs the command here, with DESTDIR pointing the install at the node's
 # root; scp copies into the directory `mktemp -d` gave. Both log what they did.
+# ssh runs the command here, with DESTDIR pointing the install at the node's
+# root; scp copies into the directory `mktemp -d` gave. Both log what they did.
+# SSH_DOWN=N: the first N tries are refused, as by a machine still booting.
 _SSH = """#!/usr/bin/env bash
 while [ $# -gt 0 ]; do
   case "$1" in -o|-p|-i|-l) shift 2;; -*) shift;; *) break;; esac
 done
 target="$1"; shift
 printf '%s\\n' "$target $*" >> "$LOG/ssh"
+tries=$(cat "$LOG/ssh-tries" 2>/dev/null || echo 0)
+echo $((tries + 1)) > "$LOG/ssh-tries"
+if [ "$tries" -lt "${SSH_DOWN:-0}" ]; then
+  echo "ssh: connect to host ${target#*@} port 22: Connection refused" >&2; exit 255
+fi
+if [ -n "${SSH_DENIED:-}" ]; then echo "$target: Permission denied (publickey)." >&2; exit 255; fi
 DESTDIR="$NODE_ROOT" exec bash -c "$*"
 """
 _SCP = """#!/usr/bin/env bash
@@ -35,17 +45,34 @@ while [ $# -gt 0 ]; do
 done
 dest="${args[-1]#*:}"
 unset 'args[-1]'
-cp "${args[@]}" "$dest"
+cp -r "${args[@]}" "$dest"
 if [ -n "${CORRUPT:-}" ]; then for f in "$dest"/*.whl; do printf x >> "$f"; done; fi
+if [ -n "${CORRUPT_WHEELHOUSE:-}" ]; then printf x >> "$dest/wheelhouse/$CORRUPT_WHEELHOUSE"; fi
 """
 _SUDO = '#!/usr/bin/env bash\nexec "$@"\n'
 _SYSTEMCTL = '#!/usr/bin/env bash\nprintf \'%s\\n\' "$*" >> "$LOG/systemctl"\n'
-# python3 -m venv DIR makes a DIR/bin/pip that only writes down what it was asked to install.
+# python3 -m venv DIR makes a DIR/bin/pip that writes down what it was asked to
+# install (PIP_FAILS: fails saying so; `download`: leaves PIP_WHEEL_BYTES as the
+# wheel), and a DIR/bin/llmgw whose engine checks find llama.cpp alone.
 _PYTHON3 = """#!/usr/bin/env bash
 [ "$1 $2" = "-m venv" ] || exit 99
 mkdir -p "$3/bin"
-printf '#!/usr/bin/env bash\\nprintf "%%s\\\\n" "$*" >> "$LOG/pip"\\n' > "$3/bin/pip"
-chmod +x "$3/bin/pip"
+cp "$STAND_INS/venv-pip" "$3/bin/pip"
+cp "$STAND_INS/venv-llmgw" "$3/bin/llmgw"
+"""
+_VENV_PIP = """#!/usr/bin/env bash
+printf '%s\\n' "$*" >> "$LOG/pip"
+if [ -n "${PIP_FAILS:-}" ]; then echo "$PIP_FAILS" >&2; exit 1; fi
+if [ "$1" = download ]; then
+  while [ "$1" != --dest ]; do shift; done
+  printf '%s' "$PIP_WHEEL_BYTES" > "$2/llmgw-$VERSION-py3-none-any.whl"
+fi
+"""
+_VENV_LLMGW = """#!/usr/bin/env bash
+case "$*" in
+  "ctl engine-check llamacpp") echo 'ok: every flag llmgw passes is in `llama-server --help`';;
+  *) echo "llmgw ctl engine-check: no ${3} binary on the PATH" >&2; exit 4;;
+esac
 """
 
 
@@ -82,9 +109,13 @@ def node(tmp_path: Path) -> Node:
         ("sudo", _SUDO),
         ("systemctl", _SYSTEMCTL),
         ("python3", _PYTHON3),
+        ("venv-pip", _VENV_PIP),
+        ("venv-llmgw", _VENV_LLMGW),
     ):
         (stand_ins / name).write_text(text)
         (stand_ins / name).chmod(0o755)
+    # A node booted with systemd; a test takes this away to have one without.
+    (root / "run/systemd/system").mkdir(parents=True)
     authority = tmp_path / "pki"
     pki.init_ca(authority)
     llmgw_bin = Path(sys.executable).parent
@@ -93,6 +124,8 @@ def node(tmp_path: Path) -> Node:
         "LOG": str(log),
         "NODE_ROOT": str(root),
         "HOME": str(tmp_path),
+        "STAND_INS": str(stand_ins),
+        "VERSION": __version__,
     }
     return Node(root=root, log=log, pki=authority, env=env)
 
@@ -191,3 +224,135 @@ class TestOnboardNode:
     def test_missing_required_options_print_the_usage(self, node: Node) -> None:
         done = node.onboard("--node", "gpu-07")
         assert done.returncode == 2 and "usage: onboard-node.sh" in done.stderr
+
+
+def _wheelhouse(tmp_path: Path) -> Path:
+    """A bundle's wheels/: llmgw at this version and one dependency."""
+    house = tmp_path / "wheels"
+    house.mkdir()
+    (house / f"llmgw-{__version__}-py3-none-any.whl").write_bytes(b"llmgw's wheel")
+    (house / "grpclib-0.4.7-py3-none-any.whl").write_bytes(b"a dependency's wheel")
+    return house
+
+
+_ARGS = ("--node", "n1", "--addr", "198.18.0.11", "--server", "198.18.0.10:7443")
+
+
+class TestPinnedInstall:
+    def test_a_wheelhouse_installs_llmgw_and_its_dependencies_without_asking_the_index(
+        self, node: Node, tmp_path: Path
+    ) -> None:
+        done = node.onboard(*_ARGS, "--wheelhouse", str(_wheelhouse(tmp_path)))
+        assert done.returncode == 0, done.stderr
+        (line,) = node.logged("pip")
+        assert line.startswith("install --quiet --upgrade --no-index --find-links /")
+        assert line.endswith(f"/wheelhouse/llmgw-{__version__}-py3-none-any.whl")
+
+    def test_a_wheelhouse_file_changed_on_the_way_is_refused_before_pip_runs(
+        self, node: Node, tmp_path: Path
+    ) -> None:
+        done = node.onboard(
+            *_ARGS, "--wheelhouse", str(_wheelhouse(tmp_path)),
+            CORRUPT_WHEELHOUSE="grpclib-0.4.7-py3-none-any.whl",
+        )  # fmt: skip
+        assert done.returncode == 1
+        assert (
+            "the wheelhouse arrived on n1 with files whose sha256 is not what they left with" in done.stderr
+        )
+        assert "grpclib-0.4.7-py3-none-any.whl: FAILED" in done.stderr
+        assert node.logged("pip") == []
+        assert not (node.root / "opt/llmgw").exists() and not (node.root / "etc/llmgw").exists()
+
+    def test_a_wheelhouse_without_the_version_is_refused_before_the_node_is_touched(
+        self, node: Node, tmp_path: Path
+    ) -> None:
+        done = node.onboard(*_ARGS, "--wheelhouse", str(_wheelhouse(tmp_path)), "--version", "9.9.9")
+        assert done.returncode == 1
+        assert f"holds no wheel of llmgw 9.9.9 (its llmgw wheels: llmgw-{__version__}-py3-none-any.whl" in (
+            done.stderr
+        )
+        assert node.logged("ssh") == []
+
+    def test_a_dependency_the_index_cannot_give_says_what_to_do_and_leaves_no_opt_llmgw(
+        self, node: Node
+    ) -> None:
+        said = "ERROR: Could not find a version that satisfies the requirement grpclib>=0.4"
+        done = node.onboard(*_ARGS, PIP_FAILS=said)
+        assert done.returncode == 1
+        assert f"pip: {said}" in done.stderr
+        assert f"llmgw {__version__} could not be installed on n1 from the package index" in done.stderr
+        assert "--wheelhouse DIR (a bundle's wheels/) or --mirror URL; see docs/offline.md" in done.stderr
+        assert "removed the /opt/llmgw this install had begun on n1" in done.stderr
+        assert not (node.root / "opt/llmgw").exists() and not (node.root / "etc/llmgw").exists()
+        assert node.logged("systemctl") == []
+
+    def test_a_failed_upgrade_keeps_the_llmgw_already_installed(self, node: Node) -> None:
+        assert node.onboard(*_ARGS).returncode == 0
+        done = node.onboard(*_ARGS, PIP_FAILS="ERROR: No matching distribution found for llmgw==0.2")
+        assert done.returncode == 1 and "removed" not in done.stderr
+        assert (node.root / "opt/llmgw/bin/pip").exists()
+
+    def test_with_sha256_the_wheel_is_downloaded_checked_and_installed_alone(self, node: Node) -> None:
+        mirror = "http://198.18.0.10:8081/files/wheels/"
+        done = node.onboard(
+            *_ARGS, "--mirror", mirror, "--sha256", hashlib.sha256(b"the wheel").hexdigest().upper(),
+            PIP_WHEEL_BYTES="the wheel",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        download, install = node.logged("pip")
+        assert download.startswith("download --quiet --no-deps --only-binary=:all: --dest download")
+        assert download.endswith(f"--no-index --find-links {mirror} llmgw=={__version__}")
+        assert install.startswith(f"install --quiet --upgrade --no-index --find-links {mirror} /")
+        assert install.endswith(f"/download/llmgw-{__version__}-py3-none-any.whl")
+
+    def test_a_downloaded_wheel_with_another_sha256_is_refused_and_nothing_is_left(self, node: Node) -> None:
+        wanted = hashlib.sha256(b"the wheel").hexdigest()
+        done = node.onboard(*_ARGS, "--sha256", wanted, PIP_WHEEL_BYTES="another wheel")
+        assert done.returncode == 1
+        assert f"the package index served llmgw-{__version__}-py3-none-any.whl with sha256" in done.stderr
+        assert f"not the {wanted} given with --sha256; nothing was installed" in done.stderr
+        assert len(node.logged("pip")) == 1
+        assert not (node.root / "opt/llmgw").exists()
+
+
+class TestTheNode:
+    def test_it_waits_for_a_machine_still_booting_to_answer_ssh(self, node: Node) -> None:
+        done = node.onboard(*_ARGS, SSH_DOWN="2")
+        assert done.returncode == 0, done.stderr
+        assert "waiting for 198.18.0.11 to answer ssh (up to 120 s)" in done.stdout
+        assert node.logged("ssh")[:3] == ["198.18.0.11 true"] * 3
+
+    def test_a_machine_that_never_answers_is_named_with_what_ssh_said(self, node: Node) -> None:
+        done = node.onboard(*_ARGS, "--wait-ssh", "0", SSH_DOWN="1000")
+        assert done.returncode == 1
+        assert (
+            "198.18.0.11 did not answer ssh within 0 s (--wait-ssh): "
+            "ssh: connect to host 198.18.0.11 port 22: Connection refused"
+        ) in done.stderr
+        assert list(node.root.iterdir()) == [node.root / "run"]
+
+    def test_a_refused_login_is_not_waited_for(self, node: Node) -> None:
+        done = node.onboard(*_ARGS, "--wait-ssh", "3600", SSH_DENIED="1")
+        assert done.returncode == 1
+        assert "198.18.0.11 answers ssh but will not let us in: " in done.stderr
+        assert "Permission denied (publickey)" in done.stderr
+        assert len(node.logged("ssh")) == 1
+
+    def test_without_systemd_it_says_so_and_prints_the_command_the_unit_runs(self, node: Node) -> None:
+        (node.root / "run/systemd/system").rmdir()
+        done = node.onboard(*_ARGS)
+        assert done.returncode == 0, done.stderr
+        assert "there is no systemd on n1 (no /run/systemd/system), so llmgw-agent was not started" in (
+            done.stdout
+        )
+        assert "\n     /usr/local/bin/llmgw --role=agent --config /etc/llmgw/agent.yaml\n" in done.stdout
+        assert "n1 has llmgw" in done.stdout and "its agent is not running" in done.stdout
+        assert node.logged("systemctl") == []
+        assert (node.root / "etc/llmgw/agent.yaml").is_file()
+
+    def test_it_ends_with_what_the_nodes_engine_checks_found(self, node: Node) -> None:
+        done = node.onboard(*_ARGS)
+        assert done.returncode == 0, done.stderr
+        assert "== the engine checks on n1 (llmgw ctl engine-check):" in done.stdout
+        assert "   llamacpp: ok: every flag llmgw passes is in `llama-server --help`" in done.stdout
+        assert "   vllm: not installed yet (the agent installs it when a model needs it)" in done.stdout
