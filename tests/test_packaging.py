@@ -126,6 +126,7 @@ def test_the_wheel_install_md_builds_carries_the_pages_units_and_protocol(tmp_pa
         "llmgw/web/static/llmgw.css",
         "llmgw/serverinit/files/llmgw-server.service",
         "llmgw/serverinit/files/server.yaml",
+        "llmgw/serverinit/files/mirror.yaml",
         "llmgw/proto/llmgw/v1/__init__.py",
         "llmgw/py.typed",
     ):

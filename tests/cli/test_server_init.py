@@ -53,6 +53,17 @@ class TestServerInit:
         assert code == 0 and "password: " not in again
         assert not [line for line in again.splitlines() if line.startswith("ok ")]
 
+    def test_the_node_command_names_an_address_in_the_certificate_not_the_bare_hostname(
+        self, tmp_path: Path
+    ) -> None:
+        """A newcomer's nodes could not resolve `ctl1`; the address is what they reach."""
+        code, out, _ = _init(tmp_path)
+        assert code == 0
+        assert "scripts/onboard-node.sh --node NAME --addr NODE --server 10.0.0.140:7443\n" in out
+        assert (
+            "# --server: whichever of 10.0.0.140, ctl1 the node reaches (all are in the certificate)" in out
+        )
+
     def test_a_service_that_never_answers_exits_1_naming_the_journal(self, tmp_path: Path) -> None:
         machine = _machine(systemd=True, answers=False)
         # No wait: the test holds what is said, not how long it waits first.

@@ -356,3 +356,12 @@ class TestTheNode:
         assert "== the engine checks on n1 (llmgw ctl engine-check):" in done.stdout
         assert "   llamacpp: ok: every flag llmgw passes is in `llama-server --help`" in done.stdout
         assert "   vllm: not installed yet (the agent installs it when a model needs it)" in done.stdout
+
+
+def test_every_option_the_usage_names_is_in_cli_md() -> None:
+    usage = SCRIPT.read_text().split("<<'USAGE'", 1)[1].split("\nUSAGE\n", 1)[0]
+    documented = (REPO / "docs" / "cli.md").read_text()
+    missing = [
+        flag for flag in sorted(set(re.findall(r"--[a-z][a-z0-9-]+", usage))) if flag not in documented
+    ]
+    assert missing == [], f"docs/cli.md does not describe onboard-node.sh's {missing}"

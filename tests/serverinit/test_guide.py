@@ -13,6 +13,7 @@ from llmgw import config
 from llmgw.catalog import load_server_config
 from llmgw.cli.keys import keys
 from llmgw.config import ServerConfig
+from llmgw.control.stream.provision import wanted_engines
 from llmgw.roles.server import server_role
 from llmgw.serverinit.controlplane import InitOptions, init_control_plane
 
@@ -49,6 +50,8 @@ _ROWS = {
     "sudo llmgw server init --host llmgw.example.com --host 203.0.113.10": "`llmgw server init --host …`",
     "sudo scripts/onboard-node.sh --node gpu-01 --addr 10.0.0.21 --server 10.0.0.140:7443 "
     "--wheel dist/llmgw-*.whl": ("`scripts/onboard-node.sh …`"),
+    "sudo scripts/onboard-node.sh --node gpu-02 --addr 10.0.0.22 --server 10.0.0.140:7443 "
+    "--wheelhouse wheels": "`scripts/onboard-node.sh … --wheelhouse wheels`",
     "llmgw ctl nodes": "`llmgw ctl nodes`",
     "sudo systemctl restart llmgw-server": "`systemctl restart llmgw-server`",
     "sudo -u llmgw llmgw keys create first": "`llmgw keys create first`",
@@ -89,6 +92,8 @@ async def test_the_model_this_page_adds_loads_into_the_configuration_init_writes
     cfg = await asyncio.to_thread(config.parse, ServerConfig, edited, "server.yaml")
     assert [m.name for m in cfg.models] == ["sim-chat"]
     assert cfg.models[0].profiles[0].engine == "sim"
+    # The sim-only trial's line: nodes are told to install no llama.cpp.
+    assert wanted_engines(cfg.engines) == {}
 
 
 async def test_a_restarted_server_serves_the_added_model_to_a_key_from_keys_create(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import os
 import shutil
 import tarfile
@@ -32,12 +31,10 @@ import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO
 
 import attrs
 import cattrs
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap
 
 from llmgw import config
 from llmgw.bundle import signing
@@ -54,6 +51,7 @@ from llmgw.bundle.manifest import (
     unsafe_path,
 )
 from llmgw.config import ServerConfig
+from llmgw.config.editing import replace_text, with_section
 from llmgw.errors import ConfigError
 from llmgw.mirror.fetch import INCOMING, FetchedModel, model_dir, place_model, read_model
 from llmgw.mirror.fetch import MANIFEST as PINS
@@ -133,7 +131,7 @@ def import_bundle(opts: ImportOptions, report: Report) -> Imported:
         placing = True
         _place(opts.root, staging, manifest, models)
         if server_text is not None and opts.server_config is not None:
-            _replace(opts.server_config, server_text)
+            replace_text(opts.server_config, server_text)
             report(f"set engine_mirror in {opts.server_config}: {base_url}")
     except OSError as exc:
         _abandon(staging, incoming, opts.root if created_root and not placing else None)
@@ -407,23 +405,9 @@ def _engine_mirror(opts: ImportOptions, manifest: Manifest) -> tuple[str | None,
     checksums = dict(current.engine_mirror.checksums)
     for engine in manifest.engines:
         checksums.update({asset: f"sha256:{sha}" for asset, sha in engine.digests.items()})
-    data: Any = config.read_yaml(text, str(path))
-    if data is None:
-        data = CommentedMap()
-    section = data.get("engine_mirror")
-    if not isinstance(section, CommentedMap):
-        section = CommentedMap()
-        data["engine_mirror"] = section
-    section["base_url"] = base_url
-    section["checksums"] = CommentedMap(sorted(checksums.items()))
-    out = io.StringIO()
-    yaml = YAML(typ="rt")
-    # A line per checksum, never folded: a person greps server.yaml for an asset's name.
-    yaml.width = 4096
-    yaml.dump(data, out)
-    new_text = out.getvalue()
+    sections = {"base_url": base_url, "checksums": dict(sorted(checksums.items()))}
     try:
-        config.parse(ServerConfig, new_text, str(path))
+        new_text = with_section(ServerConfig, text, str(path), "engine_mirror", sections)
     except ConfigError as exc:
         raise BundleError(f"engine_mirror could not be set: {exc}; nothing was imported") from None
     return new_text, base_url
@@ -456,18 +440,6 @@ def _place(root: Path, staging: Path, manifest: Manifest, models: list[FetchedMo
         place_model(
             root, staging / MODELS / model.repo / model.commit, final, whole, [f.path for f in model.files]
         )
-
-
-def _replace(path: Path, text: str) -> None:
-    """server.yaml replaced whole, keeping its mode and owner: never a half-written file the server reads."""
-    st = path.stat()
-    tmp = path.with_name(f".{path.name}.new")
-    tmp.write_text(text, encoding="utf-8")
-    os.chmod(tmp, st.st_mode & 0o7777)
-    # Not root: the file stays ours, which is who wrote the original.
-    with contextlib.suppress(PermissionError):
-        os.chown(tmp, st.st_uid, st.st_gid)
-    os.replace(tmp, path)
 
 
 def _remove_if_empty(path: Path) -> None:

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import config, pki
+from llmgw import pki
 from llmgw.bundle.importing import ImportOptions, import_bundle
 from llmgw.catalog import load_server_config
 from llmgw.config import MirrorConfig, ServerConfig
 from llmgw.listen import split_host_port
+from llmgw.serverinit.mirror import MIRROR_SERVICE, MirrorSite, mirror_config, set_up_mirror, start_lines
 from llmgw.serverinit.system import Account, InstallError, System
 from llmgw.store import Store, open_store
 from llmgw.store.scopes import DEFAULT_PROJECT_ID, Scope, load_hierarchy
@@ -85,10 +86,6 @@ class InitOptions:
     def config_path(self) -> Path:
         return self.etc / "server.yaml"
 
-    @property
-    def unit_path(self) -> Path:
-        return on_machine(self.root, UNIT_DIR / f"{SERVICE}.service")
-
 
 @attrs.frozen
 class InitResult:
@@ -137,7 +134,8 @@ def health_url(cfg: ServerConfig) -> str:
 def next_steps(result: InitResult, opts: InitOptions) -> list[str]:
     """What to do once init is done: look at the cluster, add a node, add a model."""
     _, agent_port = split_host_port(result.config.agent_listen, "agent_listen")
-    address = next(iter(result.server_addresses), "<this machine>")
+    dialled = dial_addresses(result.server_addresses, opts.hosts)
+    address = next(iter(dialled), "<this machine>")
     if ":" in address:
         address = f"[{address}]"
     lines = [""]
@@ -147,16 +145,50 @@ def next_steps(result: InitResult, opts: InitOptions) -> list[str]:
         lines += [
             "Start it by hand (there is no systemd here):",
             f"  sudo -u {opts.user} llmgw --role=server --config /etc/llmgw/server.yaml",
-            "Then:",
         ]
+    if opts.bundle is not None:
+        lines += start_lines(opts.user, result.running)
+    if not result.running:
+        lines.append("Then:")
     pki_flag = f" --pki {opts.pki}" if opts.pki is not None else ""
     lines += [
         "  llmgw ctl status        # no nodes and no models yet, which is right for now",
         "  # each node, from this machine (it holds the authority):",
         f"  scripts/onboard-node.sh --node NAME --addr NODE --server {address}:{agent_port}{pki_flag}",
+    ]
+    if len(dialled) > 1:
+        lines.append(
+            f"  # --server: whichever of {', '.join(dialled)} the node reaches (all are in the certificate)"
+        )
+    if opts.bundle is not None:
+        lines.append(
+            "  # then a model from the bundle: `source: mirror:REPO@COMMIT` under `models:` (docs/offline.md)"
+        )
+    lines += [
         "  # then a model: add it under `models:` in /etc/llmgw/server.yaml (docs/install.md, step 4)",
     ]
     return lines
+
+
+def dial_addresses(names: Sequence[str], hosts: Sequence[str]) -> list[str]:
+    """What to tell a node to dial, best first: each --host, then the machine's addresses, then its hostname.
+
+    The hostname comes last because it is the one name nodes most often
+    cannot resolve (`cp` on a site without DNS for it), and a suggestion that
+    fails on the first node is worse than none.
+    """
+    wanted = {_normal(host) for host in hosts}
+
+    def rank(name: str) -> int:
+        if name in wanted:
+            return 0
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return 2
+        return 1
+
+    return sorted(names, key=rank)
 
 
 def _normal(name: str) -> str:
@@ -326,11 +358,18 @@ class _Steps:
         return cfg
 
     def import_bundle(self) -> ServerConfig:
-        """The bundle checked and placed in this machine's mirror, and server.yaml pointed at it."""
+        """The bundle checked and placed in this machine's mirror, server.yaml pointed at it, and the
+        mirror role set up to serve it."""
         opts = self.opts
-        assert opts.bundle is not None
-        mirror_yaml = opts.etc / "mirror.yaml"
-        mirror = config.load(MirrorConfig, mirror_yaml) if mirror_yaml.is_file() else MirrorConfig()
+        assert opts.bundle is not None and self.account is not None
+        site = MirrorSite(
+            etc=opts.etc,
+            pki_dir=opts.pki_dir,
+            server_yaml=opts.config_path,
+            account=self.account,
+            names=self.wanted_names(),
+        )
+        mirror = mirror_config(site, on_machine(opts.root, MirrorConfig().root))
         _, port = split_host_port(mirror.listen, "listen")
         address = next(iter(self.wanted_names()), "127.0.0.1")
         url = (
@@ -342,7 +381,7 @@ class _Steps:
             ImportOptions(
                 bundle=opts.bundle,
                 sha256=opts.bundle_sha256,
-                root=on_machine(opts.root, mirror.root),
+                root=Path(mirror.root),
                 server_config=opts.config_path,
                 mirror_url=url,
                 trust_dir=opts.etc / "bundle-keys",
@@ -356,11 +395,16 @@ class _Steps:
         )
         if done.engine_base_url:
             self.ok(f"engine_mirror in {opts.config_path}: {done.engine_base_url}")
-        for house, url in done.wheelhouse_urls():
+        for house, wheels in done.wheelhouse_urls():
             self.ok(
                 f"{house.label}'s wheels in the mirror: nodes install it with agent.yaml "
-                f"`engines.{house.engine}.wheelhouse: {url}`"
+                f"`engines.{house.engine}.wheelhouse: {wheels}`"
             )
+        for said in set_up_mirror(site, mirror, url):
+            if said.verb == "ok":
+                self.ok(said.what)
+            else:
+                self.report(f"{said.verb:<5} {said.what}")
         return load_server_config(opts.config_path)
 
     # -- the store: async --------------------------------------------------------
@@ -438,38 +482,48 @@ class _Steps:
                 f"`sudo -u {self.opts.user} llmgw --role=server --config /etc/llmgw/server.yaml`"
             )
             return False
-        unit, text = self.opts.unit_path, unit_text(f"{SERVICE}.service")
+        # The mirror first: the server it serves files for is the one init waits on.
+        services = ([MIRROR_SERVICE] if self.opts.bundle is not None else []) + [SERVICE]
+        for name in services:
+            self._install_unit(name)
+        for name in services:
+            self._run(name)
+        return True
+
+    def _install_unit(self, name: str) -> None:
+        unit, text = on_machine(self.opts.root, UNIT_DIR / f"{name}.service"), unit_text(f"{name}.service")
         if unit.is_file() and unit.read_text(encoding="utf-8") == text:
             self.kept(f"{unit}")
-        else:
-            note = ""
-            if unit.is_file():
-                # Somebody's edits, kept: the unit is also where people put
-                # environment overrides, and those are not ours to lose.
-                shutil.copyfile(unit, unit.with_name(unit.name + ".bak"))
-                note = f" (the edited one is kept as {unit.name}.bak)"
-            unit.parent.mkdir(parents=True, exist_ok=True)
-            unit.write_text(text, encoding="utf-8")
-            unit.chmod(0o644)
-            self.ok(f"{unit}{note}")
-            self._systemctl("daemon-reload")
-        active = self.system.systemctl("is-active", "--quiet", SERVICE).returncode == 0
-        enabled = self.system.systemctl("is-enabled", "--quiet", SERVICE).returncode == 0
+            return
+        note = ""
+        if unit.is_file():
+            # Somebody's edits, kept: the unit is also where people put
+            # environment overrides, and those are not ours to lose.
+            shutil.copyfile(unit, unit.with_name(unit.name + ".bak"))
+            note = f" (the edited one is kept as {unit.name}.bak)"
+        unit.parent.mkdir(parents=True, exist_ok=True)
+        unit.write_text(text, encoding="utf-8")
+        unit.chmod(0o644)
+        self.ok(f"{unit}{note}")
+        self._systemctl("daemon-reload")
+
+    def _run(self, name: str) -> None:
+        active = self.system.systemctl("is-active", "--quiet", name).returncode == 0
+        enabled = self.system.systemctl("is-enabled", "--quiet", name).returncode == 0
         if not active:
-            self._systemctl("enable", "--now", SERVICE)
-            self.ok(f"{SERVICE} enabled and started")
-            return True
+            self._systemctl("enable", "--now", name)
+            self.ok(f"{name} enabled and started")
+            return
         if not enabled:
-            self._systemctl("enable", SERVICE)
-            self.ok(f"{SERVICE} enabled at boot")
+            self._systemctl("enable", name)
+            self.ok(f"{name} enabled at boot")
         if self.changed:
             # A certificate or a file the running server has not read is one
             # it is not using, and that shows up as a node that cannot connect.
-            self._systemctl("restart", SERVICE)
-            self.ok(f"{SERVICE} restarted to read what changed")
+            self._systemctl("restart", name)
+            self.ok(f"{name} restarted to read what changed")
         else:
-            self.kept(f"{SERVICE} running")
-        return True
+            self.kept(f"{name} running")
 
     def _systemctl(self, *args: str) -> None:
         done = self.system.systemctl(*args)
