@@ -135,7 +135,8 @@ fi
 # 5. What the node's engines look like now. Not a reason to fail: the agent
 # installs the engines its models need once it has joined.
 echo "== the engine checks on $NODE (llmgw ctl engine-check):"
-for engine in llamacpp vllm sglang; do
+[ -x "$D/opt/llmgw/bin/llmgw" ] || echo "   none: the installed llmgw has no /opt/llmgw/bin/llmgw to run them"
+[ ! -x "$D/opt/llmgw/bin/llmgw" ] || for engine in llamacpp vllm sglang; do
     if "$D/opt/llmgw/bin/llmgw" ctl engine-check "$engine" >check.log 2>&1; then
         echo "   $engine: $(tail -n 1 check.log)"
     else

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
 import stat
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import attrs
@@ -365,3 +367,64 @@ def test_every_option_the_usage_names_is_in_cli_md() -> None:
         flag for flag in sorted(set(re.findall(r"--[a-z][a-z0-9-]+", usage))) if flag not in documented
     ]
     assert missing == [], f"docs/cli.md does not describe onboard-node.sh's {missing}"
+
+
+def _wheel(house: Path, name: str, version: str, requires: str = "") -> Path:
+    """A real, installable wheel of one empty module, as pip builds them."""
+    # A wheel spells its name with '_' for '-' (PEP 427).
+    stem = f"{name.replace('-', '_')}-{version}"
+    dist = f"{stem}.dist-info"
+    files = {
+        f"{stem.split('-')[0]}_module/__init__.py": b"",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires}".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for path, data in files.items()
+    ]
+    files[f"{dist}/RECORD"] = ("\n".join([*record, f"{dist}/RECORD,,"]) + "\n").encode()
+    path = house / f"{stem}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in files.items():
+            archive.writestr(member, data)
+    return path
+
+
+@pytest.fixture
+def real_pip_node(node: Node) -> Node:
+    """The node with the real python3, so that `python3 -m venv` makes a real pip that reads no index."""
+    (Path(node.env["STAND_INS"]) / "python3").unlink()
+    return attrs.evolve(node, env={**node.env, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+
+
+@pytest.mark.slow
+class TestWithRealPip:
+    def test_a_wheelhouse_lacking_a_dependency_fails_in_pips_words_and_leaves_no_opt_llmgw(
+        self, real_pip_node: Node, tmp_path: Path
+    ) -> None:
+        house = tmp_path / "wheels"
+        house.mkdir()
+        _wheel(house, "llmgw", __version__, "Requires-Dist: grpclib-stand-in\n")
+        done = real_pip_node.onboard(*_ARGS, "--wheelhouse", str(house))
+        assert done.returncode == 1
+        assert "Could not find a version that satisfies the requirement grpclib-stand-in" in done.stderr
+        assert f"llmgw {__version__} could not be installed on n1 from the wheelhouse" in done.stderr
+        assert "removed the /opt/llmgw this install had begun on n1" in done.stderr
+        assert not (real_pip_node.root / "opt/llmgw").exists()
+        assert "installing on n1 failed (what it said is above)" in done.stderr
+
+    def test_a_whole_wheelhouse_installs_llmgw_and_its_dependency_with_no_index(
+        self, real_pip_node: Node, tmp_path: Path
+    ) -> None:
+        house = tmp_path / "wheels"
+        house.mkdir()
+        _wheel(house, "llmgw", __version__, "Requires-Dist: grpclib-stand-in\n")
+        _wheel(house, "grpclib-stand-in", "0.4.7")
+        done = real_pip_node.onboard(*_ARGS, "--wheelhouse", str(house))
+        assert done.returncode == 0, done.stderr
+        site = next((real_pip_node.root / "opt/llmgw/lib").glob("python3*/site-packages"))
+        assert {p.name for p in site.glob("*.dist-info")} >= {
+            f"llmgw-{__version__}.dist-info",
+            "grpclib_stand_in-0.4.7.dist-info",
+        }
