@@ -154,7 +154,11 @@ PACKAGE="llmgw==$VERSION"
 if [ -n "$WHEEL" ]; then
     cp "$WHEEL" "$WORK/"
     PACKAGE="$(basename "$WHEEL")"
-    SHA256="$(sha256sum "$WHEEL" | awk '{print $1}')"
+    GOT="$(sha256sum "$WHEEL" | awk '{print $1}')"
+    if [ -n "$SHA256" ] && [ "$GOT" != "$SHA256" ]; then
+        die "$WHEEL has sha256 $GOT, not the $SHA256 given with --sha256; the node was not touched"
+    fi
+    SHA256="$GOT"
     FROM="$PACKAGE"
 elif [ -n "$LLMGW_WHEEL" ]; then
     PACKAGE="$(basename "$LLMGW_WHEEL")"
@@ -184,8 +188,8 @@ fi
 
 # 4. Over to the node. A machine just booted answers ssh only after a while:
 # waiting here is what saves a person from running the script again by hand.
-say "waiting for $TARGET to answer ssh (up to $WAIT_SSH s)"
 DEADLINE=$((SECONDS + WAIT_SSH))
+WAITING=""
 until ERR="$(ssh "${SSH_OPTS[@]}" "$TARGET" true 2>&1)"; do
     case "$ERR" in
     *"Permission denied"* | *"Host key verification failed"*)
@@ -193,6 +197,8 @@ until ERR="$(ssh "${SSH_OPTS[@]}" "$TARGET" true 2>&1)"; do
         die "$TARGET answers ssh but will not let us in: $ERR" ;;
     esac
     [ "$SECONDS" -lt "$DEADLINE" ] || die "$TARGET did not answer ssh within $WAIT_SSH s (--wait-ssh): ${ERR:-ssh failed}"
+    [ -n "$WAITING" ] || say "$TARGET does not answer ssh yet (${ERR:-ssh failed}); waiting up to $WAIT_SSH s"
+    WAITING=1
     sleep 1
 done
 say "copying llmgw $VERSION ($FROM) and the configuration to $TARGET"

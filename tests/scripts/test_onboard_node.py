@@ -307,6 +307,16 @@ class TestPinnedInstall:
         assert install.startswith(f"install --quiet --upgrade --no-index --find-links {mirror} /")
         assert install.endswith(f"/download/llmgw-{__version__}-py3-none-any.whl")
 
+    def test_a_wheel_that_is_not_the_one_the_sha256_names_is_refused_before_the_node_is_touched(
+        self, node: Node, tmp_path: Path
+    ) -> None:
+        wheel = tmp_path / f"llmgw-{__version__}-py3-none-any.whl"
+        wheel.write_bytes(b"some other build")
+        done = node.onboard(*_ARGS, "--wheel", str(wheel), "--sha256", "0" * 64)
+        assert done.returncode == 1
+        assert f"not the {'0' * 64} given with --sha256; the node was not touched" in done.stderr
+        assert node.logged("ssh") == []
+
     def test_a_downloaded_wheel_with_another_sha256_is_refused_and_nothing_is_left(self, node: Node) -> None:
         wanted = hashlib.sha256(b"the wheel").hexdigest()
         done = node.onboard(*_ARGS, "--sha256", wanted, PIP_WHEEL_BYTES="another wheel")
@@ -321,7 +331,10 @@ class TestTheNode:
     def test_it_waits_for_a_machine_still_booting_to_answer_ssh(self, node: Node) -> None:
         done = node.onboard(*_ARGS, SSH_DOWN="2")
         assert done.returncode == 0, done.stderr
-        assert "waiting for 198.18.0.11 to answer ssh (up to 120 s)" in done.stdout
+        assert (
+            "== 198.18.0.11 does not answer ssh yet (ssh: connect to host 198.18.0.11 port 22: "
+            "Connection refused); waiting up to 120 s\n"
+        ) in done.stdout
         assert node.logged("ssh")[:3] == ["198.18.0.11 true"] * 3
 
     def test_a_machine_that_never_answers_is_named_with_what_ssh_said(self, node: Node) -> None:
