@@ -14,10 +14,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import attrs
+
 from llmgw.errors import StoreError
 from llmgw.store.base import Queries, Store
 
-Migration = Sequence[str]
+
+@attrs.frozen
+class Migration:
+    """One step of the schema: what it does in words (`llmgw store migrate --check` prints it), and its
+    statements.
+
+    A migration a release ships must let the previous release keep running on the same store while
+    the control planes are rolled one by one (docs/operations.md, Upgrading): it only expands the
+    schema (new tables, new nullable or defaulted columns, new indexes, rows), and what a release
+    stops using is removed by a contracting migration of a later release. unused_since names the
+    release from which no llmgw reads what a contracting migration removes; None for expand-only.
+    tests/store/test_migrations.py holds every migration to this (schema_changes.py reads them).
+    """
+
+    does: str
+    statements: Sequence[str]
+    unused_since: str | None = None
 
 
 class NewerSchema(StoreError):
@@ -35,8 +53,10 @@ class NewerSchema(StoreError):
 MIGRATIONS: Sequence[Migration] = (
     # 1: API keys. Only the sha256 of a key is kept, with its first characters
     # so a person can tell keys apart in `llmgw keys list` and revoke one.
-    (
-        """
+    Migration(
+        "creates table api_keys: API keys, kept as their sha256",
+        (
+            """
         CREATE TABLE api_keys (
             id INTEGER PRIMARY KEY,
             name TEXT NOT NULL,
@@ -46,13 +66,16 @@ MIGRATIONS: Sequence[Migration] = (
             revoked_at TEXT
         )
         """,
+        ),
     ),
     # 2 (H7): people who sign in to the pages, their sessions, and which keys
     # each made on their profile. users.project_id names a project of the
     # hierarchy (orgs -> teams -> projects); no foreign key, because that table
     # arrives in a migration of its own.
-    (
-        """
+    Migration(
+        "creates tables users, sessions and user_keys: accounts for the pages and their sessions",
+        (
+            """
         CREATE TABLE users (
             id INTEGER PRIMARY KEY,
             email TEXT NOT NULL UNIQUE COLLATE NOCASE,
@@ -63,7 +86,7 @@ MIGRATIONS: Sequence[Migration] = (
             created_at TEXT NOT NULL
         )
         """,
-        """
+            """
         CREATE TABLE sessions (
             token_hash TEXT PRIMARY KEY,
             user_id INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
@@ -72,13 +95,14 @@ MIGRATIONS: Sequence[Migration] = (
             expires_at TEXT NOT NULL
         )
         """,
-        "CREATE INDEX sessions_by_user ON sessions (user_id)",
-        """
+            "CREATE INDEX sessions_by_user ON sessions (user_id)",
+            """
         CREATE TABLE user_keys (
             key_id INTEGER PRIMARY KEY REFERENCES api_keys (id) ON DELETE CASCADE,
             user_id INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE
         )
         """,
+        ),
     ),
     # 3 (H6): the hierarchy keys belong to (orgs -> teams -> projects, a
     # `default` of each so a fresh install has somewhere to put its first
@@ -86,9 +110,11 @@ MIGRATIONS: Sequence[Migration] = (
     # scope, and usage per day, key, project, model and status. Existing keys
     # join the default project. A scope is (kind, id) with kind one of key,
     # project, team, org: no foreign key, so one table serves all four.
-    (
-        "CREATE TABLE orgs (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
-        """
+    Migration(
+        "creates the hierarchy (orgs, teams, projects), limits, budgets and daily usage; keys get a project",
+        (
+            "CREATE TABLE orgs (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
+            """
         CREATE TABLE teams (
             id INTEGER PRIMARY KEY,
             org_id INTEGER NOT NULL REFERENCES orgs (id),
@@ -96,7 +122,7 @@ MIGRATIONS: Sequence[Migration] = (
             UNIQUE (org_id, name)
         )
         """,
-        """
+            """
         CREATE TABLE projects (
             id INTEGER PRIMARY KEY,
             team_id INTEGER NOT NULL REFERENCES teams (id),
@@ -104,14 +130,14 @@ MIGRATIONS: Sequence[Migration] = (
             UNIQUE (team_id, name)
         )
         """,
-        "INSERT INTO orgs (id, name) VALUES (1, 'default')",
-        "INSERT INTO teams (id, org_id, name) VALUES (1, 1, 'default')",
-        "INSERT INTO projects (id, team_id, name) VALUES (1, 1, 'default')",
-        "ALTER TABLE api_keys ADD COLUMN project_id INTEGER NOT NULL DEFAULT 1",
-        "ALTER TABLE api_keys ADD COLUMN expires_at TEXT",
-        # A JSON list of model names; NULL means every model.
-        "ALTER TABLE api_keys ADD COLUMN models TEXT",
-        """
+            "INSERT INTO orgs (id, name) VALUES (1, 'default')",
+            "INSERT INTO teams (id, org_id, name) VALUES (1, 1, 'default')",
+            "INSERT INTO projects (id, team_id, name) VALUES (1, 1, 'default')",
+            "ALTER TABLE api_keys ADD COLUMN project_id INTEGER NOT NULL DEFAULT 1",
+            "ALTER TABLE api_keys ADD COLUMN expires_at TEXT",
+            # A JSON list of model names; NULL means every model.
+            "ALTER TABLE api_keys ADD COLUMN models TEXT",
+            """
         CREATE TABLE limits (
             scope_kind TEXT NOT NULL CHECK (scope_kind IN ('key', 'project', 'team', 'org')),
             scope_id INTEGER NOT NULL,
@@ -120,7 +146,7 @@ MIGRATIONS: Sequence[Migration] = (
             PRIMARY KEY (scope_kind, scope_id)
         )
         """,
-        """
+            """
         CREATE TABLE budgets (
             scope_kind TEXT NOT NULL CHECK (scope_kind IN ('key', 'project', 'team', 'org')),
             scope_id INTEGER NOT NULL,
@@ -129,8 +155,8 @@ MIGRATIONS: Sequence[Migration] = (
             PRIMARY KEY (scope_kind, scope_id)
         )
         """,
-        # key_id 0: requests that carried no key (auth disabled).
-        """
+            # key_id 0: requests that carried no key (auth disabled).
+            """
         CREATE TABLE usage_daily (
             day TEXT NOT NULL,
             key_id INTEGER NOT NULL,
@@ -145,12 +171,15 @@ MIGRATIONS: Sequence[Migration] = (
             PRIMARY KEY (day, key_id, project_id, model, status)
         )
         """,
-        "CREATE INDEX usage_by_project ON usage_daily (project_id, day)",
+            "CREATE INDEX usage_by_project ON usage_daily (project_id, day)",
+        ),
     ),
     # 4 (H13): models added while running (`llmgw ctl model add`), kept as the definition's text
     # so that a restart reads them the way the first add did, errors with their lines included.
-    (
-        """
+    Migration(
+        "creates table catalog_models: models added with `llmgw ctl model add`",
+        (
+            """
         CREATE TABLE catalog_models (
             name TEXT PRIMARY KEY,
             definition TEXT NOT NULL,
@@ -158,17 +187,24 @@ MIGRATIONS: Sequence[Migration] = (
             added_at TEXT NOT NULL
         )
         """,
+        ),
     ),
     # 5: the highest usage-journal record the usage table has, written in the same
     # transaction as the usage it covers, so a record is replayed at start only if it is missing.
-    (
-        "CREATE TABLE usage_journal (id INTEGER PRIMARY KEY CHECK (id = 1), applied_seq INTEGER NOT NULL)",
-        "INSERT INTO usage_journal (id, applied_seq) VALUES (1, 0)",
+    Migration(
+        "creates table usage_journal: the highest usage-journal record the usage table has",
+        (
+            "CREATE TABLE usage_journal"
+            " (id INTEGER PRIMARY KEY CHECK (id = 1), applied_seq INTEGER NOT NULL)",
+            "INSERT INTO usage_journal (id, applied_seq) VALUES (1, 0)",
+        ),
     ),
     # 6: prices set with `llmgw prices set` (before server.yaml's), and the models a project may
     # call: a JSON list of names, NULL for every model.
-    (
-        """
+    Migration(
+        "creates table prices: prices set with `llmgw prices set`; adds column projects.models",
+        (
+            """
         CREATE TABLE prices (
             model TEXT PRIMARY KEY,
             prompt_per_1k REAL NOT NULL,
@@ -176,17 +212,23 @@ MIGRATIONS: Sequence[Migration] = (
             set_at TEXT NOT NULL
         )
         """,
-        "ALTER TABLE projects ADD COLUMN models TEXT",
+            "ALTER TABLE projects ADD COLUMN models TEXT",
+        ),
     ),
     # 7: email addresses unique whatever their case, in a form both databases index: PostgreSQL has no
     # COLLATE NOCASE (the users table's own UNIQUE is case-blind only on SQLite), and the lookups
     # match lower(email) so that they use this index on both.
-    ("CREATE UNIQUE INDEX users_by_email ON users (lower(email))",),
+    Migration(
+        "creates index users_by_email: email addresses unique whatever their case, on both databases",
+        ("CREATE UNIQUE INDEX users_by_email ON users (lower(email))",),
+    ),
     # 8: what each gateway holds of a scope's rpm, tpm or budget when several share a PostgreSQL store
     # (gateway/allowance.py); unused on SQLite, whose one gateway counts in memory. expires_at is in
     # seconds of the database's own clock, so that the gateways' clocks never need to agree.
-    (
-        """
+    Migration(
+        "creates table allowance_leases: what each gateway holds of a limit when several share PostgreSQL",
+        (
+            """
         CREATE TABLE allowance_leases (
             scope TEXT NOT NULL,
             kind TEXT NOT NULL,
@@ -196,6 +238,7 @@ MIGRATIONS: Sequence[Migration] = (
             PRIMARY KEY (scope, kind, holder)
         )
         """,
+        ),
     ),
     # 9: the highest usage-journal record the usage table has, per journal: each server's journal has an
     # id of its own (the `journal-id` file in its directory) and numbers its records from its own
@@ -212,18 +255,24 @@ MIGRATIONS: Sequence[Migration] = (
     # the old mark as its start (gateway/journal.py writes it in the id file, with the id, before the
     # first row of this table names the journal): it replays exactly what the earlier release would
     # have replayed, and an upgrade loses nothing that release kept. usage_journal stays, read only.
-    (
-        """
+    Migration(
+        "creates table usage_journal_marks: the usage-journal mark of each server's journal",
+        (
+            """
         CREATE TABLE usage_journal_marks (
             journal_id TEXT PRIMARY KEY,
             applied_seq INTEGER NOT NULL
         )
         """,
+        ),
     ),
     # 10: when each lease row next has a unit to give back, in seconds of the database's clock (NULL:
     # none busy, or a row an earlier release wrote): a gateway refused at a limit the others hold
     # tells its client when a request would really be admitted, not only when the next renewal is.
-    ("ALTER TABLE allowance_leases ADD COLUMN frees_at REAL",),
+    Migration(
+        "adds column allowance_leases.frees_at: when a lease next gives a unit back",
+        ("ALTER TABLE allowance_leases ADD COLUMN frees_at REAL",),
+    ),
 )
 
 
@@ -252,10 +301,10 @@ async def migrate(store: Store, migrations: Sequence[Migration] = MIGRATIONS) ->
         current = await schema_version(tx)
         if current > len(migrations):
             raise NewerSchema(current, len(migrations))
-        for version, statements in enumerate(migrations, start=1):
+        for version, migration in enumerate(migrations, start=1):
             if version <= current:
                 continue
-            for statement in statements:
+            for statement in migration.statements:
                 await tx.schema(statement)
             await tx.execute(
                 "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
