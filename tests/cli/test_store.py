@@ -103,16 +103,25 @@ def test_a_new_sqlite_store_is_checked_without_being_created(tmp_path: Path) -> 
     assert not (tmp_path / "state" / "llmgw.db").exists()
 
 
-def test_a_store_a_later_release_migrated_is_an_error_with_a_sentence(tmp_path: Path) -> None:
+def test_a_store_a_later_release_contracted_is_an_error_with_a_sentence(tmp_path: Path) -> None:
     config = tmp_path / "server.yaml"
     config.write_text(f"state_dir: {tmp_path / 'state'}\n")
-    _open_at(
-        tmp_path / "state" / "llmgw.db",
-        (*MIGRATIONS, Migration("later", ("CREATE TABLE later (x INTEGER)",))),
-    )
+    dropped = Migration("retires prices", ("DROP TABLE prices",), unused_since="0.1")
+    _open_at(tmp_path / "state" / "llmgw.db", (*MIGRATIONS, dropped))
     code, _, err = _run("--check", "--config", str(config))
     assert code == EXIT_ERROR
     assert f"is at schema version {LATEST + 1}, newer than this llmgw knows ({LATEST})" in err
+    assert f"migration {LATEST + 1} of a later release contracts it" in err
+
+
+def test_a_store_a_later_release_only_expanded_has_nothing_pending(tmp_path: Path) -> None:
+    config = tmp_path / "server.yaml"
+    config.write_text(f"state_dir: {tmp_path / 'state'}\n")
+    later = Migration("creates table later", ("CREATE TABLE later (x INTEGER)",))
+    _open_at(tmp_path / "state" / "llmgw.db", (*MIGRATIONS, later))
+    code, out, _ = _run("--check", "--config", str(config))
+    assert code == 0
+    assert "every later migration only expands it, so this release runs on it" in out
 
 
 @pytest.mark.parametrize(

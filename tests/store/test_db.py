@@ -71,11 +71,21 @@ class TestOpenStore:
         self, database: Path | str
     ) -> None:
         await _versions(
-            database, (*MIGRATIONS, Migration("creates table future", ("CREATE TABLE future (x INTEGER)",)))
+            database, (*MIGRATIONS, Migration("retires prices", ("DROP TABLE prices",), unused_since="0.1"))
         )
         with pytest.raises(StoreError, match="newer than this llmgw knows"):
             async with open_store(database):
                 pass
+
+    async def test_a_store_a_later_release_only_expanded_is_still_opened_and_used_by_this_one(
+        self, database: Path | str
+    ) -> None:
+        """A server of this release restarted in the middle of a roll, or brought back by a roll back."""
+        later = Migration("creates table future", ("CREATE TABLE future (x INTEGER)",))
+        await _versions(database, (*MIGRATIONS, later))
+        async with open_store(database) as store:
+            assert await schema_version(store) == len(MIGRATIONS) + 1
+            assert (await create_org(store, "acme")).name == "acme"
 
     async def test_servers_opening_a_new_store_at_once_apply_each_migration_once(
         self, database: Path | str

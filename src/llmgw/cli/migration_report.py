@@ -24,6 +24,13 @@ def _heading(pending: Pending, applied: bool) -> str:
 
 def migration_lines(pending: Pending, applied: bool) -> Iterator[str]:
     """The report, line by line; applied: the migrations were just applied rather than only read."""
+    if pending.newer:
+        yield (
+            f"the store {pending.where} is at schema version {pending.version}, newer than this llmgw "
+            f"knows ({pending.known}); every later migration only expands it, so this release runs on it: "
+            "nothing to apply"
+        )
+        return
     if not pending.migrations:
         yield f"the store {pending.where} is at schema version {pending.version}: nothing to apply"
         return

@@ -89,10 +89,12 @@ def migrate(source: str | None, target: str | None, replace: bool, check: bool, 
     database = _configured_store(config_path)
     try:
         pending = asyncio.run(pending_migrations(database))
-        if pending.newer:
+        if pending.contracting_after:
+            numbers = ", ".join(str(n) for n in pending.contracting_after)
             raise StoreError(
                 f"the store {pending.where} is at schema version {pending.version}, newer than this "
-                f"llmgw knows ({pending.known}): a later release migrated it; run that release"
+                f"llmgw knows ({pending.known}), and migration {numbers} of a later release contracts "
+                "it: run that release (or later)"
             )
         if not check and pending.migrations:
             asyncio.run(_apply(database))

@@ -18,6 +18,7 @@ import attrs
 
 from llmgw.errors import StoreError
 from llmgw.store.base import Queries, Store
+from llmgw.store.schema_changes import Kind, kind
 
 
 @attrs.frozen
@@ -39,7 +40,8 @@ class Migration:
 
 
 class NewerSchema(StoreError):
-    """The store was written by a later release, whose schema this one does not know."""
+    """The store was migrated by a later release, and a migration this one does not know contracts it
+    (or was applied by a release that recorded no kinds)."""
 
     def __init__(self, found: int, known: int) -> None:
         super().__init__(
@@ -276,6 +278,24 @@ MIGRATIONS: Sequence[Migration] = (
 )
 
 
+# The migrations, among those applied, that only expand the schema, each recorded as it is applied: a
+# server of an earlier release then runs on a store a later one migrated when every migration it does not
+# know only expands it, as when it restarts in the middle of a roll, or is what a roll back brings back
+# (docs/operations.md, Upgrading). Migrations applied before this table recorded nothing count as
+# contracting: an earlier release refused any newer store.
+_EXPAND_ONLY = "CREATE TABLE IF NOT EXISTS schema_expand_only (version INTEGER PRIMARY KEY)"
+
+
+async def contracting_after(queries: Queries, known: int, version: int) -> list[int]:
+    """The applied migrations after known, up to version, not recorded as only expanding the schema."""
+    tables = {str(row[0]) for row in await queries.fetch_all(queries.dialect.tables)}
+    expanding: set[int] = set()
+    if "schema_expand_only" in tables:
+        rows = await queries.fetch_all("SELECT version FROM schema_expand_only WHERE version > ?", (known,))
+        expanding = {int(row[0]) for row in rows}
+    return [number for number in range(known + 1, version + 1) if number not in expanding]
+
+
 async def schema_version(queries: Queries) -> int:
     """The highest migration applied; 0 for a new store."""
     tables = {str(row[0]) for row in await queries.fetch_all(queries.dialect.tables)}
@@ -286,6 +306,9 @@ async def schema_version(queries: Queries) -> int:
 
 async def migrate(store: Store, migrations: Sequence[Migration] = MIGRATIONS) -> int:
     """Apply the migrations the store lacks in one transaction; returns the schema version.
+
+    A store a later release migrated is refused (NewerSchema) unless every migration this release does
+    not know only expanded it: this release's queries still work there.
 
     Two servers opening a new store at once must not both apply migration 1: on SQLite the
     transaction's BEGIN IMMEDIATE takes the write lock before the version is read; on PostgreSQL
@@ -298,9 +321,12 @@ async def migrate(store: Store, migrations: Sequence[Migration] = MIGRATIONS) ->
             "CREATE TABLE IF NOT EXISTS schema_version"
             " (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
+        await tx.schema(_EXPAND_ONLY)
         current = await schema_version(tx)
         if current > len(migrations):
-            raise NewerSchema(current, len(migrations))
+            if await contracting_after(tx, len(migrations), current):
+                raise NewerSchema(current, len(migrations))
+            return current
         for version, migration in enumerate(migrations, start=1):
             if version <= current:
                 continue
@@ -310,6 +336,8 @@ async def migrate(store: Store, migrations: Sequence[Migration] = MIGRATIONS) ->
                 "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
                 (version, datetime.now(UTC).isoformat(timespec="seconds")),
             )
+            if kind(migration) is Kind.EXPAND:
+                await tx.execute("INSERT INTO schema_expand_only (version) VALUES (?)", (version,))
         if current < len(migrations) and tx.dialect.realign_ids is not None:
             await tx.execute(tx.dialect.realign_ids)
     return len(migrations)

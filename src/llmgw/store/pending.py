@@ -20,7 +20,8 @@ import attrs
 
 from llmgw.config.database import PostgresUrl, is_postgres_url
 from llmgw.errors import StoreError
-from llmgw.store.migrations import MIGRATIONS, Migration, schema_version
+from llmgw.store.base import Queries
+from llmgw.store.migrations import MIGRATIONS, Migration, contracting_after, schema_version
 from llmgw.store.postgres import CONNECT_TIMEOUT_S, PostgresStore
 from llmgw.store.sqlite import SqliteStore, unusable
 
@@ -34,6 +35,9 @@ class Pending:
     version: int
     known: int
     migrations: Sequence[tuple[int, Migration]]
+    # Of the migrations a later release applied (version above known), those not recorded as only
+    # expanding the schema: this release refuses the store while there is one.
+    contracting_after: Sequence[int] = ()
 
     @property
     def newer(self) -> bool:
@@ -41,9 +45,12 @@ class Pending:
         return self.version > self.known
 
 
-def _pending(where: str, version: int, migrations: Sequence[Migration]) -> Pending:
-    numbered = list(enumerate(migrations, start=1))[version:]
-    return Pending(where, version, len(migrations), numbered)
+async def _read(where: str, queries: Queries, migrations: Sequence[Migration]) -> Pending:
+    version = await schema_version(queries)
+    if version > len(migrations):
+        contracting = await contracting_after(queries, len(migrations), version)
+        return Pending(where, version, len(migrations), [], contracting)
+    return Pending(where, version, len(migrations), list(enumerate(migrations, start=1))[version:])
 
 
 async def pending_migrations(database: Path | str, migrations: Sequence[Migration] = MIGRATIONS) -> Pending:
@@ -55,14 +62,14 @@ async def pending_migrations(database: Path | str, migrations: Sequence[Migratio
 
 async def _sqlite(path: Path, migrations: Sequence[Migration]) -> Pending:
     if not await asyncio.to_thread(path.exists):
-        return _pending(str(path), 0, migrations)
+        return Pending(str(path), 0, len(migrations), list(enumerate(migrations, start=1)))
     try:
         db = await aiosqlite.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
     except sqlite3.Error as exc:
         raise unusable(path, exc) from None
     try:
         await db.execute("PRAGMA busy_timeout = 5000")
-        return _pending(str(path), await schema_version(SqliteStore(path, db)), migrations)
+        return await _read(str(path), SqliteStore(path, db), migrations)
     except sqlite3.Error as exc:
         raise unusable(path, exc) from None
     finally:
@@ -78,8 +85,7 @@ async def _postgres(url: str, migrations: Sequence[Migration]) -> Pending:
     # refused connection into the sentence the server says.
     pool = await asyncpg.create_pool(url, min_size=0, max_size=1, timeout=CONNECT_TIMEOUT_S)
     try:
-        store = PostgresStore(where, pool)
-        return _pending(str(where), await schema_version(store), migrations)
+        return await _read(str(where), PostgresStore(where, pool), migrations)
     finally:
         with contextlib.suppress(Exception):
             await pool.close()

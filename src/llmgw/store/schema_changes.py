@@ -14,10 +14,13 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
-from llmgw.store.migrations import Migration
+if TYPE_CHECKING:
+    # Only the type: migrations.py asks this module the kind of each migration it applies.
+    from llmgw.store.migrations import Migration
 
 
 class Kind(enum.Enum):
