@@ -14,29 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import attrs
-
 from llmgw.errors import StoreError
 from llmgw.store.base import Queries, Store
+
+# Migration is declared beside what reads its statements (schema_changes.py); named here too, where
+# everything that applies migrations imports it from.
 from llmgw.store.schema_changes import Kind, kind
-
-
-@attrs.frozen
-class Migration:
-    """One step of the schema: what it does in words (`llmgw store migrate --check` prints it), and its
-    statements.
-
-    A migration a release ships must let the previous release keep running on the same store while
-    the control planes are rolled one by one (docs/operations.md, Upgrading): it only expands the
-    schema (new tables, new nullable or defaulted columns, new indexes, rows), and what a release
-    stops using is removed by a contracting migration of a later release. unused_since names the
-    release from which no llmgw reads what a contracting migration removes; None for expand-only.
-    tests/store/test_migrations.py holds every migration to this (schema_changes.py reads them).
-    """
-
-    does: str
-    statements: Sequence[str]
-    unused_since: str | None = None
+from llmgw.store.schema_changes import Migration as Migration
 
 
 class NewerSchema(StoreError):

@@ -1,4 +1,4 @@
-"""What a migration's statements do to the schema, in words, and whether the previous release survives it.
+"""A migration, what its statements do to the schema in words, and whether the previous release survives it.
 
 During a roll of several control planes (docs/operations.md, Upgrading) the previous release and the
 new one share the store: the first new server applies the new migrations while old servers still run
@@ -14,13 +14,26 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import attrs
 
-if TYPE_CHECKING:
-    # Only the type: migrations.py asks this module the kind of each migration it applies.
-    from llmgw.store.migrations import Migration
+
+@attrs.frozen
+class Migration:
+    """One step of the schema: what it does in words (`llmgw store migrate --check` prints it), and its
+    statements.
+
+    A migration a release ships must let the previous release keep running on the same store while
+    the control planes are rolled one by one (docs/operations.md, Upgrading): it only expands the
+    schema (new tables, new nullable or defaulted columns, new indexes, rows), and what a release
+    stops using is removed by a contracting migration of a later release. unused_since names the
+    release from which no llmgw reads what a contracting migration removes; None for expand-only.
+    tests/store/test_schema_changes.py holds every migration to this.
+    """
+
+    does: str
+    statements: Sequence[str]
+    unused_since: str | None = None
 
 
 class Kind(enum.Enum):
