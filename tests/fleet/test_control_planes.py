@@ -6,7 +6,9 @@ address of their own; n1's agent lists the standby first; n2 sends steady traffi
 (about 50 requests a second) through the standby's gateway. The leader is then
 either SIGKILLed or its host unplugged, and the standby must take over: the agent
 reconnects to it, its running engine is adopted (the same process, no second one),
-and placement goes on.
+and placement goes on. Or both are rolled as for an upgrade (docs/operations.md,
+Upgrading): the standby stopped and started again, then the leader, under traffic
+through both gateways from clients that fail over as a load balancer would.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -117,27 +120,31 @@ def database(fleet: Fleet, hosts: tuple[Host, Host]) -> Iterator[str]:
         yield cluster.fresh_database()
 
 
+def _plane_config(fleet: Fleet, name: str, host: Host, url: str) -> Path:
+    return fleet.server_config(
+        [MODEL],
+        host=host,
+        name=name,
+        database=url,
+        # The gateway is what is measured; the keys' store is tested elsewhere.
+        auth={"enabled": False},
+        # A grace longer than the takeover: the new leader waits for the agent to come back
+        # rather than place the model's replica a second time.
+        control={
+            "interval_s": 0.5,
+            "grace_s": 20.0,
+            "base_backoff_s": 1.0,
+            "name": name,
+            "advertise": f"{host.address}:{AGENT_PORT}",
+        },
+    )
+
+
 def _planes(fleet: Fleet, cp2: Host, url: str) -> list[Plane]:
     """Both servers, cp1 on cp and cp2 on cp2, each started once the one before answers."""
     planes = []
     for name, host in (("cp1", fleet.cp), ("cp2", cp2)):
-        path = fleet.server_config(
-            [MODEL],
-            host=host,
-            name=name,
-            database=url,
-            # The gateway is what is measured; the keys' store is tested elsewhere.
-            auth={"enabled": False},
-            # A grace longer than the takeover: the new leader waits for the agent to come back
-            # rather than place the model's replica a second time.
-            control={
-                "interval_s": 0.5,
-                "grace_s": 20.0,
-                "base_backoff_s": 1.0,
-                "name": name,
-                "advertise": f"{host.address}:{AGENT_PORT}",
-            },
-        )
+        path = _plane_config(fleet, name, host, url)
         planes.append(Plane(name, host, fleet.run_server(host, path, name), fleet.admin_token))
     return planes
 
@@ -153,29 +160,45 @@ def _leader_and_standby(planes: list[Plane]) -> tuple[Plane, Plane]:
 
 @attrs.define
 class Traffic:
-    """Clients on a host posting chat completions to a gateway until stopped: (when, status) of each.
+    """Clients on a host posting chat completions to gateways until stopped: (when, status) of each.
 
-    Status 0: no answer at all; negative: an answer without a completion.
+    Client i sends to gateways[i % len(gateways)] and, when that one does not answer at all (its
+    listener closed: a server stopping), sends the request once more to the next, as a load balancer
+    retries a connection refused on another backend. Status 0: no answer from any; negative: an
+    answer without a completion.
     """
 
     host: Host
-    gateway: str
+    gateways: list[str]
     outcomes: list[tuple[float, int]] = attrs.Factory(list)
+    # Requests answered by the next gateway after the first did not answer.
+    failed_over: int = 0
+    # (when, the gateway, its status, its body) of every request without a completion.
+    failures: list[tuple[float, str, int, Any]] = attrs.Factory(list)
     _stop: threading.Event = attrs.Factory(threading.Event)
     _clients: list[threading.Thread] = attrs.Factory(list)
 
     def start(self) -> None:
-        for _ in range(CLIENTS):
-            client = threading.Thread(target=lambda: self.host.call_here(self._ask), daemon=True)
+        for i in range(CLIENTS):
+            order = self.gateways[i % len(self.gateways) :] + self.gateways[: i % len(self.gateways)]
+            client = threading.Thread(
+                target=lambda order=order: self.host.call_here(lambda: self._ask(order)), daemon=True
+            )
             client.start()
             self._clients.append(client)
 
-    def _ask(self) -> None:
+    def _ask(self, order: list[str]) -> None:
         body = {"model": MODEL["name"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         while not self._stop.is_set():
-            reply: Reply = http("POST", f"{self.gateway}/v1/chat/completions", body, timeout_s=30.0)
+            for tries, gateway in enumerate(order):
+                reply: Reply = http("POST", f"{gateway}/v1/chat/completions", body, timeout_s=30.0)
+                if reply.status != 0:
+                    self.failed_over += tries > 0
+                    break
             ok = isinstance(reply.body, dict) and "choices" in reply.body
             self.outcomes.append((time.monotonic(), reply.status if ok else -reply.status))
+            if not ok:
+                self.failures.append((time.monotonic(), gateway, reply.status, reply.body))
             time.sleep(PAUSE_S)
 
     def wait_for(self, more: int) -> None:
@@ -200,10 +223,11 @@ def _started(fleet: Fleet, node: str) -> list[str]:
 
 
 def _steady(
-    fleet: Fleet, url: str, hosts: tuple[Host, Host]
+    fleet: Fleet, url: str, hosts: tuple[Host, Host], through_both: bool = False
 ) -> tuple[Plane, Plane, dict[str, Any], int, Traffic]:
     """Both planes, the agent on n1 connected to the leader with the model's replica ready, and
-    traffic through the standby's gateway: (leader, standby, the replica, its engine's pid, traffic)."""
+    traffic through the standby's gateway (through_both: and the leader's, each client failing over
+    to the other): (leader, standby, the replica, its engine's pid, traffic)."""
     leader, standby = _leader_and_standby(_planes(fleet, hosts[0], url))
     # The standby first: the agent must find the leader whatever the order.
     fleet.start_agent(
@@ -216,7 +240,8 @@ def _steady(
     [record] = engine_state.read_state(fleet.workdir / "n1")
     # The standby routes to it too, from the table the leader published.
     wait_until(lambda: standby.ready(MODEL["name"]) or _served(standby), WAIT_S, "the standby to route")
-    traffic = Traffic(fleet.network.hosts["n2"], standby.gateway)
+    gateways = [standby.gateway, leader.gateway] if through_both else [standby.gateway]
+    traffic = Traffic(fleet.network.hosts["n2"], gateways)
     traffic.start()
     try:
         traffic.wait_for(100)
@@ -326,3 +351,64 @@ def test_when_the_leaders_host_vanishes_the_standby_takes_over_within_the_bound_
         f"the agent reached it {connected - cut:.1f} s after the cut"
     )
     assert failed == [], f"{len(failed)} requests failed through the standby's gateway: {failed[:10]}"
+
+
+def _started_again(fleet: Fleet, plane: Plane, url: str) -> Plane:
+    """plane's server started again with its configuration (a new release would be), once stopped."""
+    path = _plane_config(fleet, plane.name, plane.host, url)
+    return Plane(plane.name, plane.host, fleet.run_server(plane.host, path, f"{plane.name}-new"), plane.token)
+
+
+def _routing(plane: Plane, leader: str) -> None:
+    """Wait until plane is a standby naming leader and its gateway routes to the replica."""
+    wait_until(
+        lambda: plane.role() == ("standby", leader), WAIT_S, f"{plane.name} to name {leader} the leader"
+    )
+    wait_until(lambda: plane.ready(MODEL["name"]) or _served(plane), WAIT_S, f"{plane.name} to route")
+
+
+def test_rolling_both_control_planes_standby_first_then_the_leader_fails_no_request(
+    fleet: Fleet, database: str, hosts: tuple[Host, Host]
+) -> None:
+    """docs/operations.md, Upgrading: each server stopped cleanly (SIGTERM) and started again, the
+    standby first, then the leader, which hands over as it stops; clients fail over between gateways."""
+    leader, standby, replica, pid, traffic = _steady(fleet, database, hosts, through_both=True)
+    try:
+        began = time.monotonic()
+        standby_code = standby.process.stop(timeout_s=30)
+        print(f"\nstandby stopped {time.monotonic() - began:.2f} s into the roll")
+        standby = _started_again(fleet, standby, database)
+        _routing(standby, leader.name)
+        standby_rolled = time.monotonic()
+        print(f"standby routing again {standby_rolled - began:.2f} s into the roll")
+        leader_code = leader.process.stop(timeout_s=30)
+        leader_stopped = time.monotonic()
+        wait_until(lambda: standby.role()[0] == "leader", WAIT_S, "the standby to take over", every_s=0.05)
+        led = time.monotonic()
+        wait_until(lambda: standby.connected("n1"), WAIT_S, "the agent to reach the new leader", every_s=0.05)
+        wait_until(lambda: standby.ready(MODEL["name"]), WAIT_S, "the replica to be adopted", every_s=0.05)
+        adopted = time.monotonic()
+        leader = _started_again(fleet, leader, database)
+        _routing(leader, standby.name)
+        done = time.monotonic()
+        _adopted(fleet, standby, replica, pid)
+        _placement_goes_on(standby)
+        traffic.wait_for(100)
+    finally:
+        traffic.stop()
+
+    during = [s for when, s in traffic.outcomes if began <= when <= done]
+    failed = traffic.failed()
+    print(
+        f"\nroll of two control planes: standby stopped (exit {standby_code}) and routing again after "
+        f"{standby_rolled - began:.2f} s; leader stopped (exit {leader_code}) in "
+        f"{leader_stopped - standby_rolled:.2f} s, -> standby leads: {led - leader_stopped:.2f} s; "
+        f"-> replica adopted: {adopted - leader_stopped:.2f} s; "
+        f"old leader routing again as a standby: {done - began:.2f} s after the roll began; "
+        f"requests: {len(traffic.outcomes)} at {traffic.rate():.0f}/s ({len(during)} during the roll, "
+        f"{traffic.failed_over} answered by the other gateway), failed: {len(failed)}"
+    )
+    assert (standby_code, leader_code) == (0, 0), "a server did not stop cleanly on SIGTERM"
+    for when, gateway, status, body in traffic.failures:
+        print(f"failed {when - began:.2f} s into the roll through {gateway}: {status} {body}")
+    assert failed == [], f"{len(failed)} requests failed during the roll: {failed[:10]}"

@@ -45,14 +45,20 @@ class TestOpenStore:
 
     async def test_a_later_release_applies_only_its_new_migration(self, database: Path | str) -> None:
         await _versions(database)
-        later = (*MIGRATIONS, ("CREATE TABLE added_later (x INTEGER)",))
+        later = (
+            *MIGRATIONS,
+            Migration("creates table added_later", ("CREATE TABLE added_later (x INTEGER)",)),
+        )
         assert await _versions(database, later) == list(range(1, len(later) + 1))
         async with open_store(database, later) as store:
             assert await store.fetch_value("SELECT count(*) FROM added_later") == 0
 
     async def test_a_failing_migration_leaves_nothing_half_applied(self, database: Path | str) -> None:
         await _versions(database)
-        broken = (*MIGRATIONS, ("CREATE TABLE half (x INTEGER)", "THIS IS NOT SQL"))
+        broken = (
+            *MIGRATIONS,
+            Migration("fails half way", ("CREATE TABLE half (x INTEGER)", "THIS IS NOT SQL")),
+        )
         with pytest.raises(StoreError, match=r"cannot (open|bring) the store"):
             async with open_store(database, broken):
                 pass
@@ -64,10 +70,22 @@ class TestOpenStore:
     async def test_a_store_written_by_a_later_release_is_refused_with_a_sentence(
         self, database: Path | str
     ) -> None:
-        await _versions(database, (*MIGRATIONS, ("CREATE TABLE future (x INTEGER)",)))
+        await _versions(
+            database, (*MIGRATIONS, Migration("retires prices", ("DROP TABLE prices",), unused_since="0.1"))
+        )
         with pytest.raises(StoreError, match="newer than this llmgw knows"):
             async with open_store(database):
                 pass
+
+    async def test_a_store_a_later_release_only_expanded_is_still_opened_and_used_by_this_one(
+        self, database: Path | str
+    ) -> None:
+        """A server of this release restarted in the middle of a roll, or brought back by a roll back."""
+        later = Migration("creates table future", ("CREATE TABLE future (x INTEGER)",))
+        await _versions(database, (*MIGRATIONS, later))
+        async with open_store(database) as store:
+            assert await schema_version(store) == len(MIGRATIONS) + 1
+            assert (await create_org(store, "acme")).name == "acme"
 
     async def test_servers_opening_a_new_store_at_once_apply_each_migration_once(
         self, database: Path | str

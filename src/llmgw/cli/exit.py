@@ -9,6 +9,8 @@ EXIT_UNREACHABLE = 3
 EXIT_NOT_FOUND = 4
 # `llmgw ctl`: the server refused the admin token (or none was given where one is needed).
 EXIT_DENIED = 5
+# `llmgw store migrate --check`: the store lacks migrations (what they do is printed).
+EXIT_PENDING = 10
 # sysexits.h's EX_CONFIG: the configuration is wrong, retrying will not help.
 EXIT_CONFIG = 78
 # 128 + SIGINT, what a shell reports for an interrupted program.

@@ -45,7 +45,8 @@ COMMANDS = {
     ),
     "server": LazyCommand("llmgw.cli.server_init:server", "Set up the machine the control plane runs on."),
     "store": LazyCommand(
-        "llmgw.cli.store:store", "The store: back it up while the server runs; move it to another database."
+        "llmgw.cli.store:store",
+        "The store: back it up while the server runs; bring its schema up to date; move it elsewhere.",
     ),
     "teams": LazyCommand("llmgw.cli.hierarchy:teams", "The teams: create, rename, list, delete."),
     "usage": LazyCommand(

@@ -66,6 +66,10 @@ _KEY_REFRESH_S = 0.5
 _QUOTA_REFRESH_S = 1.0
 # A model added on another control plane sharing the store is served and placed within a second.
 _CATALOG_REFRESH_S = 1.0
+# How long a server sharing PostgreSQL waits, before its gateway listens, to read the leader's routing
+# table once: the leadership's connection is made within 5 s (control/ha/leadership.py), and a server
+# whose PostgreSQL is away still starts, saying so, rather than hang.
+_FIRST_LOOK_S = 10.0
 
 
 @attrs.define
@@ -356,6 +360,12 @@ async def _join_the_fleet(
     if routes is not None:
         tasks.keep(routes.follow(), "routing-table-follow")
         tasks.keep(_refresh_catalog(catalog), "catalog-refresh")
+        if not await routes.first_look(_FIRST_LOOK_S):
+            log.warning(
+                "the leader's routing table could not be read yet; the gateway serves without it until "
+                "it is (requests for the fleet's models fail meanwhile)",
+                within_s=_FIRST_LOOK_S,
+            )
     return _Fleet(leadership, routes, agent_port)
 
 

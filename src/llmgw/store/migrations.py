@@ -17,11 +17,15 @@ from datetime import UTC, datetime
 from llmgw.errors import StoreError
 from llmgw.store.base import Queries, Store
 
-Migration = Sequence[str]
+# Migration is declared beside what reads its statements (schema_changes.py); named here too, where
+# everything that applies migrations imports it from.
+from llmgw.store.schema_changes import Kind, kind
+from llmgw.store.schema_changes import Migration as Migration
 
 
 class NewerSchema(StoreError):
-    """The store was written by a later release, whose schema this one does not know."""
+    """The store was migrated by a later release, and a migration this one does not know contracts it
+    (or was applied by a release that recorded no kinds)."""
 
     def __init__(self, found: int, known: int) -> None:
         super().__init__(
@@ -35,8 +39,10 @@ class NewerSchema(StoreError):
 MIGRATIONS: Sequence[Migration] = (
     # 1: API keys. Only the sha256 of a key is kept, with its first characters
     # so a person can tell keys apart in `llmgw keys list` and revoke one.
-    (
-        """
+    Migration(
+        "creates table api_keys: API keys, kept as their sha256",
+        (
+            """
         CREATE TABLE api_keys (
             id INTEGER PRIMARY KEY,
             name TEXT NOT NULL,
@@ -46,13 +52,16 @@ MIGRATIONS: Sequence[Migration] = (
             revoked_at TEXT
         )
         """,
+        ),
     ),
     # 2 (H7): people who sign in to the pages, their sessions, and which keys
     # each made on their profile. users.project_id names a project of the
     # hierarchy (orgs -> teams -> projects); no foreign key, because that table
     # arrives in a migration of its own.
-    (
-        """
+    Migration(
+        "creates tables users, sessions and user_keys: accounts for the pages and their sessions",
+        (
+            """
         CREATE TABLE users (
             id INTEGER PRIMARY KEY,
             email TEXT NOT NULL UNIQUE COLLATE NOCASE,
@@ -63,7 +72,7 @@ MIGRATIONS: Sequence[Migration] = (
             created_at TEXT NOT NULL
         )
         """,
-        """
+            """
         CREATE TABLE sessions (
             token_hash TEXT PRIMARY KEY,
             user_id INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
@@ -72,13 +81,14 @@ MIGRATIONS: Sequence[Migration] = (
             expires_at TEXT NOT NULL
         )
         """,
-        "CREATE INDEX sessions_by_user ON sessions (user_id)",
-        """
+            "CREATE INDEX sessions_by_user ON sessions (user_id)",
+            """
         CREATE TABLE user_keys (
             key_id INTEGER PRIMARY KEY REFERENCES api_keys (id) ON DELETE CASCADE,
             user_id INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE
         )
         """,
+        ),
     ),
     # 3 (H6): the hierarchy keys belong to (orgs -> teams -> projects, a
     # `default` of each so a fresh install has somewhere to put its first
@@ -86,9 +96,11 @@ MIGRATIONS: Sequence[Migration] = (
     # scope, and usage per day, key, project, model and status. Existing keys
     # join the default project. A scope is (kind, id) with kind one of key,
     # project, team, org: no foreign key, so one table serves all four.
-    (
-        "CREATE TABLE orgs (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
-        """
+    Migration(
+        "creates the hierarchy (orgs, teams, projects), limits, budgets and daily usage; keys get a project",
+        (
+            "CREATE TABLE orgs (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
+            """
         CREATE TABLE teams (
             id INTEGER PRIMARY KEY,
             org_id INTEGER NOT NULL REFERENCES orgs (id),
@@ -96,7 +108,7 @@ MIGRATIONS: Sequence[Migration] = (
             UNIQUE (org_id, name)
         )
         """,
-        """
+            """
         CREATE TABLE projects (
             id INTEGER PRIMARY KEY,
             team_id INTEGER NOT NULL REFERENCES teams (id),
@@ -104,14 +116,14 @@ MIGRATIONS: Sequence[Migration] = (
             UNIQUE (team_id, name)
         )
         """,
-        "INSERT INTO orgs (id, name) VALUES (1, 'default')",
-        "INSERT INTO teams (id, org_id, name) VALUES (1, 1, 'default')",
-        "INSERT INTO projects (id, team_id, name) VALUES (1, 1, 'default')",
-        "ALTER TABLE api_keys ADD COLUMN project_id INTEGER NOT NULL DEFAULT 1",
-        "ALTER TABLE api_keys ADD COLUMN expires_at TEXT",
-        # A JSON list of model names; NULL means every model.
-        "ALTER TABLE api_keys ADD COLUMN models TEXT",
-        """
+            "INSERT INTO orgs (id, name) VALUES (1, 'default')",
+            "INSERT INTO teams (id, org_id, name) VALUES (1, 1, 'default')",
+            "INSERT INTO projects (id, team_id, name) VALUES (1, 1, 'default')",
+            "ALTER TABLE api_keys ADD COLUMN project_id INTEGER NOT NULL DEFAULT 1",
+            "ALTER TABLE api_keys ADD COLUMN expires_at TEXT",
+            # A JSON list of model names; NULL means every model.
+            "ALTER TABLE api_keys ADD COLUMN models TEXT",
+            """
         CREATE TABLE limits (
             scope_kind TEXT NOT NULL CHECK (scope_kind IN ('key', 'project', 'team', 'org')),
             scope_id INTEGER NOT NULL,
@@ -120,7 +132,7 @@ MIGRATIONS: Sequence[Migration] = (
             PRIMARY KEY (scope_kind, scope_id)
         )
         """,
-        """
+            """
         CREATE TABLE budgets (
             scope_kind TEXT NOT NULL CHECK (scope_kind IN ('key', 'project', 'team', 'org')),
             scope_id INTEGER NOT NULL,
@@ -129,8 +141,8 @@ MIGRATIONS: Sequence[Migration] = (
             PRIMARY KEY (scope_kind, scope_id)
         )
         """,
-        # key_id 0: requests that carried no key (auth disabled).
-        """
+            # key_id 0: requests that carried no key (auth disabled).
+            """
         CREATE TABLE usage_daily (
             day TEXT NOT NULL,
             key_id INTEGER NOT NULL,
@@ -145,12 +157,15 @@ MIGRATIONS: Sequence[Migration] = (
             PRIMARY KEY (day, key_id, project_id, model, status)
         )
         """,
-        "CREATE INDEX usage_by_project ON usage_daily (project_id, day)",
+            "CREATE INDEX usage_by_project ON usage_daily (project_id, day)",
+        ),
     ),
     # 4 (H13): models added while running (`llmgw ctl model add`), kept as the definition's text
     # so that a restart reads them the way the first add did, errors with their lines included.
-    (
-        """
+    Migration(
+        "creates table catalog_models: models added with `llmgw ctl model add`",
+        (
+            """
         CREATE TABLE catalog_models (
             name TEXT PRIMARY KEY,
             definition TEXT NOT NULL,
@@ -158,17 +173,24 @@ MIGRATIONS: Sequence[Migration] = (
             added_at TEXT NOT NULL
         )
         """,
+        ),
     ),
     # 5: the highest usage-journal record the usage table has, written in the same
     # transaction as the usage it covers, so a record is replayed at start only if it is missing.
-    (
-        "CREATE TABLE usage_journal (id INTEGER PRIMARY KEY CHECK (id = 1), applied_seq INTEGER NOT NULL)",
-        "INSERT INTO usage_journal (id, applied_seq) VALUES (1, 0)",
+    Migration(
+        "creates table usage_journal: the highest usage-journal record the usage table has",
+        (
+            "CREATE TABLE usage_journal"
+            " (id INTEGER PRIMARY KEY CHECK (id = 1), applied_seq INTEGER NOT NULL)",
+            "INSERT INTO usage_journal (id, applied_seq) VALUES (1, 0)",
+        ),
     ),
     # 6: prices set with `llmgw prices set` (before server.yaml's), and the models a project may
     # call: a JSON list of names, NULL for every model.
-    (
-        """
+    Migration(
+        "creates table prices: prices set with `llmgw prices set`; adds column projects.models",
+        (
+            """
         CREATE TABLE prices (
             model TEXT PRIMARY KEY,
             prompt_per_1k REAL NOT NULL,
@@ -176,17 +198,23 @@ MIGRATIONS: Sequence[Migration] = (
             set_at TEXT NOT NULL
         )
         """,
-        "ALTER TABLE projects ADD COLUMN models TEXT",
+            "ALTER TABLE projects ADD COLUMN models TEXT",
+        ),
     ),
     # 7: email addresses unique whatever their case, in a form both databases index: PostgreSQL has no
     # COLLATE NOCASE (the users table's own UNIQUE is case-blind only on SQLite), and the lookups
     # match lower(email) so that they use this index on both.
-    ("CREATE UNIQUE INDEX users_by_email ON users (lower(email))",),
+    Migration(
+        "creates index users_by_email: email addresses unique whatever their case, on both databases",
+        ("CREATE UNIQUE INDEX users_by_email ON users (lower(email))",),
+    ),
     # 8: what each gateway holds of a scope's rpm, tpm or budget when several share a PostgreSQL store
     # (gateway/allowance.py); unused on SQLite, whose one gateway counts in memory. expires_at is in
     # seconds of the database's own clock, so that the gateways' clocks never need to agree.
-    (
-        """
+    Migration(
+        "creates table allowance_leases: what each gateway holds of a limit when several share PostgreSQL",
+        (
+            """
         CREATE TABLE allowance_leases (
             scope TEXT NOT NULL,
             kind TEXT NOT NULL,
@@ -196,6 +224,7 @@ MIGRATIONS: Sequence[Migration] = (
             PRIMARY KEY (scope, kind, holder)
         )
         """,
+        ),
     ),
     # 9: the highest usage-journal record the usage table has, per journal: each server's journal has an
     # id of its own (the `journal-id` file in its directory) and numbers its records from its own
@@ -212,19 +241,43 @@ MIGRATIONS: Sequence[Migration] = (
     # the old mark as its start (gateway/journal.py writes it in the id file, with the id, before the
     # first row of this table names the journal): it replays exactly what the earlier release would
     # have replayed, and an upgrade loses nothing that release kept. usage_journal stays, read only.
-    (
-        """
+    Migration(
+        "creates table usage_journal_marks: the usage-journal mark of each server's journal",
+        (
+            """
         CREATE TABLE usage_journal_marks (
             journal_id TEXT PRIMARY KEY,
             applied_seq INTEGER NOT NULL
         )
         """,
+        ),
     ),
     # 10: when each lease row next has a unit to give back, in seconds of the database's clock (NULL:
     # none busy, or a row an earlier release wrote): a gateway refused at a limit the others hold
     # tells its client when a request would really be admitted, not only when the next renewal is.
-    ("ALTER TABLE allowance_leases ADD COLUMN frees_at REAL",),
+    Migration(
+        "adds column allowance_leases.frees_at: when a lease next gives a unit back",
+        ("ALTER TABLE allowance_leases ADD COLUMN frees_at REAL",),
+    ),
 )
+
+
+# The migrations, among those applied, that only expand the schema, each recorded as it is applied: a
+# server of an earlier release then runs on a store a later one migrated when every migration it does not
+# know only expands it, as when it restarts in the middle of a roll, or is what a roll back brings back
+# (docs/operations.md, Upgrading). Migrations applied before this table recorded nothing count as
+# contracting: an earlier release refused any newer store.
+_EXPAND_ONLY = "CREATE TABLE IF NOT EXISTS schema_expand_only (version INTEGER PRIMARY KEY)"
+
+
+async def contracting_after(queries: Queries, known: int, version: int) -> list[int]:
+    """The applied migrations after known, up to version, not recorded as only expanding the schema."""
+    tables = {str(row[0]) for row in await queries.fetch_all(queries.dialect.tables)}
+    expanding: set[int] = set()
+    if "schema_expand_only" in tables:
+        rows = await queries.fetch_all("SELECT version FROM schema_expand_only WHERE version > ?", (known,))
+        expanding = {int(row[0]) for row in rows}
+    return [number for number in range(known + 1, version + 1) if number not in expanding]
 
 
 async def schema_version(queries: Queries) -> int:
@@ -238,6 +291,9 @@ async def schema_version(queries: Queries) -> int:
 async def migrate(store: Store, migrations: Sequence[Migration] = MIGRATIONS) -> int:
     """Apply the migrations the store lacks in one transaction; returns the schema version.
 
+    A store a later release migrated is refused (NewerSchema) unless every migration this release does
+    not know only expanded it: this release's queries still work there.
+
     Two servers opening a new store at once must not both apply migration 1: on SQLite the
     transaction's BEGIN IMMEDIATE takes the write lock before the version is read; on PostgreSQL
     the dialect's migration lock makes the second wait, then find the migrations applied.
@@ -249,18 +305,23 @@ async def migrate(store: Store, migrations: Sequence[Migration] = MIGRATIONS) ->
             "CREATE TABLE IF NOT EXISTS schema_version"
             " (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
+        await tx.schema(_EXPAND_ONLY)
         current = await schema_version(tx)
         if current > len(migrations):
-            raise NewerSchema(current, len(migrations))
-        for version, statements in enumerate(migrations, start=1):
+            if await contracting_after(tx, len(migrations), current):
+                raise NewerSchema(current, len(migrations))
+            return current
+        for version, migration in enumerate(migrations, start=1):
             if version <= current:
                 continue
-            for statement in statements:
+            for statement in migration.statements:
                 await tx.schema(statement)
             await tx.execute(
                 "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
                 (version, datetime.now(UTC).isoformat(timespec="seconds")),
             )
+            if kind(migration) is Kind.EXPAND:
+                await tx.execute("INSERT INTO schema_expand_only (version) VALUES (?)", (version,))
         if current < len(migrations) and tx.dialect.realign_ids is not None:
             await tx.execute(tx.dialect.realign_ids)
     return len(migrations)

@@ -28,7 +28,14 @@ _PARENTS_FIRST = ("orgs", "teams", "projects", "api_keys", "users")
 # the installation: a copied lease would hold allowance for a gateway that never runs on the copy. The
 # same goes for the tables of the control planes sharing a PostgreSQL store (control/ha/leadership.py): a
 # database servers have run on has them and an SQLite file never does, and a move must not stop there.
-_NOT_COPIED = ("schema_version", "allowance_leases", "llmgw_control_planes", "llmgw_routing")
+# The schema's own bookkeeping is the target's: its open applied and recorded every migration.
+_NOT_COPIED = (
+    "schema_version",
+    "schema_expand_only",
+    "allowance_leases",
+    "llmgw_control_planes",
+    "llmgw_routing",
+)
 _SQLITE = "sqlite://"
 
 

@@ -167,6 +167,26 @@ class TestPublishing:
                 assert standby.routes.ready_endpoints(MODEL) == ()
 
 
+class TestStarting:
+    async def test_a_server_started_beside_a_leader_has_its_table_once_its_first_look_is_done(
+        self, postgres_url: str
+    ) -> None:
+        """What the server role waits for before its gateway listens: a roll restarts servers under
+        traffic, and a gateway without the table would answer "no ready replica"."""
+        async with running(Plane(postgres_url, "cp1")) as leader:
+            await eventually(lambda: leader.leadership.leading, ELECTED_S)
+            await eventually(lambda: leader.settled.is_set())
+            leader.inventory.attach(pb.Register(node_id="n1", running=[ready("n1", "s1", 9101, "sekrit")]))
+            await eventually(lambda: leader.routes.published.ready.get(MODEL), ELECTED_S)
+            async with running(Plane(postgres_url, "cp2")) as standby:
+                assert await standby.routes.first_look(ELECTED_S)
+                assert standby.routes.ready_endpoints(MODEL) == ("http://127.0.0.1:9101",)
+
+    async def test_the_first_look_is_done_when_nothing_was_ever_published(self, postgres_url: str) -> None:
+        async with running(Plane(postgres_url, "cp1")) as first:
+            assert await first.routes.first_look(ELECTED_S)
+
+
 class TestSteppingDown:
     async def test_a_leader_routes_by_what_it_published_once_it_stops_leading_without_reading_it_back(
         self, postgres_url: str, monkeypatch: pytest.MonkeyPatch

@@ -126,6 +126,10 @@ class FleetRoutes:
         self.published = RoutingTable()
         self.generation = 0
         self.read = asyncio.Event()
+        # Set once the table has been looked at, whether one was published or not: a server starting
+        # beside a leader (a roll, docs/operations.md "Upgrading") listens only then, or its gateway
+        # would answer "no ready replica" to the clients a load balancer sends it at once.
+        self.looked = asyncio.Event()
         # The table as it stood when this server took the lead, while it settles; None once settled.
         self._takeover: RoutingTable | None = None
         # The leadership's term in which this server settled: from the moment it takes the lead until
@@ -324,14 +328,26 @@ class FleetRoutes:
                 # The next connection marks the table to be read again.
                 log.warning("could not read the routing table", error=str(exc) or type(exc).__name__)
                 continue
-            if row is None or row["generation"] == self.generation:
-                continue
-            try:
-                table = RoutingTable.from_text(row["routes"])
-            except (ValueError, cattrs.BaseValidationError) as exc:
-                log.error("the published routing table cannot be read", error=str(exc))
-                continue
-            self._apply(table, row["generation"])
+            if row is not None and row["generation"] != self.generation:
+                self._read_row(row)
+            self.looked.set()
+
+    async def first_look(self, timeout_s: float) -> bool:
+        """Wait until the table was looked at once (found or not); False when timeout_s passed first."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.looked.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _read_row(self, row: asyncpg.Record) -> None:
+        try:
+            table = RoutingTable.from_text(row["routes"])
+        except (ValueError, cattrs.BaseValidationError) as exc:
+            log.error("the published routing table cannot be read", error=str(exc))
+            return
+        self._apply(table, row["generation"])
 
     def _apply(self, table: RoutingTable, generation: int) -> None:
         self.published = table
