@@ -101,7 +101,12 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
         for path in partial.glob("llmgw-*.whl"):
             path.unlink()
-        partial.rename(cached)
+        try:
+            partial.rename(cached)
+        except OSError:
+            if not cached.is_dir():
+                raise
+            shutil.rmtree(partial)  # another run beside this one filled it first
     for path in cached.glob("*.whl"):
         shutil.copyfile(path, house / path.name)
     return house
@@ -158,7 +163,11 @@ class Ssh:
         return process
 
     def on_node(self, sshd: Process, argv: list[str]) -> list[str]:
-        """argv in the node's own files: the mount namespace sshd, and so onboarding, wrote in."""
+        """argv in the node's own files: the mount namespace sshd, and so onboarding, wrote in.
+
+        sshd.pid is sshd's own: `ip netns exec`, `unshare` without --fork and `sh -c 'exec'` each
+        replace themselves with the next.
+        """
         return ["nsenter", f"--mount=/proc/{sshd.pid}/ns/mnt", "--", *argv]
 
     def node_has(self, sshd: Process, path: str) -> bool:
