@@ -26,6 +26,10 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # The test holding scripts/onboard-node.sh clean runs shellcheck on it.
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
+# A real sshd on a namespace host and the operator's ssh: the onboarding tests (tests/fleet/test_onboarding.py)
+# run scripts/onboard-node.sh across them.
+command -v sshd >/dev/null 2>&1 || need+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
 # Prometheus and promtool: a test scrapes a running server and agent with a real Prometheus,
 # others check the metrics pages with `promtool check metrics`.
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)

@@ -233,5 +233,5 @@ class TestCommands:
         assert (root / "var/lib/llmgw-mirror" / HOUSE / WHEEL).read_bytes() == made.wheel
         assert (
             "ok    vllm 0.32.0 (cpu)'s wheels in the mirror: nodes install it with agent.yaml "
-            f"`engines.vllm.wheelhouse: http://ctl1:8081/files/{HOUSE}/`"
+            f"`engines.vllm.wheelhouse: http://10.0.0.140:8081/files/{HOUSE}/`"
         ) in stdout

@@ -118,11 +118,19 @@ class TestServerInitWithABundle:
         code, stdout, _ = _init(root, "--bundle", str(out), "--sha256", sha)
         assert code == 0, stdout
         assert f"ok    bundle {out.absolute()}: 0 models and 1 engine releases" in stdout
-        assert "ok    engine_mirror in" in stdout and "http://ctl1:8081/files/engines" in stdout
+        assert "ok    engine_mirror in" in stdout and "http://10.0.0.140:8081/files/engines" in stdout
         placed = root / "var/lib/llmgw-mirror/engines/ggml-org/llama.cpp/releases/download/b1" / ASSET
         assert placed.read_bytes() == ARCHIVE
         text = (root / "etc/llmgw/server.yaml").read_text()
         assert f"{ASSET}: sha256:{digest(ARCHIVE)}" in text
+
+    def test_the_mirror_url_names_the_first_host_given_rather_than_the_address(self, tmp_path: Path) -> None:
+        out, sha = _with_engine(tmp_path)
+        code, stdout, _ = _init(
+            tmp_path / "machine", "--host", "llmgw.example.com", "--bundle", str(out), "--sha256", sha
+        )
+        assert code == 0, stdout
+        assert "http://llmgw.example.com:8081/files/engines" in stdout
 
     def test_a_bundle_that_does_not_match_is_refused_and_nothing_is_placed(self, tmp_path: Path) -> None:
         out, sha = _with_engine(tmp_path)

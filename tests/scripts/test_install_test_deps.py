@@ -15,7 +15,20 @@ import attrs
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install-test-deps.sh"
-PROGRAMS = ["cmake", "make", "cc", "c++", "chromium", "curl", "ip", "shellcheck", "prometheus", "promtool"]
+PROGRAMS = [
+    "cmake",
+    "make",
+    "cc",
+    "c++",
+    "chromium",
+    "curl",
+    "ip",
+    "shellcheck",
+    "sshd",
+    "ssh",
+    "prometheus",
+    "promtool",
+]
 
 
 @attrs.frozen
@@ -73,6 +86,15 @@ def test_as_root_it_installs_only_what_is_missing_without_asking(machine: Machin
         "noninteractive update -qq",
         "noninteractive install -y -qq --no-install-recommends shellcheck prometheus",
     ]
+
+
+def test_a_machine_without_ssh_gets_debians_sshd_and_ssh_client(machine: Machine) -> None:
+    machine.lacks("sshd", "ssh")
+    done = machine.run_as(0)
+    assert done.returncode == 0, done.stderr
+    assert machine.apt_get_calls()[-1] == (
+        "noninteractive install -y -qq --no-install-recommends openssh-server openssh-client"
+    )
 
 
 def test_a_user_who_is_not_root_is_told_the_one_command_that_installs_what_is_missing(

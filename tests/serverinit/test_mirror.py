@@ -50,7 +50,7 @@ class TestServerInitSetsUpTheMirror:
         assert sorted(names) == ["10.0.0.140", "127.0.0.1", "ctl1"]
         server = await asyncio.to_thread(load_server_config, options.config_path)
         assert server.mirror.api == "https://127.0.0.1:8082"
-        assert server.mirror.url == "http://ctl1:8081"
+        assert server.mirror.url == "http://10.0.0.140:8081"
         on_port_0 = config.evolve(mirror, listen="127.0.0.1:0", admin_listen="127.0.0.1:0")
         async with mirror_role(on_port_0) as handle, aiohttp.ClientSession() as http:
             assert handle.admin_url is not None

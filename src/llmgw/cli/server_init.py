@@ -52,8 +52,8 @@ def server() -> None:
     metavar="URL",
     default="",
     help="Where nodes reach the mirror's files "
-    "[default: server.yaml's mirror.url, else http://NAME:PORT, the first --host or else the hostname, "
-    "and mirror.yaml's port].",
+    "[default: server.yaml's mirror.url, else http://ADDRESS:PORT, the first --host or else the machine's "
+    "first address, and mirror.yaml's port].",
 )
 @click.pass_obj
 def init(

@@ -371,7 +371,10 @@ class _Steps:
         )
         mirror = mirror_config(site, on_machine(opts.root, MirrorConfig().root))
         _, port = split_host_port(mirror.listen, "listen")
-        address = next(iter(self.wanted_names()), "127.0.0.1")
+        # The address nodes reach, as `--server` is suggested: a hostname the control plane
+        # knows itself by is one nodes on a site without DNS for it cannot resolve, and every
+        # engine install on them would then fail on the mirror's URL.
+        address = next(iter(dial_addresses(self.wanted_names(), opts.hosts)), "127.0.0.1")
         url = (
             opts.mirror_url
             or load_server_config(opts.config_path).mirror.url
