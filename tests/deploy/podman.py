@@ -10,26 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-
-import pytest
 
 from llmgw import pki
 from tests import needs
 
-REPO = Path(__file__).resolve().parents[2]
 # The image's llmgw user: the files a container reads as it are handed to it.
 IMAGE_UID = 999
 
-_CONTAINERS_CONF = """\
+CONTAINERS_CONF = """\
 [engine]
 runtime = "runc"
 [containers]
@@ -39,6 +34,9 @@ network_backend = "netavark"
 """
 
 _T = TypeVar("_T")
+
+# The model both tests serve: the built-in sim engine, which needs nothing downloaded.
+SIM_MODEL = {"name": "sim-chat", "replicas": 1, "profiles": [{"engine": "sim"}]}
 
 
 def wait_until(predicate: Callable[[], _T], timeout_s: float, what: str) -> _T:
@@ -79,6 +77,9 @@ class Podman:
         self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
         self.label = label
         self.network = f"{label}-net"
+        # What `podman kube play` leaves behind by name: its Secrets' and volumes' (ConfigMaps, claims).
+        self.secrets: list[str] = []
+        self.volumes: list[str] = []
 
     def __call__(self, *args: str, check: bool = True, timeout_s: float = 120) -> str:
         done = subprocess.run(
@@ -111,6 +112,10 @@ class Podman:
             self("pod", "rm", "-f", "-t", "2", pod, check=False)
         for box in self("ps", "-aq", "--filter", f"label=llmgw-test={self.label}", check=False).split():
             self("rm", "-f", "-t", "2", box, check=False)
+        for secret in self.secrets:
+            self("secret", "rm", secret, check=False)
+        for volume in self.volumes:
+            self("volume", "rm", "-f", volume, check=False)
         self("network", "rm", "-f", self.network, check=False)
 
 
@@ -118,37 +123,6 @@ def require_podman() -> None:
     needs.root("running containers with rootful podman and building the image with mmdebstrap")
     for program in ("podman", "runc", "mmdebstrap", "iptables"):
         needs.program(program, "mmdebstrap" if program == "mmdebstrap" else program)
-
-
-@pytest.fixture(scope="session")
-def image() -> str:
-    """The image scripts/build-image.sh builds from this tree (its cache makes a second run quick)."""
-    require_podman()
-    done = subprocess.run(
-        ["scripts/build-image.sh"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHON": sys.executable},
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, f"scripts/build-image.sh exited {done.returncode}:\n{done.stderr[-4000:]}"
-    return done.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture
-def podman(tmp_path: Path) -> Iterator[Podman]:
-    """A Podman on a network of its own; its containers, pods and network are gone afterwards."""
-    require_podman()
-    conf = tmp_path / "containers.conf"
-    conf.write_text(_CONTAINERS_CONF)
-    box = Podman(conf, f"llmgw-{secrets.token_hex(4)}")
-    try:
-        box("network", "create", box.network)
-        yield box
-    finally:
-        box.remove_all()
 
 
 def certificates(directory: Path, server_names: Sequence[str], nodes: Sequence[str]) -> Path:
@@ -160,3 +134,29 @@ def certificates(directory: Path, server_names: Sequence[str], nodes: Sequence[s
     for path in [directory, *directory.iterdir()]:
         os.chown(path, IMAGE_UID, IMAGE_UID)
     return directory
+
+
+def chat(gateway: str, key: str) -> tuple[int, Any]:
+    return http(
+        "POST",
+        f"{gateway}/v1/chat/completions",
+        {"model": "sim-chat", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
+        {"Authorization": f"Bearer {key}"},
+    )
+
+
+def first_chat(box: Podman, gateway: str, key: str, containers: list[str]) -> dict[str, Any]:
+    """The first answered chat through gateway, once the sim replica is placed and ready."""
+
+    def answered() -> dict[str, Any] | None:
+        for name in containers:
+            state = box("inspect", "--format", "{{.State.Running}}", name, check=False).strip()
+            assert state != "false", f"{name} exited:\n{box.logs(name)[-3000:]}"
+        status, body = chat(gateway, key)
+        return body if status == 200 else None
+
+    try:
+        return wait_until(answered, 120, "a chat answered through the gateway")
+    except AssertionError:
+        logs = "\n".join(f"--- {name} ---\n{box.logs(name)[-3000:]}" for name in containers)
+        raise AssertionError(f"no chat was answered; the containers' logs:\n{logs}") from None

@@ -12,11 +12,10 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from .podman import IMAGE_UID, Podman, certificates, http, image, podman, wait_until  # noqa: F401
+from .podman import IMAGE_UID, SIM_MODEL, Podman, certificates, first_chat, http
 
 SERVER = "llmgw-server"
 NODE = "node-1"
-_SIM_MODEL = {"name": "sim-chat", "replicas": 1, "profiles": [{"engine": "sim"}]}
 
 
 def _write(path: Path, data: dict[str, Any]) -> Path:
@@ -47,7 +46,7 @@ def _server_yaml(path: Path, admin_token: str) -> Path:
             "control": {"interval_s": 0.5, "grace_s": 3.0, "base_backoff_s": 1.0},
             # Nothing a node would download: the machine reaches no release site.
             "engines": {"llamacpp": ""},
-            "models": [_SIM_MODEL],
+            "models": [SIM_MODEL],
         },
     )
 
@@ -64,32 +63,6 @@ def _agent_yaml(path: Path) -> Path:
             "engines": {"disabled": ["llamacpp", "vllm", "sglang"]},
         },
     )
-
-
-def chat(gateway: str, key: str) -> tuple[int, Any]:
-    return http(
-        "POST",
-        f"{gateway}/v1/chat/completions",
-        {"model": "sim-chat", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
-        {"Authorization": f"Bearer {key}"},
-    )
-
-
-def first_chat(box: Podman, gateway: str, key: str, containers: list[str]) -> dict[str, Any]:
-    """The first answered chat through gateway, once the sim replica is placed and ready."""
-
-    def answered() -> dict[str, Any] | None:
-        for name in containers:
-            state = box("inspect", "--format", "{{.State.Running}}", name, check=False).strip()
-            assert state != "false", f"{name} exited:\n{box.logs(name)[-3000:]}"
-        status, body = chat(gateway, key)
-        return body if status == 200 else None
-
-    try:
-        return wait_until(answered, 120, "a chat answered through the gateway")
-    except AssertionError:
-        logs = "\n".join(f"--- {name} ---\n{box.logs(name)[-3000:]}" for name in containers)
-        raise AssertionError(f"no chat was answered; the containers' logs:\n{logs}") from None
 
 
 class TestTheImage:
@@ -145,7 +118,8 @@ class TestTheImage:
         # Root, as the DaemonSet runs it: an agent installs its engines' packages.
         podman.run(
             "llmgw-agent", image, ["--role=agent", "--config", "/etc/llmgw/agent.yaml"],
-            ["--user", "root", "-v", f"{agent_yaml}:/etc/llmgw/agent.yaml:ro", "-v", f"{pki}:/etc/llmgw/pki:ro"],
+            ["--user", "root", "-v", f"{agent_yaml}:/etc/llmgw/agent.yaml:ro",
+             "-v", f"{pki}:/etc/llmgw/pki:ro"],
         )  # fmt: skip
         gateway = f"http://{podman.published(SERVER, 8080)}"
         body = first_chat(podman, gateway, key, [SERVER, "llmgw-agent"])

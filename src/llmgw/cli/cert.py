@@ -141,7 +141,8 @@ def kubernetes_secrets(
         manifests = secret_manifests(request)
     except FileNotFoundError:
         raise click.ClickException(
-            f"there is no certificate authority in {ca_dir}: create it with `llmgw cert init-ca --dir {ca_dir}`"
+            f"there is no certificate authority in {ca_dir}: "
+            f"create it with `llmgw cert init-ca --dir {ca_dir}`"
         ) from None
     except CertificateError as exc:
         raise click.ClickException(str(exc)) from None
