@@ -151,5 +151,6 @@ def kubernetes_secrets(
         return
     # The keys are in it: readable by its owner alone, as NAME-key.pem is.
     out_file.touch(mode=0o600)
+    out_file.chmod(0o600)
     out_file.write_text(manifests)
     click.echo(f"wrote the Secrets for the server and {len(nodes)} node(s) to {out_file}", err=True)
