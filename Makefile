@@ -40,8 +40,9 @@ llama-server: test-deps install
 	PYTHON=$(BIN)/python scripts/build-llama-server.sh
 
 # The OCI image (localhost/llmgw:HASH and :latest), from a wheel of this tree; kept in
-# ~/.cache/llmgw/image, so a second run with nothing changed takes seconds. Needs root.
-image: test-deps install
+# ~/.cache/llmgw/image, so a second run with nothing changed takes seconds. Needs root,
+# podman and mmdebstrap (scripts/install-test-deps.sh installs them).
+image: install
 	PYTHON=$(abspath $(BIN))/python scripts/build-image.sh
 
 proto: install

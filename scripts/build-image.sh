@@ -28,9 +28,22 @@ mkdir -p "$cache" "$work/wheels"
 
 say() { echo "build-image: $*" >&2; }
 
+# mmdebstrap --mode=root and rootful podman: say so now rather than halfway through.
+if [ "$(id -u)" -ne 0 ]; then
+  say "building the image needs root (mmdebstrap makes the root file system as root): run it with sudo"
+  exit 1
+fi
+for tool in mmdebstrap podman; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    say "$tool is not installed: apt-get install podman runc mmdebstrap (or run scripts/install-test-deps.sh)"
+    exit 1
+  }
+done
+
 # Only the runtime dependencies, at the versions this tree resolved: pip freeze of the
 # virtual environment (dev tools included, which a constraint that is never asked for ignores).
-"$python" -m pip freeze --exclude-editable | grep -v '^-e ' | grep -iv '^llmgw[= @]' >"$work/constraints.txt"
+# A package installed from a URL (`name @ file://...`) cannot be a constraint: left out.
+"$python" -m pip freeze --exclude-editable | grep -v -e '^-e ' -e ' @ ' | grep -iv '^llmgw[= @]' >"$work/constraints.txt"
 "$python" -m pip wheel --quiet --no-deps -w "$work/wheels" "$repo" >&2
 "$python" -m pip wheel --quiet -c "$work/constraints.txt" -w "$work/wheels" "$work"/wheels/llmgw-*.whl >&2
 # pip itself, run from its wheel inside the image, so that the image keeps no pip.

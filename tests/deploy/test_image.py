@@ -10,9 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from ruamel.yaml import YAML
 
 from .podman import IMAGE_UID, SIM_MODEL, Podman, certificates, first_chat, http
+
+# The first test of a session builds the image (about a minute; several on a loaded machine).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SERVER = "llmgw-server"
 NODE = "node-1"

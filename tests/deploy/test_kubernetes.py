@@ -199,6 +199,9 @@ def _create_secret(podman: Podman, doc: dict[str, Any], path: Path) -> None:
     podman.secrets.append(name)
 
 
+# The image fixture builds the image when this test is the session's first to need it.
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 class TestPodmanKubePlay:
     def test_the_manifests_server_and_agent_serve_a_chat_with_the_sim_engine(
         self, podman: Podman, image: str, tmp_path: Path
