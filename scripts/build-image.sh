@@ -121,4 +121,8 @@ podman import \
   --change "LABEL org.opencontainers.image.base.name=debian:$suite" \
   "$rootfs" "$image" >&2
 podman tag "$image" localhost/llmgw:latest
+# Each build of a changed tree is another couple of hundred megabytes in podman's storage:
+# older builds go, unless a container still uses one (then podman refuses, and it stays).
+podman images --format '{{.Repository}}:{{.Tag}}' | grep '^localhost/llmgw:' \
+  | grep -v -e ":$tag\$" -e ':latest$' | xargs -r podman rmi >/dev/null 2>&1 || true
 echo "$image"
