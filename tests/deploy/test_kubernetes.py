@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import io
 import json
 import socket
@@ -20,7 +21,7 @@ from ruamel.yaml import YAML
 
 from llmgw.cli.cert import cert
 
-from .podman import SIM_MODEL, Podman, first_chat
+from .podman import SIM_MODEL, Podman, first_chat, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "deploy" / "kubernetes"
@@ -199,6 +200,51 @@ def _create_secret(podman: Podman, doc: dict[str, Any], path: Path) -> None:
     podman.secrets.append(name)
 
 
+def _play(podman: Podman, image: str, tmp_path: Path, files: list[str]) -> tuple[int, list[dict[str, Any]]]:
+    """`podman kube play` of files (and the Secrets); the gateway's port on 127.0.0.1 and what was played."""
+    secrets = _load(_secrets(tmp_path / "pki", "--node", NODE, "--host", "llmgw-server-pod-0"))
+    for doc in secrets:
+        _create_secret(podman, doc, tmp_path / f"{doc['metadata']['name']}.json")
+    docs = [doc for name in files for doc in _load((MANIFESTS / name).read_text())]
+    podman.volumes += [
+        d["metadata"]["name"] for d in docs if d["kind"] in ("ConfigMap", "PersistentVolumeClaim")
+    ]
+    podman.volumes += [d["metadata"]["name"] for d in secrets]
+    port = _free_port()
+    played = _for_podman(docs, image, podman.label, tmp_path, port)
+    play = tmp_path / "play.yaml"
+    with play.open("w") as f:
+        YAML(typ="safe").dump_all(played, f)
+    podman("kube", "play", "--network", podman.network, str(play), timeout_s=300)
+    return port, played
+
+
+def _probes(docs: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
+    """(container, URL inside it) of every liveness and readiness probe, its named port resolved."""
+    for doc in docs:
+        if doc["kind"] != "Deployment":
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+            for kind in ("livenessProbe", "readinessProbe"):
+                get = container[kind]["httpGet"]
+                port = ports.get(get["port"], get["port"])
+                yield (
+                    f"{doc['metadata']['name']}-pod-0-{container['name']}",
+                    f"http://127.0.0.1:{port}{get['path']}",
+                )
+
+
+def _status_inside(podman: Podman, container: str, url: str) -> str:
+    """The HTTP status of url asked from inside container (the image's own Python), or why none."""
+    ask = (
+        "import sys, urllib.request\n"
+        "try: print(urllib.request.urlopen(sys.argv[1], timeout=5).status)\n"
+        "except Exception as err: print(err)"
+    )
+    return podman("exec", container, "/opt/llmgw/bin/python", "-c", ask, url, check=False).strip()
+
+
 # The image fixture builds the image when this test is the session's first to need it.
 @pytest.mark.slow
 @pytest.mark.timeout(900)
@@ -207,23 +253,8 @@ class TestPodmanKubePlay:
         self, podman: Podman, image: str, tmp_path: Path
     ) -> None:
         """The Secrets `llmgw cert kubernetes-secrets` writes, deploy/kubernetes's ConfigMaps and pods."""
-        secrets = _load(_secrets(tmp_path / "pki", "--node", NODE, "--host", "llmgw-server-pod-0"))
-        for doc in secrets:
-            _create_secret(podman, doc, tmp_path / f"{doc['metadata']['name']}.json")
-        docs = [
-            doc for name in ("server.yaml", "agent.yaml") for doc in _load((MANIFESTS / name).read_text())
-        ]
-        podman.volumes += [
-            d["metadata"]["name"] for d in docs if d["kind"] in ("ConfigMap", "PersistentVolumeClaim")
-        ]
-        podman.volumes += [d["metadata"]["name"] for d in secrets]
-        port = _free_port()
-        play = tmp_path / "play.yaml"
-        with play.open("w") as f:
-            YAML(typ="safe").dump_all(_for_podman(docs, image, podman.label, tmp_path, port), f)
-
         started = time.monotonic()
-        podman("kube", "play", "--network", podman.network, str(play), timeout_s=300)
+        port, _ = _play(podman, image, tmp_path, ["server.yaml", "agent.yaml"])
         server = "llmgw-server-pod-0-server"
         # As docs/kubernetes.md has them run with kubectl exec: server.yaml where they look unasked.
         key = podman("exec", server, "llmgw", "keys", "create", "first").strip()
@@ -231,3 +262,15 @@ class TestPodmanKubePlay:
         print(f"\nkube play to first answered chat: {time.monotonic() - started:.1f} s")
         assert body["choices"][0]["message"]["content"]
         assert NODE in podman("exec", server, "llmgw", "ctl", "nodes")
+
+    def test_every_probe_answers_in_the_running_pods_and_the_mirror_answers_the_server_pod(
+        self, podman: Podman, image: str, tmp_path: Path
+    ) -> None:
+        """kube play makes the probes systemd timers, which this machine lacks: each is asked here."""
+        _, played = _play(podman, image, tmp_path, ["server.yaml", "agent.yaml", "mirror.yaml"])
+        for container, url in _probes(played):
+            answered = functools.partial(lambda c, u: _status_inside(podman, c, u) == "200", container, url)
+            wait_until(answered, 60, f"{url} to answer in {container}")
+        # The mirror's pod by its name, standing in for its Service.
+        mirror = "http://llmgw-mirror-pod-0:8081/health"
+        assert _status_inside(podman, "llmgw-server-pod-0-server", mirror) == "200"
