@@ -25,7 +25,7 @@ def test_the_server_secret_holds_a_certificate_for_every_name_of_the_agent_servi
     text = secret_manifests(SecretsRequest(tmp_path, "ml", ["gpu-01"], server_hosts=["203.0.113.10"]))
     server = _secrets(text)["llmgw-server-tls"]
     assert set(server) == {"ca.pem", "server.pem", "server-key.pem"}
-    names = pki.certificate_names(tmp_path / "server.pem")
+    names = pki.certificate_names(tmp_path / "kubernetes-server.pem")
     assert {*service_names("ml"), "203.0.113.10"} <= set(names)
     assert "llmgw-agents.ml.svc" in names
 

@@ -1,9 +1,9 @@
 """The Kubernetes Secrets of a cluster's certificates, as `llmgw cert kubernetes-secrets` writes them.
 
-Three Secrets, so that each pod mounts only what it needs: the server's certificate and key,
-every node's certificate and key in one Secret the agent's DaemonSet mounts (each agent picks
-its own by its node's name), and the mirror's nothing. The authority's key never goes in: it
-stays where the authority is, and a node added later is a second run of the command.
+Two Secrets, so that each pod mounts only what it needs: the server's certificate and key,
+and every node's certificate and key in the one Secret the agent's DaemonSet mounts (each
+agent picks its own by its node's name). The authority's key never goes in: it stays where
+the authority is, and a node added later is a second run of the command.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from llmgw import pki
 
 SERVER_SECRET = "llmgw-server-tls"
 AGENT_SECRET = "llmgw-agent-tls"
-SERVER_CERT = "server"
+# Its files in the authority's directory: not server.pem, which a control plane outside the
+# cluster may already have there for other names.
+SERVER_CERT = "kubernetes-server"
 # The agent service's own Service: the names an agent in the cluster dials.
 AGENT_SERVICE = "llmgw-agents"
 
@@ -65,9 +67,10 @@ def secret_manifests(request: SecretsRequest) -> str:
     ca_dir = request.ca_dir
     ca = (ca_dir / pki.CA_CERT).read_bytes()
     hosts = [*service_names(request.namespace), *request.server_hosts]
-    if not (ca_dir / f"{SERVER_CERT}.pem").exists() or set(hosts) - set(
-        pki.certificate_names(ca_dir / f"{SERVER_CERT}.pem")
-    ):
+    server_pem = ca_dir / f"{SERVER_CERT}.pem"
+    # Reissued only for a name it lacks: a run for a new node leaves the server's Secret as it
+    # was, and applying it changes nothing the server reads.
+    if not server_pem.exists() or set(hosts) - set(pki.certificate_names(server_pem)):
         pki.issue_server(ca_dir, SERVER_CERT, hosts, ca_dir)
     server = {
         pki.CA_CERT: ca,
