@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-deps lint typecheck pytest llama-server proto bench docs clean
+.PHONY: install run test test-deps lint typecheck pytest llama-server image proto bench docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ pytest: install llama-server
 
 llama-server: test-deps install
 	PYTHON=$(BIN)/python scripts/build-llama-server.sh
+
+# The OCI image (localhost/llmgw:HASH and :latest), from a wheel of this tree; kept in
+# ~/.cache/llmgw/image, so a second run with nothing changed takes seconds. Needs root,
+# podman and mmdebstrap (scripts/install-test-deps.sh installs them).
+image: install
+	PYTHON=$(abspath $(BIN))/python scripts/build-image.sh
 
 proto: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \

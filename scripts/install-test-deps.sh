@@ -35,6 +35,16 @@ command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
 # The PostgreSQL server: the store's tests run against a throwaway cluster as well as SQLite.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+# Podman and what it runs containers with: the image and Kubernetes tests (tests/deploy) build
+# the image with mmdebstrap and run it. runc named, not left to podman's choice: crun refuses
+# to start anything on a machine with hybrid cgroups. netavark and aardvark-dns give the test's
+# network its names; netavark sets it up with iptables.
+for tool in podman runc catatonit buildah mmdebstrap iptables /usr/lib/podman/netavark; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    need+=(podman runc catatonit buildah mmdebstrap iptables netavark aardvark-dns uidmap slirp4netns fuse-overlayfs)
+    break
+  }
+done
 
 if [ "${#need[@]}" -eq 0 ]; then
   exit 0

@@ -58,6 +58,15 @@ _ROWS = {
     'curl -s http://127.0.0.1:8080/v1/chat/completions -H "Authorization: Bearer $KEY" '
     '-H \'Content-Type: application/json\' -d \'{"model": "sim-chat", "messages": '
     '[{"role": "user", "content": "Hello"}]}\'': "`curl …/v1/chat/completions`",
+    # The section on containers, at the end of the page.
+    "sudo make image": "`make image`",
+    "sudo podman network create llmgw": "`podman network create llmgw`",
+    "sudo podman run -d --name llmgw-server --network llmgw -p 8080:8080 -v /etc/llmgw:/etc/llmgw:ro "
+    "-v /var/lib/llmgw:/var/lib/llmgw localhost/llmgw:latest --role=server --config /etc/llmgw/server.yaml": (
+        "`podman run … --role=server …`"
+    ),
+    "sudo podman run -d --name llmgw-agent --network llmgw --user root -v /etc/llmgw-agent:/etc/llmgw:ro "
+    "localhost/llmgw:latest --role=agent --config /etc/llmgw/agent.yaml": "`podman run … --role=agent …`",
 }
 
 

@@ -101,3 +101,56 @@ def issue_agent(node: str, ca_dir: Path, out: Path | None, group: str | None) ->
         raise click.ClickException(str(exc)) from None
     _share_key(key_path, group)
     click.echo(f"wrote {cert_path} and {key_path} for node {node}")
+
+
+@cert.command("kubernetes-secrets")
+@click.option(
+    "--node",
+    "nodes",
+    multiple=True,
+    required=True,
+    help="A GPU node's Kubernetes name (its agent's node id); repeat for each node the agent runs on.",
+)
+@click.option("--namespace", default="llmgw", show_default=True, help="The namespace llmgw runs in.")
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    help="Another name or address of the agent service, for nodes outside the cluster; repeat for each.",
+)
+@_dir_option
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File to write the manifests to; defaults to standard output.",
+)
+def kubernetes_secrets(
+    nodes: tuple[str, ...], namespace: str, hosts: tuple[str, ...], ca_dir: Path, out_file: Path | None
+) -> None:
+    """Write the Secrets of deploy/kubernetes: the server's certificate and every node's.
+
+    Issues what --dir lacks (the server's certificate for the agent service's names, each
+    --node's), keeps what it has, and never puts the authority's key in a Secret.
+    """
+    from llmgw.kube_secrets import SecretsRequest, secret_manifests
+
+    request = SecretsRequest(ca_dir=ca_dir, namespace=namespace, nodes=nodes, server_hosts=hosts)
+    try:
+        manifests = secret_manifests(request)
+    except FileNotFoundError:
+        raise click.ClickException(
+            f"there is no certificate authority in {ca_dir}: "
+            f"create it with `llmgw cert init-ca --dir {ca_dir}`"
+        ) from None
+    except CertificateError as exc:
+        raise click.ClickException(str(exc)) from None
+    if out_file is None:
+        click.echo(manifests, nl=False)
+        return
+    # The keys are in it: readable by its owner alone, as NAME-key.pem is.
+    out_file.touch(mode=0o600)
+    out_file.chmod(0o600)
+    out_file.write_text(manifests)
+    click.echo(f"wrote the Secrets for the server and {len(nodes)} node(s) to {out_file}", err=True)
