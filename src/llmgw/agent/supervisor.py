@@ -339,6 +339,10 @@ class Supervisor:
             await self._session.close()
             self._session = None
 
+    def leave_engines_on_close(self) -> None:
+        """Leave every engine running when this closes, for the agent that execs in (an upgrade)."""
+        self._keep_on_close = True
+
     def kill_all(self) -> None:
         """SIGKILL every engine's process group now, without waiting: for a forced exit.
 
