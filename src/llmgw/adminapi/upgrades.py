@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import cattrs
 from aiohttp import web
 
 from llmgw.adminapi import views
@@ -31,13 +30,12 @@ async def post_upgrade(request: web.Request) -> web.Response:
         return error(415, "send the upgrade as JSON, as `llmgw ctl upgrade` does")
     try:
         body = await read_json(request, MAX_ADMIN_BODY)
-        order = views.CONVERTER.structure(body, views.UpgradeOrder)
     except BadJson as exc:
         return error(exc.status, str(exc))
-    except (ValueError, TypeError, cattrs.BaseValidationError):
-        return error(400, "the body is not an upgrade: it needs version, url and sha256")
-    if not (order.version and order.url and order.sha256):
-        return error(400, "an upgrade needs the version, the wheel's url and its sha256")
+    problem = _problem(body)
+    if problem is not None:
+        return error(400, f"{problem}; send version, url and sha256, as `llmgw ctl upgrade` does")
+    order = views.CONVERTER.structure(body, views.UpgradeOrder)
     wanted = Order(
         version=order.version,
         url=order.url,
@@ -52,6 +50,42 @@ async def post_upgrade(request: web.Request) -> web.Response:
     except UpgradeRefused as exc:
         return error(409, str(exc))
     return reply(view, 200 if order.dry_run else 202)
+
+
+# What each field of UpgradeOrder must be: cattrs would read 5 as "5" and a string as a list of letters.
+_KINDS: dict[str, type] = {
+    "version": str,
+    "url": str,
+    "sha256": str,
+    "nodes": list,
+    "max_unavailable": int,
+    "find_links": str,
+    "trial_s": int,
+    "dry_run": bool,
+}
+_NEEDED = ("version", "url", "sha256")
+
+
+def _problem(body: object) -> str | None:
+    """What is wrong with body as an UpgradeOrder, in a sentence; None when nothing is."""
+    if not isinstance(body, dict):
+        return "the body is not a JSON object"
+    unknown = sorted(set(body) - set(_KINDS))
+    if unknown:
+        return f"the body has fields an upgrade does not take: {', '.join(unknown)}"
+    for name, kind in _KINDS.items():
+        value = body.get(name)
+        if value is None and name not in _NEEDED and name not in body:
+            continue
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"{name} must be a {kind.__name__}"
+    if any(not body[name] for name in _NEEDED):
+        return "version, url and sha256 must not be empty"
+    if not all(isinstance(n, str) for n in body.get("nodes", [])):
+        return "nodes must be a list of node ids"
+    if body.get("max_unavailable", 1) < 1 or body.get("trial_s", 1) < 1:
+        return "max_unavailable and trial_s must be at least 1"
+    return None
 
 
 async def get_upgrade(request: web.Request) -> web.Response:
@@ -79,6 +113,7 @@ ROUTES: tuple[Route, ...] = (
             200: Reply("The plan of a dry run.", views.Upgrade),
             202: Reply("The roll, started.", views.Upgrade),
             400: _ERROR,
+            404: Reply("This server rolls no agents (an admin API without a control plane).", views.Error),
             409: Reply("A roll is under way, or this one cannot start: why.", views.Error),
             415: _ERROR,
         },
@@ -89,6 +124,9 @@ ROUTES: tuple[Route, ...] = (
         handler=get_upgrade,
         operation="upgradeStatus",
         summary="The roll under way, or the last one: each node's state and how long it took.",
-        replies={200: Reply("The roll.", views.Upgrade), 404: _ERROR},
+        replies={
+            200: Reply("The roll.", views.Upgrade),
+            404: Reply("No roll since it started.", views.Error),
+        },
     ),
 )

@@ -145,18 +145,39 @@ class Node:
 class UpgradeOrder:
     """What `POST /api/v1/upgrades` takes: the release, its digest, and which nodes how many at a time."""
 
-    version: str = attrs.field(metadata={"doc": "The llmgw version to run: 0.12.0."})
-    url: str = attrs.field(metadata={"doc": "The release's wheel: an http(s) URL, or a path on every node."})
-    sha256: str = attrs.field(metadata={"doc": "The wheel's digest, in hex: a node refuses any other."})
-    nodes: list[str] = attrs.field(factory=list, metadata={"doc": "The nodes, in order; empty: every node."})
-    max_unavailable: int = attrs.field(default=1, metadata={"doc": "Nodes restarting at once."})
+    version: str = attrs.field(
+        metadata={"schema": {"minLength": 1}, "doc": "The llmgw version to run: 0.12.0."}
+    )
+    url: str = attrs.field(
+        metadata={
+            "schema": {"minLength": 1},
+            "doc": "The release's wheel: an http(s) URL, or a path on every node.",
+        }
+    )
+    sha256: str = attrs.field(
+        metadata={"schema": {"minLength": 1}, "doc": "The wheel's digest, in hex: a node refuses any other."}
+    )
+    nodes: list[str] = attrs.field(
+        factory=list, metadata={"required": False, "doc": "The nodes, in order; empty: every node."}
+    )
+    max_unavailable: int = attrs.field(
+        default=1, metadata={"required": False, "schema": {"minimum": 1}, "doc": "Nodes restarting at once."}
+    )
     find_links: str = attrs.field(
-        default="", metadata={"doc": "A wheelhouse for dependencies the running agents do not have."}
+        default="",
+        metadata={"required": False, "doc": "A wheelhouse for dependencies the running agents do not have."},
     )
     trial_s: int = attrs.field(
-        default=60, metadata={"doc": "Seconds a new agent has to register before it goes back."}
+        default=60,
+        metadata={
+            "required": False,
+            "schema": {"minimum": 1},
+            "doc": "Seconds a new agent has to register before it goes back.",
+        },
     )
-    dry_run: bool = attrs.field(default=False, metadata={"doc": "Only say what would be done."})
+    dry_run: bool = attrs.field(
+        default=False, metadata={"required": False, "doc": "Only say what would be done."}
+    )
 
 
 @attrs.frozen
@@ -450,6 +471,8 @@ SHAPES: tuple[type, ...] = (
     Collected,
     Error,
     StateChange,
+    UpgradeOrder,
+    Upgrade,
 )
 
 # One converter both ways: the API unstructures with it, ctl structures with it.
