@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,9 +138,14 @@ def test_agents_rolled_to_a_new_release_keep_their_engines_and_every_request(
     traffic.start()
     traffic.wait_for(20)
 
+    began = time.monotonic()
     roll = _upgrade(fleet, wheels["new"])
+    ended = time.monotonic()
     traffic.wait_for(20)
     traffic.stop()
+    during = [status for at, status in traffic.outcomes if began <= at <= ended]
+    # The figures docs/operations.md ("Upgrading") gives: read with `pytest -s`.
+    print(f"during the roll: {len(during)} requests, {sum(s != 200 for s in during)} failed")
 
     assert roll["state"] == "done", roll
     assert [n["state"] for n in roll["nodes"]] == ["upgraded"] * 3
