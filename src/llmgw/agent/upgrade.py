@@ -189,11 +189,19 @@ async def _make_environment(target: Path, wheel: Path, order: pb.Upgrade) -> Pat
     """A virtual environment at target with wheel installed; its interpreter. Else UpgradeRefused."""
     part = target.with_name(f"{target.name}.part")
     await asyncio.to_thread(shutil.rmtree, part, True)
-    made = await launcher.run([sys.executable, "-m", "venv", "--without-pip", str(part)], timeout_s=120)
+    # Without PYTHONPATH: the new environment is judged as it will run, not with the running sources
+    # first on its path (a checkout's llmgw.egg-info there said the wheel installed the old version).
+    # (The launcher adds env to this process's own; Python reads an empty PYTHONPATH as none.)
+    env = {"PYTHONPATH": ""}
+    made = await launcher.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(part)], env=env, timeout_s=120
+    )
     if not made.ok:
         raise UpgradeRefused(f"cannot make an environment at {part}: {made.last_line()}")
     python = part / "bin" / "python"
-    inherited = await launcher.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"])
+    inherited = await launcher.run(
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"], env=env, timeout_s=60
+    )
     # Beneath its own packages: the new llmgw is found first, the dependencies already here after.
     await asyncio.to_thread(Path(inherited.output.strip(), "_llmgw_running.pth").write_text, _running_paths())
     links = ["--find-links", str(wheel.parent)]
@@ -201,11 +209,13 @@ async def _make_environment(target: Path, wheel: Path, order: pb.Upgrade) -> Pat
         links += ["--find-links", order.find_links]
     argv = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-input"]
     argv += ["--disable-pip-version-check", "--no-index", *links, str(wheel)]
-    installed = await launcher.run(argv, timeout_s=_INSTALL_TIMEOUT_S)
+    installed = await launcher.run(argv, env=env, timeout_s=_INSTALL_TIMEOUT_S)
     if not installed.ok:
         raise UpgradeRefused(f"cannot install {wheel.name}: {installed.last_line()}")
     said = await launcher.run(
-        [str(python), "-c", "import importlib.metadata as m; print(m.version('llmgw'))"], timeout_s=60
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('llmgw'))"],
+        env=env,
+        timeout_s=60,
     )
     if said.output.strip() != order.version:
         raise UpgradeRefused(f"{wheel.name} installs llmgw {said.output.strip()!r}, not {order.version}")
