@@ -86,7 +86,13 @@ class Upgrader:
             await self._hold_trial(self._marker, connected)
         while self.restart is None:
             order = await self._orders.get()
-            await self._upgrade(order)
+            try:
+                await self._upgrade(order)
+            except OSError as exc:
+                # A full disk or a read-only state_dir costs the node this upgrade, never its agent.
+                log.exception("could not upgrade", version=order.version)
+                why = f"cannot upgrade: {exc.strerror or exc} ({exc.filename or 'no file'})"
+                self._report(_status(order, "refused", why, self._version))
 
     async def _hold_trial(self, marker: trial.Marker, connected: asyncio.Event) -> None:
         bound = marker.trial_s
@@ -234,6 +240,7 @@ def _commit(state_dir: Path, marker: trial.Marker) -> None:
     """Record the upgrade, and point `versions/current` at it for a unit that runs that path."""
     trial.write(state_dir, marker)
     current = state_dir / "versions" / "current"
+    current.parent.mkdir(parents=True, exist_ok=True)
     link = current.with_name("current.part")
     link.unlink(missing_ok=True)
     link.symlink_to(marker.to)
