@@ -157,12 +157,12 @@ class Upgrader:
             await asyncio.to_thread(shutil.rmtree, wheel.parent, True)
 
     async def _fetch(self, order: pb.Upgrade, incoming: Path) -> Path:
-        name = order.url.rstrip("/").rsplit("/", 1)[-1]
+        name: str = order.url.rstrip("/").rsplit("/", 1)[-1]
         if not name.endswith(".whl"):
             raise UpgradeRefused(f"{order.url} is not a wheel (a .whl file)")
         await asyncio.to_thread(shutil.rmtree, incoming, True)
         await asyncio.to_thread(incoming.mkdir, parents=True)
-        target = incoming / name
+        target: Path = incoming / name
         if order.url.startswith(("http://", "https://")):
             retries = Retries(3, ExponentialBackoff(base_s=1.0, cap_s=10.0, jitter=0.5))
             try:
