@@ -7,6 +7,8 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from llmgw.agent import trial
 from llmgw.agent.upgrade import Upgrader
@@ -112,3 +114,19 @@ class TestTheTrial:
         gone = await asyncio.to_thread(trial.read, tmp_path)
         assert gone is not None and gone.state == trial.ROLLED_BACK
         assert gone.detail == "the agent of 0.2.0 did not register with the control plane within 0.01 s"
+
+
+async def test_a_wheel_fetched_over_http_is_checked_against_the_digest_too(tmp_path: Path) -> None:
+    async def wheel(request: web.Request) -> web.Response:
+        return web.Response(body=b"a release from the mirror")
+
+    app = web.Application()
+    app.router.add_get("/wheels/llmgw-0.2.0-py3-none-any.whl", wheel)
+    upgrader, _ = await _upgrader(tmp_path)
+    async with TestServer(app) as server:
+        url = str(server.make_url("/wheels/llmgw-0.2.0-py3-none-any.whl"))
+        upgrader.ask(pb.Upgrade(version="0.2.0", url=url, sha256="1" * 64))
+        status = await _until_settled(upgrader, asyncio.Event())
+    digest = hashlib.sha256(b"a release from the mirror").hexdigest()
+    assert status.state == "refused"
+    assert f"has sha256 {digest}, not the {'1' * 64}" in status.detail
