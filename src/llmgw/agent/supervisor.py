@@ -783,6 +783,10 @@ class Supervisor:
         # Also when the leader exited in time: a worker it left behind would hold the port or the GPU.
         launcher.kill_group(process.pid)
         returncode = await process.wait()
+        if returncode == launcher.UNKNOWN_EXIT:
+            # Adopted, and perhaps still this process's own child (agent/upgrade.py): reaped here.
+            reaped = launcher.reap(process.pid)
+            returncode = returncode if reaped is None else reaped
         await self._drain_output(shard)
         return returncode
 
