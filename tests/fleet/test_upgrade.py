@@ -47,8 +47,19 @@ class Wheel:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
 
-def _build(version: str, into: Path, broken: bool = False) -> Wheel:
-    """A wheel of this tree at version; broken: one whose command line cannot be imported."""
+# Appended to a module of a release that must fail: its command line cannot be imported, or its
+# agent starts and never registers.
+_BREAKS = {
+    "import": ("cli/main.py", 'raise ImportError("this build is broken")'),
+    "register": (
+        "agent/client.py",
+        "async def _silent(self): await asyncio.Event().wait()\nAgentClient.run = _silent",
+    ),
+}
+
+
+def _build(version: str, into: Path, broken: str = "") -> Wheel:
+    """A wheel of this tree at version; broken: how it fails (_BREAKS), when it does."""
     tree = into / f"tree-{version}"
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir(parents=True)
@@ -58,8 +69,9 @@ def _build(version: str, into: Path, broken: bool = False) -> Wheel:
     init = tree / "src" / "llmgw" / "__init__.py"
     init.write_text(init.read_text().replace('__version__ = "', f'__version__ = "{version}"  # was "', 1))
     if broken:
-        main = tree / "src" / "llmgw" / "cli" / "main.py"
-        main.write_text(main.read_text() + '\nraise ImportError("this build is broken")\n')
+        module, text = _BREAKS[broken]
+        path = tree / "src" / "llmgw" / module
+        path.write_text(path.read_text() + f"\n{text}\n")
     out = into / "wheels"
     subprocess.run(
         [
@@ -83,9 +95,13 @@ def _build(version: str, into: Path, broken: bool = False) -> Wheel:
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Wheel]:
-    """ "new": this tree at 0.2.0; "broken": this tree at 0.1.1 whose `llmgw` fails to import."""
+    """new: this tree at 0.2.0; import and register: this tree at 0.1.1 and 0.1.2, broken so (_BREAKS)."""
     where = tmp_path_factory.mktemp("releases")
-    return {"new": _build("0.2.0", where), "broken": _build("0.1.1", where, broken=True)}
+    return {
+        "new": _build("0.2.0", where),
+        "import": _build("0.1.1", where, broken="import"),
+        "register": _build("0.1.2", where, broken="register"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -183,19 +199,28 @@ def test_a_release_whose_digest_does_not_match_is_refused_on_every_node_with_not
     assert _engine_pids(fleet) == engines
 
 
+# What each broken release says as it goes back.
+_WHY = {
+    "import": "the new agent cannot start: ImportError: this build is broken",
+    "register": "did not register with the control plane within 5 s",
+}
+
+
+@pytest.mark.parametrize("broken", ["import", "register"])
 def test_an_agent_that_cannot_start_the_new_release_goes_back_on_its_own_and_stops_the_roll(
-    fleet: Fleet, n3: Host, wheels: dict[str, Wheel]
+    fleet: Fleet, n3: Host, wheels: dict[str, Wheel], broken: str
 ) -> None:
+    """A release that cannot be imported, and one that starts but never registers (within --trial-s)."""
     fleet.start(list(NODES), [SIM], server={"control": CONTROL})
     engines = _engine_pids(fleet)
     agent = fleet.agents["n1"].pid
 
-    roll = _upgrade(fleet, wheels["broken"], nodes=["n1", "n2"])
+    roll = _upgrade(fleet, wheels[broken], nodes=["n1", "n2"], trial_s=5)
 
     assert roll["state"] == "stopped", roll
     first, second = roll["nodes"]
     assert first["state"] == "rolled back", first
-    assert "this build is broken" in first["detail"], first
+    assert _WHY[broken] in first["detail"], first
     assert second["state"] == "skipped"
     assert "n1" in roll["detail"]
     fleet.wait_connected("n1")
