@@ -105,6 +105,15 @@ class TestStart:
         assert await adopted.wait() == launcher.UNKNOWN_EXIT
         child.close()
 
+    async def test_an_adopted_process_that_is_still_this_ones_child_is_reaped_with_its_status(self) -> None:
+        """After an upgrade's exec the engines are the same pid's children: none is left a zombie."""
+        pid = await asyncio.to_thread(os.posix_spawnp, "sh", ["sh", "-c", "exit 3"], dict(os.environ))
+        adopted = launcher.adopt(pid)
+        assert await adopted.wait() == launcher.UNKNOWN_EXIT
+        assert launcher.reap(pid) == 3
+        # Not this process's child: nothing to reap, nothing known.
+        assert launcher.reap(1) is None
+
 
 class TestKillGroup:
     async def test_killing_the_group_takes_what_the_child_started_too(self, tmp_path: Path) -> None:

@@ -133,6 +133,19 @@ class Process:
             self._exited.set_result(None)
 
 
+def reap(pid: int) -> int | None:
+    """pid's exit status when it is this process's child and has ended; None when it is not, or runs on.
+
+    An engine adopted after an upgrade's exec is still this process's child (the same pid
+    started it): unreaped, it would stay a zombie, and the next agent would adopt that.
+    """
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return os.waitstatus_to_exitcode(status) if reaped else None
+
+
 def adopt(pid: int) -> Process:
     """Watch a process this one did not start (an engine the previous agent left running)."""
     return Process(pid)

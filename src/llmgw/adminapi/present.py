@@ -86,6 +86,9 @@ def _notes(view: views.Node) -> list[tuple[str, str]]:
     # In the order a person works through them: what the node cannot run yet, what makes it slow,
     # then the hardware placement leaves out.
     notes: list[tuple[str, str]] = []
+    upgrade = upgrade_note(view.upgrade)
+    if upgrade is not None:
+        notes.append(upgrade)
     for install in view.installs_not_ready:
         variant = f" ({install.variant})" if install.variant else ""
         kind = "bad" if install.state in ("failed", "unsupported") else "note"
@@ -93,6 +96,17 @@ def _notes(view: views.Node) -> list[tuple[str, str]]:
     notes.extend(("bad", warning) for warning in view.warnings)
     notes.extend(("bad", problem) for problem in view.unhealthy)
     return notes
+
+
+def upgrade_note(upgrade: views.NodeUpgrade | None) -> tuple[str, str] | None:
+    """A node's last upgrade, while it is under way or when it did not take; None once it took."""
+    if upgrade is None or upgrade.state == "upgraded":
+        return None
+    if upgrade.state == "rolled back":
+        return "bad", f"rolled back from {upgrade.version}: {upgrade.detail}"
+    if upgrade.state == "refused":
+        return "bad", f"refused the upgrade to {upgrade.version}: {upgrade.detail}"
+    return "note", f"upgrading to {upgrade.version}: {upgrade.state} ({upgrade.detail})"
 
 
 def node_row(view: views.Node) -> NodeRow:

@@ -153,6 +153,11 @@ def node_view(node: Node, inventory: Inventory, now: float | None = None) -> vie
         provision=installs,
         installs_not_ready=[i for i in installs if i.state != READY],
         warnings=list(node.warnings),
+        upgrade=views.NodeUpgrade(
+            node.upgrade.version, node.upgrade.state, node.upgrade.detail, node.upgrade.from_version
+        )
+        if node.upgrade is not None
+        else None,
     )
 
 

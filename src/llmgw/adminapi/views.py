@@ -83,6 +83,20 @@ class Install:
 
 
 @attrs.frozen
+class NodeUpgrade:
+    """Where a node's last upgrade stands (docs/operations.md, Upgrading)."""
+
+    version: str = attrs.field(metadata={"doc": "The version it was asked to run."})
+    state: str = attrs.field(
+        metadata={
+            "doc": '"installing", "restarting", "upgraded", "refused" (nothing changed) or "rolled back".'
+        }
+    )
+    detail: str = attrs.field(metadata={"doc": "What happened, or why it was refused or rolled back."})
+    from_version: str
+
+
+@attrs.frozen
 class Node:
     """A node. A null value means the node has not reported it, which is not the same as none."""
 
@@ -122,6 +136,76 @@ class Node:
     warnings: list[str] = attrs.field(
         metadata={"doc": 'What slows the machine down without making it unhealthy: "no AVX2: ...".'}
     )
+    upgrade: NodeUpgrade | None = attrs.field(
+        default=None, metadata={"doc": "Its agent's last upgrade, as the agent said; null: none it told of."}
+    )
+
+
+@attrs.frozen
+class UpgradeOrder:
+    """What `POST /api/v1/upgrades` takes: the release, its digest, and which nodes how many at a time."""
+
+    version: str = attrs.field(
+        metadata={"schema": {"minLength": 1}, "doc": "The llmgw version to run: 0.12.0."}
+    )
+    url: str = attrs.field(
+        metadata={
+            "schema": {"minLength": 1},
+            "doc": "The release's wheel: an http(s) URL, or a path on every node.",
+        }
+    )
+    sha256: str = attrs.field(
+        metadata={"schema": {"minLength": 1}, "doc": "The wheel's digest, in hex: a node refuses any other."}
+    )
+    nodes: list[str] = attrs.field(
+        factory=list, metadata={"required": False, "doc": "The nodes, in order; empty: every node."}
+    )
+    max_unavailable: int = attrs.field(
+        default=1, metadata={"required": False, "schema": {"minimum": 1}, "doc": "Nodes restarting at once."}
+    )
+    find_links: str = attrs.field(
+        default="",
+        metadata={"required": False, "doc": "A wheelhouse for dependencies the running agents do not have."},
+    )
+    trial_s: int = attrs.field(
+        default=60,
+        metadata={
+            "required": False,
+            "schema": {"minimum": 1},
+            "doc": "Seconds a new agent has to register before it goes back.",
+        },
+    )
+    dry_run: bool = attrs.field(
+        default=False, metadata={"required": False, "doc": "Only say what would be done."}
+    )
+
+
+@attrs.frozen
+class UpgradeNode:
+    """One node of a roll."""
+
+    node: str
+    from_version: str = attrs.field(metadata={"doc": "Its agent's version when the roll was planned."})
+    state: str = attrs.field(
+        metadata={
+            "doc": '"waiting", "upgrading", "upgraded", "refused", "rolled back", "failed" or "skipped".'
+        }
+    )
+    detail: str
+    seconds: float | None = attrs.field(metadata={"doc": "How long its upgrade took, or has taken so far."})
+
+
+@attrs.frozen
+class Upgrade:
+    """A roll of the agents to another release, under way or the last one."""
+
+    version: str
+    state: str = attrs.field(metadata={"doc": '"planned" (a dry run), "running", "done" or "stopped".'})
+    detail: str = attrs.field(metadata={"doc": "Why it stopped: the first node that did not upgrade."})
+    dry_run: bool
+    max_unavailable: int
+    seconds: float
+    nodes: list[UpgradeNode]
 
 
 @attrs.frozen
@@ -387,6 +471,8 @@ SHAPES: tuple[type, ...] = (
     Collected,
     Error,
     StateChange,
+    UpgradeOrder,
+    Upgrade,
 )
 
 # One converter both ways: the API unstructures with it, ctl structures with it.

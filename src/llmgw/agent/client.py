@@ -93,6 +93,17 @@ class Provisioner(Protocol):
     def kick(self, provision: pb.Provision) -> None: ...
 
 
+class Upgrades(Protocol):
+    """What the client needs of agent/upgrade.py's Upgrader."""
+
+    # Set whenever status() would answer differently; the client clears it.
+    changed: asyncio.Event
+
+    def status(self) -> pb.UpgradeStatus | None: ...
+
+    def ask(self, order: pb.Upgrade) -> None: ...
+
+
 class AgentClient:
     """Keeps one stream open to the first control plane of cfg.servers that answers."""
 
@@ -111,6 +122,7 @@ class AgentClient:
         host: pb.Host | None = None,
         warnings: Sequence[str] = (),
         report: NodeReport | None = None,
+        upgrades: Upgrades | None = None,
     ) -> None:
         self._cfg = cfg
         # Built-in engines (sim) come from engine_versions; installed ones from the provision loop.
@@ -119,6 +131,8 @@ class AgentClient:
         self._warnings = list(warnings)
         # GPUs, memory, fabrics, storage and weights (agent/discovery/node.py), when the role gives them.
         self._report = report
+        # This node's last upgrade, reported after every Register and as it goes (agent/upgrade.py).
+        self._upgrades = upgrades
         self._supervisor = supervisor
         self._engine_versions = dict(engine_versions)
         # Jitter, so a fleet that lost its control plane at once does not dial back at once.
@@ -291,6 +305,8 @@ class AgentClient:
             jobs.append(self._report_provision(self._provision, outbox))
         if self._report is not None:
             jobs.append(self._report_node(self._report, outbox))
+        if self._upgrades is not None:
+            jobs.append(self._report_upgrade(self._upgrades, outbox))
         await first_to_finish(*jobs)
 
     def _engines(self) -> dict[str, str]:
@@ -351,6 +367,15 @@ class AgentClient:
             )
             outbox.put_nowait(pb.AgentMessage(heartbeat=beat))
 
+    async def _report_upgrade(self, upgrades: Upgrades, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
+        """Where this node's last upgrade stands: once after Register, then each time it changes."""
+        while True:
+            upgrades.changed.clear()
+            status = upgrades.status()
+            if status is not None:
+                outbox.put_nowait(pb.AgentMessage(upgrade=status))
+            await upgrades.changed.wait()
+
     async def _report_node(self, report: NodeReport, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
         """A heartbeat as soon as a refresh finds the node changed (a disk filled by a download, say)."""
         while True:
@@ -383,6 +408,9 @@ class AgentClient:
         elif kind == "provision":
             if self._provision is not None:
                 self._provision.kick(message.provision)
+        elif kind == "upgrade":
+            if self._upgrades is not None:
+                self._upgrades.ask(message.upgrade)
         elif kind != "ack":
             log.info("ignored an order this agent does not carry out yet", kind=kind)
 

@@ -339,6 +339,10 @@ class Supervisor:
             await self._session.close()
             self._session = None
 
+    def leave_engines_on_close(self) -> None:
+        """Leave every engine running when this closes, for the agent that execs in (an upgrade)."""
+        self._keep_on_close = True
+
     def kill_all(self) -> None:
         """SIGKILL every engine's process group now, without waiting: for a forced exit.
 
@@ -779,6 +783,10 @@ class Supervisor:
         # Also when the leader exited in time: a worker it left behind would hold the port or the GPU.
         launcher.kill_group(process.pid)
         returncode = await process.wait()
+        if returncode == launcher.UNKNOWN_EXIT:
+            # Adopted, and perhaps still this process's own child (agent/upgrade.py): reaped here.
+            reaped = launcher.reap(process.pid)
+            returncode = returncode if reaped is None else reaped
         await self._drain_output(shard)
         return returncode
 

@@ -57,6 +57,7 @@ from llmgw.cli.exit import (
     EXIT_USAGE,
 )
 from llmgw.cli.table import echo_table
+from llmgw.cli.upgrade import upgrade
 from llmgw.control.nodelogs import MAX_LINES
 from llmgw.download import human_bytes
 from llmgw.gateway.endpoints import ENDPOINT_ENGINE
@@ -562,3 +563,4 @@ from llmgw.cli.model_plan import model_plan  # noqa: E402
 
 model.add_command(model_plan)
 ctl.add_command(bench)
+ctl.add_command(upgrade)

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import click
 
 from llmgw import config
+from llmgw.agent.trial import Restart
 from llmgw.catalog import load_server_config
 from llmgw.cli.runner import Runner
 from llmgw.config import AgentConfig, MirrorConfig, ServerConfig
 from llmgw.errors import ConfigError
 
 # Imported here, before the loop starts, never inside it: importing reads files.
-from llmgw.roles.agent import agent_role
+from llmgw.roles.agent import AgentHandle, agent_role
 from llmgw.roles.dev import DevSetup, prepare_dev
 from llmgw.roles.mirror import mirror_role
 from llmgw.roles.server import server_role
+from llmgw.tasks import first_to_finish
 
 _DEFAULT_CONFIG = {
     "server": Path("/etc/llmgw/server.yaml"),
@@ -81,7 +84,11 @@ def serve(
     if server_cfg is not None and (listen or admin_listen) and (found := server_cfg.problem_across_keys()):
         raise ConfigError(f"with --listen or --admin-listen, {found[1]}")
     drain_s = drain_timeout_s(server_cfg, drain_timeout)
-    return asyncio.run(_run(server_cfg, agent_cfg, mirror_cfg, setup, drain_s))
+    code, restart = asyncio.run(_run(server_cfg, agent_cfg, mirror_cfg, setup, drain_s))
+    if restart is not None:
+        # After every role has stopped, its engines left running: the new image adopts them.
+        os.execve(restart.argv[0], restart.argv, restart.env)
+    return code
 
 
 def drain_timeout_s(server_cfg: ServerConfig | None, flag: float | None) -> float:
@@ -102,7 +109,9 @@ async def _run(
     mirror_cfg: MirrorConfig | None,
     setup: DevSetup | None,
     drain_s: float,
-) -> int:
+) -> tuple[int, Restart | None]:
+    """Run the roles until a signal, or until the agent decides to restart into another release."""
+    agent: AgentHandle | None = None
     async with Runner(drain_s) as runner:
         server = None
         if server_cfg is not None:
@@ -120,8 +129,11 @@ async def _run(
             key = await server.create_dev_key()
             _print_banner(server.gateway_url, key)
             click.echo(f"Cluster page and admin API (this machine only): {server.admin_url}/")
-        await runner.wait()
-    return runner.code
+        if agent is None:
+            await runner.wait()
+        else:
+            await first_to_finish(runner.wait(), agent.upgrader.restart_wanted.wait())
+    return runner.code, agent.upgrader.restart if agent is not None else None
 
 
 def _print_banner(url: str, key: str) -> None:

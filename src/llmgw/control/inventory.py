@@ -29,6 +29,7 @@ from llmgw.control.records import (
     ProvisionStatus,
     Registration,
     Storage,
+    UpgradeStatus,
     Weights,
 )
 from llmgw.control.stream.refusals import Refusals
@@ -103,6 +104,8 @@ class Node:
     warnings: list[str] = attrs.field(factory=list)
     # ready, cordoned or draining: set by an administrator, kept across the node's reconnects.
     admin_state: str = READY
+    # The node's last upgrade, as its agent said after registering; None: it said nothing.
+    upgrade: UpgradeStatus | None = None
     # facts()'s GPUs and fabrics, with the lists they were read from: the inventory replaces those,
     # never edits them.
     _hardware: (
@@ -417,6 +420,17 @@ class Inventory:
             detail=status.detail,
         )
         self._rebuild()
+
+    def upgrade_status(self, node_id: str, status: pb.UpgradeStatus | None) -> None:
+        """What a node says of its last upgrade; None forgets it, as a new one is asked for."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            return
+        if status is not None:
+            self._seen(node_id)
+            node.upgrade = UpgradeStatus(status.version, status.state, status.detail, status.from_version)
+        else:
+            node.upgrade = None
 
     def touch(self, node_id: str) -> None:
         """Any message counts as a sign of life."""

@@ -81,6 +81,16 @@ class ProvisionStatus:
 
 
 @attrs.frozen
+class UpgradeStatus:
+    """Where a node's last upgrade stands, as its agent said (agent/upgrade.py)."""
+
+    version: str = ""
+    state: str = ""
+    detail: str = ""
+    from_version: str = ""
+
+
+@attrs.frozen
 class Registration:
     """A Register as the inventory keeps it; None for a message field the agent did not send."""
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import attrs
 import structlog
 
+import llmgw
 from llmgw.addresses import parse_port_range
+from llmgw.agent import trial
 from llmgw.agent.client import AgentClient
 from llmgw.agent.discovery.host import discover_host
 from llmgw.agent.discovery.node import NodeReport
@@ -19,6 +21,7 @@ from llmgw.agent.provision.loop import ProvisionLoop
 from llmgw.agent.provision.release import ReleaseClient
 from llmgw.agent.provision.runner import SubprocessRunner
 from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.upgrade import Upgrader
 from llmgw.agent.weights import WeightsCache
 from llmgw.config import AgentConfig
 from llmgw.engines.registry import ENGINES
@@ -31,6 +34,8 @@ log = structlog.get_logger(__name__)
 class AgentHandle:
     client: AgentClient
     supervisor: Supervisor
+    # Set when the agent has decided to restart into another environment (an upgrade, or back).
+    upgrader: Upgrader
     # metrics_listen's URL; "" when it is not set.
     metrics_url: str = attrs.field(default="", kw_only=True)
 
@@ -83,6 +88,11 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
             cfg, weights=lambda: weights.present(supervisor.weights_in_use()), disk_changed=disk_changed
         )
         await report.refresh()
+        # The last upgrade, and whether this agent is the new one on trial (agent/trial.py).
+        marker, on_trial = await asyncio.to_thread(trial.settle, Path(cfg.state_dir), llmgw.__version__)
+        upgrader = Upgrader(
+            Path(cfg.state_dir), marker, on_trial=on_trial, leave_engines=supervisor.leave_engines_on_close
+        )
         client = AgentClient(
             cfg,
             supervisor,
@@ -92,6 +102,7 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
             host=host.to_proto(),
             warnings=host.warnings(),
             report=report,
+            upgrades=upgrader,
         )
         agent_metrics = AgentMetrics(
             new_registry(),
@@ -117,11 +128,12 @@ async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
             tasks.create_task(provision.run(), name="agent-provision"),
             tasks.create_task(client.run(), name="agent-stream"),
             tasks.create_task(report.run(cfg.heartbeat_interval_s), name="agent-discovery"),
+            tasks.create_task(upgrader.run(client.connected), name="agent-upgrade"),
         ]
         for task in owned:
             stack.callback(task.cancel)
         log.info("agent started", node=cfg.node_id, servers=cfg.servers, metrics=metrics_url)
-        yield AgentHandle(client=client, supervisor=supervisor, metrics_url=metrics_url)
+        yield AgentHandle(client=client, supervisor=supervisor, upgrader=upgrader, metrics_url=metrics_url)
         log.info("agent stopping")
 
 

@@ -23,6 +23,7 @@ from aiohttp import web
 from llmgw import bound, config, heap, openfiles
 from llmgw.adminapi import views
 from llmgw.adminapi.handlers import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY, NEEDS_KEY, PRICES_KEY
+from llmgw.adminapi.upgrades import UPGRADES_KEY
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
@@ -35,6 +36,7 @@ from llmgw.control.metrics import ControlMetrics
 from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.stream.service import free_port, serve_agents
+from llmgw.control.upgrades import Upgrades
 from llmgw.errors import StoreError
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.allowance import Allowance
@@ -219,6 +221,10 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         # Only the leader places and reconciles (always this server, without PostgreSQL).
         lead = functools.partial(_lead, fleet.routes, reconciler)
         tasks.keep(while_leading(fleet.leadership, lead), "lead")
+        # Rolls of the agents to another release (`llmgw ctl upgrade`), on either listener's admin API.
+        upgrades = Upgrades(inventory)
+        tasks.keep(upgrades.run(), "agent-upgrades")
+        app[UPGRADES_KEY] = upgrades
         pages = _mount_pages(app, cfg, store, quotas, inventory, catalog, mirror)
         gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
         url = f"http://{bound.address(*gateway)}"
@@ -460,6 +466,7 @@ def _admin_app(
     admin_app[CONTROL_PLANE_KEY] = gateway_app[CONTROL_PLANE_KEY]
     admin_app[HISTORY_KEY] = gateway_app[HISTORY_KEY]
     admin_app[ENDPOINTS_KEY] = gateway_app[ENDPOINTS_KEY]
+    admin_app[UPGRADES_KEY] = gateway_app[UPGRADES_KEY]
     admin_app.router.add_get("/metrics", metrics.handle)
     if reconciler is not None:
         admin_app[BACKOFF_KEY] = reconciler.backoff

@@ -25,6 +25,7 @@ from llmgw.adminapi import handlers as adminapi
 from llmgw.adminapi import mirror as mirrorapi
 from llmgw.adminapi import openapi
 from llmgw.adminapi import tenancy as tenancyapi
+from llmgw.adminapi import upgrades as upgradesapi
 from llmgw.adminapi.openapi import DOCUMENT_KEY
 from llmgw.adminapi.routes import Route, mount
 from llmgw.bodies import MAX_ADMIN_BODY, decode_bodies
@@ -46,6 +47,7 @@ API: tuple[Route, ...] = (
     *benchapi.ROUTES,
     *tenancyapi.ROUTES,
     *mirrorapi.ROUTES,
+    *upgradesapi.ROUTES,
 )
 # The pages of the admin listener, at its root; under /admin on the client port too.
 PAGES: tuple[Route, ...] = (*cluster.PAGES, MIRROR_PAGE)

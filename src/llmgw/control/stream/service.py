@@ -256,6 +256,8 @@ class AgentService:
         elif kind == "logs":
             self._inventory.touch(node_id)
             self._inventory.logs.resolve(node_id, value)
+        elif kind == "upgrade":
+            self._inventory.upgrade_status(node_id, value)
         elif kind == "register":
             raise GRPCError(Status.FAILED_PRECONDITION, f"node {node_id} registered twice on one stream")
         else:

@@ -31,6 +31,7 @@ class AgentMessage(betterproto.Message):
     heartbeat: "Heartbeat" = betterproto.message_field(2, group="kind")
     shard: "ShardStatus" = betterproto.message_field(3, group="kind")
     logs: "LogsReply" = betterproto.message_field(4, group="kind")
+    upgrade: "UpgradeStatus" = betterproto.message_field(5, group="kind")
 
 
 @dataclass(eq=False, repr=False)
@@ -42,6 +43,7 @@ class ControlMessage(betterproto.Message):
     remove_weights: "RemoveWeights" = betterproto.message_field(5, group="kind")
     provision: "Provision" = betterproto.message_field(6, group="kind")
     logs: "LogsRequest" = betterproto.message_field(7, group="kind")
+    upgrade: "Upgrade" = betterproto.message_field(8, group="kind")
 
 
 @dataclass(eq=False, repr=False)
@@ -362,6 +364,58 @@ class LogsReply(betterproto.Message):
     """Every log this node can show."""
 
     error: str = betterproto.string_field(4)
+
+
+@dataclass(eq=False, repr=False)
+class Upgrade(betterproto.Message):
+    """
+    Upgrade asks an agent to restart into another llmgw release and adopt its engines
+     (docs/operations.md, "Upgrading"). The agent installs the wheel into an environment of its own
+     beside the running one, and refuses, with nothing changed, a wheel whose digest is not sha256.
+    """
+
+    version: str = betterproto.string_field(1)
+    url: str = betterproto.string_field(2)
+    """
+    The release's wheel: an http(s) URL (the mirror's) or a path on the node.
+    """
+
+    sha256: str = betterproto.string_field(3)
+    """The digest the control plane holds for the wheel, in hex."""
+
+    find_links: str = betterproto.string_field(4)
+    """
+    A wheelhouse (a directory or an http(s) page of wheels) for dependencies the running
+     environment does not already have; empty: only those it has.
+    """
+
+    trial_s: int = betterproto.int32_field(5)
+    """
+    Seconds the new agent has to register before it goes back to the previous environment.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class UpgradeStatus(betterproto.Message):
+    """
+    UpgradeStatus is where a node's last upgrade stands, sent after Register and as it changes.
+    """
+
+    version: str = betterproto.string_field(1)
+    """The version the node was asked to run."""
+
+    state: str = betterproto.string_field(2)
+    """
+    "installing", "restarting", "upgraded", "refused" (nothing changed) or "rolled back".
+    """
+
+    detail: str = betterproto.string_field(3)
+    """
+    What happened, in words for a person: why it was refused or rolled back.
+    """
+
+    from_version: str = betterproto.string_field(4)
+    """The version the agent ran before."""
 
 
 class AgentServiceStub(betterproto.ServiceStub):

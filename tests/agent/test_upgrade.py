@@ -1,0 +1,132 @@
+"""An agent carrying out an Upgrade: the digest first, then the trial of the agent it restarts into."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from llmgw.agent import trial
+from llmgw.agent.upgrade import Upgrader
+from llmgw.proto.llmgw import v1 as pb
+
+from ..waiting import eventually
+
+
+async def _upgrader(state_dir: Path, version: str = "0.1.0") -> tuple[Upgrader, list[str]]:
+    left: list[str] = []
+    marker, on_trial = await asyncio.to_thread(trial.settle, state_dir, version)
+    upgrader = Upgrader(
+        state_dir, marker, on_trial=on_trial, leave_engines=lambda: left.append("left"), version=version
+    )
+    return upgrader, left
+
+
+_UNDER_WAY = ("installing", trial.TRIAL)
+
+
+async def _until_settled(upgrader: Upgrader, connected: asyncio.Event) -> pb.UpgradeStatus:
+    task = asyncio.create_task(upgrader.run(connected))
+    try:
+        await eventually(
+            lambda: (s := upgrader.status()) is not None and s.state not in ("installing", trial.TRIAL)
+        )
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    status = upgrader.status()
+    assert status is not None
+    return status
+
+
+async def test_a_wheel_whose_digest_does_not_match_is_refused_with_nothing_changed(tmp_path: Path) -> None:
+    wheel = tmp_path / "llmgw-0.2.0-py3-none-any.whl"
+    await asyncio.to_thread(wheel.write_bytes, b"not the release")
+    state_dir = tmp_path / "state"
+    upgrader, left = await _upgrader(state_dir)
+    upgrader.ask(pb.Upgrade(version="0.2.0", url=str(wheel), sha256="0" * 64))
+
+    status = await _until_settled(upgrader, asyncio.Event())
+
+    assert status.state == "refused"
+    digest = hashlib.sha256(b"not the release").hexdigest()
+    assert status.detail == (
+        f"llmgw-0.2.0-py3-none-any.whl has sha256 {digest}, not the {'0' * 64} the control plane holds "
+        "for 0.2.0: refused, nothing changed"
+    )
+    assert upgrader.restart is None and left == []
+    assert not await asyncio.to_thread((state_dir / trial.MARKER).exists)
+    assert not await asyncio.to_thread((state_dir / "versions" / "0.2.0").exists)
+
+
+async def test_a_release_that_is_not_a_wheel_is_refused(tmp_path: Path) -> None:
+    upgrader, _ = await _upgrader(tmp_path)
+    upgrader.ask(pb.Upgrade(version="0.2.0", url="https://mirror/llmgw-0.2.0.tar.gz", sha256="0" * 64))
+    status = await _until_settled(upgrader, asyncio.Event())
+    assert status.state == "refused"
+    assert status.detail == "https://mirror/llmgw-0.2.0.tar.gz is not a wheel (a .whl file)"
+
+
+class TestTheTrial:
+    async def test_the_new_agent_commits_once_it_registers_and_current_points_at_it(
+        self, tmp_path: Path
+    ) -> None:
+        await asyncio.to_thread(
+            trial.write, tmp_path, trial.Marker("0.2.0", "0.1.0", trial.TRIAL, started=1.0)
+        )
+        upgrader, _ = await _upgrader(tmp_path, "0.2.0")
+        connected = asyncio.Event()
+        connected.set()
+
+        status = await _until_settled(upgrader, connected)
+
+        assert status.state == "upgraded" and status.detail.startswith("upgraded from 0.1.0 in ")
+        current = await asyncio.to_thread((tmp_path / "versions" / "current").readlink)
+        assert current == Path("0.2.0")
+        marker = await asyncio.to_thread(trial.read, tmp_path)
+        assert marker is not None and marker.state == trial.UPGRADED
+        assert upgrader.restart is None
+
+    async def test_a_new_agent_that_does_not_register_in_time_goes_back_to_the_previous_command(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("PYTHONPATH", "/srv/new")
+        previous = ["/opt/llmgw/bin/python", "-m", "llmgw", "--role=agent"]
+        marker = trial.Marker(
+            "0.2.0", "0.1.0", trial.TRIAL, previous=previous, previous_pythonpath="/srv/old", trial_s=0.01
+        )
+        await asyncio.to_thread(trial.write, tmp_path, marker)
+        upgrader, left = await _upgrader(tmp_path, "0.2.0")
+        task = asyncio.create_task(upgrader.run(asyncio.Event()))
+
+        await asyncio.wait_for(upgrader.restart_wanted.wait(), 10)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+        assert upgrader.restart is not None
+        assert upgrader.restart.argv == previous
+        assert upgrader.restart.env["PYTHONPATH"] == "/srv/old"
+        assert left == ["left"]
+        gone = await asyncio.to_thread(trial.read, tmp_path)
+        assert gone is not None and gone.state == trial.ROLLED_BACK
+        assert gone.detail == "the agent of 0.2.0 did not register with the control plane within 0.01 s"
+
+
+async def test_a_wheel_fetched_over_http_is_checked_against_the_digest_too(tmp_path: Path) -> None:
+    async def wheel(request: web.Request) -> web.Response:
+        return web.Response(body=b"a release from the mirror")
+
+    app = web.Application()
+    app.router.add_get("/wheels/llmgw-0.2.0-py3-none-any.whl", wheel)
+    upgrader, _ = await _upgrader(tmp_path)
+    async with TestServer(app) as server:
+        url = str(server.make_url("/wheels/llmgw-0.2.0-py3-none-any.whl"))
+        upgrader.ask(pb.Upgrade(version="0.2.0", url=url, sha256="1" * 64))
+        status = await _until_settled(upgrader, asyncio.Event())
+    digest = hashlib.sha256(b"a release from the mirror").hexdigest()
+    assert status.state == "refused"
+    assert f"has sha256 {digest}, not the {'1' * 64}" in status.detail

@@ -1,0 +1,128 @@
+"""`llmgw ctl upgrade` and `upgrade status` against a real admin API on loopback, nodes played here."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from click.testing import CliRunner
+from structlog.testing import capture_logs
+
+from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi.routes import mount
+from llmgw.adminapi.upgrades import UPGRADES_KEY
+from llmgw.catalog import Catalog
+from llmgw.cli.ctl import ctl
+from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
+from llmgw.config import ServerConfig
+from llmgw.control.inventory import Inventory
+from llmgw.control.upgrades import Upgrades
+from llmgw.proto.llmgw import v1 as pb
+from llmgw.web.admin_listener import API
+
+CFG = ServerConfig()
+SHA = "ab" * 32
+BROKEN = "the new agent cannot start: ImportError: this build is broken"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, Inventory]]:
+    inventory = Inventory(30.0)
+    for node in ("n1", "n2"):
+        inventory.attach(pb.Register(node_id=node, agent_version="0.1.0"), f"10.0.0.{node[1]}:5000")
+    upgrades = Upgrades(inventory, server_version="0.1.0")
+    app = web.Application()
+    adminapi.provide(app, CFG, inventory, Catalog(CFG))
+    mount(app, [route for route in API if "upgrades" in route.path or route.path == "/api/v1/nodes"])
+    app[UPGRADES_KEY] = upgrades
+    rolling = asyncio.create_task(upgrades.run())
+    with capture_logs():
+        async with TestServer(app) as test_server:
+            yield str(test_server.make_url("")).rstrip("/"), inventory
+    rolling.cancel()
+    await asyncio.gather(rolling, return_exceptions=True)
+
+
+async def run(*args: str) -> tuple[int, str, str]:
+    # In a thread: ctl runs its own event loop, and the server it talks to runs on this one.
+    result = await asyncio.to_thread(CliRunner().invoke, ctl, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+async def _roll_back_when_asked(inventory: Inventory, node: str) -> None:
+    """n1's agent, as it would answer a release it cannot start."""
+    link = inventory._links[node]
+    while not (await link.outbox.get()).upgrade.version:
+        continue
+    said = pb.UpgradeStatus(version="0.2.0", state="rolled back", detail=BROKEN, from_version="0.1.0")
+    inventory.upgrade_status(node, said)
+
+
+async def test_a_dry_run_says_which_nodes_would_be_upgraded_in_which_order(
+    server: tuple[str, Inventory],
+) -> None:
+    code, out, err = await run(
+        "--server", server[0], "upgrade", "--to", "0.2.0", "--wheel", "https://m/llmgw-0.2.0-py3-none-any.whl",
+        "--sha256", SHA, "--nodes", "n2,n1", "--dry-run",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "upgrade to 0.2.0: planned (dry run), 0 s, 1 node(s) at a time",
+        "NODE  FROM   STATE    TOOK  DETAIL",
+        "n2    0.1.0  waiting  —",
+        "n1    0.1.0  waiting  —",
+    ]
+
+
+async def test_the_digest_is_read_here_when_the_wheel_is_a_file_on_this_machine(
+    server: tuple[str, Inventory], tmp_path: Path
+) -> None:
+    wheel = tmp_path / "llmgw-0.2.0-py3-none-any.whl"
+    await asyncio.to_thread(wheel.write_bytes, b"a release")
+    code, _, err = await run(
+        "--server", server[0], "upgrade", "--to", "0.2.0", "--wheel", str(wheel), "--dry-run"
+    )
+    assert code == 0
+    assert err == f"{wheel.name}: sha256 {hashlib.sha256(b'a release').hexdigest()}\n"
+
+
+async def test_a_url_without_its_digest_is_refused_before_the_server_is_asked(
+    server: tuple[str, Inventory],
+) -> None:
+    code, _, err = await run(
+        "--server", server[0], "upgrade", "--to", "0.2.0", "--wheel", "https://m/llmgw-0.2.0-py3-none-any.whl"
+    )
+    assert code == EXIT_USAGE
+    assert "give the wheel's digest with --sha256" in err
+
+
+async def test_a_roll_that_stops_at_a_node_that_rolled_back_says_why_and_exits_1(
+    server: tuple[str, Inventory],
+) -> None:
+    url, inventory = server
+    node = asyncio.create_task(_roll_back_when_asked(inventory, "n1"))
+    code, out, err = await run(
+        "--server", url, "upgrade", "--to", "0.2.0", "--wheel", "/srv/llmgw-0.2.0-py3-none-any.whl",
+        "--sha256", SHA,
+    )  # fmt: skip
+    await node
+    assert code == EXIT_ERROR
+    assert f"n1: rolled back ({BROKEN})" in err
+    assert err.endswith(f"llmgw ctl: the upgrade to 0.2.0 stopped at n1: rolled back: {BROKEN}\n")
+    assert "n2    0.1.0  skipped" in out
+
+    code, status, _ = await run("--server", url, "upgrade", "status")
+    assert code == 0 and status.startswith("upgrade to 0.2.0: stopped")
+    _, nodes, _ = await run("--server", url, "nodes")
+    assert f"n1: rolled back from 0.2.0: {BROKEN}" in nodes
+
+
+async def test_status_before_any_roll_is_exit_4(server: tuple[str, Inventory]) -> None:
+    code, _, err = await run("--server", server[0], "upgrade", "status")
+    assert code == EXIT_NOT_FOUND
+    assert "no upgrade has run since this control plane started" in err
