@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -175,6 +176,24 @@ def test_agents_rolled_to_a_new_release_keep_their_engines_and_every_request(
         assert fleet.agents[node].alive() and fleet.agents[node].pid == agents[node]
     assert _engine_pids(fleet) == engines
     assert fleet.routed("sim-chat") == 2
+
+    # As systemd would after a crash: SIGKILL, and the unit's own command, the release before.
+    fleet.agents["n1"].signal_group(signal.SIGKILL)
+    fleet.agents["n1"].popen.wait(10)
+    restarted = fleet.restart_agent(fleet.network.hosts["n1"])
+    wait_until(
+        lambda: (n1 := fleet.nodes()["n1"])["connected"] and n1["agent_version"] == "0.2.0",
+        60,
+        "the restarted agent to come back on 0.2.0",
+    )
+    said = [e["event"] for e in log_events(restarted) if e.get("event", "").startswith("running llmgw")]
+    environment = (fleet.workdir / "n1" / "versions" / "0.2.0").resolve()
+    assert said == [
+        f"running llmgw 0.2.0 from {environment}, the release this node was upgraded to; "
+        "python -m llmgw is 0.1.0"
+    ], said
+    assert restarted.alive()
+    assert _engine_pids(fleet) == engines
 
 
 def test_a_release_whose_digest_does_not_match_is_refused_on_every_node_with_nothing_changed(
