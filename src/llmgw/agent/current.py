@@ -95,14 +95,19 @@ def _running_command(argv: list[str] | None) -> str:
 
 
 # Run by current's interpreter with `-c`, before any of llmgw is imported: only the standard
-# library, since what it guards against is current's llmgw failing to import.
+# library, since what it guards against is current's llmgw failing to import. Without
+# LLMGW_FROM_CURRENT (this command line run again later, as an upgrade's way back) it has
+# nowhere to go back to, and fails as python would.
 BOOTSTRAP = r"""
 import json, os, sys
 sys.argv = ["llmgw", *sys.argv[1:]]
 try:
     from llmgw.cli.main import main
 except BaseException as exc:
-    back = json.loads(os.environ.pop("LLMGW_FROM_CURRENT"))
+    came_from = os.environ.pop("LLMGW_FROM_CURRENT", "")
+    if not came_from:
+        raise
+    back = json.loads(came_from)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if back["pythonpath"] is not None:
         env["PYTHONPATH"] = back["pythonpath"]
