@@ -38,13 +38,8 @@ class TestWhatAnAgentFindsAsItStarts:
 
 
 def test_the_bootstrap_goes_back_to_the_previous_command_when_the_new_release_cannot_be_imported(
-    tmp_path: Path,
+    tmp_path: Path, broken_release: Path
 ) -> None:
-    broken = tmp_path / "release" / "llmgw" / "cli"
-    broken.mkdir(parents=True)
-    (broken.parent / "__init__.py").write_text("")
-    (broken / "__init__.py").write_text("")
-    (broken / "main.py").write_text('raise ImportError("this build is broken")\n')
     previous = [
         sys.executable,
         "-c",
@@ -54,7 +49,7 @@ def test_the_bootstrap_goes_back_to_the_previous_command_when_the_new_release_ca
 
     done = subprocess.run(
         [sys.executable, "-c", trial.BOOTSTRAP, "--role=agent"],
-        env={"PYTHONPATH": str(tmp_path / "release"), trial.TRIAL_ENV: str(tmp_path / trial.MARKER)},
+        env={"PYTHONPATH": str(broken_release), trial.TRIAL_ENV: str(tmp_path / trial.MARKER)},
         capture_output=True,
         text=True,
         timeout=60,

@@ -35,6 +35,14 @@ def _state(upgrades: Upgrades) -> str:
     return view.state if view is not None else ""
 
 
+async def _started_asking_n1(inventory: Inventory, upgrades: Upgrades) -> Link:
+    """n1 and n2 at 0.1.0, the roll to 0.2.0 started, and n1 asked first: n2's link."""
+    n1, n2 = _register(inventory, "n1"), _register(inventory, "n2")
+    upgrades.start(ORDER)
+    await eventually(lambda: _asked(n1))
+    return n2
+
+
 @pytest.fixture
 async def rolling() -> AsyncIterator[tuple[Inventory, Upgrades]]:
     inventory = Inventory(grace_s=30.0)
@@ -50,9 +58,7 @@ class TestTheRoll:
         self, rolling: tuple[Inventory, Upgrades]
     ) -> None:
         inventory, upgrades = rolling
-        n1, n2 = _register(inventory, "n1"), _register(inventory, "n2")
-        upgrades.start(ORDER)
-        await eventually(lambda: _asked(n1))
+        n2 = await _started_asking_n1(inventory, upgrades)
         assert _asked(n2) == []
 
         _register(inventory, "n1", "0.2.0")
@@ -68,9 +74,7 @@ class TestTheRoll:
         self, rolling: tuple[Inventory, Upgrades]
     ) -> None:
         inventory, upgrades = rolling
-        n1, n2 = _register(inventory, "n1"), _register(inventory, "n2")
-        upgrades.start(ORDER)
-        await eventually(lambda: _asked(n1))
+        n2 = await _started_asking_n1(inventory, upgrades)
         said = "the new agent cannot start: ImportError: broken"
         inventory.upgrade_status(
             "n1", pb.UpgradeStatus(version="0.2.0", state="rolled back", detail=said, from_version="0.1.0")

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import subprocess
 import sys
 import tarfile
 from collections.abc import AsyncIterator
@@ -37,7 +35,6 @@ from tests.e2e.test_llamacpp import (
     ASSET,
     NODE,
     REPO,
-    ROOT,
     TAG,
     WAIT_S,
     FakeGitHub,
@@ -47,6 +44,7 @@ from tests.e2e.test_llamacpp import (
     _write_tiny_model,
 )
 from tests.mirror.test_fetch import COMMIT, Hub, hub_app
+from tests.wheel import build_wheel
 
 MODEL = "tiny-offline"
 ARCH = ASSET.removeprefix(f"llama-{TAG}-bin-ubuntu-").removesuffix(".tar.gz")
@@ -72,29 +70,6 @@ async def _llmgw(*args: str) -> str:
     out, err = await process.communicate()
     assert process.returncode == 0, f"llmgw {' '.join(args)} exited {process.returncode}:\n{err.decode()}"
     return out.decode()
-
-
-def _build_wheel(into: Path, scratch: Path) -> None:
-    """llmgw's wheel from this working tree, built in a copy so the tree gets no build/ of its own."""
-    source = scratch / "source"
-    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("setup.cfg", "pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(into),
-            str(source),
-        ],
-        check=True,
-    )
 
 
 @attrs.frozen
@@ -146,7 +121,7 @@ async def test_an_offline_site_installs_llama_cpp_and_serves_a_chat_from_the_bun
     tmp_path: Path,
 ) -> None:
     wheels = tmp_path / "wheelhouse"
-    await asyncio.to_thread(_build_wheel, wheels, tmp_path)
+    await asyncio.to_thread(build_wheel, wheels, tmp_path / "source")
     bundle = tmp_path / "site-bundle.tar"
 
     # Where the internet is: the publishers answer, and the bundle is made.

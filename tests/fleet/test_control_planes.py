@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +27,9 @@ from llmgw.agent import state as engine_state
 
 from ..postgres import running_cluster
 from ..postgres import unavailable as postgres_unavailable
-from .cluster import AGENT_PORT, GATEWAY_PORT, Fleet, Reply, http, log_events
+from .cluster import AGENT_PORT, GATEWAY_PORT, Fleet, http, log_events
 from .netns import Host, Network, Process, wait_until
+from .traffic import Traffic
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -158,65 +158,6 @@ def _leader_and_standby(planes: list[Plane]) -> tuple[Plane, Plane]:
     return leader, standby
 
 
-@attrs.define
-class Traffic:
-    """Clients on a host posting chat completions to gateways until stopped: (when, status) of each.
-
-    Client i sends to gateways[i % len(gateways)] and, when that one does not answer at all (its
-    listener closed: a server stopping), sends the request once more to the next, as a load balancer
-    retries a connection refused on another backend. Status 0: no answer from any; negative: an
-    answer without a completion.
-    """
-
-    host: Host
-    gateways: list[str]
-    outcomes: list[tuple[float, int]] = attrs.Factory(list)
-    # Requests answered by the next gateway after the first did not answer.
-    failed_over: int = 0
-    # (when, the gateway, its status, its body) of every request without a completion.
-    failures: list[tuple[float, str, int, Any]] = attrs.Factory(list)
-    _stop: threading.Event = attrs.Factory(threading.Event)
-    _clients: list[threading.Thread] = attrs.Factory(list)
-
-    def start(self) -> None:
-        for i in range(CLIENTS):
-            order = self.gateways[i % len(self.gateways) :] + self.gateways[: i % len(self.gateways)]
-            client = threading.Thread(
-                target=lambda order=order: self.host.call_here(lambda: self._ask(order)), daemon=True
-            )
-            client.start()
-            self._clients.append(client)
-
-    def _ask(self, order: list[str]) -> None:
-        body = {"model": MODEL["name"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        while not self._stop.is_set():
-            for tries, gateway in enumerate(order):
-                reply: Reply = http("POST", f"{gateway}/v1/chat/completions", body, timeout_s=30.0)
-                if reply.status != 0:
-                    self.failed_over += tries > 0
-                    break
-            ok = isinstance(reply.body, dict) and "choices" in reply.body
-            self.outcomes.append((time.monotonic(), reply.status if ok else -reply.status))
-            if not ok:
-                self.failures.append((time.monotonic(), gateway, reply.status, reply.body))
-            time.sleep(PAUSE_S)
-
-    def wait_for(self, more: int) -> None:
-        goal = len(self.outcomes) + more
-        wait_until(lambda: len(self.outcomes) >= goal, WAIT_S, f"{more} more requests answered")
-
-    def stop(self) -> None:
-        self._stop.set()
-        for client in self._clients:
-            client.join(60)
-
-    def failed(self) -> list[int]:
-        return [status for _, status in self.outcomes if status != 200]
-
-    def rate(self) -> float:
-        return len(self.outcomes) / max(self.outcomes[-1][0] - self.outcomes[0][0], 1e-9)
-
-
 def _started(fleet: Fleet, node: str) -> list[str]:
     """The shards node's agent started an engine for (adopted ones are not started)."""
     return [e["shard"] for e in log_events(fleet.agents[node]) if e.get("event") == "engine starting"]
@@ -241,10 +182,12 @@ def _steady(
     # The standby routes to it too, from the table the leader published.
     wait_until(lambda: standby.ready(MODEL["name"]) or _served(standby), WAIT_S, "the standby to route")
     gateways = [standby.gateway, leader.gateway] if through_both else [standby.gateway]
-    traffic = Traffic(fleet.network.hosts["n2"], gateways)
+    traffic = Traffic(
+        fleet.network.hosts["n2"], gateways, str(MODEL["name"]), clients=CLIENTS, pause_s=PAUSE_S
+    )
     traffic.start()
     try:
-        traffic.wait_for(100)
+        traffic.wait_for(100, WAIT_S)
     except BaseException:
         traffic.stop()
         raise
@@ -294,7 +237,7 @@ def test_killing_the_leader_under_traffic_through_the_standby_fails_no_request_a
         _adopted(fleet, standby, replica, pid)
         _placement_goes_on(standby)
         # A few more seconds of traffic under the new leader, then the count.
-        traffic.wait_for(100)
+        traffic.wait_for(100, WAIT_S)
     finally:
         traffic.stop()
 
@@ -328,7 +271,7 @@ def test_when_the_leaders_host_vanishes_the_standby_takes_over_within_the_bound_
         took_over = _logged_at(standby, "this control plane is now the leader")
         _adopted(fleet, standby, replica, pid)
         _placement_goes_on(standby)
-        traffic.wait_for(50)
+        traffic.wait_for(50, WAIT_S)
     finally:
         traffic.stop()
         leader.host.restore_link()
@@ -393,7 +336,7 @@ def test_rolling_both_control_planes_standby_first_then_the_leader_fails_no_requ
         done = time.monotonic()
         _adopted(fleet, standby, replica, pid)
         _placement_goes_on(standby)
-        traffic.wait_for(100)
+        traffic.wait_for(100, WAIT_S)
     finally:
         traffic.stop()
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import subprocess
-import sys
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +21,7 @@ import pytest
 
 from llmgw.agent import state as engine_state
 
+from ..wheel import build_wheel
 from .cluster import Fleet, http, log_events
 from .netns import Host, Network, wait_until
 from .traffic import Traffic
@@ -34,7 +33,6 @@ SIM = {"name": "sim-chat", "replicas": 2, "profiles": [{"engine": "sim"}]}
 # A grace longer than an agent's restart: the node's replicas stay routed while it is away.
 CONTROL = {"interval_s": 0.5, "grace_s": 15.0, "base_backoff_s": 1.0}
 ROLL_S = 300.0
-TREE = Path(__file__).resolve().parents[2]
 
 
 @attrs.frozen
@@ -60,36 +58,17 @@ _BREAKS = {
 
 def _build(version: str, into: Path, broken: str = "") -> Wheel:
     """A wheel of this tree at version; broken: how it fails (_BREAKS), when it does."""
-    tree = into / f"tree-{version}"
-    shutil.rmtree(tree, ignore_errors=True)
-    tree.mkdir(parents=True)
-    for name in ("setup.cfg", "pyproject.toml", "README.md"):
-        shutil.copy(TREE / name, tree / name)
-    shutil.copytree(TREE / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    init = tree / "src" / "llmgw" / "__init__.py"
-    init.write_text(init.read_text().replace('__version__ = "', f'__version__ = "{version}"  # was "', 1))
-    if broken:
-        module, text = _BREAKS[broken]
-        path = tree / "src" / "llmgw" / module
-        path.write_text(path.read_text() + f"\n{text}\n")
+
+    def change(package: Path) -> None:
+        init = package / "__init__.py"
+        init.write_text(init.read_text().replace('__version__ = "', f'__version__ = "{version}"  # was "', 1))
+        if broken:
+            module, text = _BREAKS[broken]
+            path = package / module
+            path.write_text(path.read_text() + f"\n{text}\n")
+
     out = into / "wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(tree),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    build_wheel(out, into / f"tree-{version}", change)
     return Wheel(version, out / f"llmgw-{version}-py3-none-any.whl")
 
 
@@ -150,7 +129,7 @@ def test_agents_rolled_to_a_new_release_keep_their_engines_and_every_request(
     engines = _engine_pids(fleet)
     agents = {node: fleet.agents[node].pid for node in NODES}
     assert len(engines) == 2
-    traffic = Traffic(fleet.cp, fleet.gateway, "sim-chat", fleet.key)
+    traffic = Traffic(fleet.cp, [fleet.gateway], "sim-chat", fleet.key)
     traffic.start()
     traffic.wait_for(20)
 
@@ -175,6 +154,24 @@ def test_agents_rolled_to_a_new_release_keep_their_engines_and_every_request(
         assert fleet.agents[node].alive() and fleet.agents[node].pid == agents[node]
     assert _engine_pids(fleet) == engines
     assert fleet.routed("sim-chat") == 2
+
+    # As systemd would after a crash: SIGKILL, and the unit's own command, the release before.
+    fleet.agents["n1"].signal_group(signal.SIGKILL)
+    fleet.agents["n1"].popen.wait(10)
+    restarted = fleet.restart_agent(fleet.network.hosts["n1"])
+    wait_until(
+        lambda: (n1 := fleet.nodes()["n1"])["connected"] and n1["agent_version"] == "0.2.0",
+        60,
+        "the restarted agent to come back on 0.2.0",
+    )
+    said = [e["event"] for e in log_events(restarted) if e.get("event", "").startswith("running llmgw")]
+    environment = (fleet.workdir / "n1" / "versions" / "0.2.0").resolve()
+    assert said == [
+        f"running llmgw 0.2.0 from {environment}, the release this node was upgraded to; "
+        "python -m llmgw is 0.1.0"
+    ], said
+    assert restarted.alive()
+    assert _engine_pids(fleet) == engines
 
 
 def test_a_release_whose_digest_does_not_match_is_refused_on_every_node_with_nothing_changed(

@@ -157,3 +157,13 @@ def target(ctx: click.Context, as_json: bool) -> Target:
     target: Target = ctx.obj
     url = target.url or admin_url(target.config_path)
     return attrs.evolve(target, url=url, as_json=target.as_json or as_json)
+
+
+def get_view(ctx: click.Context, as_json: bool, path: str, view: type[_View]) -> _View | None:
+    """GET path on the admin API: the reply as view, or None once printed as it is under --json."""
+    there = target(ctx, as_json)
+    data = request(there, "GET", path)
+    if there.as_json:
+        print_json(data)
+        return None
+    return read(data, view)

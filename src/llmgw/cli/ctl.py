@@ -46,6 +46,7 @@ from llmgw.cli.adminclient import error_text as _error_text
 from llmgw.cli.adminclient import exchange as _exchange
 from llmgw.cli.adminclient import exit_code as _exit_code
 from llmgw.cli.adminclient import fail as _fail
+from llmgw.cli.adminclient import get_view as _get_view
 from llmgw.cli.adminclient import print_json as _print_json
 from llmgw.cli.adminclient import read as _read
 from llmgw.cli.adminclient import request as _request
@@ -110,12 +111,9 @@ def ctl(ctx: click.Context, config_path: Path, server: str | None, token: str | 
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """How many nodes, models and replicas, and in which state."""
-    target = _target(ctx, as_json)
-    data = _request(target, "GET", "/api/v1/status")
-    if target.as_json:
-        _print_json(data)
+    view = _get_view(ctx, as_json, "/api/v1/status", views.Status)
+    if view is None:
         return
-    view = _read(data, views.Status)
     counts = attrs.asdict(view.nodes)
     states = ", ".join(f"{n} {s}" for s, n in counts.items() if s != "total" and n)
     click.echo(f"llmgw     {view.version}")
@@ -248,12 +246,10 @@ def replicas(ctx: click.Context, model: str | None, everything: bool, as_json: b
 @click.pass_context
 def metrics(ctx: click.Context, replica: str, as_json: bool) -> None:
     """REPLICA's engine's own metrics (its /metrics page), read now: one sample a line."""
-    target = _target(ctx, as_json)
-    data = _request(target, "GET", f"/api/v1/replicas/{url_segment(replica)}/metrics")
-    if target.as_json:
-        _print_json(data)
+    got = _get_view(ctx, as_json, f"/api/v1/replicas/{url_segment(replica)}/metrics", views.ReplicaMetrics)
+    if got is None:
         return
-    for name, value in _read(data, views.ReplicaMetrics).metrics.items():
+    for name, value in got.metrics.items():
         click.echo(f"{name} {value:g}")
 
 
@@ -263,12 +259,10 @@ def metrics(ctx: click.Context, replica: str, as_json: bool) -> None:
 @click.pass_context
 def explain(ctx: click.Context, model: str, as_json: bool) -> None:
     """Per node, whether MODEL's next replica could go there, and why not."""
-    target = _target(ctx, as_json)
-    data = _request(target, "GET", f"/api/v1/explain-placement?model={quote(model, safe='')}")
-    if target.as_json:
-        _print_json(data)
+    path = f"/api/v1/explain-placement?model={quote(model, safe='')}"
+    placement = _get_view(ctx, as_json, path, views.Placement)
+    if placement is None:
         return
-    placement = _read(data, views.Placement)
     if not placement.candidates:
         click.echo("no node has registered yet", err=True)
     else:

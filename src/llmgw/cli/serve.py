@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from llmgw import config
+from llmgw.agent.current import restart_into_current
 from llmgw.agent.trial import Restart
 from llmgw.catalog import load_server_config
 from llmgw.cli.runner import Runner
@@ -83,6 +84,9 @@ def serve(
         server_cfg = config.evolve(server_cfg, drain_timeout_s=drain_timeout)
     if server_cfg is not None and (listen or admin_listen) and (found := server_cfg.problem_across_keys()):
         raise ConfigError(f"with --listen or --admin-listen, {found[1]}")
+    if agent_cfg is not None and (into_current := restart_into_current(Path(agent_cfg.state_dir))):
+        # Before any role starts: a supervisor's restart runs the release the node committed to.
+        os.execve(into_current.argv[0], into_current.argv, into_current.env)
     drain_s = drain_timeout_s(server_cfg, drain_timeout)
     code, restart = asyncio.run(_run(server_cfg, agent_cfg, mirror_cfg, setup, drain_s))
     if restart is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from llmgw.adminapi import views
-from llmgw.cli.adminclient import Target, fail, json_option, print_json, read, request, target
+from llmgw.cli.adminclient import Target, fail, get_view, json_option, print_json, read, request, target
 from llmgw.cli.exit import EXIT_ERROR, EXIT_USAGE
 from llmgw.cli.table import echo_table
 
@@ -109,12 +109,8 @@ def upgrade(
 @click.pass_context
 def upgrade_status(ctx: click.Context, as_json: bool) -> None:
     """The roll under way, or the last one: each node's state, and how long it took."""
-    there = target(ctx, as_json)
-    data = request(there, "GET", "/api/v1/upgrades")
-    if there.as_json:
-        print_json(data)
-        return
-    _print(read(data, views.Upgrade))
+    if (roll := get_view(ctx, as_json, "/api/v1/upgrades", views.Upgrade)) is not None:
+        _print(roll)
 
 
 def _digest_here(wheel: str) -> str:
