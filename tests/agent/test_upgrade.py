@@ -14,7 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from llmgw.agent import trial
-from llmgw.agent.upgrade import Upgrader
+from llmgw.agent.upgrade import Upgrader, not_downloaded
+from llmgw.launcher import CommandResult
 from llmgw.proto.llmgw import v1 as pb
 
 from ..waiting import eventually
@@ -268,3 +269,28 @@ class TestFromThePackageIndex:
         assert "/simple/llmgw/" in index.asked
         assert upgrader.restart is None and left == []
         assert await _leftovers(tmp_path) == []
+
+
+def test_an_index_pip_ignores_for_being_served_over_http_is_named_with_how_to_trust_it() -> None:
+    """What pip 26 prints for an http index on another machine, and says no more of after."""
+    said = (
+        "Looking in indexes: http://198.18.0.1:8082/simple/\n"
+        "WARNING: The repository located at 198.18.0.1 is not a trusted or secure host and is being "
+        "ignored. If this repository is available via HTTPS we recommend you use HTTPS instead, otherwise "
+        "you may silence this warning and allow it anyway with '--trusted-host 198.18.0.1'.\n"
+        "ERROR: Could not find a version that satisfies the requirement llmgw==0.2.0 (from versions: none)\n"
+        "ERROR: No matching distribution found for llmgw==0.2.0\n"
+    )
+    assert not_downloaded("0.2.0", CommandResult(1, said)) == (
+        "cannot fetch llmgw 0.2.0: pip ignores the package index at 198.18.0.1, served over http: trust it "
+        "in the node's pip configuration (pip config set global.trusted-host 198.18.0.1), or serve it over "
+        "https"
+    )
+
+
+def test_a_download_that_never_finishes_is_not_called_a_missing_version() -> None:
+    said = CommandResult(-1, "WARNING: Retrying (Retry(total=4)) after connection broken\n", timed_out=True)
+    assert not_downloaded("0.2.0", said) == (
+        "cannot fetch llmgw 0.2.0: pip download did not finish within 600 s "
+        "(it last said: WARNING: Retrying (Retry(total=4)) after connection broken)"
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import shutil
 import site
 import sys
@@ -206,13 +207,37 @@ async def _download(order: pb.Upgrade, incoming: Path) -> Path:
     argv += [*_index(order), "-d", str(incoming)]
     got = await launcher.run(argv, env=_ENV, timeout_s=_INSTALL_TIMEOUT_S)
     if not got.ok:
-        raise UpgradeRefused(f"the package index has no llmgw {order.version}: {got.last_line()}")
+        raise UpgradeRefused(not_downloaded(order.version, got))
     wheels = await asyncio.to_thread(lambda: sorted(incoming.glob("llmgw-*.whl")))
     if len(wheels) != 1:
         raise UpgradeRefused(
             f"the package index has no wheel of llmgw {order.version} (pip download left {len(wheels)})"
         )
     return wheels[0]
+
+
+def not_downloaded(version: str, got: launcher.CommandResult) -> str:
+    """Why pip download found no llmgw version, in words: pip's last line, or the index it ignored."""
+    if got.timed_out:
+        return (
+            f"cannot fetch llmgw {version}: pip download did not finish within {_INSTALL_TIMEOUT_S:g} s "
+            f"(it last said: {got.last_line() or 'nothing'})"
+        )
+    for line in got.output.splitlines():
+        # pip skips an index served over http on another machine with a warning, then says only
+        # that no version matched: the operator would look for a missing release, not a setting.
+        ignored = _IGNORED.search(line)
+        if ignored is not None:
+            host = ignored.group(1)
+            return (
+                f"cannot fetch llmgw {version}: pip ignores the package index at {host}, served over "
+                f"http: trust it in the node's pip configuration (pip config set global.trusted-host "
+                f"{host}), or serve it over https"
+            )
+    return f"the package index has no llmgw {version}: {got.last_line()}"
+
+
+_IGNORED = re.compile(r"The repository located at (\S+) is not a trusted or secure host")
 
 
 def _index(order: pb.Upgrade) -> list[str]:
