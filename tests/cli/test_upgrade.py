@@ -54,13 +54,14 @@ async def run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-async def _roll_back_when_asked(inventory: Inventory, node: str) -> None:
-    """n1's agent, as it would answer a release it cannot start."""
+async def _roll_back_when_asked(inventory: Inventory, node: str) -> pb.Upgrade:
+    """n1's agent, as it would answer a release it cannot start; what it was asked."""
     link = inventory._links[node]
-    while not (await link.outbox.get()).upgrade.version:
+    while not (asked := (await link.outbox.get()).upgrade).version:
         continue
     said = pb.UpgradeStatus(version="0.2.0", state="rolled back", detail=BROKEN, from_version="0.1.0")
     inventory.upgrade_status(node, said)
+    return asked
 
 
 async def test_a_dry_run_says_which_nodes_would_be_upgraded_in_which_order(
@@ -99,6 +100,43 @@ async def test_a_url_without_its_digest_is_refused_before_the_server_is_asked(
     )
     assert code == EXIT_USAGE
     assert "give the wheel's digest with --sha256" in err
+
+
+async def test_a_release_from_the_package_index_without_its_digest_is_refused_before_anything_is_sent(
+    server: tuple[str, Inventory],
+) -> None:
+    url = server[0]
+    code, _, err = await run("--server", url, "upgrade", "--to", "0.2.0")
+    assert code == EXIT_USAGE
+    assert err == (
+        "llmgw ctl: give --sha256 of llmgw 0.2.0's wheel, as the registry lists it "
+        "(pip download llmgw==0.2.0 --no-deps; sha256sum)\n"
+    )
+    code, _, err = await run("--server", url, "upgrade", "status")
+    assert code == EXIT_NOT_FOUND, "the server was asked for a roll"
+
+
+async def test_a_release_from_the_package_index_sends_the_digest_and_the_index_to_the_nodes(
+    server: tuple[str, Inventory],
+) -> None:
+    url, inventory = server
+    node = asyncio.create_task(_roll_back_when_asked(inventory, "n1"))
+    code, _, _ = await run(
+        "--server", url, "upgrade", "--to", "0.2.0", "--sha256", SHA,
+        "--index-url", "https://pypi.internal/simple/", "--nodes", "n1",
+    )  # fmt: skip
+    asked = await node
+    assert code == EXIT_ERROR
+    assert (asked.url, asked.index_url, asked.sha256) == ("", "https://pypi.internal/simple/", SHA)
+
+
+async def test_a_wheel_and_an_index_together_are_refused_in_words(server: tuple[str, Inventory]) -> None:
+    code, _, err = await run(
+        "--server", server[0], "upgrade", "--to", "0.2.0", "--wheel", "https://m/llmgw-0.2.0-py3-none-any.whl",
+        "--sha256", SHA, "--index-url", "https://pypi.internal/simple/",
+    )  # fmt: skip
+    assert code == EXIT_USAGE
+    assert "--index-url is where the release comes from without --wheel: give one or the other" in err
 
 
 async def test_a_roll_that_stops_at_a_node_that_rolled_back_says_why_and_exits_1(

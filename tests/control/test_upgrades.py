@@ -105,7 +105,36 @@ class TestTheRoll:
         assert {n.state for n in view.nodes} == {"refused"}
 
 
+async def test_a_roll_from_the_package_index_sends_each_node_the_index_and_the_digest(
+    rolling: tuple[Inventory, Upgrades],
+) -> None:
+    inventory, upgrades = rolling
+    n1 = _register(inventory, "n1")
+    upgrades.start(attrs.evolve(ORDER, url="", index_url="https://pypi.internal/simple/"))
+    asked: list[pb.Upgrade] = []
+    await eventually(lambda: asked.extend(_asked(n1)) or asked)
+    assert [(a.url, a.index_url, a.sha256) for a in asked] == [
+        ("", "https://pypi.internal/simple/", "ab" * 32)
+    ]
+
+
 class TestWhatIsRefusedBeforeAnyNodeIsAsked:
+    async def test_a_roll_without_a_digest_is_refused_whatever_the_source(
+        self, rolling: tuple[Inventory, Upgrades]
+    ) -> None:
+        inventory, upgrades = rolling
+        _register(inventory, "n1")
+        with pytest.raises(UpgradeRefused, match=r"give the sha256 of llmgw 0\.2\.0's wheel"):
+            upgrades.start(attrs.evolve(ORDER, url="", sha256=""))
+
+    async def test_a_wheel_and_an_index_together_are_refused(
+        self, rolling: tuple[Inventory, Upgrades]
+    ) -> None:
+        inventory, upgrades = rolling
+        _register(inventory, "n1")
+        with pytest.raises(UpgradeRefused, match="from the wheel or from the package index, not both"):
+            upgrades.start(attrs.evolve(ORDER, index_url="https://pypi.internal/simple/"))
+
     async def test_a_version_outside_the_window_is_refused_with_the_sentence_an_agent_would_get(
         self, rolling: tuple[Inventory, Upgrades]
     ) -> None:

@@ -3,7 +3,8 @@
 A control plane and three nodes, two replicas of the sim, about 20 requests a second through the
 gateway from the control plane's host. The agents run this tree; the release they are rolled to
 is a wheel of this same tree with a higher version, built here, installed by each node into an
-environment of its own (docs/operations.md, "Upgrading").
+environment of its own (docs/operations.md, "Upgrading"): named by path, or fetched from a package
+index served from the control plane's host.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ import pytest
 from llmgw.agent import state as engine_state
 
 from ..wheel import build_wheel
-from .cluster import Fleet, http, log_events
+from .cluster import MIRROR_PORT, Fleet, http, log_events
 from .netns import Host, Network, wait_until
 from .traffic import Traffic
 
@@ -33,6 +35,8 @@ SIM = {"name": "sim-chat", "replicas": 2, "profiles": [{"engine": "sim"}]}
 # A grace longer than an agent's restart: the node's replicas stay routed while it is away.
 CONTROL = {"interval_s": 0.5, "grace_s": 15.0, "base_backoff_s": 1.0}
 ROLL_S = 300.0
+# The package index on the control plane's host, beside the mirror's port: the namespace is this test's.
+INDEX_PORT = MIRROR_PORT + 1
 
 
 @attrs.frozen
@@ -194,6 +198,57 @@ def test_a_release_whose_digest_does_not_match_is_refused_on_every_node_with_not
         said = [e for e in log_events(fleet.agents[node]) if e.get("event") == "refused an upgrade"]
         assert said and "sha256" in said[0]["why"], f"{node} did not say why"
     assert _engine_pids(fleet) == engines
+
+
+def _serve_index(fleet: Fleet, wheel: Wheel) -> str:
+    """A PEP 503 page for llmgw with wheel and nothing else, served from the control plane's host; its URL.
+
+    Static files behind `python -m http.server`: an index is no more than that to pip.
+    """
+    project = fleet.workdir / "index" / "simple" / "llmgw"
+    project.mkdir(parents=True)
+    (project / wheel.path.name).write_bytes(wheel.path.read_bytes())
+    link = f'<a href="{wheel.path.name}#sha256={wheel.sha256}">{wheel.path.name}</a>'
+    (project / "index.html").write_text(f"<!DOCTYPE html><html><body>{link}</body></html>\n")
+    argv = [sys.executable, "-m", "http.server", str(INDEX_PORT), "--bind", fleet.cp.address]
+    server = fleet.cp.run(
+        [*argv, "--directory", str(fleet.workdir / "index")],
+        fleet.workdir / "logs" / "index.log",
+        name="index",
+    )
+    url = f"http://{fleet.cp.address}:{INDEX_PORT}/simple/"
+    wait_until(
+        lambda: fleet.cp.call(http, "GET", f"{url}llmgw/").status == 200 or not server.alive(),
+        30,
+        "the package index to answer",
+    )
+    assert server.alive(), f"the package index exited:\n{server.output()}"
+    return url
+
+
+def test_an_agent_rolled_to_a_release_from_the_package_index_fetches_it_there_and_keeps_its_engines(
+    fleet: Fleet, n3: Host, wheels: dict[str, Wheel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The nodes' pip configuration: pip ignores an index served over http unless it is trusted.
+    monkeypatch.setenv("PIP_TRUSTED_HOST", fleet.cp.address)
+    fleet.start(list(NODES), [SIM], server={"control": CONTROL})
+    engines = _engine_pids(fleet)
+    index = _serve_index(fleet, wheels["new"])
+
+    roll = _upgrade(fleet, wheels["new"], url="", index_url=index, nodes=["n1"])
+
+    assert roll["state"] == "done", roll
+    n1 = fleet.nodes()["n1"]
+    assert n1["agent_version"] == "0.2.0" and n1["connected"], n1
+    assert n1["upgrade"]["state"] == "upgraded", n1["upgrade"]
+    assert _engine_pids(fleet) == engines
+    # From the index, by n1: http.server logs each request with the address it came from.
+    served = (fleet.workdir / "logs" / "index.log").read_text()
+    n1_address = fleet.network.hosts["n1"].address
+    assert f"{n1_address} - - " in served and f'"GET /simple/llmgw/{wheels["new"].path.name} ' in served, (
+        served
+    )
+    assert not (fleet.workdir / "n1" / "versions" / "incoming").exists()
 
 
 # What each broken release says as it goes back.

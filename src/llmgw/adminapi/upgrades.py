@@ -34,7 +34,9 @@ async def post_upgrade(request: web.Request) -> web.Response:
         return error(exc.status, str(exc))
     problem = _problem(body)
     if problem is not None:
-        return error(400, f"{problem}; send version, url and sha256, as `llmgw ctl upgrade` does")
+        return error(
+            400, f"{problem}; send version and sha256 (and url or index_url), as `llmgw ctl upgrade` does"
+        )
     order = views.CONVERTER.structure(body, views.UpgradeOrder)
     wanted = Order(
         version=order.version,
@@ -44,6 +46,7 @@ async def post_upgrade(request: web.Request) -> web.Response:
         max_unavailable=order.max_unavailable,
         find_links=order.find_links,
         trial_s=order.trial_s,
+        index_url=order.index_url,
     )
     try:
         view = upgrades.start(wanted, dry_run=order.dry_run)
@@ -56,6 +59,7 @@ async def post_upgrade(request: web.Request) -> web.Response:
 _KINDS: dict[str, type] = {
     "version": str,
     "url": str,
+    "index_url": str,
     "sha256": str,
     "nodes": list,
     "max_unavailable": int,
@@ -63,7 +67,7 @@ _KINDS: dict[str, type] = {
     "trial_s": int,
     "dry_run": bool,
 }
-_NEEDED = ("version", "url", "sha256")
+_NEEDED = ("version", "sha256")
 
 
 def _problem(body: object) -> str | None:
@@ -80,7 +84,7 @@ def _problem(body: object) -> str | None:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             return f"{name} must be a {kind.__name__}"
     if any(not body[name] for name in _NEEDED):
-        return "version, url and sha256 must not be empty"
+        return "version and sha256 must not be empty"
     if not all(isinstance(n, str) for n in body.get("nodes", [])):
         return "nodes must be a list of node ids"
     if body.get("max_unavailable", 1) < 1 or body.get("trial_s", 1) < 1:
@@ -105,7 +109,8 @@ ROUTES: tuple[Route, ...] = (
         handler=post_upgrade,
         operation="upgradeAgents",
         summary="Roll the agents to another release, max_unavailable nodes at a time, keeping their engines.",
-        description="Each node fetches the wheel, refuses it unless its sha256 is the one given, installs it "
+        description="Each node fetches the wheel (from url, or the package index when url is empty), refuses "
+        "it unless its sha256 is the one given, installs it "
         "beside the running release and restarts into it; the roll stops at the first node that refuses "
         "or goes back (docs/operations.md, Upgrading).",
         body=Body(views.UpgradeOrder),

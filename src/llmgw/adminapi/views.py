@@ -148,14 +148,24 @@ class UpgradeOrder:
     version: str = attrs.field(
         metadata={"schema": {"minLength": 1}, "doc": "The llmgw version to run: 0.12.0."}
     )
-    url: str = attrs.field(
-        metadata={
-            "schema": {"minLength": 1},
-            "doc": "The release's wheel: an http(s) URL, or a path on every node.",
-        }
-    )
     sha256: str = attrs.field(
         metadata={"schema": {"minLength": 1}, "doc": "The wheel's digest, in hex: a node refuses any other."}
+    )
+    url: str = attrs.field(
+        default="",
+        metadata={
+            "required": False,
+            "doc": "The release's wheel: an http(s) URL, or a path on every node; empty: llmgw version's "
+            "wheel from the package index (index_url, or the one each node's pip is configured with).",
+        },
+    )
+    index_url: str = attrs.field(
+        default="",
+        metadata={
+            "required": False,
+            "doc": "The package index the release and its new dependencies come from, when url is "
+            "empty; empty: the one each node's pip is configured with.",
+        },
     )
     nodes: list[str] = attrs.field(
         factory=list, metadata={"required": False, "doc": "The nodes, in order; empty: every node."}

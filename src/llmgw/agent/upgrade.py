@@ -1,10 +1,11 @@
 """An agent upgrading itself: fetch the release, check its digest, install it beside, restart into it.
 
-The release is a wheel (from the mirror, a bundle's wheelhouse, or a path on the node) whose
-sha256 the control plane holds: one that does not match is refused with nothing changed. It is
-installed into `<state_dir>/versions/<V>/`, a virtual environment of its own beside the running
-one, which sees the running environment's packages beneath its own: dependencies already there
-are not fetched again, and those the release needs anew come from the wheelhouse (`find_links`).
+The release is a wheel (from the mirror, a bundle's wheelhouse, a path on the node, or the package
+index the node's pip uses) whose sha256 the control plane holds: one that does not match is refused
+with nothing changed. It is installed into `<state_dir>/versions/<V>/`, a virtual environment of its
+own beside the running one, which sees the running environment's packages beneath its own:
+dependencies already there are not fetched again, and those the release needs anew come from the
+wheelhouse (`find_links`), and from the package index when the release came from one.
 
 Then the agent stops its roles, leaving its engines running, and execs into the new interpreter
 (agent/trial.py): the same pid, the engines adopted, the new agent on trial until it registers.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import shutil
 import site
 import sys
@@ -120,7 +122,8 @@ class Upgrader:
         if order.version == self._version:
             self._report(_status(order, trial.UPGRADED, f"already runs {self._version}", self._version))
             return
-        self._report(_status(order, "installing", f"fetching {order.url}", self._version))
+        source = order.url or f"llmgw {order.version} from {order.index_url or 'the package index'}"
+        self._report(_status(order, "installing", f"fetching {source}", self._version))
         try:
             python = await self._install(order)
         except UpgradeRefused as exc:
@@ -150,40 +153,45 @@ class Upgrader:
     async def _install(self, order: pb.Upgrade) -> Path:
         """The new environment's interpreter, order.version installed and checked; else UpgradeRefused."""
         versions = self._state_dir / "versions"
-        wheel = await self._fetch(order, versions / "incoming")
+        incoming = versions / "incoming"
+        await asyncio.to_thread(shutil.rmtree, incoming, True)
         try:
+            if order.url:
+                wheel = await self._fetch(order, incoming)
+            else:
+                wheel = await _download(order, incoming)
+            digest = await asyncio.to_thread(_sha256, wheel)
+            if digest != order.sha256.strip().lower():
+                raise UpgradeRefused(
+                    f"{wheel.name} has sha256 {digest}, not the {order.sha256} the control plane holds "
+                    f"for {order.version}: refused, nothing changed"
+                )
             return await _make_environment(versions / order.version, wheel, order)
         finally:
-            await asyncio.to_thread(shutil.rmtree, wheel.parent, True)
+            # Whatever the outcome, nothing fetched stays: a refused release leaves the node as it was.
+            await asyncio.to_thread(shutil.rmtree, incoming, True)
 
     async def _fetch(self, order: pb.Upgrade, incoming: Path) -> Path:
+        """The wheel at order.url, copied into incoming; its digest is checked by the caller."""
         name: str = order.url.rstrip("/").rsplit("/", 1)[-1]
         if not name.endswith(".whl"):
             raise UpgradeRefused(f"{order.url} is not a wheel (a .whl file)")
-        await asyncio.to_thread(shutil.rmtree, incoming, True)
         await asyncio.to_thread(incoming.mkdir, parents=True)
         target: Path = incoming / name
         if order.url.startswith(("http://", "https://")):
             retries = Retries(3, ExponentialBackoff(base_s=1.0, cap_s=10.0, jitter=0.5))
             try:
                 async with aiohttp.ClientSession() as session:
-                    got = await fetch(session, order.url, target.with_suffix(".part"), retries=retries)
+                    await fetch(session, order.url, target.with_suffix(".part"), retries=retries)
             except DownloadError as exc:
                 raise UpgradeRefused(f"cannot fetch {order.url}: {exc}") from None
             await asyncio.to_thread(target.with_suffix(".part").rename, target)
-            digest = got.sha256
         else:
             source = Path(order.url.removeprefix("file://"))
             try:
                 await asyncio.to_thread(shutil.copyfile, source, target)
             except OSError as exc:
                 raise UpgradeRefused(f"cannot read {source}: {exc.strerror or exc}") from None
-            digest = await asyncio.to_thread(_sha256, target)
-        if digest != order.sha256.strip().lower():
-            raise UpgradeRefused(
-                f"{name} has sha256 {digest}, not the {order.sha256} the control plane holds for "
-                f"{order.version}: refused, nothing changed"
-            )
         return target
 
     def _report(self, status: pb.UpgradeStatus) -> None:
@@ -191,14 +199,79 @@ class Upgrader:
         self.changed.set()
 
 
+async def _download(order: pb.Upgrade, incoming: Path) -> Path:
+    """llmgw order.version's wheel from the package index into incoming, as this node's pip finds it."""
+    await asyncio.to_thread(incoming.mkdir, parents=True)
+    argv = [sys.executable, "-m", "pip", "download", f"llmgw=={order.version}", "--no-deps"]
+    argv += ["--only-binary", ":all:", "--no-input", "--disable-pip-version-check", "--progress-bar", "off"]
+    argv += [*_index(order), "-d", str(incoming)]
+    got = await launcher.run(argv, env=_ENV, timeout_s=_INSTALL_TIMEOUT_S)
+    if not got.ok:
+        raise UpgradeRefused(not_downloaded(order.version, got))
+    wheels = await asyncio.to_thread(lambda: sorted(incoming.glob("llmgw-*.whl")))
+    if len(wheels) != 1:
+        raise UpgradeRefused(
+            f"the package index has no wheel of llmgw {order.version} (pip download left {len(wheels)})"
+        )
+    return wheels[0]
+
+
+def not_downloaded(version: str, got: launcher.CommandResult) -> str:
+    """Why pip download found no llmgw version, in words: pip's last line, or the index it ignored."""
+    if got.timed_out:
+        return (
+            f"cannot fetch llmgw {version}: pip download did not finish within {_INSTALL_TIMEOUT_S:g} s "
+            f"(it last said: {got.last_line() or 'nothing'})"
+        )
+    for line in got.output.splitlines():
+        # pip skips an index served over http on another machine with a warning, then says only
+        # that no version matched: the operator would look for a missing release, not a setting.
+        ignored = _IGNORED.search(line)
+        if ignored is not None:
+            host = ignored.group(1)
+            return (
+                f"cannot fetch llmgw {version}: pip ignores the package index at {host}, served over "
+                f"http: trust it in the node's pip configuration (pip config set global.trusted-host "
+                f"{host}), or serve it over https"
+            )
+    return f"the package index has no llmgw {version}: {got.last_line()}"
+
+
+_IGNORED = re.compile(r"The repository located at (\S+) is not a trusted or secure host")
+
+
+def _index(order: pb.Upgrade) -> list[str]:
+    """pip's options for where packages come from: the order's index, the node's own, or none at all."""
+    if order.url:
+        # The release came from the mirror or a bundle: a node of an offline site asks no registry.
+        return ["--no-index"]
+    return ["--index-url", order.index_url] if order.index_url else []
+
+
+# Without PYTHONPATH: the new environment is judged as it will run, not with the running sources
+# first on its path (a checkout's llmgw.egg-info there said the wheel installed the old version).
+# (The launcher adds env to this process's own; Python reads an empty PYTHONPATH as none.)
+_ENV = {"PYTHONPATH": ""}
+
+
 async def _make_environment(target: Path, wheel: Path, order: pb.Upgrade) -> Path:
     """A virtual environment at target with wheel installed; its interpreter. Else UpgradeRefused."""
     part = target.with_name(f"{target.name}.part")
     await asyncio.to_thread(shutil.rmtree, part, True)
-    # Without PYTHONPATH: the new environment is judged as it will run, not with the running sources
-    # first on its path (a checkout's llmgw.egg-info there said the wheel installed the old version).
-    # (The launcher adds env to this process's own; Python reads an empty PYTHONPATH as none.)
-    env = {"PYTHONPATH": ""}
+    try:
+        await _install_into(part, wheel, order)
+    except BaseException:
+        # A half-made environment is of no use to the next try, and only fills the disk.
+        await asyncio.shield(asyncio.to_thread(shutil.rmtree, part, True))
+        raise
+    await asyncio.to_thread(shutil.rmtree, target, True)
+    await asyncio.to_thread(part.rename, target)
+    return target / "bin" / "python"
+
+
+async def _install_into(part: Path, wheel: Path, order: pb.Upgrade) -> None:
+    """Make the environment at part and install wheel into it, its version checked; else UpgradeRefused."""
+    env = _ENV
     made = await launcher.run(
         [sys.executable, "-m", "venv", "--without-pip", str(part)], env=env, timeout_s=120
     )
@@ -214,7 +287,7 @@ async def _make_environment(target: Path, wheel: Path, order: pb.Upgrade) -> Pat
     if order.find_links:
         links += ["--find-links", order.find_links]
     argv = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-input"]
-    argv += ["--disable-pip-version-check", "--no-index", *links, str(wheel)]
+    argv += ["--disable-pip-version-check", *_index(order), *links, str(wheel)]
     installed = await launcher.run(argv, env=env, timeout_s=_INSTALL_TIMEOUT_S)
     if not installed.ok:
         raise UpgradeRefused(f"cannot install {wheel.name}: {installed.last_line()}")
@@ -225,9 +298,6 @@ async def _make_environment(target: Path, wheel: Path, order: pb.Upgrade) -> Pat
     )
     if said.output.strip() != order.version:
         raise UpgradeRefused(f"{wheel.name} installs llmgw {said.output.strip()!r}, not {order.version}")
-    await asyncio.to_thread(shutil.rmtree, target, True)
-    await asyncio.to_thread(part.rename, target)
-    return target / "bin" / "python"
 
 
 def _running_paths() -> str:

@@ -21,12 +21,20 @@ _ENDED = ("done", "stopped", "planned")
 @click.option(
     "--wheel",
     metavar="URL|PATH",
-    help="The release's wheel: the mirror's http(s) URL, or a path that is the same on every node.",
+    help="The release's wheel: the mirror's http(s) URL, or a path that is the same on every node. "
+    "Without it, each node fetches llmgw VERSION from its package index.",
 )
 @click.option(
     "--sha256",
     metavar="HEX",
     help="The wheel's digest: every node refuses any other. Read here when --wheel is a file here.",
+)
+@click.option(
+    "--index-url",
+    default="",
+    metavar="URL",
+    help="Without --wheel: the package index each node fetches the release and its new dependencies "
+    "from; default the one its pip is configured with.",
 )
 @click.option(
     "--find-links",
@@ -62,6 +70,7 @@ def upgrade(
     version: str | None,
     wheel: str | None,
     sha256: str | None,
+    index_url: str,
     find_links: str,
     nodes: str,
     max_unavailable: int,
@@ -72,19 +81,34 @@ def upgrade(
 ) -> None:
     """Roll the agents to another release, one node at a time, keeping their engines running.
 
-    Each node fetches the wheel, refuses it unless its sha256 matches, installs it beside the
-    running release and restarts into it; a node that cannot goes back on its own, and the roll
-    stops there. `llmgw ctl upgrade status` shows where it stands.
+    Each node fetches the wheel (--wheel, or llmgw VERSION from its package index), refuses it
+    unless its sha256 matches, installs it beside the running release and restarts into it; a
+    node that cannot goes back on its own, and the roll stops there. `llmgw ctl upgrade status`
+    shows where it stands.
     """
     if ctx.invoked_subcommand is not None:
         return
-    if not version or not wheel:
-        fail("say which release: --to VERSION --wheel URL|PATH (and --sha256 HEX for a URL)", EXIT_USAGE)
+    if not version:
+        fail("say which release: --to VERSION, and --wheel URL|PATH or --sha256 HEX", EXIT_USAGE)
+    if wheel and index_url:
+        fail(
+            "--index-url is where the release comes from without --wheel: give one or the other "
+            "(dependencies a wheel needs anew come from --find-links)",
+            EXIT_USAGE,
+        )
+    if not wheel and not sha256:
+        # The control plane must hold the digest: a node takes from its index whatever it is served.
+        fail(
+            f"give --sha256 of llmgw {version}'s wheel, as the registry lists it "
+            f"(pip download llmgw=={version} --no-deps; sha256sum)",
+            EXIT_USAGE,
+        )
     there = target(ctx, as_json)
     order = {
         "version": version,
-        "url": wheel,
-        "sha256": sha256 or _digest_here(wheel),
+        "url": wheel or "",
+        "index_url": index_url,
+        "sha256": sha256 or _digest_here(wheel or ""),
         "find_links": find_links,
         "nodes": [n.strip() for n in nodes.split(",") if n.strip()],
         "max_unavailable": max_unavailable,

@@ -31,6 +31,12 @@ _POLL_S = 0.2
 _INSTALL_BOUND_S = 600.0
 
 
+_ONE_SOURCE = (
+    "the release comes from the wheel or from the package index, not both: an index URL is for a roll "
+    "without a wheel (dependencies a wheel lacks come from a wheelhouse, find links)"
+)
+
+
 class UpgradeRefused(LlmgwError):
     """A roll that cannot start, in words for a person."""
 
@@ -40,12 +46,14 @@ class Order:
     """What `llmgw ctl upgrade` asks for."""
 
     version: str
+    # Empty: llmgw version's wheel from the package index (index_url, or each node's own).
     url: str
     sha256: str
     nodes: tuple[str, ...] = ()
     max_unavailable: int = 1
     find_links: str = ""
     trial_s: int = 60
+    index_url: str = ""
 
 
 @attrs.define
@@ -109,6 +117,11 @@ class Upgrades:
             )
         if order.max_unavailable < 1:
             raise UpgradeRefused("--max-unavailable must be at least 1")
+        if not order.sha256:
+            # Whatever the release's source, the digest is what every node holds it to.
+            raise UpgradeRefused(f"give the sha256 of llmgw {order.version}'s wheel: every node checks it")
+        if order.url and order.index_url:
+            raise UpgradeRefused(_ONE_SOURCE)
         why = refusal(order.version, self._server_version)
         if why is not None:
             raise UpgradeRefused(f"this control plane would refuse the agents it asks for: {why}")
@@ -176,6 +189,7 @@ class Upgrades:
             sha256=order.sha256,
             find_links=order.find_links,
             trial_s=order.trial_s,
+            index_url=order.index_url,
         )
         try:
             await self._inventory.send(step.node, pb.ControlMessage(upgrade=message))

@@ -377,7 +377,8 @@ class Upgrade(betterproto.Message):
     version: str = betterproto.string_field(1)
     url: str = betterproto.string_field(2)
     """
-    The release's wheel: an http(s) URL (the mirror's) or a path on the node.
+    The release's wheel: an http(s) URL (the mirror's) or a path on the node. Empty: llmgw
+     `version`'s wheel from the package index (index_url, or the node's own pip configuration).
     """
 
     sha256: str = betterproto.string_field(3)
@@ -392,6 +393,12 @@ class Upgrade(betterproto.Message):
     trial_s: int = betterproto.int32_field(5)
     """
     Seconds the new agent has to register before it goes back to the previous environment.
+    """
+
+    index_url: str = betterproto.string_field(6)
+    """
+    The package index (pip's --index-url) the release and its dependencies come from when url is
+     empty; empty: the one the node's pip is configured with.
     """
 
 
