@@ -96,6 +96,10 @@ _API: dict[str, tuple[dict[str, str], Any]] = {
     "clearPrice": ({"model": "sim-chat"}, None),
     "mirrorRemoveModel": ({}, None),
     "mirrorFetch": ({}, {"model": "org/model"}),
+    "upgradeAgents": (
+        {},
+        {"version": "0.2.0", "sha256": "0" * 64, "url": "/tmp/llmgw-0.2.0-py3-none-any.whl"},
+    ),
 }
 
 
