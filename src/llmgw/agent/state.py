@@ -105,6 +105,16 @@ def write_state(state_dir: Path, records: list[EngineRecord]) -> None:
     os.replace(tmp, state_dir / STATE_FILE)
 
 
+def record_engines(state_dir: Path, alive: list[tuple[pb.StartShard, int, str]]) -> None:
+    """Replace the state file with the engines alive, each as (request, pid, endpoint); blocking."""
+    records = []
+    for req, pid, endpoint in alive:
+        started = process_start_time(pid)
+        if started is not None:
+            records.append(EngineRecord(req, pid, started, endpoint, str(log_path(state_dir, req.shard_id))))
+    write_state(state_dir, records)
+
+
 def read_state(state_dir: Path) -> list[EngineRecord]:
     """The engines the previous agent ran, whether or not they still do; blocking."""
     path = state_dir / STATE_FILE
