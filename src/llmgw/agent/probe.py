@@ -20,9 +20,9 @@ So the agent keeps asking every ready engine, each `agent.probe.interval_s`:
 
 Before that, wait_ready asks a starting engine's health path until it answers.
 
-The supervisor (agent/supervisor.py) reports a stalled engine, kills its
-process group and reports it failed; the control plane places it again under
-its usual backoff.
+The watch (agent/watch.py) reports a stalled engine, kills its process group
+and reports it failed; the control plane places it again under its usual
+backoff.
 """
 
 from __future__ import annotations

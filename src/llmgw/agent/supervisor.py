@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -297,13 +296,7 @@ class Supervisor:
             return False
         path = engine_state.log_path(self._state_dir, req.shard_id)
         try:
-            # A file, not a pipe the agent holds: a pipe whose reader is gone (the agent restarting)
-            # kills the engine with SIGPIPE at its next line.
-            log_fd = await engine_state.open_log(path)
-            try:
-                process = await launcher.start(argv, env=shard.engine.environment(spec), stdout=log_fd)
-            finally:
-                os.close(log_fd)
+            process = await engine_state.start_engine(argv, shard.engine.environment(spec), path)
         except OSError as e:
             self._report_spawn_failure(shard, argv, e)
             return False
