@@ -19,7 +19,8 @@ import attrs
 import pytest
 
 from llmgw.agent import logs as agent_logs
-from llmgw.agent.supervisor import ENDED_KEPT, Supervisor
+from llmgw.agent.engine_output import ENDED_KEPT
+from llmgw.agent.supervisor import Supervisor
 from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.engines.llamacpp import LlamaCppEngine
 from llmgw.engines.sglang import SglangEngine

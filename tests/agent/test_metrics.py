@@ -12,8 +12,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
 from llmgw.agent.discovery.gpus import GpuReading
-from llmgw.agent.metrics import AgentMetrics, relabel
-from llmgw.agent.supervisor import MetricsTarget
+from llmgw.agent.metrics import AgentMetrics, MetricsTarget, relabel
 from llmgw.metrics import Metrics
 from llmgw.proto.llmgw import v1 as pb
 from tests import needs

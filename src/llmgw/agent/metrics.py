@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import aiohttp
+import attrs
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -23,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from llmgw.agent.discovery.gpus import GpuReading
-from llmgw.agent.supervisor import MetricsTarget
 from llmgw.metrics import Snapshot
 from llmgw.proto.llmgw import v1 as pb
 
@@ -33,6 +33,17 @@ log = structlog.get_logger(__name__)
 # does not must not hold the whole node's page past a scraper's usual 10 s timeout.
 ENGINE_SCRAPE_TIMEOUT_S = 3.0
 _ADDED = ("model", "replica", "node")
+
+
+@attrs.frozen
+class MetricsTarget:
+    """A ready engine's metrics page: what the agent's /metrics re-exports, labelled with its replica."""
+
+    shard_id: str
+    model: str
+    replica: str
+    url: str
+    secret: str = attrs.field(repr=False)
 
 
 class AgentMetrics:

@@ -18,9 +18,11 @@ So the agent keeps asking every ready engine, each `agent.probe.interval_s`:
   long, which is how a llama.cpp whose main loop hangs shows (its /metrics is
   answered by that loop, its /health is not).
 
-The supervisor (agent/supervisor.py) reports a stalled engine, kills its
-process group and reports it failed; the control plane places it again under
-its usual backoff.
+Before that, wait_ready asks a starting engine's health path until it answers.
+
+The watch (agent/watch.py) reports a stalled engine, kills its process group
+and reports it failed; the control plane places it again under its usual
+backoff.
 """
 
 from __future__ import annotations
@@ -198,6 +200,35 @@ class Prober:
             )
         requests = f"{progress.in_flight:g} request" + ("" if progress.in_flight == 1 else "s")
         return f"{self._name} has had {requests} in flight and produced no token for {idle_s:.0f} s"
+
+
+async def wait_ready(
+    session: aiohttp.ClientSession,
+    url: str,
+    process: launcher.Process,
+    *,
+    timeout_s: float,
+    interval_s: float,
+) -> bool:
+    """True once the engine answers its health url; False when it exits or timeout_s is up."""
+    deadline = time.monotonic() + timeout_s
+    timeout = aiohttp.ClientTimeout(total=max(1.0, interval_s))
+    while True:
+        if process.returncode is not None:
+            return False
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(url, timeout=timeout) as response:
+                if response.status == 200:
+                    return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        # Waiting on the process rather than sleeping: an engine that dies is noticed at once.
+        # Not wait_for: on 3.11 it swallows a cancel that lands as the process exits, and stop()
+        # then waited on a watch that carried on.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(interval_s, left)):
+                await process.wait()
 
 
 async def stall_before_exit(process: launcher.Process, prober: Prober) -> str:

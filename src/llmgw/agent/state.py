@@ -105,6 +105,16 @@ def write_state(state_dir: Path, records: list[EngineRecord]) -> None:
     os.replace(tmp, state_dir / STATE_FILE)
 
 
+def record_engines(state_dir: Path, alive: list[tuple[pb.StartShard, int, str]]) -> None:
+    """Replace the state file with the engines alive, each as (request, pid, endpoint); blocking."""
+    records = []
+    for req, pid, endpoint in alive:
+        started = process_start_time(pid)
+        if started is not None:
+            records.append(EngineRecord(req, pid, started, endpoint, str(log_path(state_dir, req.shard_id))))
+    write_state(state_dir, records)
+
+
 def read_state(state_dir: Path) -> list[EngineRecord]:
     """The engines the previous agent ran, whether or not they still do; blocking."""
     path = state_dir / STATE_FILE
@@ -136,15 +146,23 @@ def still_running(record: EngineRecord) -> bool:
     return process_start_time(record.pid) == record.started
 
 
-async def open_log(path: Path) -> int:
-    """A fresh log file for an engine's output, as a descriptor to hand to the process."""
+async def start_engine(argv: list[str], env: dict[str, str], path: Path) -> launcher.Process:
+    """Start an engine with its output, stdout and stderr merged, going to a fresh log file at path.
+
+    A file, not a pipe the agent holds: a pipe whose reader is gone (the agent restarting) kills
+    the engine with SIGPIPE at its next line.
+    """
 
     def _open() -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         # O_APPEND, so the file can be cut short under a running engine without a hole at its start.
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
 
-    return await asyncio.to_thread(_open)
+    log_fd = await asyncio.to_thread(_open)
+    try:
+        return await launcher.start(argv, env=env, stdout=log_fd)
+    finally:
+        os.close(log_fd)
 
 
 async def follow_log(path: Path, pid: int) -> launcher.Process:

@@ -1,190 +1,48 @@
-"""The supervisor: starts engine processes, watches them, says why they failed, stops them.
+"""The supervisor: starts engine processes, watches them, stops them; what the agent asks of its engines.
 
-Each shard is one engine process, started by llmgw's launcher in its own
-session (so its process group can be signalled as a whole: engines fork
-workers, and a worker left behind holds the GPU), on a free port of
-agent.yaml's `engine_ports`, listening on `engine_bind` and advertised at the
-node's address (the one the control plane reaches it at: agent/client.py tells
-the supervisor once connected), and requiring the replica's secret of its
-callers. Its output, stdout and stderr merged, goes to a log file under `state_dir`
-(agent/state.py: that is what lets an engine outlive the agent and be adopted
-by the next one); the supervisor follows the file and keeps a ring of its last
-500 lines. It polls the engine's health path until it answers or
-`ready_timeout_s` passes, and reports every change of state through
-`on_status`:
-
-- starting -> ready (with the endpoint), or
-- starting -> failed (with the last output lines) when the engine exits or
-  never answers;
-- ready -> failed (with the last output lines) when an engine that served
-  exits;
-- ready -> stalled -> failed when a served engine stops answering its health
-  path or stops producing tokens (agent/probe.py): its process group is killed
-  between the two;
-- stopped, once `stop` has ended the whole process group.
-
-A failed shard is not restarted here: the control plane stops it and places
-its replica again, elsewhere at once and on this node after
-`control.base_backoff_s` (doubling). An agent restarting it as well would race
-that decision, on a node the model is meant to stay off for a while.
+Each shard is one engine process (agent/shard.py), started by llmgw's
+launcher in its own session, on a free port of agent.yaml's `engine_ports`
+(agent/ports.py), listening on `engine_bind` and advertised at the node's
+address (the one the control plane reaches it at: agent/client.py tells the
+supervisor once connected), and requiring the replica's secret of its
+callers. Its output, stdout and stderr merged, goes to a log file under
+`state_dir` (agent/state.py: that is what lets an engine outlive the agent and
+be adopted by the next one); the supervisor follows the file and keeps its
+last lines (agent/engine_output.py). agent/watch.py watches it until it is
+ready and then until it fails, and every change of state is reported through
+`on_status`: starting, downloading, ready, stalled, failed (agent/watch.py
+says when), and stopped, once `stop` has ended the whole process group.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import errno
-import os
-import random
-import signal
-import socket
-import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
-import aiohttp
-import attrs
 import structlog
 
 from llmgw import launcher
 from llmgw.addresses import DEFAULT_ENGINE_PORTS, parse_port_range, url_host
+from llmgw.agent import engine_output
 from llmgw.agent import state as engine_state
-from llmgw.agent.probe import Prober, stall_before_exit
+from llmgw.agent.failure_reasons import exit_reason
+from llmgw.agent.metrics import MetricsTarget
+from llmgw.agent.ports import NoFreePort, free_port, on_this_machine
+from llmgw.agent.shard import Shard, status_for, terminate
+from llmgw.agent.watch import Watcher
 from llmgw.agent.weights import WeightsCache, WeightsError
 from llmgw.config import ProbeConfig
-from llmgw.engines.base import Engine, LaunchSpec, last_words
+from llmgw.engines.base import Engine
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
 
-OUTPUT_LINES = 500
-# A line longer than this is cut: an engine dumping a tensor must not eat the agent's memory.
-_MAX_LINE_CHARS = 4000
-# How long to wait for the last output after the process exits; a grandchild that kept
-# the pipe open must not hold up the failure report.
-_OUTPUT_DRAIN_S = 1.0
-
-
 _DEFAULT_PORTS = parse_port_range(DEFAULT_ENGINE_PORTS)
 _DEFAULT_PROBE = ProbeConfig()
-
-
-class NoFreePort(LlmgwError):
-    """Every port of engine_ports is taken on the bind address."""
-
-
-def _free_port(host: str, ports: range, taken: set[int]) -> int:
-    """A port of ports nothing listens on now on host, nor handed to another shard here.
-
-    The engine binds it a moment later; another process could take it in between, and
-    then the engine fails to start and is reported.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # From a random place in the range: an engine restarted at once does not retry the port
-    # its predecessor may still hold in TIME_WAIT, and two agents on one host rarely collide.
-    start = random.randrange(len(ports))
-    last_error = ""
-    for i in range(len(ports)):
-        port = ports[(start + i) % len(ports)]
-        if port in taken:
-            continue
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError as exc:
-                last_error = exc.strerror or str(exc)
-                continue
-            return port
-    span = f"{ports.start}-{ports.stop - 1}"
-    why = f"all {len(ports)} are taken" + (f" (the last said: {last_error})" if last_error else "")
-    raise NoFreePort(f"no free port in engine_ports {span} on {host}: {why}")
-
-
-def _on_this_machine(bind: str) -> str:
-    """The address that reaches an engine listening on bind from this machine: loopback for a wildcard."""
-    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
-
-
-def _redacted(lines: list[str], secret: str) -> list[str]:
-    """lines with the replica's secret blotted out, for a log or a page."""
-    if not secret:
-        return lines
-    return [line.replace(secret, "[secret]") for line in lines]
-
-
-def _exit_reason(returncode: int) -> str:
-    if returncode == launcher.UNKNOWN_EXIT:
-        return "exited (it was adopted from the previous agent, so how is unknown)"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"was killed by {name}"
-    return f"exited with code {returncode}"
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.3g} s"
-
-
-def _port_taken(host: str, port: int) -> bool:
-    """Whether something listens on host:port now (blocking: run in a thread)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # A connection the exited engine left in TIME_WAIT does not count as the port in use.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            # Only "in use": an address that is not this machine's is another failure, not this one.
-            return exc.errno == errno.EADDRINUSE
-    return False
-
-
-@attrs.frozen
-class MetricsTarget:
-    """A ready engine's metrics page: what the agent's /metrics re-exports, labelled with its replica."""
-
-    shard_id: str
-    model: str
-    replica: str
-    url: str
-    secret: str = attrs.field(repr=False)
-
-
-class _Shard:
-    """One shard's request, process, output and last reported status."""
-
-    def __init__(self, req: pb.StartShard, engine: Engine):
-        self.req = req
-        self.engine = engine
-        self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
-        self.process: launcher.Process | None = None
-        # Where the weights are on disk, once fetched.
-        self.model_path = ""
-        self.reader: asyncio.Task[None] | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.endpoint = ""
-        # Where the agent itself reaches the engine (its health): the bind address, which the
-        # advertised one (a NAT's, say) need not route back to.
-        self.local_url = ""
-        # The port handed to this shard's engine, so no other shard is given it while it starts.
-        self.port = 0
-        self.status = pb.ShardStatus()
-
-    @property
-    def name(self) -> str:
-        return f"{self.engine.name} for {self.req.model} (shard {self.req.shard_id})"
-
-
-# The output of shards that ended, kept for `llmgw ctl logs NODE --source SHARD`: the output of a
-# failed engine is what explains it, and the control plane stops a failed shard at once.
-ENDED_KEPT = 16
 
 
 class Supervisor:
@@ -209,9 +67,6 @@ class Supervisor:
         probe: ProbeConfig = _DEFAULT_PROBE,
         node: str = "",
     ):
-        # How ready engines are watched for a stall, and the node's name the reasons give.
-        self._probe = probe
-        self._node = node
         # Engines write their output to files under state_dir and the state file there lists them,
         # so they can outlive this agent; keep_on_close leaves them running when it stops.
         self._weights = weights
@@ -228,27 +83,31 @@ class Supervisor:
         # Settable after construction: the agent client that forwards statuses needs the
         # supervisor to exist first. Reports made while it is None are kept in statuses() only.
         self.on_status = on_status
-        self._ready_timeout_s = ready_timeout_s
         self._stop_grace_s = stop_grace_s
+        self._watcher = Watcher(
+            self._report,
+            probe=probe,
+            node=node,
+            ready_timeout_s=ready_timeout_s,
+            health_interval_s=health_interval_s,
+            stop_grace_s=stop_grace_s,
+        )
         # The address engines are advertised at (their endpoints' host), until advertise() says
         # otherwise; bind is where they listen, the advertised address when empty.
         self._host = host
         self._bind = bind
         self._ports = ports
-        self._health_interval_s = health_interval_s
-        self._shards: dict[str, _Shard] = {}
+        self._shards: dict[str, Shard] = {}
         # Shards stop() has taken from _shards and is still ending: a forced exit in that window
         # (a second signal during a drain) must kill them too, or an engine outlived its agent.
-        self._stopping: dict[str, _Shard] = {}
-        # shard id -> the last output lines of a shard that ended here, the newest ENDED_KEPT.
-        self._ended: dict[str, list[str]] = {}
-        # Engines that crashed after serving, by model, since the agent started (the control plane
-        # starts them again): what the agent's metrics page counts as restarts.
-        self.restarts: collections.Counter[str] = collections.Counter()
+        self._stopping: dict[str, Shard] = {}
+        # The last output lines of the shards that ended here.
+        self._ended = engine_output.Ended()
+        # Engines that crashed after serving, by model: what the agent's metrics page counts as restarts.
+        self.restarts = self._watcher.restarts
         # The process groups a clean stop left running for the next agent: a second signal that
         # comes while the rest of llmgw still drains must still find them to kill.
         self._left_running: list[int] = []
-        self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
     async def __aenter__(self) -> Supervisor:
@@ -282,11 +141,11 @@ class Supervisor:
         engine = self._engines.get(req.engine)
         if engine is None:
             known = ", ".join(sorted(self._engines)) or "none"
-            status = self._status_for(req, req.engine, "failed")
+            status = status_for(req, req.engine, "failed")
             status.detail = f"this node has no engine called {req.engine!r} (it has: {known})"
             self._report(status)
             return
-        shard = _Shard(req, engine)
+        shard = Shard(req, engine)
         self._shards[req.shard_id] = shard
         if req.source and self._weights is not None:
             # In the shard's own task: a download takes minutes, and the stream that delivered this
@@ -297,10 +156,12 @@ class Supervisor:
             return
         if self._shards.get(req.shard_id) is not shard:
             # Stopped (or the supervisor closed) while it was being spawned: it must not outlive that.
-            await self._terminate(shard)
-            self._report(self._status(shard, "stopped"))
+            await terminate(shard, self._stop_grace_s)
+            self._report(shard.status_as("stopped"))
             return
-        shard.task = asyncio.create_task(self._watch(shard), name=f"supervise {req.shard_id}")
+        shard.task = asyncio.create_task(
+            self._watcher.watch(shard, self._bind or self._host), name=f"supervise {req.shard_id}"
+        )
 
     async def stop(self, shard_id: str) -> None:
         """End the shard's whole process group (SIGTERM, SIGKILL after the grace) and report it stopped."""
@@ -314,17 +175,17 @@ class Supervisor:
             self._stopping.pop(shard_id, None)
         await self._save_state()
 
-    async def _end(self, shard_id: str, shard: _Shard) -> None:
+    async def _end(self, shard_id: str, shard: Shard) -> None:
         if shard.task is not None:
             shard.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await shard.task
         detail = "stopped"
         if shard.process is not None:
-            returncode = await self._terminate(shard)
-            detail = f"stopped ({shard.engine.name} {_exit_reason(returncode)})"
-        self._keep_output(shard_id, list(shard.output))
-        status = self._status(shard, "stopped")
+            returncode = await terminate(shard, self._stop_grace_s)
+            detail = f"stopped ({shard.engine.name} {exit_reason(returncode)})"
+        self._ended.keep(shard_id, list(shard.output))
+        status = shard.status_as("stopped")
         status.detail = detail
         self._report(status)
 
@@ -335,9 +196,7 @@ class Supervisor:
             await self._leave_running()
         else:
             await asyncio.gather(*(self.stop(shard_id) for shard_id in list(self._shards)))
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._watcher.aclose()
 
     def leave_engines_on_close(self) -> None:
         """Leave every engine running when this closes, for the agent that execs in (an upgrade)."""
@@ -399,80 +258,56 @@ class Supervisor:
         shard = self._shards.get(shard_id)
         if shard is not None:
             return list(shard.output)
-        return list(self._ended.get(shard_id, ()))
+        return self._ended.lines(shard_id)
 
     def sources(self) -> list[str]:
         """The shards whose output can be read: those running, then those that ended lately."""
-        return [*self._shards, *(s for s in self._ended if s not in self._shards)]
-
-    def _keep_output(self, shard_id: str, lines: list[str]) -> None:
-        if not lines:
-            return
-        self._ended.pop(shard_id, None)
-        self._ended[shard_id] = lines
-        while len(self._ended) > ENDED_KEPT:
-            del self._ended[next(iter(self._ended))]
+        return [*self._shards, *(s for s in self._ended.shard_ids() if s not in self._shards)]
 
     # --- one shard's life -----------------------------------------------------------------
 
-    async def _spawn(self, shard: _Shard) -> bool:
+    async def _spawn(self, shard: Shard) -> bool:
         """Start shard's process and report starting; on failure report failed and say False."""
         req = shard.req
         bind = self._bind or self._host
         taken = {other.port for other in self._shards.values() if other is not shard}
         try:
-            port = await asyncio.to_thread(_free_port, bind, self._ports, taken)
+            port = await asyncio.to_thread(free_port, bind, self._ports, taken)
         except NoFreePort as exc:
-            status = self._status(shard, "failed")
+            status = shard.status_as("failed")
             status.detail = str(exc)
             self._report(status)
             return False
         shard.port = port
-        spec = LaunchSpec(
-            model=req.model,
-            port=port,
-            host=bind,
-            args=tuple(req.args),
-            env=tuple(req.env.items()),
-            gpu_indices=tuple(req.gpu_indices),
-            context_size=req.context_size,
-            parallel=req.parallel or (self._parallel(req.engine) if self._parallel is not None else 0),
-            rank=req.rank,
-            world_size=req.world_size or 1,
-            master_addr=req.master_addr,
-            master_port=req.master_port,
-            model_path=shard.model_path,
+        spec = shard.launch_spec(
+            port,
+            bind,
+            parallel=self._parallel(req.engine) if self._parallel is not None else 0,
             binary=self._binaries(req.engine) if self._binaries is not None else "",
-            secret=req.engine_secret,
         )
         try:
             argv = shard.engine.command(spec)
         except LlmgwError as e:
             # The adapter refusing this replica (no model file, say) fails the one shard,
             # not the agent's stream that delivered it.
-            status = self._status(shard, "failed")
+            status = shard.status_as("failed")
             status.detail = str(e)
             self._report(status)
             return False
         path = engine_state.log_path(self._state_dir, req.shard_id)
         try:
-            # A file, not a pipe the agent holds: a pipe whose reader is gone (the agent restarting)
-            # kills the engine with SIGPIPE at its next line.
-            log_fd = await engine_state.open_log(path)
-            try:
-                process = await launcher.start(argv, env=shard.engine.environment(spec), stdout=log_fd)
-            finally:
-                os.close(log_fd)
+            process = await engine_state.start_engine(argv, shard.engine.environment(spec), path)
         except OSError as e:
             self._report_spawn_failure(shard, argv, e)
             return False
         shard.process = process
         shard.reader = asyncio.create_task(
-            self._follow(shard, path, process.pid), name=f"output {req.shard_id}"
+            engine_output.follow(shard.output, req.engine_secret, path, process.pid),
+            name=f"output {req.shard_id}",
         )
         shard.endpoint = f"http://{url_host(self._host)}:{port}"
-        shard.local_url = f"http://{url_host(_on_this_machine(bind))}:{port}"
-        status = self._status(shard, "starting")
+        shard.local_url = f"http://{url_host(on_this_machine(bind))}:{port}"
+        status = shard.status_as("starting")
         status.pid = process.pid
         status.detail = f"starting {shard.engine.name} (pid {process.pid}) on port {port}"
         self._report(status)
@@ -481,7 +316,7 @@ class Supervisor:
             shard=req.shard_id,
             engine=shard.engine.name,
             pid=process.pid,
-            argv=_redacted(argv, req.engine_secret),
+            argv=engine_output.redacted(argv, req.engine_secret),
         )
         await self._save_state()
         return True
@@ -505,16 +340,17 @@ class Supervisor:
                     "the previous agent's engine is gone; not adopting it", shard=req.shard_id, pid=record.pid
                 )
                 continue
-            shard = _Shard(req, engine)
+            shard = Shard(req, engine)
             shard.process = launcher.adopt(record.pid)
             shard.endpoint = shard.local_url = record.endpoint
             source_path = self._weights.path_of(req.source, req.sha256) if self._weights is not None else None
             shard.model_path = str(source_path) if source_path is not None else ""
             self._shards[req.shard_id] = shard
             shard.reader = asyncio.create_task(
-                self._follow(shard, Path(record.log), record.pid), name=f"output {req.shard_id}"
+                engine_output.follow(shard.output, req.engine_secret, Path(record.log), record.pid),
+                name=f"output {req.shard_id}",
             )
-            status = self._status(shard, "starting")
+            status = shard.status_as("starting")
             status.pid = record.pid
             status.detail = (
                 f"adopted {engine.name} (pid {record.pid}) from the previous agent; "
@@ -522,7 +358,9 @@ class Supervisor:
             )
             self._report(status)
             log.info("adopted an engine the previous agent left running", shard=req.shard_id, pid=record.pid)
-            shard.task = asyncio.create_task(self._watch(shard), name=f"supervise {req.shard_id}")
+            shard.task = asyncio.create_task(
+                self._watcher.watch(shard, self._bind or self._host), name=f"supervise {req.shard_id}"
+            )
             adopted.append(req.shard_id)
         await self._save_state()
         return adopted
@@ -537,13 +375,13 @@ class Supervisor:
             return [], [f"{source} (this node has no weights cache)" for source in sources]
         return await self._weights.remove(sources, self.weights_in_use())
 
-    async def _fetch_and_run(self, shard: _Shard) -> None:
+    async def _fetch_and_run(self, shard: Shard) -> None:
         """Fetch the shard's weights (reporting progress as state downloading), then start and watch it."""
         req = shard.req
         assert self._weights is not None
 
         def progress(text: str) -> None:
-            status = self._status(shard, "downloading")
+            status = shard.status_as("downloading")
             status.detail = text
             self._report(status)
 
@@ -551,7 +389,7 @@ class Supervisor:
         try:
             path = await self._weights.fetch(req.source, req.sha256, progress)
         except (WeightsError, OSError) as exc:
-            failed = self._status(shard, "failed")
+            failed = shard.status_as("failed")
             if isinstance(exc, OSError):
                 failed.detail = f"weights {req.source}: writing them failed: {exc.strerror or exc}"
             else:
@@ -564,44 +402,25 @@ class Supervisor:
             # mirror) picks it; the others are given the directory.
             path = await asyncio.to_thread(shard.engine.model_file, path)
         except LlmgwError as exc:
-            failed = self._status(shard, "failed")
+            failed = shard.status_as("failed")
             failed.detail = str(exc)
             self._report(failed)
             return
         shard.model_path = str(path)
         if not await self._spawn(shard):
             return
-        await self._watch(shard)
-
-    async def _follow(self, shard: _Shard, path: Path, pid: int) -> None:
-        """Keep the output lines of an engine that writes to a file."""
-        tail = await engine_state.follow_log(path, pid)
-        try:
-            await self._read_output(shard, tail)
-        finally:
-            await engine_state.end_follower(tail)
+        await self._watcher.watch(shard, self._bind or self._host)
 
     async def _save_state(self) -> None:
         """Rewrite the state file with every engine process alive now."""
-        state_dir = self._state_dir
         alive = [
             (shard.req, shard.process.pid, shard.endpoint)
             for shard in self._shards.values()
             if shard.process is not None and shard.process.returncode is None
         ]
-
-        def write() -> None:
-            records = []
-            for req, pid, endpoint in alive:
-                started = engine_state.process_start_time(pid)
-                if started is not None:
-                    log_file = str(engine_state.log_path(state_dir, req.shard_id))
-                    records.append(engine_state.EngineRecord(req, pid, started, endpoint, log_file))
-            engine_state.write_state(state_dir, records)
-
         # One write at a time, each from the shards as they are when it starts: the last one wins.
         async with self._state_lock:
-            await asyncio.to_thread(write)
+            await asyncio.to_thread(engine_state.record_engines, self._state_dir, alive)
 
     async def _leave_running(self) -> None:
         """Stop watching every engine but leave it running, for the next agent to adopt."""
@@ -623,198 +442,13 @@ class Supervisor:
                 )
         self._shards.clear()
 
-    async def _watch(self, shard: _Shard) -> None:
-        """Wait for ready, then for an exit; report the failure, which the control plane acts on."""
-        process = shard.process
-        assert process is not None
-        became_ready = await self._wait_ready(shard, process)
-        stalled = ""
-        if became_ready:
-            ready = self._status(shard, "ready")
-            ready.endpoint = shard.endpoint
-            ready.pid = process.pid
-            ready.detail = f"{shard.engine.name} answers on {shard.endpoint}"
-            self._report(ready)
-            log.info("engine ready", shard=shard.req.shard_id, endpoint=shard.endpoint)
-            stalled = await self._until_exit_or_stall(shard, process)
-        timed_out = not became_ready and process.returncode is None
-        # Also for an engine that exited by itself: the workers it forked go with it.
-        returncode = await self._terminate(shard)
-        shard.process = None
-        failed = self._status(shard, "failed")
-        failed.pid = process.pid
-        failed.last_output = list(shard.output)
-        failed.detail = await self._failure_reason(shard, returncode, timed_out, became_ready)
-        if became_ready and stalled:
-            failed.detail = f"stalled, so its process group was killed: {stalled}"
-        if became_ready:
-            self.restarts[shard.req.model] += 1
-        self._report(failed)
-        log.warning(
-            "engine failed; not restarted here, the control plane places its replica again",
-            shard=shard.req.shard_id,
-            detail=failed.detail,
-        )
-
-    async def _until_exit_or_stall(self, shard: _Shard, process: launcher.Process) -> str:
-        """Wait for a ready engine to exit; should it stall first, report that, SIGKILL its group, say why."""
-        engine = shard.engine
-        prober = Prober(
-            self._health_session(),
-            self._probe,
-            name=f"{engine.name} on {self._node}" if self._node else engine.name,
-            health_url=shard.local_url + engine.health_path,
-            metrics_url=shard.local_url + engine.metrics_path,
-            secret=shard.req.engine_secret,
-            progress=engine.progress,
-        )
-        reason = await stall_before_exit(process, prober)
-        if reason:
-            stalled = self._status(shard, "stalled")
-            stalled.pid = process.pid
-            stalled.detail = reason
-            # Reported before the kill: the control plane takes it out of routing at once.
-            self._report(stalled)
-            log.warning(
-                "engine stalled; killing it", shard=shard.req.shard_id, pid=process.pid, reason=reason
-            )
-            # SIGKILL at once, not SIGTERM first: a stopped process acts on SIGTERM only once
-            # continued, and a hung one would not drain; the whole group, its workers included.
-            launcher.kill_group(process.pid)
-        return reason
-
-    async def _failure_reason(self, shard: _Shard, returncode: int, timed_out: bool, served: bool) -> str:
-        """Why the engine failed, in words: its exit, and the line of its output that says why."""
-        engine = shard.engine
-        name, health = engine.name, engine.health_path
-        words = last_words(engine, list(shard.output))
-        if timed_out:
-            said = f"{name} did not answer {health} within {_seconds(self._ready_timeout_s)}"
-            return f"{said}; its last line: {words}" if words else said
-        exited = f"{name} {_exit_reason(returncode)}"
-        if not served:
-            taken = [line for line in shard.output if engine.says_port_taken(line)]
-            # The port the engine says it could not bind: a profile's args may have chosen another.
-            port = next((p for p in map(engine.port_in_line, taken) if p is not None), shard.port)
-            # Also asked of the port itself: the engine's group is gone by now, so whatever still
-            # listens there is another program, whatever words (or none) the engine used.
-            if bool(taken) or await asyncio.to_thread(_port_taken, self._bind or self._host, shard.port):
-                return f"port {port} is in use: {exited}" + (f": {words}" if words else "")
-            return f"{exited}: {words}" if words else f"{exited} before answering {health}"
-        words = last_words(engine, list(shard.output), only_errors=True)
-        return f"{exited} after serving" + (f": {words}" if words else "")
-
-    async def _wait_ready(self, shard: _Shard, process: launcher.Process) -> bool:
-        """True once the engine answers its health path; False when it exits or the time is up."""
-        url = shard.local_url + shard.engine.health_path
-        session = self._health_session()
-        deadline = time.monotonic() + self._ready_timeout_s
-        timeout = aiohttp.ClientTimeout(total=max(1.0, self._health_interval_s))
-        while True:
-            if process.returncode is not None:
-                return False
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(url, timeout=timeout) as response:
-                    if response.status == 200:
-                        return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            # Waiting on the process rather than sleeping: an engine that dies is noticed at once.
-            # Not wait_for: on 3.11 it swallows a cancel that lands as the process exits, and stop()
-            # then waited on a watch that carried on.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(self._health_interval_s, left)):
-                    await process.wait()
-
-    def _health_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            # The engine is on this machine, whatever address it is advertised at: a proxy from the
-            # environment must not get in the way.
-            self._session = aiohttp.ClientSession(trust_env=False)
-        return self._session
-
-    async def _read_output(self, shard: _Shard, process: launcher.Process) -> None:
-        """Keep the process's output lines; split by hand so one huge line cannot break the reader."""
-        stream = process.stdout
-        assert stream is not None
-        pending = b""
-        while chunk := await stream.read(65536):
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()
-            if len(pending) > _MAX_LINE_CHARS:
-                lines.append(pending)
-                pending = b""
-            for line in lines:
-                shard.output.append(self._line(shard, line))
-        if pending:
-            shard.output.append(self._line(shard, pending))
-
-    @staticmethod
-    def _line(shard: _Shard, raw: bytes) -> str:
-        text = raw[:_MAX_LINE_CHARS].decode(errors="replace").rstrip("\r")
-        # An engine that prints its arguments (SGLang does, at start) prints the secret too; these
-        # lines reach `ctl logs`, the pages and a failed shard's report.
-        secret = shard.req.engine_secret
-        return text.replace(secret, "[secret]") if secret else text
-
-    async def _drain_output(self, shard: _Shard) -> None:
-        """Let the reader take the last lines of an exited process, then end it."""
-        reader = shard.reader
-        if reader is None:
-            return
-        await asyncio.wait({reader}, timeout=_OUTPUT_DRAIN_S)
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
-        # Only now: a stop() that cancels the watch during the wait above drains the same reader
-        # again, where dropping it first left it (and its `tail` process) running with no owner.
-        shard.reader = None
-
-    async def _terminate(self, shard: _Shard) -> int:
-        """SIGTERM the process group, SIGKILL it after the grace; the leader's return code."""
-        process = shard.process
-        assert process is not None
-        launcher.kill_group(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), timeout=self._stop_grace_s)
-        except TimeoutError:
-            log.warning("engine ignored SIGTERM; killing it", shard=shard.req.shard_id, pid=process.pid)
-        # Also when the leader exited in time: a worker it left behind would hold the port or the GPU.
-        launcher.kill_group(process.pid)
-        returncode = await process.wait()
-        if returncode == launcher.UNKNOWN_EXIT:
-            # Adopted, and perhaps still this process's own child (agent/upgrade.py): reaped here.
-            reaped = launcher.reap(process.pid)
-            returncode = returncode if reaped is None else reaped
-        await self._drain_output(shard)
-        return returncode
-
     # --- reporting ------------------------------------------------------------------------
 
-    @staticmethod
-    def _status_for(req: pb.StartShard, engine: str, state: str) -> pb.ShardStatus:
-        return pb.ShardStatus(
-            shard_id=req.shard_id,
-            model=req.model,
-            engine=engine,
-            state=state,
-            gpu_indices=list(req.gpu_indices),
-            profile=req.profile,
-            replica_id=req.replica_id,
-            rank=req.rank,
-            # Back to the control plane on every report, so a server that restarted still holds it.
-            engine_secret=req.engine_secret,
-        )
-
-    def _report_spawn_failure(self, shard: _Shard, argv: list[str], error: OSError) -> None:
-        status = self._status(shard, "failed")
+    def _report_spawn_failure(self, shard: Shard, argv: list[str], error: OSError) -> None:
+        status = shard.status_as("failed")
         status.detail = f"could not start {shard.engine.name}: {argv[0]}: {error.strerror or error}"
         status.last_output = list(shard.output)
         self._report(status)
-
-    def _status(self, shard: _Shard, state: str) -> pb.ShardStatus:
-        return self._status_for(shard.req, shard.engine.name, state)
 
     def _report(self, status: pb.ShardStatus) -> None:
         shard = self._shards.get(status.shard_id)
