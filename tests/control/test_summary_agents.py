@@ -283,7 +283,9 @@ class TestTheNodeWhoseLabelsFit:
         """n-x's release host has no release b1; n-y, labelled otherwise, is held mid-download."""
         missing, paused = FakeRelease(), FakeRelease()
         missing.tags = set()
-        paused.pause_after, paused.pause = 1024, asyncio.Event()
+        # Half the archive, so that n-y's download is under way whatever the archive's size: the fake's
+        # is 186 bytes, and a pause after 1,024 let n-y install it whole before anyone looked.
+        paused.pause_after, paused.pause = len(paused.assets[CPU_ASSET]) // 2, asyncio.Event()
         async with (
             publishing(missing) as nowhere,
             publishing(paused) as slow,
