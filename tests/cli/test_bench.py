@@ -114,6 +114,17 @@ class TestBench:
             assert (level["queue_depth_max"], level["kv_cache_max"]) == (None, None)
             assert level["engine_readings"] >= 1
 
+    async def test_a_level_whose_seconds_run_out_before_it_begins_still_sends_one_request_per_worker(
+        self, cluster: Cluster
+    ):
+        """As on a busy machine, where a short level's seconds pass before its workers start."""
+        code, out, err = await run(
+            *bench_args(cluster, "--concurrency", "1,3", "--seconds", "1e-9", "--json")
+        )
+        assert (code, err) == (0, "")
+        levels = json.loads(out)["levels"]
+        assert [(level["requests"], level["errors"]) for level in levels] == [(1, 0), (3, 0)]
+
     async def test_the_table_says_not_reported_for_what_the_engine_lacks(self, cluster: Cluster):
         code, out, err = await run(*bench_args(cluster, "--concurrency", "2"))
         assert (code, err) == (0, "")

@@ -124,7 +124,9 @@ async def _one(session: aiohttp.ClientSession, offer: Offer, body: dict[str, Any
 async def hold(offer: Offer, concurrency: int, seconds: float) -> tuple[Tally, float]:
     """Keep concurrency requests in flight for seconds; what they did, and the seconds it took.
 
-    A request sent before the end runs to its end: the level lasts until the last one does.
+    A request sent before the end runs to its end: the level lasts until the last one does. Each of
+    the concurrency workers sends at least one, so that a short level on a busy machine, whose seconds
+    ran out before its workers began, still measures something rather than report no request at all.
     """
     tally = Tally()
     body = offer.body()
@@ -134,6 +136,7 @@ async def hold(offer: Offer, concurrency: int, seconds: float) -> tuple[Tally, f
     deadline = start + seconds
 
     async def worker() -> None:
+        await _one(session, offer, body, tally)
         while time.monotonic() < deadline:
             await _one(session, offer, body, tally)
 
