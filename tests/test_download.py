@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import hashlib
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import IO
 
 import aiohttp
 import attrs
@@ -18,6 +21,7 @@ from llmgw.agent.weights import WeightsCache, cache_key
 from llmgw.backoff import ExponentialBackoff
 from llmgw.download import PART, Downloaded, human_bytes
 from llmgw.mirror.fetch import INCOMING, HubFetcher
+from tests.waiting import eventually
 
 BLOB = bytes(range(256)) * 4096  # 1 MiB, every byte position distinguishable
 DIGEST = hashlib.sha256(BLOB).hexdigest()
@@ -197,6 +201,32 @@ class TestWhatIsOnDisk:
         got = await download.fetch(session, server.url + "/f/blob", part, retries=RETRIES)
         assert got == Downloaded(DIGEST, len(BLOB))
         assert server.ranges == [f"bytes={len(BLOB)}-", None]
+
+
+class TestCancelled:
+    async def test_a_download_cancelled_while_its_file_is_opening_closes_the_file_it_opened(
+        self, server: Server, session: aiohttp.ClientSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An agent stopped just as a download begins: the thread opening the file outlives the cancel."""
+        opened: list[IO[bytes]] = []
+        asked, may_open = threading.Event(), threading.Event()
+
+        def held_open(path: Path, mode: str) -> IO[bytes]:
+            asked.set()
+            may_open.wait(30)
+            fh = builtins.open(path, mode)  # noqa: SIM115 - the code under test closes it, or the test fails
+            opened.append(fh)
+            return fh
+
+        monkeypatch.setattr(download, "open", held_open, raising=False)
+        part = await _part(tmp_path)
+        fetching = asyncio.create_task(download.fetch(session, server.url + "/f/blob", part, retries=RETRIES))
+        await eventually(asked.is_set)
+        fetching.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fetching
+        may_open.set()
+        await eventually(lambda: len(opened) == 1 and opened[0].closed)
 
 
 class TestChecks:

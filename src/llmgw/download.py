@@ -225,7 +225,7 @@ class _Attempt:
         size = self.size if self.size is not None else declared
         written = offset
         try:
-            fh = await asyncio.to_thread(open, self.part, "ab" if offset else "wb")
+            fh = await _open(self.part, "ab" if offset else "wb")
             try:
                 step = max((size or 0) // _PROGRESS_STEPS, 64 * _CHUNK)
                 self._tell(written, size)
@@ -247,6 +247,25 @@ class _Attempt:
                 raise DiskFull(exc, size) from exc
             raise
         return written
+
+
+async def _open(path: Path, mode: str) -> IO[bytes]:
+    """path opened in a thread; a cancel landing meanwhile closes the file once the thread has opened it.
+
+    A cancel stops the wait, not the thread: the file it opened went unclosed until collected (an agent
+    stopped just as a download began), and pytest failed the next test on the ResourceWarning.
+    """
+    opening = asyncio.ensure_future(asyncio.to_thread(open, path, mode))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[IO[bytes]]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
 
 
 def _unsatisfiable_length(response: aiohttp.ClientResponse) -> int | None:
