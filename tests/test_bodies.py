@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gzip
 import io
@@ -250,7 +251,7 @@ class TestJson:
     async def test_json_nested_a_thousand_deep_is_a_400_on_every_admin_route_that_reads_json(
         self, urls: tuple[str, str], tracebacks: ErrorRecords
     ) -> None:
-        """Seven routes ended in a RecursionError from request.json(): a 500 and a traceback."""
+        """Each was a RecursionError from request.json(): a 500 and a traceback (the bench route last)."""
         admin = urls[1]
         assert (await _send("POST", f"{admin}/api/v1/orgs", b'{"name": "acme"}', JSON))[0] == 201
         for method, path in (
@@ -261,6 +262,7 @@ class TestJson:
             ("PATCH", "/api/v1/orgs/acme"),
             ("PUT", "/api/v1/quotas/org:1"),
             ("PUT", "/api/v1/prices/sim-chat"),
+            ("POST", "/api/v1/models/sim-chat/bench"),
         ):
             status, reply = await _send(method, f"{admin}{path}", DEEP, JSON)
             if path.startswith("/api/v1/nodes"):
@@ -324,3 +326,64 @@ class TestScopeNames:
     ) -> None:
         status, reply = await _send("POST", f"{urls[1]}/api/v1/orgs", b'{"name": "a\\u0018b"}', JSON)
         assert status == 400 and "control characters" in str(reply)
+
+
+# What aiohttp offers a handler to read a body with; each skips a rule of bodies' readers (the
+# depth rule, the half-character rule, the admin API's limit, the decoded Content-Encoding).
+_RAW_READERS = frozenset({"json", "text", "read", "post", "multipart", "content", "readany", "readexactly"})
+_SRC = Path(bodies.__file__).parent
+
+
+def _request_names(function: ast.AST) -> set[str]:
+    """The names a function's parameters give a request: `request`, or any parameter typed as one."""
+    names = {"request"}
+    if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        for arg in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs):
+            if arg.annotation is not None and ast.unparse(arg.annotation).split(".")[-1] in (
+                "Request",
+                "BaseRequest",
+            ):
+                names.add(arg.arg)
+    return names
+
+
+def _raw_reads(source: str) -> list[str]:
+    """Where source reads a request's body other than through llmgw.bodies: "line: code"."""
+    tree = ast.parse(source)
+    found: list[tuple[int, str]] = []
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    for function in [tree, *functions]:
+        names = _request_names(function)
+        for node in ast.walk(function):
+            if not (isinstance(node, ast.Attribute) and node.attr in _RAW_READERS):
+                continue
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id in names) or (
+                isinstance(owner, ast.Attribute) and owner.attr == "request"
+            ):
+                found.append((node.lineno, ast.unparse(node)))
+    return [f"{line}: {code}" for line, code in sorted(set(found))]
+
+
+class TestTheOneReader:
+    def test_no_handler_reads_a_request_body_but_through_llmgw_bodies(self) -> None:
+        """The bench route read request.json() itself: JSON nested a thousand deep was a 500 there."""
+        found = [
+            f"{path.relative_to(_SRC.parent)}:{read}"
+            for path in sorted(_SRC.rglob("*.py"))
+            if path != Path(bodies.__file__)
+            for read in _raw_reads(path.read_text(encoding="utf-8"))
+        ]
+        assert found == [], (
+            "read request bodies with llmgw.bodies (read_json, read_form, read_text, read): "
+            "aiohttp's own readers skip its depth, character and size rules\n" + "\n".join(found)
+        )
+
+    def test_the_scan_finds_a_handler_that_reads_its_body_itself(self) -> None:
+        source = (
+            "async def a(request):\n    return await request.json()\n"
+            "async def b(r: web.Request):\n    return await r.post()\n"
+            "async def c(call):\n    return await call.request.content.read()\n"
+            "async def d(reply):\n    return await reply.json()\n"
+        )
+        assert _raw_reads(source) == ["2: request.json", "4: r.post", "6: call.request.content"]

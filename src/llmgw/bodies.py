@@ -39,6 +39,8 @@ Answer = Callable[[web.Request, int, str], web.StreamResponse]
 _IDENTITY = frozenset({"", "identity"})
 _CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _FORMS = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
+# A page's form (a sign-in, a project's models) is a few kilobytes; the client port would take 64 MiB.
+MAX_FORM = 1024**2
 _DECODED = web.RequestKey("llmgw.bodies.decoded", bytes)
 
 
@@ -88,8 +90,12 @@ def decode_bodies(answer: Answer, limit: int) -> Middleware:
                 response.force_close()
                 return response
         if request.method == "POST" and request.content_type in _FORMS:
-            # Parsed here, once (aiohttp keeps it for the handler's own post()): a form that is not
-            # UTF-8, or a multipart body that is not one, raised inside the handler, a 500.
+            if request.content_length is not None and request.content_length > MAX_FORM:
+                response = answer(request, 413, f"a form is at most {MAX_FORM:,} bytes here")
+                response.force_close()
+                return response
+            # Parsed here, once (aiohttp keeps it for read_form): a form that is not UTF-8, or a
+            # multipart body that is not one, raised inside the handler, a 500.
             try:
                 await request.post()
             except (ValueError, LookupError, RequestPayloadError) as exc:
@@ -128,6 +134,14 @@ async def read(request: web.Request) -> bytes:
     """The request's body, decoded from its Content-Encoding: what every handler reads."""
     decoded = request.get(_DECODED)
     return decoded if decoded is not None else await request.read()
+
+
+async def read_form(request: web.Request) -> dict[str, str]:
+    """The text fields of the form sent, as decode_bodies parsed it; {} when the body is not a form."""
+    if request.content_type not in _FORMS:
+        return {}
+    form = await request.post()
+    return {name: value for name, value in form.items() if isinstance(value, str)}
 
 
 async def read_text(request: web.Request) -> str:

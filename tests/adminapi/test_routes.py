@@ -131,4 +131,4 @@ class TestARouteAddedToTheTable:
         )
 
         responses = paths([change])["/api/v1/hello"]["post"]["responses"]
-        assert sorted(responses) == ["200", "400", "415"]
+        assert sorted(responses) == ["200", "400", "413", "415"]

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from llmgw.bodies import read_form
 from llmgw.store.sessions import Session
 from llmgw.web.render import render
 from llmgw.web.sessions import current_session, current_user
@@ -28,8 +29,8 @@ async def forbidden(request: web.Request, message: str) -> web.StreamResponse:
 async def _csrf_ok(request: web.Request, session: Session) -> bool:
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return True
-    sent = (await request.post()).get("csrf", "")
-    return isinstance(sent, str) and hmac.compare_digest(sent, session.csrf)
+    sent = (await read_form(request)).get("csrf", "")
+    return hmac.compare_digest(sent, session.csrf)
 
 
 def _to_login(request: web.Request) -> web.StreamResponse:
