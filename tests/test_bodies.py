@@ -277,6 +277,26 @@ class TestJson:
         with pytest.raises(bodies.BadJson, match="nests deeper"):
             bodies.parse_json(b"[" * (bodies.MAX_DEPTH + 1) + b"]" * (bodies.MAX_DEPTH + 1))
 
+    @pytest.mark.parametrize(
+        ("body", "said"),
+        [
+            (b'{"rpm": 1e400}', "1e400, a number past the largest one taken"),
+            (b'{"rpm": -1e999}', "-1e999, a number past the largest one taken"),
+            (b'{"rpm": NaN}', "NaN, which is not a JSON number"),
+            (b'{"rpm": Infinity}', "Infinity, which is not a JSON number"),
+            (b'{"rpm": 1' + b"0" * 5000 + b"}", "a whole number of 5,001 digits"),
+        ],
+    )
+    def test_a_number_json_cannot_hold_is_refused_in_words(self, body: bytes, said: str) -> None:
+        """1e400 was read as inf, and went on to be written as Infinity, which is not JSON."""
+        with pytest.raises(bodies.BadJson, match=said) as refused:
+            bodies.parse_json(body)
+        assert refused.value.status == 400 and not refused.value.not_json
+        assert bodies.parse_json(b'{"rpm": 1e308, "seed": 18446744073709551615}') == {
+            "rpm": 1e308,
+            "seed": 2**64 - 1,
+        }
+
     async def test_an_escaped_surrogate_pair_is_one_character_and_a_lone_half_is_refused(
         self, urls: tuple[str, str], tracebacks: ErrorRecords
     ) -> None:

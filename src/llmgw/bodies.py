@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import sys
 import zlib
@@ -198,7 +199,14 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     too_large = BadJson(f"the request body is more than {limit or 0:,} bytes, the most this route takes", 413)
     if limit is not None and request.content_length is not None and request.content_length > limit:
         raise too_large
-    body = await read(request)
+    try:
+        body = await read(request)
+    except web.HTTPRequestEntityTooLarge:
+        # Past the app's own limit (limit None): aiohttp's refusal, in plain text, skipped the
+        # route's own words and shape.
+        raise BadJson(
+            f"the request body is more than {request.client_max_size:,} bytes, the most this route takes", 413
+        ) from None
     if limit is not None and len(body) > limit:
         raise too_large
     # In a thread past a screenful: parsing and measuring up to the body limit would stall the loop.
@@ -210,9 +218,11 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
 def parse_json(body: bytes) -> Any:
     """body's JSON value; BadJson when it is not JSON, nests past MAX_DEPTH or holds half a character."""
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_float=_finite, parse_int=_whole, parse_constant=_no_constant)
     except RecursionError:
         raise BadJson(_too_deep()) from None
+    except BadJson:
+        raise
     except UnicodeDecodeError as exc:
         raise BadJson(
             f"the request body is not UTF-8 text (byte {exc.start + 1} is not); send it as UTF-8"
@@ -229,6 +239,32 @@ def parse_json(body: bytes) -> Any:
             "send the whole character, or both halves of its pair"
         )
     return value
+
+
+# More digits than any whole number the APIs take (a seed is at most 20); Python reads up to 4,300
+# and then refused the body in words about its own interpreter.
+_MAX_DIGITS = 100
+
+
+def _finite(text: str) -> float:
+    # Python reads 1e400 as inf, which JSON cannot hold: written back (a reply, the store, a
+    # forwarded request) it became Infinity, which no JSON reader takes.
+    number = float(text)
+    if math.isinf(number):
+        raise BadJson(f"the request body holds {text[:40]}, a number past the largest one taken (1.8e308)")
+    return number
+
+
+def _whole(text: str) -> int:
+    if len(text) > _MAX_DIGITS:
+        raise BadJson(
+            f"the request body holds a whole number of {len(text):,} digits; at most {_MAX_DIGITS} are taken"
+        )
+    return int(text)
+
+
+def _no_constant(text: str) -> float:
+    raise BadJson(f"the request body holds {text}, which is not a JSON number")
 
 
 def _too_deep() -> str:

@@ -96,7 +96,9 @@ async def read_request(call: Call, rest: Handler) -> web.StreamResponse:
     try:
         payload = await bodies.read_json(call.request)
     except bodies.BadJson as exc:
-        raise ApiError(400, str(exc), code="invalid_json") from None
+        raise ApiError(
+            exc.status, str(exc), code="invalid_json" if exc.status == 400 else "request_too_large"
+        ) from None
     body = await bodies.read(call.request)
     if not isinstance(payload, dict):
         raise ApiError(
