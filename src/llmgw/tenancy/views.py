@@ -19,6 +19,8 @@ UsageBy = Literal["org", "team", "project", "key", "model"]
 
 # What a request's field must be beyond its type, in the document (adminapi/schema.py).
 _AT_LEAST_0 = {"schema": {"minimum": 0}}
+# A field of a change that may be left out, keeping what it was: the document must not require it.
+_LEFT_OUT_KEEPS = {"required": False}
 _NOT_BLANK = {"pattern": r"\S"}
 # The shared schema of a scope name, defined with the others of NAMED in adminapi/schema.py (the admin
 # API sits above tenancy, so the reference is written here, and the document's validation resolves it).
@@ -97,10 +99,10 @@ class Quota:
 class QuotaChange:
     """The body of PUT /api/v1/quotas/{scope}: a field left out keeps what the scope had; null clears it."""
 
-    rpm: int | None = attrs.field(metadata=_AT_LEAST_0)
-    tpm: int | None = attrs.field(metadata=_AT_LEAST_0)
-    budget: float | None = attrs.field(metadata=_AT_LEAST_0)
-    period: Period
+    rpm: int | None = attrs.field(metadata={**_AT_LEAST_0, **_LEFT_OUT_KEEPS})
+    tpm: int | None = attrs.field(metadata={**_AT_LEAST_0, **_LEFT_OUT_KEEPS})
+    budget: float | None = attrs.field(metadata={**_AT_LEAST_0, **_LEFT_OUT_KEEPS})
+    period: Period = attrs.field(metadata=_LEFT_OUT_KEEPS)
 
 
 @attrs.frozen
