@@ -20,6 +20,7 @@ from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
 from llmgw.gateway.proxy import UPSTREAM_ERRORS_KEY, client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
+from llmgw.slashes import plain_paths
 from llmgw.store.keys import KeyRecord
 from llmgw.store.scopes import Hierarchy
 
@@ -59,7 +60,7 @@ def make_gateway_app(
             openai_errors,
             # /v1/models/ and /admin/ lead where /v1/models and /admin do (they were 404s); before the body is
             # read, which would keep it from redirecting.
-            web.normalize_path_middleware(append_slash=False, remove_slash=True),
+            plain_paths,
             decode_bodies(
                 lambda request, status, message: answer(request, status, message, code="invalid_body"),
                 _MAX_BODY,
