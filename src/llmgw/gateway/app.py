@@ -17,7 +17,7 @@ from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
 from llmgw.gateway.errors import ApiError, answer, openai_errors
 from llmgw.gateway.metrics import GatewayMetrics
-from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
+from llmgw.gateway.pipeline import Call, Handler, Stage, bounded_inputs, compose, endpoint, read_request
 from llmgw.gateway.proxy import UPSTREAM_ERRORS_KEY, client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
 from llmgw.slashes import plain_paths
@@ -87,7 +87,18 @@ def make_gateway_app(
         compose([metrics.observe, *auth, read_request, _serves("chat", catalog), *admit, router], proxy)
     )
     embeddings = endpoint(
-        compose([metrics.observe, *auth, read_request, _serves("embeddings", catalog), *admit, router], proxy)
+        compose(
+            [
+                metrics.observe,
+                *auth,
+                read_request,
+                bounded_inputs,
+                _serves("embeddings", catalog),
+                *admit,
+                router,
+            ],
+            proxy,
+        )
     )
     # Built once per catalog change, not per request: (the catalog's generation, every model's entry).
     listed: list[tuple[int, dict[str, dict[str, object]]]] = []
