@@ -200,6 +200,54 @@ class TestMethodsAndPaths:
             assert reply.status == 400 and "This link is not right" in await reply.text()
 
 
+class TestLongLines:
+    """A URL or header past 8,190 bytes was aiohttp's 400 in plain text, in no API's shape."""
+
+    async def test_a_url_past_the_bound_is_a_414_in_the_apis_shape(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        long = "x" * bodies.MAX_LINE
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{urls[0]}/v1/models/{long}") as reply:
+                assert reply.status == 414
+                assert _openai_error(await reply.json()) == "the URL is 8,201 bytes; at most 8,190 are taken"
+            async with session.get(f"{urls[0]}/admin/api/v1/models/{long}") as reply:
+                assert (reply.status, await reply.json()) == (
+                    414,
+                    {"error": "the URL is 8,211 bytes; at most 8,190 are taken"},
+                )
+            async with session.get(f"{urls[1]}/api/v1/status?x={long}") as reply:
+                assert reply.status == 414 and "at most 8,190" in (await reply.json())["error"]
+
+    async def test_a_header_past_the_bound_is_a_431_in_the_apis_shape(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        async with aiohttp.ClientSession() as session:
+            long = {"X-Long": "x" * bodies.MAX_LINE}
+            async with session.get(f"{urls[0]}/v1/models", headers=long) as reply:
+                assert reply.status == 431
+                assert (
+                    _openai_error(await reply.json())
+                    == "the header X-Long is 8,198 bytes; at most 8,190 are taken"
+                )
+            async with session.get(f"{urls[1]}/api/v1/status", headers=long) as reply:
+                assert reply.status == 431 and "the header X-Long" in (await reply.json())["error"]
+            # Up to the bound is taken.
+            async with session.get(f"{urls[0]}/v1/models", headers={"X-Long": "x" * 8000}) as reply:
+                assert reply.status == 200
+
+    async def test_past_what_the_parser_reads_it_is_still_a_400_without_a_traceback(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                f"{urls[0]}/v1/models", headers={"X-Long": "x" * (bodies.MAX_PARSED_LINE + 1)}
+            ) as reply,
+        ):
+            assert reply.status == 400
+
+
 async def test_a_request_aiohttp_cannot_parse_is_logged_as_one_line_not_a_traceback(
     urls: tuple[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,7 +11,9 @@ not know (415), or one that decodes past the body limit (413, a zip bomb).
 
 What aiohttp still refuses before any handler runs (a request line or header
 it cannot parse) is logged as one line, not a traceback: it is the client's
-mistake, not the server's.
+mistake, not the server's. Its parser refused a URL or header past 8,190
+bytes with a 400 in plain text; it now reads up to MAX_PARSED_LINE, and the
+middleware refuses past MAX_LINE in the API's shape (414, 431).
 """
 
 from __future__ import annotations
@@ -73,14 +75,39 @@ def _decompress(raw: bytes, coding: str, limit: int) -> bytes:
     return out
 
 
+# The longest URL or header line taken, as aiohttp's parser took by default; a proxy in front has
+# a limit of the same order (nginx: 8 KiB).
+MAX_LINE = 8190
+# What the parser reads before refusing in its own words, in plain text: past MAX_LINE, so that
+# what lies between is refused here in the API's shape.
+MAX_PARSED_LINE = 64 * 1024
+
+
+def _too_long(request: web.Request) -> tuple[int, str] | None:
+    if len(request.raw_path) > MAX_LINE:
+        return 414, f"the URL is {len(request.raw_path):,} bytes; at most {MAX_LINE:,} are taken"
+    for name, value in request.raw_headers:
+        if len(name) + len(value) + 2 > MAX_LINE:
+            shown = name.decode("latin-1")[:100]
+            return (
+                431,
+                f"the header {shown} is {len(name) + len(value) + 2:,} bytes; at most {MAX_LINE:,} are taken",
+            )
+    return None
+
+
 def decode_bodies(answer: Answer, limit: int) -> Middleware:
     """A middleware decoding a body's Content-Encoding before any handler runs; read it with read().
 
-    limit is the app's body limit, which the decoded body is held to as well.
+    limit is the app's body limit, which the decoded body is held to as well. A URL or header past
+    MAX_LINE is refused first.
     """
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        too_long = _too_long(request)
+        if too_long is not None:
+            return answer(request, *too_long)
         coding = request.headers.get("Content-Encoding", "").strip().lower()
         if request.body_exists and coding not in _IDENTITY:
             refused = await _decode(request, coding, limit)
@@ -326,5 +353,11 @@ class ServerLogger(logging.Logger):
 
 SERVER_LOGGER = ServerLogger()
 
-# What every llmgw listener's aiohttp runner is given: decoding is decode_bodies' (see above).
-SERVER_OPTIONS: dict[str, Any] = {"logger": SERVER_LOGGER, "auto_decompress": False}
+# What every llmgw listener's aiohttp runner is given: decoding is decode_bodies' (see above), and so
+# is refusing a URL or header past MAX_LINE.
+SERVER_OPTIONS: dict[str, Any] = {
+    "logger": SERVER_LOGGER,
+    "auto_decompress": False,
+    "max_line_size": MAX_PARSED_LINE,
+    "max_field_size": MAX_PARSED_LINE,
+}
