@@ -400,6 +400,9 @@ class TestScopeNames:
 # depth rule, the half-character rule, the admin API's limit, the decoded Content-Encoding).
 _RAW_READERS = frozenset({"json", "text", "read", "post", "multipart", "content", "readany", "readexactly"})
 _SRC = Path(bodies.__file__).parent
+# Not a listener of llmgw's: the sim engine stands in for llama.cpp or vLLM, behind the gateway,
+# whose reader has read every request it is sent.
+_STAND_INS = frozenset({_SRC / "engines" / "sim_server.py"})
 
 
 def _request_names(function: ast.AST) -> set[str]:
@@ -439,11 +442,11 @@ class TestTheOneReader:
         found = [
             f"{path.relative_to(_SRC.parent)}:{read}"
             for path in sorted(_SRC.rglob("*.py"))
-            if path != Path(bodies.__file__)
+            if path != Path(bodies.__file__) and path not in _STAND_INS
             for read in _raw_reads(path.read_text(encoding="utf-8"))
         ]
         assert found == [], (
-            "read request bodies with llmgw.bodies (read_json, read_form, read_text, read): "
+            "read request bodies with llmgw.bodies (read_json, read_fields, read_text, read): "
             "aiohttp's own readers skip its depth, character and size rules\n" + "\n".join(found)
         )
 

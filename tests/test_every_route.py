@@ -2,7 +2,8 @@
 
 JSON nested a thousand deep, a body past the route's bound, and numbers past
 any bound (1e400, which Python reads as inf; 1e20; a hundred-digit whole
-number), in the body and in the query string. Whatever the route, the answer
+number), in the body and in the query string; on the listeners the server
+serves, a URL and a header past 8,190 bytes. Whatever the route, the answer
 is never a 5xx nor a logged traceback, and a refusal is in the shape of the
 route's API: OpenAI's under /v1, the admin API's {"error": "..."}, a page on
 the pages. A route that reads JSON refuses the deep body and the numbers no
@@ -36,7 +37,7 @@ import llmgw
 from llmgw import pki
 from llmgw.adminapi.auth import hash_token
 from llmgw.adminapi.routes import Route
-from llmgw.bodies import MAX_ADMIN_BODY, MAX_FORM, SERVER_OPTIONS
+from llmgw.bodies import MAX_ADMIN_BODY, MAX_FORM, MAX_LINE, SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig, TLSConfig
 from llmgw.control.inventory import Inventory
@@ -227,9 +228,13 @@ async def _admin_listener(store: Store, state_dir: Path) -> AsyncIterator[Listen
 
 
 @contextlib.asynccontextmanager
-async def _served(app: web.Application, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+async def _served(
+    app: web.Application, ssl_context: ssl.SSLContext | None = None, *, as_the_server: bool = True
+) -> AsyncIterator[str]:
+    """app on a loopback port; as_the_server: with the server role's options, as the client port and
+    the admin listener are (the mirror's listeners and metrics are served with aiohttp's own)."""
     server = TestServer(app, host="127.0.0.1", port=0)
-    await server.start_server(ssl=ssl_context, **SERVER_OPTIONS)
+    await server.start_server(ssl=ssl_context, **(SERVER_OPTIONS if as_the_server else {}))
     try:
         yield str(server.make_url("")).rstrip("/")
     finally:
@@ -264,38 +269,32 @@ async def _listeners(root: Path) -> AsyncIterator[dict[str, Listener]]:
         store = await stack.enter_async_context(open_store(root / "llmgw.db"))
         engines = {}
         for name in (CHAT, EMBED):
-            engines[name] = await stack.enter_async_context(_served(make_sim_app(name)))
+            served = _served(make_sim_app(name), as_the_server=False)
+            engines[name] = await stack.enter_async_context(served)
         mirror_root = root / "mirror"
         await asyncio.to_thread(mirror_root.mkdir)
         certs = await asyncio.to_thread(_pki, root / "pki")
         fetcher = await stack.enter_async_context(HubFetcher(mirror_root, "http://127.0.0.1:9", None))
         fetches = await stack.enter_async_context(Fetches(fetcher))
         mirror_admin = make_mirror_admin_app(mirror_root, fetches, "control-plane")
-        sim = make_sim_app(CHAT)
         listeners = {
             "client port": await stack.enter_async_context(_client_port(store, engines, root / "state")),
             "admin listener": await stack.enter_async_context(_admin_listener(store, root / "state")),
             "mirror": Listener(
                 app := await asyncio.to_thread(make_mirror_app, mirror_root),
-                await stack.enter_async_context(_served(app)),
+                await stack.enter_async_context(_served(app, as_the_server=False)),
                 lambda path: "any",
             ),
             "mirror's admin listener": Listener(
                 mirror_admin,
-                await stack.enter_async_context(_served(mirror_admin, certs.server)),
+                await stack.enter_async_context(_served(mirror_admin, certs.server, as_the_server=False)),
                 lambda path: "admin",
                 ssl=certs.client,
             ),
             "metrics": Listener(
                 app := metrics_app(Metrics(CollectorRegistry())),
-                await stack.enter_async_context(_served(app)),
+                await stack.enter_async_context(_served(app, as_the_server=False)),
                 lambda path: "any",
-            ),
-            "sim engine": Listener(
-                sim,
-                await stack.enter_async_context(_served(sim)),
-                lambda path: "openai" if path.startswith("/v1/") else "any",
-                bound=lambda path: sim._client_max_size,
             ),
         }
         yield listeners
@@ -307,8 +306,9 @@ LISTENERS = (
     "mirror",
     "mirror's admin listener",
     "metrics",
-    "sim engine",
 )
+# The mirror's listeners and metrics are served with aiohttp's own limits of a URL or header.
+SERVER_LISTENERS = ("client port", "admin listener")
 
 
 @pytest.fixture(params=LISTENERS)
@@ -333,9 +333,15 @@ class Answer:
 
 
 async def _ask(
-    listener: Listener, method: str, path: str, body: bytes, content_type: str, query: str = ""
+    listener: Listener,
+    method: str,
+    path: str,
+    body: bytes,
+    content_type: str,
+    query: str = "",
+    extra: dict[str, str] | None = None,
 ) -> Answer:
-    headers = {**listener.credentials(path), "Content-Type": content_type}
+    headers = {**listener.credentials(path), "Content-Type": content_type, **(extra or {})}
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http,
         http.request(
@@ -359,11 +365,11 @@ def _in_shape(answer: Answer, shape: Shape) -> bool:
     if answer.content_type != "application/json":
         return False
     error = json.loads(answer.body).get("error")
-    if shape == "admin":
-        return isinstance(error, str) and bool(error)
-    # A page's form the body reader refused (unreadable, past its bound) is answered in the
-    # listener's own API's shape, as the reader answers everything it refuses there.
-    return isinstance(error, dict) and isinstance(error.get("message"), str) and bool(error["message"])
+    admin = isinstance(error, str) and bool(error)
+    openai = isinstance(error, dict) and isinstance(error.get("message"), str) and bool(error["message"])
+    # What the body reader refuses before a page's handler (a form past its bound, a URL too long)
+    # is answered in the listener's API's shape, as everything it refuses there.
+    return {"admin": admin, "openai": openai, "page": admin or openai}[shape]
 
 
 def _judge(listener: Listener, answers: list[Answer]) -> list[str]:
@@ -388,7 +394,7 @@ def _logged_errors() -> Iterator[list[str]]:
 
 
 def _reads_json(listener: Listener, method: str, canonical: str) -> bool:
-    """Whether the route reads JSON: the gateway's (and an engine's) POSTs, an API route with a view."""
+    """Whether the route reads JSON: the gateway's POSTs, an admin API route with a view."""
     if listener.shape(canonical) == "openai" and method == "POST":
         return True
     route = listener.api_route(method, canonical)
@@ -465,5 +471,32 @@ class TestEveryRouteOfEveryListener:
                     )
                     if refuse and not 400 <= answer.status < 500:
                         taken.append(f"took {number} in every number of {canonical}'s body: {answer}")
+        problems = taken + _judge(listener, answers) + logged
+        assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(params=SERVER_LISTENERS)
+async def server_listener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Listener]:
+    async with _listeners(tmp_path) as listeners:
+        yield listeners[request.param]
+
+
+class TestEveryRouteOfTheServer:
+    """The listeners served with the server role's options (bodies.SERVER_OPTIONS)."""
+
+    async def test_a_url_or_header_past_the_bound_is_refused_in_the_routes_shape(
+        self, server_listener: Listener
+    ) -> None:
+        """aiohttp refused them before any handler, with a 400 in plain text."""
+        listener = server_listener
+        answers, taken = [], []
+        long = "x" * MAX_LINE
+        with _logged_errors() as logged:
+            for method, _, path in await _paths(listener.app):
+                for query, headers, status in ((f"?x={long}", {}, 414), ("", {"X-Long": long}, 431)):
+                    answer = await _ask(listener, method, path, b"", "application/json", query, headers)
+                    answers.append(answer)
+                    if answer.status != status:
+                        taken.append(f"not a {status}: {answer}")
         problems = taken + _judge(listener, answers) + logged
         assert not problems, "\n".join(problems)

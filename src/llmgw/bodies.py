@@ -122,7 +122,7 @@ def decode_bodies(answer: Answer, limit: int) -> Middleware:
                 response = answer(request, 413, f"a form is at most {MAX_FORM:,} bytes here")
                 response.force_close()
                 return response
-            # Parsed here, once (aiohttp keeps it for read_form): a form that is not UTF-8, or a
+            # Parsed here, once (aiohttp keeps it for read_fields): a form that is not UTF-8, or a
             # multipart body that is not one, raised inside the handler, a 500.
             try:
                 await request.post()
@@ -164,7 +164,7 @@ async def read(request: web.Request) -> bytes:
     return decoded if decoded is not None else await request.read()
 
 
-async def read_form(request: web.Request) -> dict[str, str]:
+async def read_fields(request: web.Request) -> dict[str, str]:
     """The text fields of the form sent, as decode_bodies parsed it; {} when the body is not a form."""
     if request.content_type not in _FORMS:
         return {}

@@ -66,7 +66,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from llmgw import __version__, bodies
+from llmgw import __version__
 from llmgw.engines.sim_words import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
 
 DEFAULT_MAX_TOKENS = 16
@@ -300,9 +300,9 @@ class _SimServer:
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
-            body = await bodies.read_json(request)
-        except bodies.BadJson as e:
-            raise _BadRequest(e.status, str(e)) from None
+            body = json.loads(await request.read())
+        except ValueError as e:
+            raise _BadRequest(400, f"the request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise _BadRequest(400, "the request body must be a JSON object")
         model = body.get("model")

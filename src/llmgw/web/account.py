@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import attrs
 from aiohttp import web
 
-from llmgw.bodies import read_form
+from llmgw.bodies import read_fields
 from llmgw.names import key_name_problem
 from llmgw.store.keys import KeyRecord, create_key, list_keys, revoke_key
 from llmgw.store.scopes import Scope, load_hierarchy
@@ -105,7 +105,7 @@ async def login_page(request: web.Request) -> web.StreamResponse:
 
 
 async def login(request: web.Request) -> web.StreamResponse:
-    form = await read_form(request)
+    form = await read_fields(request)
     target = _local(form.get("next", "/profile"))
     email = form.get("email", "")
     if not await check_pre_session_csrf(request):
@@ -185,7 +185,7 @@ async def signup_page(request: web.Request) -> web.StreamResponse:
 async def signup(request: web.Request) -> web.StreamResponse:
     if _signup_closed(request):
         return await _closed(request)
-    form = await read_form(request)
+    form = await read_fields(request)
     email = form.get("email", "")
 
     async def again(error: str, status: int) -> web.StreamResponse:
@@ -281,7 +281,7 @@ async def change_password(request: web.Request) -> web.StreamResponse:
     user = await current_user(request)
     assert user is not None
     ctx = request.config_dict[WEB_KEY]
-    form = await read_form(request)
+    form = await read_fields(request)
     row = await ctx.store.fetch_one("SELECT password_hash FROM users WHERE id = ?", (user.id,))
     # The current password is a password to guess too, for whoever holds a stolen session.
     try:
@@ -328,7 +328,7 @@ async def create_own_key(request: web.Request) -> web.StreamResponse:
             request, "Keys belong to a project, and an administrator has not put you in one yet."
         )
     ctx = request.config_dict[WEB_KEY]
-    name = (await read_form(request)).get("name", "")
+    name = (await read_fields(request)).get("name", "")
     problem = key_name_problem(name)
     if problem is not None:
         return await _profile(request, 400, flash=f"{problem[0].upper()}{problem[1:]}.", flash_kind="error")

@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from llmgw.adminapi.tenancy import BadQuery, usage_query
-from llmgw.bodies import read_form
+from llmgw.bodies import read_fields
 from llmgw.catalog import CATALOG_KEY
 from llmgw.names import id_number
 from llmgw.pricing import budget_warnings, unpriced, unpriced_sentence
@@ -112,7 +112,7 @@ async def user_action(request: web.Request) -> web.StreamResponse:
     ctx = request.config_dict[WEB_KEY]
     user_id = int(request.match_info["user_id"])
     action = request.match_info["action"]
-    form = await read_form(request)
+    form = await read_fields(request)
     try:
         if action == "approve":
             project = form.get("project", "")
@@ -240,7 +240,7 @@ def _optional_number(form: dict[str, str], field: str, kind: type[int] | type[fl
 @require_admin
 async def save_quota(request: web.Request) -> web.StreamResponse:
     ctx = request.config_dict[WEB_KEY]
-    form = await read_form(request)
+    form = await read_fields(request)
     try:
         scope = Scope.parse(form.get("scope", ""))
         rpm = _optional_number(form, "rpm", int)

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from llmgw.bodies import read_form
+from llmgw.bodies import read_fields
 from llmgw.store.sessions import Session
 from llmgw.web.render import render
 from llmgw.web.sessions import current_session, current_user
@@ -29,7 +29,7 @@ async def forbidden(request: web.Request, message: str) -> web.StreamResponse:
 async def _csrf_ok(request: web.Request, session: Session) -> bool:
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return True
-    sent = (await read_form(request)).get("csrf", "")
+    sent = (await read_fields(request)).get("csrf", "")
     return hmac.compare_digest(sent, session.csrf)
 
 
