@@ -121,6 +121,23 @@ def test_usage_of_a_project_deleted_since_is_its_own_row_rather_than_lost(
     assert "projects deleted since" in names and "team 'core' (org 'acme')" in names
 
 
+def test_a_project_made_after_one_was_deleted_shows_none_of_the_deleted_ones_usage(
+    config: Path, populated: dict[str, Any]
+) -> None:
+    """The deleted project `gone` was the highest; the next one made takes an id of its own."""
+    _, before, _ = _usage(config, "--by", "project", "--format", "json")
+
+    async def make() -> int:
+        async with open_store(config.parent / "state" / "llmgw.db") as store:
+            return (await tenancy.create(store, "project", "attacker", "core")).id
+
+    attacker = asyncio.run(make())
+    _, after, _ = _usage(config, "--by", "project", "--format", "json")
+    assert json.loads(after) == json.loads(before)
+    assert str(attacker) not in [r["id"] for r in json.loads(after)]
+    assert "project 3" in [r["name"] for r in json.loads(after)]
+
+
 def test_the_table_ends_with_the_total_and_names_each_group(config: Path, populated: dict[str, Any]) -> None:
     code, out, _ = _usage(config, "--by", "key")
     assert code == 0
