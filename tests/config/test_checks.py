@@ -48,7 +48,15 @@ _SECONDS = [
 _COUNT = [(-1, "expected 0 or more")]
 _AT_LEAST_ONE = [(0, "expected 1 or more"), (-3, "expected 1 or more")]
 _URL = "expected an http:// or https:// URL"
-_PRICE = [(-0.01, "expected 0 or more"), (float("nan"), "expected a finite number")]
+# A price of 1e308 made one long prompt cost inf, which no JSON reply can hold.
+_PRICE = [
+    (-0.01, "expected 0 or more"),
+    (float("nan"), "expected a finite number"),
+    (1e308, "expected 0 or more and at most 1,000,000"),
+    (1_000_000.5, "at most 1,000,000"),
+]
+# Rates reach the store's 64-bit integers (1e20 was an OverflowError there).
+_RATE = [(-1, "expected 0 or more"), (10**20, "expected 0 or more and at most 1,000,000,000,000")]
 
 # Every key that has a check, with values it refuses and what the refusal says. A key given a check
 # and not listed here fails test_every_checked_key_is_tried, so none goes untested.
@@ -57,8 +65,8 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("server.yaml", "admin_listen"): _LISTEN,
     ("server.yaml", "agent_listen"): _LISTEN,
     ("server.yaml", "drain_timeout_s"): _SECONDS,
-    ("server.yaml", "auth.default_rpm"): _COUNT,
-    ("server.yaml", "auth.default_tpm"): _COUNT,
+    ("server.yaml", "auth.default_rpm"): _RATE,
+    ("server.yaml", "auth.default_tpm"): _RATE,
     ("server.yaml", "auth.session_ttl_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.interval_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.grace_s"): _POSITIVE_SECONDS,
@@ -77,7 +85,7 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("server.yaml", "models[].profiles[].min_memory_mb"): _COUNT,
     ("server.yaml", "models[].pricing.prompt_per_1k"): _PRICE,
     ("server.yaml", "models[].pricing.completion_per_1k"): _PRICE,
-    ("server.yaml", "models[].max_tokens"): _AT_LEAST_ONE,
+    ("server.yaml", "models[].max_tokens"): [*_AT_LEAST_ONE, (10**8 + 1, "at most 100,000,000")],
     ("server.yaml", "models[].fallback_when_busy"): _COUNT,
     ("server.yaml", "models[].endpoints[].url"): [("10.1.2.3:8000/v1", _URL), ("ftp://10.1.2.3/", _URL)],
     ("server.yaml", "models[].timeouts.connect_s"): _POSITIVE_SECONDS,
@@ -174,6 +182,10 @@ ACCEPTED: dict[tuple[str, str], list[Any]] = {
     ("server.yaml", "control.grace_s"): [0.001],
     ("server.yaml", "models[].replicas"): [0],
     ("server.yaml", "models[].profiles[].nodes"): [1],
+    ("server.yaml", "models[].max_tokens"): [100_000_000],
+    ("server.yaml", "auth.default_rpm"): [0, 1_000_000_000_000],
+    ("server.yaml", "pricing.<name>.prompt_per_1k"): [0, 1_000_000],
+    ("server.yaml", "default_price.completion_per_1k"): [1_000_000.0],
     ("agent.yaml", "servers"): ["cp.example:7443", "[fd00::1]:1"],
     ("agent.yaml", "heartbeat_interval_s"): [3600],
     ("agent.yaml", "probe.progress_s"): [0],

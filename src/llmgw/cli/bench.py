@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from datetime import UTC, datetime
 from urllib.parse import quote
 
@@ -18,6 +17,7 @@ import aiohttp
 import cattrs
 import click
 
+from llmgw import strictjson
 from llmgw.adminapi import views
 from llmgw.bench.engineload import EngineLoad, engine_load, peak
 from llmgw.bench.load import Offer, hold, level
@@ -198,7 +198,7 @@ def bench(
     if keep:
         _keep(admin, run)
     if admin.as_json:
-        click.echo(json.dumps(views.CONVERTER.unstructure(run), indent=2, sort_keys=True))
+        click.echo(strictjson.dumps(views.CONVERTER.unstructure(run), indent=2, sort_keys=True))
         return
     _print(run)
 

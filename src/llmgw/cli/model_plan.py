@@ -9,12 +9,12 @@ memory, and a catalog model's source and profiles.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
 import click
 
+from llmgw import strictjson
 from llmgw.adminapi import views
 from llmgw.capacity.estimate import gigabytes
 from llmgw.capacity.fleet import Capacity, ProfileShape
@@ -132,7 +132,7 @@ def model_plan(
     profiles = _profiles(fleet, profile_name)
     plan = make_plan(shape, profiles, fleet.nodes, context=context, parallel=parallel)
     if target(ctx, as_json).as_json:
-        click.echo(json.dumps(views.CONVERTER.unstructure(plan), indent=2, sort_keys=True))
+        click.echo(strictjson.dumps(views.CONVERTER.unstructure(plan), indent=2, sort_keys=True))
         return
     _print(plan, fleet)
 

@@ -30,6 +30,7 @@ from llmgw.config.checks import (
     seconds,
 )
 from llmgw.config.database import is_postgres_url
+from llmgw.maxima import MAX_PER_MINUTE, MAX_PRICE_PER_1K, MAX_TOKENS
 
 
 def _field(
@@ -65,9 +66,15 @@ class TLSConfig:
 class AuthConfig:
     enabled: bool = _field(True, "Require `Authorization: Bearer <key>` on /v1/*.")
     default_rpm: int = _field(
-        0, "Requests per minute for a key no scope limits; 0 means unlimited.", number(0)
+        0,
+        "Requests per minute for a key no scope limits; 0 means unlimited.",
+        number(0, high=MAX_PER_MINUTE),
     )
-    default_tpm: int = _field(0, "Tokens per minute for a key no scope limits; 0 means unlimited.", number(0))
+    default_tpm: int = _field(
+        0,
+        "Tokens per minute for a key no scope limits; 0 means unlimited.",
+        number(0, high=MAX_PER_MINUTE),
+    )
     signup_open: bool = _field(False, "Whether /signup accepts new accounts (pending until approved).")
     session_ttl_s: float = _field(
         43200.0,
@@ -253,7 +260,7 @@ class ModelConfig:
         "`max_completion_tokens`, times `n`): a request that names none is sent to the engine with this "
         "many, and one that asks for more is refused with 400. What a request reserves against tpm "
         "limits and budgets until its real usage is known. See docs/gateway.md.",
-        number(1),
+        number(1, high=MAX_TOKENS),
     )
     timeouts: TimeoutsConfig = _field(
         TimeoutsConfig(),
@@ -277,13 +284,17 @@ class ModelConfig:
 
 @attrs.frozen
 class PriceConfig:
+    # Bounded so that the dearest price times the most tokens a request is charged for stays finite:
+    # 1e308 made a long prompt cost inf, which no JSON reply can hold.
     prompt_per_1k: float = _field(
-        0.0, "Price of 1,000 prompt tokens, in the unit budgets are set in.", number(0)
+        0.0,
+        "Price of 1,000 prompt tokens, in the unit budgets are set in.",
+        number(0, high=MAX_PRICE_PER_1K),
     )
     completion_per_1k: float = _field(
         0.0,
         "Price of 1,000 completion tokens, in the unit budgets are set in.",
-        number(0),
+        number(0, high=MAX_PRICE_PER_1K),
     )
 
 
