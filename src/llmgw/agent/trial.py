@@ -149,7 +149,8 @@ def back(why):
         raise
     m["state"], m["detail"] = "rolled back", why
     with open(marker + ".part", "w") as f:
-        strictjson.dump(m, f)
+        # Plain json: this runs where llmgw itself may not import; the marker holds no floats.
+        json.dump(m, f)
     os.replace(marker + ".part", marker)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if m.get("previous_pythonpath") is not None:
