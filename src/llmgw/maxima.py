@@ -24,6 +24,16 @@ MAX_BUDGET = 10**12
 MAX_PRICE_PER_1K = 10**6
 # The completion tokens a model may allow one request (a model's max_tokens).
 MAX_TOKENS = 10**8
+# An upgrade's trial: the seconds a new agent has to register (a day; the stream carries 32 bits).
+MAX_TRIAL_S = 86_400
+# Nodes an upgrade restarts at once; more than any fleet has.
+MAX_NODES_AT_ONCE = 100_000
+# `llmgw ctl bench`: requests in flight at once, a prompt's tokens, seconds a level is held.
+MAX_CONCURRENCY = 10_000
+MAX_PROMPT_TOKENS = 1_000_000
+MAX_BENCH_SECONDS = 86_400
+# `llmgw ctl model plan`: sequences served at once.
+MAX_PARALLEL = 100_000
 
 # A number as a person writes one in ASCII: 60, 0.5, .5, 1e6; float() alone also took "١٠", "inf"
 # and "nan", and int() "٢" and "1_000".
@@ -36,20 +46,26 @@ def said(value: float) -> str:
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
-def allowed(most: float, *, whole: bool) -> str:
+def allowed(most: float, *, whole: bool, least: int = 0, above: bool = False) -> str:
     """What a field takes, for a refusal and the docs: "a whole number from 0 to 1,000"."""
-    return f"{'a whole number' if whole else 'a number'} from 0 to {said(most)}"
+    kind = "a whole number" if whole else "a number"
+    if above:
+        return f"{kind} more than {least} and at most {said(most)}"
+    return f"{kind} from {least} to {said(most)}"
 
 
-def problem(name: str, value: float, most: float, *, whole: bool) -> str | None:
-    """Why value is not one name takes (from 0 to most), in a sentence; None when it is.
+def problem(
+    name: str, value: float, most: float, *, whole: bool, least: int = 0, above: bool = False
+) -> str | None:
+    """Why value is not one name takes (from least, or more than it when above, to most), in a
+    sentence; None when it is.
 
     Not-a-number compares false with everything, so it is refused by name rather than by range.
     """
     if isinstance(value, float) and not math.isfinite(value):
-        return f"{name} is {value}; it must be {allowed(most, whole=whole)}"
-    if not 0 <= value <= most:
-        return f"{name} is {_shown(value)}; it must be {allowed(most, whole=whole)}"
+        return f"{name} is {value}; it must be {allowed(most, whole=whole, least=least, above=above)}"
+    if value < least or (above and value == least) or value > most:
+        return f"{name} is {_shown(value)}; it must be {allowed(most, whole=whole, least=least, above=above)}"
     return None
 
 
@@ -60,21 +76,23 @@ def _shown(value: float) -> str:
     return repr(value).removesuffix(".0")
 
 
-def read(text: str, name: str, most: int, *, whole: bool) -> int | float:
-    """text, as a person typed it (a form's field, an option), as a number from 0 to most.
+def read(text: str, name: str, most: int, *, whole: bool, least: int = 0, above: bool = False) -> int | float:
+    """text, as a person typed it (a form's field, an option), as a number from least to most.
 
     ValueError, in a sentence naming the bound, when it is not one.
     """
     text = text.strip()
     if not _NUMBER.fullmatch(text):
-        raise ValueError(f"{name} is {text!r}; write {allowed(most, whole=whole)}")
+        raise ValueError(f"{name} is {text!r}; write {allowed(most, whole=whole, least=least, above=above)}")
     number: int | float = float(text)
     if whole:
         if not (math.isfinite(number) and float(number).is_integer()):
-            raise ValueError(f"{name} is {text}; write {allowed(most, whole=whole)}")
+            raise ValueError(
+                f"{name} is {text}; write {allowed(most, whole=whole, least=least, above=above)}"
+            )
         # int(text) keeps every digit of a long integer, which float() would round.
         number = int(text) if _WHOLE.fullmatch(text) else int(number)
-    said_ = problem(name, number, most, whole=whole)
+    said_ = problem(name, number, most, whole=whole, least=least, above=above)
     if said_ is not None:
         raise ValueError(said_)
     return number

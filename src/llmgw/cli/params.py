@@ -31,16 +31,20 @@ class Id(click.ParamType[int]):
 
 
 class Bounded(click.ParamType[int | float]):
-    """A number from 0 to most (whole when whole is set), named what in a refusal."""
+    """A number from least (more than it when above) to most, whole when whole is set; named what."""
 
-    def __init__(self, what: str, most: int, *, whole: bool) -> None:
+    def __init__(self, what: str, most: int, *, whole: bool, least: int = 0, above: bool = False) -> None:
         self.what = what
         self.most = most
         self.whole = whole
+        self.least = least
+        self.above = above
         self.name = "integer" if whole else "number"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
         try:
-            return maxima.read(str(value), self.what, self.most, whole=self.whole)
+            return maxima.read(
+                str(value), self.what, self.most, whole=self.whole, least=self.least, above=self.above
+            )
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
