@@ -24,6 +24,13 @@ MAX_BUDGET = 10**12
 MAX_PRICE_PER_1K = 10**6
 # The completion tokens a model may allow one request (a model's max_tokens).
 MAX_TOKENS = 10**8
+# A model's definition (server.yaml, or `llmgw ctl model add` through the admin API): replicas
+# kept, nodes one replica spans, GPUs and memory it takes of each, requests in flight.
+MAX_REPLICAS = 10_000
+MAX_NODES_PER_REPLICA = 10_000
+MAX_GPUS_PER_NODE = 1_024
+MAX_MEMORY_MB = 10**9
+MAX_IN_FLIGHT = 1_000_000
 # An upgrade's trial: the seconds a new agent has to register (a day; the stream carries 32 bits).
 MAX_TRIAL_S = 86_400
 # Nodes an upgrade restarts at once; more than any fleet has.
