@@ -129,6 +129,19 @@ class TestHierarchy:
         code, _, err = llmgw("keys", "create", "x", "--project", "\u00b2")
         assert code == 1 and "there is no project '\u00b2'" in err
 
+    @pytest.mark.parametrize("digit", ["\u0662", "\uff12", "\u06f2"])
+    def test_another_scripts_digit_names_nothing_even_where_its_id_exists(
+        self, llmgw, acme, digit: str
+    ) -> None:
+        """int() reads "٢" and "２" as 2: acme's id, which a check by str.isdecimal or \\d would take."""
+        code, _, err = llmgw("orgs", "delete", digit)
+        assert code == 1 and f"there is no organisation '{digit}'" in err
+        code, _, err = llmgw("quotas", "set", f"team:{digit}", "--rpm", "5")
+        assert code == 1 and f"there is no team '{digit}'" in err
+        code, _, err = llmgw("projects", "rename", digit, "shop")
+        assert code == 1 and f"there is no project '{digit}'" in err
+        assert "acme" in llmgw("orgs", "list")[1] and "web" in llmgw("projects", "list")[1]
+
     def test_a_name_with_a_control_character_is_refused(self, llmgw) -> None:
         code, _, err = llmgw("orgs", "create", "a\x18b")
         assert code == 1 and "control characters" in err
