@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import sys
 import zlib
@@ -193,10 +194,35 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     return parse_json(body)
 
 
+class _NotFinite(Exception):
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def _constant(text: str) -> float:
+    raise _NotFinite(text)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotFinite(text)
+    return value
+
+
 def parse_json(body: bytes) -> Any:
-    """body's JSON value; BadJson when it is not JSON, nests past MAX_DEPTH or holds half a character."""
+    """body's JSON value; BadJson when it is not JSON, nests past MAX_DEPTH or holds half a character.
+
+    Python reads NaN and Infinity, which are not JSON, and 1e400 as inf: none is a number llmgw
+    can hold, compare or write back (llmgw.strictjson refuses them), so each is refused here.
+    """
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_constant=_constant, parse_float=_finite)
+    except _NotFinite as exc:
+        raise BadJson(
+            f"the request body holds the number {exc.text}, which JSON cannot carry; send a finite number"
+        ) from None
     except RecursionError:
         raise BadJson(_too_deep()) from None
     except UnicodeDecodeError as exc:

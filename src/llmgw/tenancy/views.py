@@ -7,9 +7,11 @@ document's schemas come from them (adminapi/schema.py), as for adminapi/views.py
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
+
+from llmgw.maxima import MAX_BUDGET, MAX_PER_MINUTE, MAX_PRICE_PER_1K
 
 Period = Literal["day", "week", "month", "total"]
 # Where a model's price comes from, first to last: `llmgw prices set`, the model's own definition,
@@ -17,8 +19,12 @@ Period = Literal["day", "week", "month", "total"]
 PriceSource = Literal["set", "model", "pricing", "default", "none"]
 UsageBy = Literal["org", "team", "project", "key", "model"]
 
-# What a request's field must be beyond its type, in the document (adminapi/schema.py).
-_AT_LEAST_0 = {"schema": {"minimum": 0}}
+
+def _from_0_to(most: int) -> dict[str, Any]:
+    """What a request's number must be beyond its type, in the document (adminapi/schema.py)."""
+    return {"schema": {"minimum": 0, "maximum": most}}
+
+
 _NOT_BLANK = {"pattern": r"\S"}
 # The shared schema of a scope name, defined with the others of NAMED in adminapi/schema.py (the admin
 # API sits above tenancy, so the reference is written here, and the document's validation resolves it).
@@ -97,9 +103,9 @@ class Quota:
 class QuotaChange:
     """The body of PUT /api/v1/quotas/{scope}: a field left out keeps what the scope had; null clears it."""
 
-    rpm: int | None = attrs.field(metadata=_AT_LEAST_0)
-    tpm: int | None = attrs.field(metadata=_AT_LEAST_0)
-    budget: float | None = attrs.field(metadata=_AT_LEAST_0)
+    rpm: int | None = attrs.field(metadata=_from_0_to(MAX_PER_MINUTE))
+    tpm: int | None = attrs.field(metadata=_from_0_to(MAX_PER_MINUTE))
+    budget: float | None = attrs.field(metadata=_from_0_to(MAX_BUDGET))
     period: Period
 
 
@@ -117,8 +123,8 @@ class Price:
 class PriceChange:
     """The body of PUT /api/v1/prices/{model}."""
 
-    prompt_per_1k: float = attrs.field(metadata=_AT_LEAST_0)
-    completion_per_1k: float = attrs.field(metadata=_AT_LEAST_0)
+    prompt_per_1k: float = attrs.field(metadata=_from_0_to(MAX_PRICE_PER_1K))
+    completion_per_1k: float = attrs.field(metadata=_from_0_to(MAX_PRICE_PER_1K))
 
 
 @attrs.frozen
