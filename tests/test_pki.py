@@ -224,9 +224,44 @@ class TestAKeyTheServiceCannotRead:
         key = (tmp_path / "gpu-01-key.pem").stat()
         assert stat.S_IMODE(key.st_mode) == 0o640 and key.st_gid == 65534
 
-    def test_issue_with_a_group_that_does_not_exist_says_so(self, ca: Path, tmp_path: Path) -> None:
+    @pytest.mark.parametrize(
+        "command", [["issue-agent", "gpu-01"], ["issue-server", "gpu-01", "--host", "127.0.0.1"]]
+    )
+    def test_issue_with_a_group_that_does_not_exist_says_so_and_writes_nothing(
+        self, ca: Path, tmp_path: Path, command: list[str]
+    ) -> None:
+        """The refusal came after the certificate and its key were written, left there for nobody."""
+        out = tmp_path / "out"
         result = CliRunner().invoke(
-            cert,
-            ["issue-agent", "gpu-01", "--dir", str(ca), "--out", str(tmp_path), "--group", "no-such-group"],
+            cert, [*command, "--dir", str(ca), "--out", str(out), "--group", "no-such-group"]
         )
-        assert result.exit_code == 1 and "there is no group 'no-such-group'" in result.output
+        assert result.exit_code == 1
+        assert "there is no group 'no-such-group' on this machine; nothing was written" in result.output
+        assert not out.exists()
+
+    def test_issue_with_a_group_this_user_may_not_give_a_file_to_writes_nothing(self) -> None:
+        needs.root("issuing as a user of no group")
+        setpriv = needs.program("setpriv", "util-linux")
+        with tempfile.TemporaryDirectory() as directory:
+            base = Path(directory)
+            base.chmod(0o777)
+            # An authority this user may sign with, so that only the group stands in its way.
+            pki.init_ca(base / "ca")
+            (base / "ca").chmod(0o755)
+            for name in (pki.CA_CERT, pki.CA_KEY):
+                (base / "ca" / name).chmod(0o644)
+            args = ["issue-agent", "gpu-01", "--dir", str(base / "ca"), "--out", str(base / "out")]
+            program = f"from llmgw.cli.cert import cert\ncert({[*args, '--group', 'root']!r})\n"
+            nobody = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+            done = subprocess.run(
+                [*nobody, sys.executable, "-c", program],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                check=False,
+                timeout=60,
+            )
+            written = (base / "out").exists()
+        assert done.returncode == 1, done.stderr
+        assert "only root or a member of group 'root' may give it a key" in done.stderr
+        assert not written

@@ -242,10 +242,35 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     return parse_json(body)
 
 
+class _NotFinite(Exception):
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def _constant(text: str) -> float:
+    raise _NotFinite(text)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotFinite(text)
+    return value
+
+
 def parse_json(body: bytes) -> Any:
-    """body's JSON value; BadJson when it is not JSON, nests past MAX_DEPTH or holds half a character."""
+    """body's JSON value; BadJson when it is not JSON, nests past MAX_DEPTH or holds half a character.
+
+    Python reads NaN and Infinity, which are not JSON, and 1e400 as inf: none is a number llmgw
+    can hold, compare or write back (llmgw.strictjson refuses them), so each is refused here.
+    """
     try:
-        value = json.loads(body, parse_float=_finite, parse_int=_whole, parse_constant=_no_constant)
+        value = json.loads(body, parse_constant=_constant, parse_float=_finite, parse_int=_whole)
+    except _NotFinite as exc:
+        raise BadJson(
+            f"the request body holds the number {exc.text}, which JSON cannot carry; send a finite number"
+        ) from None
     except RecursionError:
         raise BadJson(_too_deep()) from None
     except BadJson:
@@ -273,25 +298,12 @@ def parse_json(body: bytes) -> Any:
 _MAX_DIGITS = 100
 
 
-def _finite(text: str) -> float:
-    # Python reads 1e400 as inf, which JSON cannot hold: written back (a reply, the store, a
-    # forwarded request) it became Infinity, which no JSON reader takes.
-    number = float(text)
-    if math.isinf(number):
-        raise BadJson(f"the request body holds {text[:40]}, a number past the largest one taken (1.8e308)")
-    return number
-
-
 def _whole(text: str) -> int:
     if len(text) > _MAX_DIGITS:
         raise BadJson(
             f"the request body holds a whole number of {len(text):,} digits; at most {_MAX_DIGITS} are taken"
         )
     return int(text)
-
-
-def _no_constant(text: str) -> float:
-    raise BadJson(f"the request body holds {text}, which is not a JSON number")
 
 
 def _too_deep() -> str:

@@ -222,8 +222,10 @@ def _load(ctx: ssl.SSLContext, tls: TLSConfig, who: str) -> None:
     try:
         ctx.load_cert_chain(tls.cert, tls.key)
     except ssl.SSLError as exc:
+        # OpenSSL gives no reason for a file that is not PEM at all: "PEM lib" is all it says.
+        why = exc.reason or "one of them is not PEM, or the key is not the certificate's"
         raise CertificateError(
-            f"tls.cert {tls.cert} and tls.key {tls.key} cannot be used together: {exc.reason}"
+            f"tls.cert {tls.cert} and tls.key {tls.key} cannot be used together: {why}"
         ) from None
 
 
@@ -236,7 +238,9 @@ def _readable(key: str, path: str) -> None:
     try:
         with open(path, "rb"):
             pass
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    except IsADirectoryError:
+        raise CertificateError(f"{key} names {path}, which is a directory, not a file") from None
+    except (FileNotFoundError, NotADirectoryError):
         raise CertificateError(f"{key} names {path}, which does not exist") from None
     except PermissionError:
         raise ConfigError(

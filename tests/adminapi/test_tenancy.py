@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,10 @@ from llmgw.bodies import MAX_ADMIN_BODY
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory
+from llmgw.gateway.admission import TEMPLATE_OVERHEAD
+from llmgw.gateway.app import MAX_BODY as MAX_GATEWAY_BODY
+from llmgw.maxima import MAX_BUDGET, MAX_PER_MINUTE, MAX_PRICE_PER_1K, MAX_TOKENS
+from llmgw.pricing import cost
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
 from llmgw.store.usage import UsageKey, UsageTotals, add_usage
@@ -181,6 +186,134 @@ class TestQuotas:
             status, body = await _json(client, "PUT", "/api/v1/quotas/project:default", bad)
             assert status == 400, bad
             assert body["error"]
+
+
+class TestBounds:
+    async def _raw(self, client: Client, method: str, url: str, body: str) -> tuple[int, Any]:
+        """body as sent, for numbers Python's JSON writer would not write (1e400) or writes as non-JSON."""
+        async with client.request(
+            method, url, data=body, headers={"Content-Type": "application/json"}
+        ) as reply:
+            return reply.status, json.loads(await reply.text(), parse_constant=_not_json)
+
+    async def test_a_rate_past_its_bound_is_a_400_naming_the_bound_and_changes_nothing(
+        self, client: Client
+    ) -> None:
+        """{"rpm": 1e20} reached SQLite, which holds 64-bit integers: a 500 with an OverflowError."""
+        url = "/api/v1/quotas/org:default"
+        for field in ("rpm", "tpm"):
+            for bad in (1e20, 2.5e24, 10**20, MAX_PER_MINUTE + 1, -1):
+                status, body = await _json(client, "PUT", url, {field: bad})
+                assert status == 400, (field, bad)
+                assert f"{field} is " in body["error"]
+                assert "a whole number from 0 to 1,000,000,000,000" in body["error"]
+            status, body = await _json(client, "PUT", url, {field: True})
+            assert status == 400 and f"{field} must be a whole number" in body["error"]
+        assert (await _json(client, "GET", "/api/v1/quotas"))[1] == []
+        status, quota = await _json(client, "PUT", url, {"rpm": MAX_PER_MINUTE, "tpm": 1e12})
+        assert status == 200 and (quota["rpm"], quota["tpm"]) == (MAX_PER_MINUTE, MAX_PER_MINUTE)
+
+    async def test_a_budget_that_is_not_a_finite_amount_within_its_bound_is_a_400(
+        self, client: Client
+    ) -> None:
+        url = "/api/v1/quotas/org:default"
+        for bad in ("1e13", "1e400", "-1e400", "NaN", "Infinity", "-0.5", "true"):
+            status, body = await self._raw(client, "PUT", url, f'{{"budget": {bad}, "period": "day"}}')
+            assert status == 400 and body["error"], bad
+        status, body = await _json(client, "PUT", url, {"budget": 1e13, "period": "day"})
+        assert "budget is 10000000000000; it must be a number from 0 to 1,000,000,000,000" in body["error"]
+        assert (await _json(client, "GET", "/api/v1/quotas"))[1] == []
+        status, quota = await _json(client, "PUT", url, {"budget": MAX_BUDGET, "period": "day"})
+        assert status == 200 and quota["budget"] == MAX_BUDGET
+
+    async def test_a_price_past_its_bound_is_a_400_and_the_model_keeps_its_price(
+        self, client: Client
+    ) -> None:
+        """1e308 was taken, and one long prompt then cost inf."""
+        url = "/api/v1/prices/sim-chat"
+        for bad in ("1e308", "1000001", "1e400", "NaN", "-Infinity", "-1", "false"):
+            status, body = await self._raw(
+                client, "PUT", url, f'{{"prompt_per_1k": {bad}, "completion_per_1k": 1}}'
+            )
+            assert status == 400 and body["error"], bad
+        status, body = await _json(client, "PUT", url, {"prompt_per_1k": 1, "completion_per_1k": 1e308})
+        assert status == 400
+        assert "completion_per_1k is 1e+308; it must be a number from 0 to 1,000,000" in body["error"]
+        (price,) = (await _json(client, "GET", "/api/v1/prices"))[1]
+        assert price["source"] == "pricing"
+
+    async def test_usage_charged_at_the_dearest_prices_is_json_with_finite_costs(
+        self, client: Client, store: Store
+    ) -> None:
+        """A request charged at the bound for the most tokens any request is charged for stays finite."""
+        price = {"prompt_per_1k": MAX_PRICE_PER_1K, "completion_per_1k": MAX_PRICE_PER_1K}
+        assert (await _json(client, "PUT", "/api/v1/prices/sim-chat", price))[0] == 200
+        prompt, completion = MAX_GATEWAY_BODY + TEMPLATE_OVERHEAD, MAX_TOKENS
+        each = cost(PriceConfig(**price), prompt, completion)
+        rows = [
+            (
+                UsageKey(f"2026-11-{day:02}", 1, 1, "sim-chat", 200),
+                UsageTotals(1, prompt, completion, each, 1.0),
+            )
+            for day in range(1, 29)
+        ]
+        await add_usage(store, rows)
+        for by in ("project", "model", "org"):
+            status, text = await self._text(client, f"/api/v1/usage?by={by}")
+            assert status == 200
+            (row,) = json.loads(text, parse_constant=_not_json)
+            assert math.isfinite(row["cost"]) and row["cost"] == pytest.approx(28 * each)
+
+    async def _text(self, client: Client, url: str) -> tuple[int, str]:
+        async with client.get(url) as reply:
+            return reply.status, await reply.text()
+
+    async def test_the_document_says_each_bound(self) -> None:
+        schemas = document("test")["components"]["schemas"]
+        quota, price = schemas["QuotaChange"]["properties"], schemas["PriceChange"]["properties"]
+        assert quota["rpm"]["maximum"] == quota["tpm"]["maximum"] == MAX_PER_MINUTE
+        assert quota["budget"]["maximum"] == MAX_BUDGET
+        assert price["prompt_per_1k"]["maximum"] == price["completion_per_1k"]["maximum"] == MAX_PRICE_PER_1K
+
+
+class TestIds:
+    """Ids are ASCII digits: int() reads Arabic-Indic (٢) and full-width (２) digits as 2."""
+
+    @pytest.mark.parametrize("digit", ["\u0662", "\uff12", "\u06f2"])
+    async def test_another_scripts_digit_names_no_scope_even_where_its_id_exists(
+        self, client: Client, acme: None, digit: str
+    ) -> None:
+        for method, url, body in (
+            ("DELETE", f"/api/v1/orgs/{digit}", None),
+            ("PATCH", f"/api/v1/teams/{digit}", {"name": "renamed"}),
+            ("PUT", f"/api/v1/quotas/project:{digit}", {"rpm": 5}),
+            ("PUT", f"/api/v1/projects/{digit}/models", {"models": None}),
+            ("GET", f"/api/v1/projects/{digit}/members", None),
+        ):
+            status, reply = await _json(client, method, url, body)
+            assert status == 404 and f"'{digit}'" in reply["error"], (url, reply)
+        assert [o["name"] for o in (await _json(client, "GET", "/api/v1/orgs"))[1]] == ["default", "acme"]
+        assert [t["name"] for t in (await _json(client, "GET", "/api/v1/teams"))[1]] == ["default", "core"]
+        assert (await _json(client, "GET", "/api/v1/quotas"))[1] == []
+
+    @pytest.mark.parametrize("digit", ["\u0662", "\uff12"])
+    async def test_another_scripts_digit_is_no_accounts_id(
+        self, client: Client, acme: None, store: Store, digit: str
+    ) -> None:
+        await create_user(store, "root@example.com", "a long password")
+        user = await create_user(store, "ana@example.com", "a long password")
+        assert user.id == 2
+        status, reply = await _json(client, "POST", "/api/v1/projects/web/members", {"user": digit})
+        assert status == 404 and f"'{digit}'" in reply["error"]
+        assert (await _json(client, "POST", "/api/v1/projects/web/members", {"user": 2}))[0] == 200
+        status, reply = await _json(client, "DELETE", f"/api/v1/projects/web/members/{digit}")
+        assert status == 404, reply
+        members = (await _json(client, "GET", "/api/v1/projects/web/members"))[1]
+        assert [m["id"] for m in members] == [2]
+
+
+def _not_json(constant: str) -> float:
+    raise AssertionError(f"the reply holds {constant}, which is not JSON")
 
 
 class TestUsage:

@@ -153,6 +153,19 @@ class TestBench:
         code, _, err = await run("--server", cluster.admin, "bench", MODEL, "--concurrency", "1,four")
         assert code == EXIT_USAGE and "is not a list of whole numbers such as 1,4,16" in err
 
+    async def test_a_concurrency_in_other_digits_or_past_its_bound_is_a_usage_error(self, cluster: Cluster):
+        """int() read "٤" as 4, and a billion requests in flight at once filled the memory."""
+        for levels, said in (
+            ("1,\u0664", "a concurrency is '\u0664'; write a whole number from 1 to 10,000"),
+            ("1000000000", "a concurrency is 1000000000; it must be a whole number from 1 to 10,000"),
+        ):
+            code, _, err = await run("--server", cluster.admin, "bench", MODEL, "--concurrency", levels)
+            assert code == EXIT_USAGE and said in err, err
+        code, _, err = await run("--server", cluster.admin, "bench", MODEL, "--seconds", "nan")
+        assert (
+            code == EXIT_USAGE and "--seconds is 'nan'; write a number more than 0 and at most 86,400" in err
+        )
+
 
 class TestKept:
     async def test_a_run_is_kept_on_the_server_and_read_back_newest_first(self, cluster: Cluster):

@@ -14,6 +14,7 @@ from llmgw.cli.exit import EXIT_ERROR, EXIT_OK
 from llmgw.cli.runner import Runner
 from llmgw.cli.serve import drain_timeout_s
 from llmgw.config import ServerConfig
+from llmgw.errors import ConfigError
 
 
 @asynccontextmanager
@@ -30,6 +31,20 @@ async def _failing_role(events: list[str]) -> AsyncIterator[None]:
     events.append("start broken")
     raise OSError("address already in use")
     yield  # pragma: no cover
+
+
+@asynccontextmanager
+async def _role_whose_task_fails(events: list[str]) -> AsyncIterator[None]:
+    """A role that starts, then fails in a task of its own: the agent's stream, on a key it cannot read."""
+
+    async def fail() -> None:
+        raise ConfigError("tls.key names /etc/llmgw/pki/n1-key.pem, which this process may not read")
+
+    async with asyncio.TaskGroup() as tasks:
+        events.append("start agent")
+        tasks.create_task(fail())
+        yield
+    events.append("stop agent")
 
 
 class TestRunner:
@@ -62,6 +77,19 @@ class TestRunner:
                 runner.on_force(lambda: events.append("forced"))
                 await runner.start(_failing_role(events))
         assert events == ["start server", "start broken", "stop server", "forced"]
+
+    async def test_a_role_whose_task_fails_while_running_ends_the_run_with_that_error(self) -> None:
+        """It ended in a bare CancelledError: the task group cancelled the waiting body, its error dropped."""
+        events: list[str] = []
+        with pytest.raises(BaseExceptionGroup) as raised:
+            async with Runner(drain_s=1.0) as runner:
+                await runner.start(_role("server", events))
+                runner.on_force(lambda: events.append("forced"))
+                await runner.start(_role_whose_task_fails(events))
+                await runner.wait()
+        assert raised.group_contains(ConfigError, match="may not read")
+        # Every engine killed, as for a role that fails to start.
+        assert events == ["start server", "start agent", "forced"]
 
     async def test_leaving_gives_the_signals_back(self) -> None:
         """A SIGTERM after the runner has stopped is no longer taken for a drain."""

@@ -129,6 +129,19 @@ class TestHierarchy:
         code, _, err = llmgw("keys", "create", "x", "--project", "\u00b2")
         assert code == 1 and "there is no project '\u00b2'" in err
 
+    @pytest.mark.parametrize("digit", ["\u0662", "\uff12", "\u06f2"])
+    def test_another_scripts_digit_names_nothing_even_where_its_id_exists(
+        self, llmgw, acme, digit: str
+    ) -> None:
+        """int() reads "٢" and "２" as 2: acme's id, which a check by str.isdecimal or \\d would take."""
+        code, _, err = llmgw("orgs", "delete", digit)
+        assert code == 1 and f"there is no organisation '{digit}'" in err
+        code, _, err = llmgw("quotas", "set", f"team:{digit}", "--rpm", "5")
+        assert code == 1 and f"there is no team '{digit}'" in err
+        code, _, err = llmgw("projects", "rename", digit, "shop")
+        assert code == 1 and f"there is no project '{digit}'" in err
+        assert "acme" in llmgw("orgs", "list")[1] and "web" in llmgw("projects", "list")[1]
+
     def test_a_name_with_a_control_character_is_refused(self, llmgw) -> None:
         code, _, err = llmgw("orgs", "create", "a\x18b")
         assert code == 1 and "control characters" in err
@@ -220,9 +233,26 @@ class TestQuotas:
         code, _, err = llmgw("quotas", "set", "web", "--rpm", "5")
         assert code == 1 and "'web' is not a scope: write org:NAME" in err
         code, _, err = llmgw("quotas", "set", "project:web", "--rpm", "-1")
-        assert code == 2 and "-1 is not in the range x>=0" in err
+        assert code == 2 and "rpm is -1; it must be a whole number from 0 to 1,000,000,000,000" in err
         code, _, err = llmgw("quotas", "set", "project:web")
         assert code == 2 and "say what to set" in err
+
+    def test_a_number_past_its_bound_is_a_usage_error_naming_the_bound(self, llmgw, config: Path) -> None:
+        """--rpm 100000000000000000000 went on to SQLite and ended in an OverflowError traceback."""
+        for option, value, said in (
+            ("--rpm", "100000000000000000000", "rpm is 1e+20; it must be a whole number from 0 to 1,000,000"),
+            ("--tpm", "1000000000001", "tpm is 1000000000001; it must be a whole number from 0 to 1,0"),
+            ("--rpm", "1.5", "rpm is 1.5; write a whole number from 0 to 1,000,000,000,000"),
+            ("--budget", "1e13", "the budget is 10000000000000; it must be a number from 0 to 1,000,000,"),
+            ("--budget", "inf", "the budget is 'inf'; write a number from 0"),
+            ("--budget", "nan", "the budget is 'nan'; write a number from 0"),
+            ("--budget", "1e400", "the budget is inf; it must be a number from 0"),
+        ):
+            code, _, err = llmgw("quotas", "set", "org:default", option, value, "--period", "day")
+            assert code == 2 and said in err and "Traceback" not in err, (option, value, err)
+        assert _in_store(config, list_limits) == [] and _in_store(config, list_budgets) == []
+        code, out, _ = llmgw("quotas", "set", "org:default", "--rpm", "1000000000000", "--tpm", "1e12")
+        assert code == 0 and "1000000000000 rpm, 1000000000000 tpm" in out
 
     def test_clear_removes_the_limits_and_budget(self, llmgw, acme, config: Path) -> None:
         llmgw("quotas", "set", "project:web", "--rpm", "5", "--budget", "1", "--period", "total")
@@ -263,6 +293,28 @@ class TestPrices:
     def test_a_negative_price_is_refused(self, llmgw) -> None:
         code, _, err = llmgw("prices", "set", "sim-chat", "--prompt-per-1k", "-1", "--completion-per-1k", "1")
         assert code == 2 and "--prompt-per-1k" in err
+
+    def test_a_price_past_its_bound_is_a_usage_error_and_the_bound_itself_is_taken(
+        self, llmgw, config: Path
+    ) -> None:
+        """1e308 was taken, and one long prompt then cost inf."""
+        for prompt, completion, said in (
+            ("1e308", "1", "the prompt price is 1e+308; it must be a number from 0 to 1,000,000"),
+            ("1", "1000000.5", "the completion price is 1000000.5; it must be a number from 0 to 1,000,000"),
+            ("nan", "1", "the prompt price is 'nan'; write a number from 0 to 1,000,000"),
+            ("\u0661", "1", "the prompt price is '\u0661'; write a number from 0 to 1,000,000"),
+        ):
+            code, _, err = llmgw(
+                "prices", "set", "sim-chat", "--prompt-per-1k", prompt, "--completion-per-1k", completion
+            )
+            assert code == 2 and said in err, (prompt, err)
+        assert _in_store(config, list_prices) == []
+        code, _, _ = llmgw(
+            "prices", "set", "sim-chat", "--prompt-per-1k", "1000000", "--completion-per-1k", "1e6"
+        )
+        assert code == 0
+        (stored,) = _in_store(config, list_prices)
+        assert (stored.price.prompt_per_1k, stored.price.completion_per_1k) == (1e6, 1e6)
 
 
 class TestProjectModels:

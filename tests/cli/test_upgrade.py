@@ -7,6 +7,7 @@ import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -164,3 +165,37 @@ async def test_status_before_any_roll_is_exit_4(server: tuple[str, Inventory]) -
     code, _, err = await run("--server", server[0], "upgrade", "status")
     assert code == EXIT_NOT_FOUND
     assert "no upgrade has run since this control plane started" in err
+
+
+async def test_a_trial_or_a_node_count_past_its_bound_is_refused_by_the_cli_and_the_api(
+    server: tuple[str, Inventory],
+) -> None:
+    """trial_s of 10**20 cannot go down a node's stream (32 bits): a roll that died after it began."""
+    url = server[0]
+    base = ["--server", url, "upgrade", "--to", "0.2.0", "--wheel", "https://m/w.whl", "--sha256", SHA]
+    for option, value, said in (
+        (
+            "--trial-s",
+            "100000000000000000000",
+            "--trial-s is 1e+20; it must be a whole number from 1 to 86,400",
+        ),
+        ("--trial-s", "0", "--trial-s is 0; it must be a whole number from 1 to 86,400"),
+        (
+            "--max-unavailable",
+            "\u0663",
+            "--max-unavailable is '\u0663'; write a whole number from 1 to 100,000",
+        ),
+    ):
+        code, _, err = await run(*base, option, value, "--dry-run")
+        assert code == EXIT_USAGE and said in err, err
+    order = {"version": "0.2.0", "sha256": SHA, "url": "https://m/w.whl", "dry_run": True}
+    async with aiohttp.ClientSession() as session:
+        for field, value in (("trial_s", 10**20), ("max_unavailable", 100_001), ("trial_s", 0)):
+            async with session.post(f"{url}/api/v1/upgrades", json={**order, field: value}) as reply:
+                body = await reply.json()
+                assert (
+                    reply.status == 400
+                    and f"{field} is {value}; it must be a whole number from 1 to" in (body["error"])
+                )
+        async with session.post(f"{url}/api/v1/upgrades", json={**order, "trial_s": 86_400}) as reply:
+            assert reply.status == 200

@@ -6,6 +6,8 @@ import asyncio
 import csv
 import io
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.cli.main import main
+from llmgw.config import PriceConfig
+from llmgw.gateway.admission import TEMPLATE_OVERHEAD
+from llmgw.gateway.app import MAX_BODY as MAX_GATEWAY_BODY
+from llmgw.maxima import MAX_PRICE_PER_1K, MAX_TOKENS
+from llmgw.pricing import cost
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key, revoke_key
 from llmgw.store.usage import USAGE_BY, UsageKey, UsageTotals, add_usage
@@ -121,6 +128,23 @@ def test_usage_of_a_project_deleted_since_is_its_own_row_rather_than_lost(
     assert "projects deleted since" in names and "team 'core' (org 'acme')" in names
 
 
+def test_a_project_made_after_one_was_deleted_shows_none_of_the_deleted_ones_usage(
+    config: Path, populated: dict[str, Any]
+) -> None:
+    """The deleted project `gone` was the highest; the next one made takes an id of its own."""
+    _, before, _ = _usage(config, "--by", "project", "--format", "json")
+
+    async def make() -> int:
+        async with open_store(config.parent / "state" / "llmgw.db") as store:
+            return (await tenancy.create(store, "project", "attacker", "core")).id
+
+    attacker = asyncio.run(make())
+    _, after, _ = _usage(config, "--by", "project", "--format", "json")
+    assert json.loads(after) == json.loads(before)
+    assert str(attacker) not in [r["id"] for r in json.loads(after)]
+    assert "project 3" in [r["name"] for r in json.loads(after)]
+
+
 def test_the_table_ends_with_the_total_and_names_each_group(config: Path, populated: dict[str, Any]) -> None:
     code, out, _ = _usage(config, "--by", "key")
     assert code == 0
@@ -164,3 +188,38 @@ def test_with_no_usage_it_says_so(config: Path) -> None:
 def test_a_formula_name_is_written_with_a_quote_in_front() -> None:
     row = tenancy.tv.UsageRow("model", "=1+1", "=1+1", 1, 0, 1, 1, 2, 0.0)
     assert tenancy.usage_csv([row]).splitlines()[1].startswith("model,'=1+1,'=1+1,")
+
+
+def _not_json(constant: str) -> float:
+    raise AssertionError(f"the output holds {constant}, which is not JSON")
+
+
+def test_json_holds_finite_costs_at_the_dearest_prices_and_for_a_cost_once_stored_as_inf(
+    config: Path,
+) -> None:
+    """A price of 1e308 once made a cost inf, and `--format json` printed Infinity."""
+    dearest = PriceConfig(prompt_per_1k=MAX_PRICE_PER_1K, completion_per_1k=MAX_PRICE_PER_1K)
+    prompt, completion = MAX_GATEWAY_BODY + TEMPLATE_OVERHEAD, MAX_TOKENS
+    at_the_bound = UsageTotals(1, prompt, completion, cost(dearest, prompt, completion), 1.0)
+    # What an earlier release recorded for one long prompt at 1e308 per 1,000 tokens.
+    once_inf = UsageTotals(1, 400_000, 0, math.inf, 1.0)
+
+    async def fill() -> None:
+        async with open_store(config.parent / "state" / "llmgw.db") as store:
+            await add_usage(
+                store,
+                [
+                    (UsageKey("2026-11-01", 0, 1, "dear", 200), at_the_bound),
+                    (UsageKey("2026-11-02", 0, 1, "dear", 200), at_the_bound),
+                    (UsageKey("2026-11-01", 0, 1, "old", 200), once_inf),
+                ],
+            )
+
+    asyncio.run(fill())
+    code, out, _ = _usage(config, "--by", "model", "--format", "json")
+    assert code == 0
+    costs = {row["id"]: row["cost"] for row in json.loads(out, parse_constant=_not_json)}
+    assert costs["dear"] == pytest.approx(2 * at_the_bound.cost) and math.isfinite(costs["dear"])
+    assert costs["old"] == sys.float_info.max
+    code, out, _ = _usage(config, "--by", "project")
+    assert code == 0 and "inf" not in out

@@ -114,6 +114,20 @@ class TestUsersCommand:
         code, _, err = _run("create", "ANN@example.com", "--config", str(config))
         assert code == 1 and "there is already an account for ANN@example.com" in err
 
+    @pytest.mark.parametrize("digit", ["\u0662", "\uff12", "\u00b2"])
+    def test_an_id_in_another_scripts_digits_is_refused_and_acts_on_nobody(
+        self, config: Path, tmp_path: Path, digit: str
+    ) -> None:
+        """int() reads "٢" (Arabic-Indic) and "２" (full-width) as 2: `users approve ٢` approved user 2."""
+        _run("create", "root@example.com", "--config", str(config))
+        _run("create", "ann@example.com", "--password", "password1", "--config", str(config))
+        for command in (["approve", digit, "--project", "default"], ["promote", digit], ["disable", digit]):
+            code, _, err = _run(*command, "--config", str(config))
+            assert code == 2 and f"'{digit}' is not an id; an id is written in the digits 0-9" in err, command
+        assert not _signs_in(tmp_path, "ann@example.com", "password1")
+        code, out, _ = _run("list", "--config", str(config))
+        assert out.splitlines()[2].split()[:4] == ["2", "ann@example.com", "pending", "user"]
+
     def test_a_bad_configuration_exits_with_the_config_code(self, tmp_path: Path) -> None:
         bad = tmp_path / "server.yaml"
         bad.write_text("stat_dir: /tmp\n")

@@ -48,7 +48,15 @@ _SECONDS = [
 _COUNT = [(-1, "expected 0 or more")]
 _AT_LEAST_ONE = [(0, "expected 1 or more"), (-3, "expected 1 or more")]
 _URL = "expected an http:// or https:// URL"
-_PRICE = [(-0.01, "expected 0 or more"), (float("nan"), "expected a finite number")]
+# A price of 1e308 made one long prompt cost inf, which no JSON reply can hold.
+_PRICE = [
+    (-0.01, "expected 0 or more"),
+    (float("nan"), "expected a finite number"),
+    (1e308, "expected 0 or more and at most 1,000,000"),
+    (1_000_000.5, "at most 1,000,000"),
+]
+# Rates reach the store's 64-bit integers (1e20 was an OverflowError there).
+_RATE = [(-1, "expected 0 or more"), (10**20, "expected 0 or more and at most 1,000,000,000,000")]
 
 # Every key that has a check, with values it refuses and what the refusal says. A key given a check
 # and not listed here fails test_every_checked_key_is_tried, so none goes untested.
@@ -57,8 +65,8 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("server.yaml", "admin_listen"): _LISTEN,
     ("server.yaml", "agent_listen"): _LISTEN,
     ("server.yaml", "drain_timeout_s"): _SECONDS,
-    ("server.yaml", "auth.default_rpm"): _COUNT,
-    ("server.yaml", "auth.default_tpm"): _COUNT,
+    ("server.yaml", "auth.default_rpm"): _RATE,
+    ("server.yaml", "auth.default_tpm"): _RATE,
     ("server.yaml", "auth.session_ttl_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.interval_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.grace_s"): _POSITIVE_SECONDS,
@@ -71,14 +79,14 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
         ("198.18.0.1:0", "port 0 is outside 1-65535"),
         (":7443", "it names no host"),
     ],
-    ("server.yaml", "models[].replicas"): _COUNT,
-    ("server.yaml", "models[].profiles[].gpus_per_node"): _COUNT,
-    ("server.yaml", "models[].profiles[].nodes"): _AT_LEAST_ONE,
-    ("server.yaml", "models[].profiles[].min_memory_mb"): _COUNT,
+    ("server.yaml", "models[].replicas"): [*_COUNT, (10_001, "at most 10,000")],
+    ("server.yaml", "models[].profiles[].gpus_per_node"): [*_COUNT, (1025, "at most 1,024")],
+    ("server.yaml", "models[].profiles[].nodes"): [*_AT_LEAST_ONE, (10**20, "at most 10,000")],
+    ("server.yaml", "models[].profiles[].min_memory_mb"): [*_COUNT, (10**9 + 1, "at most 1,000,000,000")],
     ("server.yaml", "models[].pricing.prompt_per_1k"): _PRICE,
     ("server.yaml", "models[].pricing.completion_per_1k"): _PRICE,
-    ("server.yaml", "models[].max_tokens"): _AT_LEAST_ONE,
-    ("server.yaml", "models[].fallback_when_busy"): _COUNT,
+    ("server.yaml", "models[].max_tokens"): [*_AT_LEAST_ONE, (10**8 + 1, "at most 100,000,000")],
+    ("server.yaml", "models[].fallback_when_busy"): [*_COUNT, (10**20, "at most 1,000,000")],
     ("server.yaml", "models[].endpoints[].url"): [("10.1.2.3:8000/v1", _URL), ("ftp://10.1.2.3/", _URL)],
     ("server.yaml", "models[].timeouts.connect_s"): _POSITIVE_SECONDS,
     ("server.yaml", "models[].timeouts.first_byte_s"): _POSITIVE_SECONDS,
@@ -108,7 +116,7 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
         ),
         ("tgi", "known engines: llamacpp, sglang, sim, vllm"),
     ],
-    ("agent.yaml", "engines.<name>.parallel"): _AT_LEAST_ONE,
+    ("agent.yaml", "engines.<name>.parallel"): [*_AT_LEAST_ONE, (100_001, "at most 100,000")],
     ("agent.yaml", "engines.<name>.index_url"): [
         ("pypi.internal/simple", _URL),
         ("file:///srv/simple", _URL),
@@ -119,7 +127,7 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ],
     ("agent.yaml", "probe.interval_s"): [(0, "expected more than 0 and at most 3,600 (seconds)")],
     ("agent.yaml", "probe.timeout_s"): [(3601, "at most 3,600"), (float("nan"), "expected a finite number")],
-    ("agent.yaml", "probe.failures"): _AT_LEAST_ONE,
+    ("agent.yaml", "probe.failures"): [*_AT_LEAST_ONE, (1001, "at most 1,000")],
     ("agent.yaml", "probe.progress_s"): _SECONDS,
     ("agent.yaml", "advertise_address"): [("192.0.2.250", "it is not an address of this machine")],
     ("agent.yaml", "engine_bind"): [("localhost", "expected an IP address of this machine")],
@@ -172,8 +180,12 @@ ACCEPTED: dict[tuple[str, str], list[Any]] = {
     ],
     ("agent.yaml", "metrics_listen"): ["", "[::1]:0"],
     ("server.yaml", "control.grace_s"): [0.001],
-    ("server.yaml", "models[].replicas"): [0],
+    ("server.yaml", "models[].replicas"): [0, 10_000],
     ("server.yaml", "models[].profiles[].nodes"): [1],
+    ("server.yaml", "models[].max_tokens"): [100_000_000],
+    ("server.yaml", "auth.default_rpm"): [0, 1_000_000_000_000],
+    ("server.yaml", "pricing.<name>.prompt_per_1k"): [0, 1_000_000],
+    ("server.yaml", "default_price.completion_per_1k"): [1_000_000.0],
     ("agent.yaml", "servers"): ["cp.example:7443", "[fd00::1]:1"],
     ("agent.yaml", "heartbeat_interval_s"): [3600],
     ("agent.yaml", "probe.progress_s"): [0],

@@ -22,12 +22,19 @@ KEY = "sk-upstream-0123456789-very-secret"
 NAME = "upstream-model-name"
 PROMPT_TOKENS = 7
 COMPLETION_TOKENS = 3
+# Every error the fake answers a chat with, as `mode`: a status, in OpenAI's shape or ("-text") in plain
+# text. Each quotes the key it was sent, as a careless server may: only a gateway that strikes it out of
+# every reply keeps it from the client, whatever the status.
+ERROR_MODES = (
+    *(str(status) for status in (400, 401, 403, 404, 409, 413, 422, 429, 500, 502, 503)),
+    *(f"{status}-text" for status in (400, 404, 429, 500, 503)),
+)
 
 
 @attrs.define
 class FakeUpstream:
-    """Its behaviour is set by `mode`: "ok", "401", "404", "429", "500", "400" (quoting the key it was
-    sent), "hang" (nothing until `release`)."""
+    """Its behaviour is set by `mode`: "ok", one of ERROR_MODES (each quoting the key it was sent),
+    "hang" (nothing until `release`)."""
 
     key: str = KEY
     models: list[str] = attrs.field(factory=lambda: [NAME])
@@ -46,13 +53,19 @@ class FakeUpstream:
         return request.headers.get("Authorization") == f"Bearer {self.key}"
 
     @staticmethod
-    def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-        body = {"error": {"message": message, "type": "invalid_request_error", "code": None}}
+    def _error(
+        status: int, message: str, sent: str, headers: dict[str, str] | None = None, *, text: bool = False
+    ) -> web.Response:
+        said = f"{message} (for the key {sent})"
+        if text:
+            return web.Response(text=said, status=status, headers=headers)
+        body = {"error": {"message": said, "type": "invalid_request_error", "code": None}}
         return web.json_response(body, status=status, headers=headers)
 
     async def list_models(self, request: web.Request) -> web.Response:
         if not self._authorised(request):
-            return self._error(401, "Incorrect API key provided")
+            sent = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            return self._error(401, "Incorrect API key provided", sent)
         return web.json_response(
             {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]}
         )
@@ -61,17 +74,13 @@ class FakeUpstream:
         payload = await request.json()
         self.received.append((payload, dict(request.headers)))
         sent = request.headers.get("Authorization", "").removeprefix("Bearer ")
-        if self.mode == "401" or not self._authorised(request):
+        if not self._authorised(request):
             # As a cloud API does: the start and end of the key it was given.
-            return self._error(401, f"Incorrect API key provided: {sent[:6]}...{sent[-4:]}")
-        if self.mode == "404" or payload.get("model") not in self.models:
-            return self._error(404, f"The model `{payload.get('model')}` does not exist")
-        if self.mode == "429":
-            return self._error(429, "Rate limit reached for requests", {"Retry-After": "17"})
-        if self.mode == "500":
-            return self._error(500, f"internal error while serving the key {sent}")
-        if self.mode == "400":
-            return self._error(400, f"max_tokens is too large for the key {sent}")
+            return self._error(401, f"Incorrect API key provided: {sent[:6]}...{sent[-4:]}", sent)
+        if self.mode in ERROR_MODES:
+            return self._failed(payload, sent)
+        if payload.get("model") not in self.models:
+            return self._error(404, f"The model `{payload.get('model')}` does not exist", sent)
         if self.mode == "hang":
             await self.release.wait()
         usage = {
@@ -106,6 +115,24 @@ class FakeUpstream:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    def _failed(self, payload: dict[str, Any], sent: str) -> web.Response:
+        """The error `mode` names, in its words and with its headers."""
+        code, _, form = self.mode.partition("-")
+        status = int(code)
+        message, headers = _MESSAGES.get(status, (f"the server failed with {status}", None))
+        said = message.format(model=payload.get("model"), head=sent[:6], tail=sent[-4:])
+        return self._error(status, said, sent, headers, text=form == "text")
+
+
+_MESSAGES: dict[int, tuple[str, dict[str, str] | None]] = {
+    400: ("max_tokens is too large", None),
+    # As a cloud API does: the start and end of the key it was given.
+    401: ("Incorrect API key provided: {head}...{tail}", None),
+    404: ("The model `{model}` does not exist", None),
+    429: ("Rate limit reached for requests", {"Retry-After": "17"}),
+    500: ("internal error while serving the request", None),
+}
 
 
 @contextlib.asynccontextmanager

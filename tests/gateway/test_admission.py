@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +24,7 @@ from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder, find_usage
+from llmgw.maxima import MAX_BUDGET, MAX_PRICE_PER_1K
 from llmgw.pricing import budget_warnings
 from llmgw.store import Store
 from llmgw.store.keys import KeyRecord, create_key
@@ -277,6 +279,26 @@ class TestBudgets:
         # A new gateway on the same store: what it counts comes from the usage table.
         again = await rig(pricing={MODEL: price})
         assert again.quotas.spent(Scope("key", 1)) == pytest.approx(spent)
+
+    async def test_at_the_dearest_prices_a_long_prompt_costs_a_finite_amount(self, rig: RigFactory) -> None:
+        """A price of 1e308 made a long prompt cost inf: "this request may cost up to inf"."""
+        dearest = PriceConfig(prompt_per_1k=MAX_PRICE_PER_1K, completion_per_1k=MAX_PRICE_PER_1K)
+        gw = await rig(pricing={MODEL: dearest})
+        plaintext, key = await gw.key()
+        long = {**BODY, "messages": [{"role": "user", "content": "word " * 100_000}]}
+        await set_budget(gw.store, Scope("key", key.id), MAX_BUDGET, "total")
+        await gw.reload()
+        status, _, body = await gw.chat(plaintext, long)
+        assert status == 200
+        frugal, other = await gw.key("frugal")
+        await set_budget(gw.store, Scope("key", other.id), 1.0, "total")
+        await gw.reload()
+        status, _, body = await gw.chat(frugal, long)
+        message = _error(body)["message"]
+        assert status == 429 and "this request may cost up to " in message and "inf" not in message
+        await gw.recorder.flush(gw.store)
+        (row,) = await usage_by_day(gw.store, Scope("key", key.id))
+        assert 0 < row.cost < MAX_BUDGET and math.isfinite(row.cost)
 
     def test_budgets_where_no_price_applies_are_reported(self) -> None:
         cfg = ServerConfig(

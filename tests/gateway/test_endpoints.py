@@ -39,7 +39,7 @@ from llmgw.store.scopes import Scope
 from llmgw.store.usage import usage_by_day
 
 from .conftest import FakeReplicas
-from .fake_upstream import COMPLETION_TOKENS, KEY, NAME, PROMPT_TOKENS, FakeUpstream, serve
+from .fake_upstream import COMPLETION_TOKENS, ERROR_MODES, KEY, NAME, PROMPT_TOKENS, FakeUpstream, serve
 
 CHAT = "/v1/chat/completions"
 EXT = "ext-chat"
@@ -252,6 +252,18 @@ class TestUpstreamErrors:
         assert status == 400
         assert "max_tokens is too large" in _error(body)["message"]
         assert KEY not in body.decode()
+
+    @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+    @pytest.mark.parametrize("mode", ERROR_MODES)
+    async def test_no_reply_to_an_endpoint_s_error_holds_the_key_it_quoted(self, setup, mode, stream):
+        """The fake quoted its key only in 400 and 500 replies: left in a 404's or 429's words, it passed."""
+        setup.upstream.mode = mode
+        with capture_logs() as logs:
+            status, headers, body = await setup.post(stream=stream)
+        assert status >= 400
+        assert setup.upstream.received, "the endpoint was never asked"
+        shown = [body.decode(), repr(headers), repr(logs), repr(setup.endpoints.statuses())]
+        assert not [said for said in shown if KEY in said]
 
     async def test_an_endpoint_that_sends_nothing_is_a_504_naming_the_model_s_timeout(self, setup):
         setup.upstream.mode = "hang"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,42 @@ class TestDurability:
             tasks.create_task(journal.run())
             await eventually(lambda: segment.fd in synced and segment.synced == segment.used)
             journal.stop()
+
+    async def test_the_journal_id_and_each_segment_s_name_are_synced_before_they_are_relied_on(
+        self, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The id file's fsync and the directory's, made no-ops, passed every other test.
+
+        A power loss could then lose the id the store's mark is kept under (the next start would
+        take a new one and replay what the store has), or a segment's name with its records.
+        """
+        directory = tmp_path / "j"
+        # Each fsync: a directory or not, the inode synced, the names in the journal's directory then.
+        synced: list[tuple[bool, int, set[str]]] = []
+        real_fsync = os.fsync
+
+        def recording_fsync(fd: int) -> None:
+            status = os.fstat(fd)
+            synced.append((stat.S_ISDIR(status.st_mode), status.st_ino, set(os.listdir(directory))))
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", recording_fsync)
+        async with open_journal(directory, store, 1.0) as (journal, _):
+            segment = journal._current.path.name
+        id_file = (directory / ID_FILE).stat().st_ino
+        folder = directory.stat().st_ino
+        # The id's bytes, before the rename gave them its name; then that name, before any segment
+        # exists (the store names the journal before the first segment is made).
+        file_synced = [i for i, (is_dir, ino, _) in enumerate(synced) if not is_dir and ino == id_file]
+        named = [
+            i
+            for i, (is_dir, ino, names) in enumerate(synced)
+            if is_dir and ino == folder and names == {ID_FILE}
+        ]
+        assert file_synced and ID_FILE not in synced[file_synced[0]][2]
+        assert named and file_synced[0] < named[0]
+        # The segment's name is synced once it exists, before a record is copied into it.
+        assert any(is_dir and ino == folder and segment in names for is_dir, ino, names in synced)
 
 
 class TestAcrossARestart:

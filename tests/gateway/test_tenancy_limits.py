@@ -134,6 +134,20 @@ class TestProjectModels:
         assert status == 403 and "allows only sim-chat" in body["error"]["message"]
         assert await rig.models(key) == [MODEL]
 
+    async def test_a_key_narrower_than_its_project_is_held_to_its_own_list(
+        self, rig: Rig, store: Store
+    ) -> None:
+        """A key's list replaced by its project's passed every test: none gave a key less than its project."""
+        await rig.project("web")
+        await tenancy.set_models(rig.store, "web", [MODEL, "other"])
+        key, _ = await create_key(store, "narrow", project_id=2, models=[MODEL])
+        await rig.reload()
+        assert (await rig.chat(key))[0] == 200
+        status, body = await rig.chat(key, "other")
+        assert status == 403 and body["error"]["code"] == "model_not_allowed"
+        assert "may not use the model 'other' (it may use: sim-chat)" in body["error"]["message"]
+        assert await rig.models(key) == [MODEL]
+
     async def test_v1_models_lists_only_what_the_key_may_call(self, rig: Rig, store: Store) -> None:
         (free,) = await rig.project("open")
         (web,) = await rig.project("web")

@@ -7,6 +7,9 @@ import contextlib
 import gc
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -15,9 +18,12 @@ import pytest
 
 from llmgw import pki
 from llmgw.agent import state
+from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.config import AgentConfig, ControlConfig, ModelConfig, ProfileConfig, ServerConfig, TLSConfig
 from llmgw.roles.agent import agent_role
 from llmgw.roles.server import server_role
+
+from .. import needs
 
 
 @pytest.fixture
@@ -122,3 +128,73 @@ async def test_the_agent_role_serves_a_chat_completion_and_closes_without_a_stra
                     os.killpg(engine.pid, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
                     await asyncio.to_thread(os.waitpid, engine.pid, 0)
+
+
+def _agent_yaml(base: Path, key: Path) -> Path:
+    """agent.yaml for node-1 of base/pki, whose key is key; its state directory is base/agent."""
+    pki_dir = base / "pki"
+    path = base / "agent.yaml"
+    path.write_text(
+        f"node_id: node-1\nservers: ['127.0.0.1:9']\nstate_dir: {base / 'agent'}\n"
+        f"tls:\n  ca: {pki_dir / 'ca.pem'}\n  cert: {pki_dir / 'node-1.pem'}\n  key: {key}\n"
+    )
+    return path
+
+
+def _run_agent(config_path: Path, *as_user: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*as_user, sys.executable, "-m", "llmgw", "--role=agent", "--config", str(config_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+        timeout=60,
+    )
+
+
+class TestAKeyTheAgentCannotUse:
+    """It ended in an asyncio.CancelledError traceback naming no file, after the engines were adopted."""
+
+    def test_a_key_the_agent_may_not_read_exits_78_naming_it_and_starts_nothing(self) -> None:
+        needs.root("reading a key as another user")
+        setpriv = needs.program("setpriv", "util-linux")
+        with tempfile.TemporaryDirectory() as directory:
+            base = Path(directory)
+            # Everything but the key readable by the agent's user, and its state directory makeable.
+            base.chmod(0o777)
+            pki.init_ca(base / "pki")
+            pki.issue_agent(base / "pki", "node-1", base / "pki")
+            (base / "pki").chmod(0o755)
+            for name in ("ca.pem", "node-1.pem"):
+                (base / "pki" / name).chmod(0o644)
+            key = base / "pki" / "node-1-key.pem"
+            done = _run_agent(
+                _agent_yaml(base, key), setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups"
+            )
+            started = (base / "agent").exists()
+        assert done.returncode == EXIT_CONFIG, done.stderr
+        said = done.stderr.strip().splitlines()[-1]
+        assert said.startswith(f"llmgw: tls.key names {key}, which this process (uid 65534) may not read")
+        assert "Traceback" not in done.stderr
+        assert not started
+
+    @pytest.mark.parametrize(
+        ("key_name", "said"),
+        [
+            ("missing-key.pem", "tls.key names {key}, which does not exist"),
+            ("a-directory", "tls.key names {key}, which is a directory, not a file"),
+            ("garbage.pem", "tls.cert {cert} and tls.key {key} cannot be used together: one of them is not"),
+        ],
+    )
+    def test_a_key_that_is_missing_or_no_key_at_all_is_named_in_words(
+        self, tmp_path: Path, pki_dir: Path, key_name: str, said: str
+    ) -> None:
+        (tmp_path / "a-directory").mkdir()
+        (tmp_path / "garbage.pem").write_text("not a key\n")
+        key = tmp_path / key_name
+        done = _run_agent(_agent_yaml(tmp_path, key))
+        assert done.returncode == EXIT_ERROR, done.stderr
+        expected = said.format(key=key, cert=pki_dir / "node-1.pem")
+        assert done.stderr.strip().splitlines()[-1].startswith(f"llmgw: {expected}")
+        assert "Traceback" not in done.stderr
+        assert not (tmp_path / "agent").exists()

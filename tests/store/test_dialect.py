@@ -41,6 +41,11 @@ class TestSchema:
         )
         assert SQLITE.schema(statement) == statement
 
+    def test_an_autoincrement_id_is_a_sequence_which_never_goes_back_either(self) -> None:
+        statement = "CREATE TABLE later (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT)"
+        assert POSTGRESQL.schema(statement) == "CREATE TABLE later (id BIGSERIAL PRIMARY KEY, name TEXT)"
+        assert SQLITE.schema(statement) == statement
+
     def test_only_postgresql_takes_a_lock_to_migrate(self) -> None:
         assert SQLITE.migration_lock is None
         assert POSTGRESQL.migration_lock is not None and "pg_advisory_xact_lock" in POSTGRESQL.migration_lock

@@ -14,7 +14,7 @@ from llmgw.store.keys import create_key, find_key, hash_key, list_keys, revoke_k
 from llmgw.store.migrations import MIGRATIONS, Migration
 from llmgw.store.prices import list_prices, set_price
 from llmgw.store.quotas import list_budgets, list_limits, set_budget, set_limits
-from llmgw.store.schema_changes import Kind, change, kind, problems
+from llmgw.store.schema_changes import Kind, NeverReuseIds, change, kind, problems
 from llmgw.store.scopes import Scope, create_project, create_team, load_hierarchy, set_project_models
 from llmgw.store.usage import JournalMark, UsageKey, UsageTotals, add_usage, journal_applied, usage_by_day
 from llmgw.store.users import approve_user, create_user, get_user_by_email, list_users
@@ -65,6 +65,15 @@ class TestWhatAStatementDoes:
     ) -> None:
         assert change(statement).does == words
         assert change(statement).kind is sort
+
+
+def test_keeping_a_tables_ids_is_said_in_words_and_only_expands() -> None:
+    """A rebuild on SQLite drops and renames a table, yet the previous release reads and writes it as
+    before: the step is not read as the statements it runs."""
+    step = NeverReuseIds("projects", ("SELECT MAX(project_id) FROM usage_daily",))
+    assert change(step).does.startswith("keeps the ids of projects from being given out again (SQLite:")
+    assert change(step).kind is Kind.EXPAND
+    assert kind(Migration("keeps ids", (step,))) is Kind.EXPAND
 
 
 class TestExpandThenContract:

@@ -103,8 +103,38 @@ class TestQuotasPage:
         csrf = await login(client, "root@example.com")
         response = await client.post("/admin/quotas", data={"scope": "org:1", "rpm": "lots", "csrf": csrf})
         assert response.status == 400
-        assert "Rpm is &#39;lots&#39;; write a number, or leave it empty for none." in await response.text()
+        assert (
+            "Rpm is &#39;lots&#39;; write a whole number from 0 to 1,000,000,000,000, or leave it empty "
+            "for none." in await response.text()
+        )
         assert await list_limits(site.store) == []
+
+    async def test_a_number_past_its_bound_is_refused_naming_it_and_nothing_is_saved(
+        self, site: Site, client: aiohttp.ClientSession
+    ) -> None:
+        """rpm 100000000000000000000 reached SQLite (a 500), and a budget of inf or nan was saved."""
+        await site.user("root@example.com", admin=True)
+        csrf = await login(client, "root@example.com")
+        for form, said in (
+            (
+                {"rpm": "100000000000000000000"},
+                "Rpm is 1e+20; it must be a whole number from 0 to 1,000,000,000,000",
+            ),
+            ({"tpm": "\u0661\u0660"}, "Tpm is &#39;\u0661\u0660&#39;; write a whole number"),
+            (
+                {"rpm": "5", "budget": "inf"},
+                "Budget is &#39;inf&#39;; write a number from 0 to 1,000,000,000,000",
+            ),
+            ({"rpm": "5", "budget": "nan"}, "Budget is &#39;nan&#39;; write a number"),
+            ({"rpm": "5", "budget": "1e13"}, "Budget is 10000000000000; it must be a number from 0 to"),
+        ):
+            response = await client.post(
+                "/admin/quotas", data={"scope": "org:1", "period": "day", "csrf": csrf, **form}
+            )
+            assert response.status == 400 and said in await response.text(), form
+        assert await list_limits(site.store) == [] and await list_budgets(site.store) == []
+        page = await (await client.get("/admin/quotas")).text()
+        assert 'max="1000000000000" step="1" name="rpm"' in page
 
 
 class TestUsagePage:

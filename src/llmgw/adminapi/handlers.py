@@ -11,12 +11,12 @@ render too.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Mapping, Sequence
 
 from aiohttp import web
 
 import llmgw
+from llmgw import strictjson
 from llmgw.adminapi import views
 from llmgw.adminapi.engine_metrics import ScrapeError, scrape
 from llmgw.adminapi.explain import explain_placement
@@ -118,7 +118,7 @@ async def get_nodes(request: web.Request) -> web.StreamResponse:
     for start in range(0, len(nodes), NODES_PER_PIECE):
         now = inventory.now()
         piece = [node_view(n, inventory, now) for n in nodes[start : start + NODES_PER_PIECE]]
-        text = json.dumps(views.CONVERTER.unstructure(piece))[1:-1]
+        text = strictjson.dumps(views.CONVERTER.unstructure(piece))[1:-1]
         await response.write(((", " if start else "") + text).encode())
         await asyncio.sleep(0)
     await response.write(b"]")

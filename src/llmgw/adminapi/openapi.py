@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw import strictjson
 from llmgw.adminapi import views
 from llmgw.adminapi.routes import Reply, Route
 from llmgw.adminapi.schema import components, ref
@@ -34,7 +35,7 @@ _BODY_REFUSALS = {
 
 
 async def get_openapi(request: web.Request) -> web.Response:
-    return web.json_response(request.config_dict[DOCUMENT_KEY])
+    return strictjson.response(request.config_dict[DOCUMENT_KEY])
 
 
 OPENAPI = Route(

@@ -7,7 +7,6 @@ Names are accepted wherever ids are. Changes are JSON bodies; what was changed i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from datetime import date
 from typing import Any
@@ -23,6 +22,7 @@ from llmgw.adminapi.schema import named
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json
 from llmgw.catalog import CATALOG_KEY
 from llmgw.errors import LlmgwError
+from llmgw.maxima import MAX_BUDGET, MAX_PER_MINUTE, MAX_PRICE_PER_1K, problem
 from llmgw.store import Store
 from llmgw.store.scopes import AmbiguousScope, Scope, ScopeInUse, UnknownScope
 from llmgw.store.usage import USAGE_BY, UsageBy
@@ -92,8 +92,8 @@ def _text(body: dict[str, Any], name: str, example: str, required: bool = True) 
     return value
 
 
-def _number(body: dict[str, Any], name: str, kind: type, example: str) -> Any:
-    """body[name]: KEEP when absent, None when null, else a number of kind (0 or more)."""
+def _number(body: dict[str, Any], name: str, kind: type, most: int, example: str) -> Any:
+    """body[name]: KEEP when absent, None when null, else a number of kind from 0 to most."""
     if name not in body:
         return tenancy.KEEP
     value = body[name]
@@ -105,8 +105,10 @@ def _number(body: dict[str, Any], name: str, kind: type, example: str) -> Any:
     whole = isinstance(value, int) and not isinstance(value, bool)
     if (kind is int and not whole) or (kind is float and not (whole or isinstance(value, float))):
         raise BadQuery(f"{name} must be {'a whole number' if kind is int else 'a number'} or null: {example}")
-    if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
-        raise BadQuery(f"{name} is {value}; it must be 0 or more")
+    # 1e20 reached the store, a 500; JSON's 1e400 is read as inf.
+    said = problem(name, value, most, whole=kind is int)
+    if said is not None:
+        raise BadQuery(said)
     return kind(value)
 
 
@@ -229,9 +231,9 @@ async def _set_quota(request: web.Request, store: Store) -> Any:
     quota = await tenancy.set_quota(
         store,
         request.match_info["scope"],
-        rpm=_number(body, "rpm", int, _QUOTA),
-        tpm=_number(body, "tpm", int, _QUOTA),
-        budget=_number(body, "budget", float, _QUOTA),
+        rpm=_number(body, "rpm", int, MAX_PER_MINUTE, _QUOTA),
+        tpm=_number(body, "tpm", int, MAX_PER_MINUTE, _QUOTA),
+        budget=_number(body, "budget", float, MAX_BUDGET, _QUOTA),
         period=period,
         spent=request.config_dict.get(SPENT_KEY),
     )
@@ -252,8 +254,8 @@ async def _prices(request: web.Request, store: Store) -> Any:
 
 async def _set_price(request: web.Request, store: Store) -> Any:
     body = await _body(request, _PRICE)
-    prompt = _number(body, "prompt_per_1k", float, _PRICE)
-    completion = _number(body, "completion_per_1k", float, _PRICE)
+    prompt = _number(body, "prompt_per_1k", float, MAX_PRICE_PER_1K, _PRICE)
+    completion = _number(body, "completion_per_1k", float, MAX_PRICE_PER_1K, _PRICE)
     if not isinstance(prompt, float) or not isinstance(completion, float):
         raise BadQuery(f"send both prices: {_PRICE}")
     models = request.config_dict[CATALOG_KEY].models()

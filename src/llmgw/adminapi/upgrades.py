@@ -9,6 +9,7 @@ from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Reply, Route
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json
 from llmgw.control.upgrades import Order, UpgradeRefused, Upgrades
+from llmgw.maxima import MAX_NODES_AT_ONCE, MAX_TRIAL_S, said
 
 UPGRADES_KEY = web.AppKey("llmgw.admin.upgrades", Upgrades)
 
@@ -87,8 +88,10 @@ def _problem(body: object) -> str | None:
         return "version and sha256 must not be empty"
     if not all(isinstance(n, str) for n in body.get("nodes", [])):
         return "nodes must be a list of node ids"
-    if body.get("max_unavailable", 1) < 1 or body.get("trial_s", 1) < 1:
-        return "max_unavailable and trial_s must be at least 1"
+    # 10**20 seconds could not be sent down a node's stream (32 bits): a roll that died mid-way.
+    for name, most in (("max_unavailable", MAX_NODES_AT_ONCE), ("trial_s", MAX_TRIAL_S)):
+        if not 1 <= body.get(name, 1) <= most:
+            return f"{name} is {body[name]}; it must be a whole number from 1 to {said(most)}"
     return None
 
 

@@ -20,6 +20,8 @@ from typing import Literal
 import attrs
 import cattrs
 
+from llmgw.maxima import MAX_NODES_AT_ONCE, MAX_TRIAL_S
+
 AdminState = Literal["ready", "cordoned", "draining"]
 # What is wrong with a node first (it stopped answering, its stream is gone), then what an
 # administrator said.
@@ -171,7 +173,12 @@ class UpgradeOrder:
         factory=list, metadata={"required": False, "doc": "The nodes, in order; empty: every node."}
     )
     max_unavailable: int = attrs.field(
-        default=1, metadata={"required": False, "schema": {"minimum": 1}, "doc": "Nodes restarting at once."}
+        default=1,
+        metadata={
+            "required": False,
+            "schema": {"minimum": 1, "maximum": MAX_NODES_AT_ONCE},
+            "doc": "Nodes restarting at once.",
+        },
     )
     find_links: str = attrs.field(
         default="",
@@ -181,7 +188,7 @@ class UpgradeOrder:
         default=60,
         metadata={
             "required": False,
-            "schema": {"minimum": 1},
+            "schema": {"minimum": 1, "maximum": MAX_TRIAL_S},
             "doc": "Seconds a new agent has to register before it goes back.",
         },
     )

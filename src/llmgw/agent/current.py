@@ -14,7 +14,6 @@ release it was started with, and says what to do, rather than start and fail for
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import MutableMapping
@@ -23,6 +22,7 @@ from pathlib import Path
 import structlog
 
 import llmgw
+from llmgw import strictjson
 from llmgw.agent import trial
 
 log = structlog.get_logger(__name__)
@@ -85,7 +85,7 @@ def restart_into_current(
     back = {"argv": trial.previous_command()[0], "pythonpath": env.get("PYTHONPATH")}
     # Without PYTHONPATH: it would put the running release's sources before current's.
     new_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
-    new_env[FROM_ENV] = json.dumps(back)
+    new_env[FROM_ENV] = strictjson.dumps(back)
     return trial.Restart([str(python), "-c", BOOTSTRAP, *args], new_env)
 
 

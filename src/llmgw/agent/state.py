@@ -31,7 +31,7 @@ from pathlib import Path
 import attrs
 import structlog
 
-from llmgw import launcher
+from llmgw import launcher, strictjson
 from llmgw.names import file_name
 from llmgw.proto.llmgw import v1 as pb
 
@@ -100,7 +100,7 @@ def write_state(state_dir: Path, records: list[EngineRecord]) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         # Also for a .tmp an older agent left readable: O_CREAT keeps an existing file's mode.
         os.fchmod(out.fileno(), 0o600)
-        out.write(json.dumps(data, indent=1))
+        out.write(strictjson.dumps(data, indent=1))
     # Renamed into place: an agent killed mid-write leaves the previous file, never half of one.
     os.replace(tmp, state_dir / STATE_FILE)
 

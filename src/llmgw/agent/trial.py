@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from llmgw import strictjson
 from llmgw.proto.llmgw import v1 as pb
 
 MARKER = "upgrade.json"
@@ -83,7 +84,7 @@ def write(state_dir: Path, marker: Marker) -> None:
     """Replace the marker whole: a crash mid-write must not leave half a command line to exec."""
     state_dir.mkdir(parents=True, exist_ok=True)
     part = state_dir / f"{MARKER}.part"
-    part.write_text(json.dumps(attrs.asdict(marker)))
+    part.write_text(strictjson.dumps(attrs.asdict(marker)))
     os.replace(part, state_dir / MARKER)
 
 
@@ -148,6 +149,7 @@ def back(why):
         raise
     m["state"], m["detail"] = "rolled back", why
     with open(marker + ".part", "w") as f:
+        # Plain json: this runs where llmgw itself may not import; the marker holds no floats.
         json.dump(m, f)
     os.replace(marker + ".part", marker)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -41,7 +41,7 @@ import aiohttp
 import attrs
 import structlog
 
-from llmgw import download
+from llmgw import download, strictjson
 from llmgw.backoff import ExponentialBackoff
 from llmgw.download import PART, human_bytes
 from llmgw.errors import LlmgwError
@@ -430,7 +430,7 @@ def _pins(sha256: Mapping[str, str]) -> dict[str, str]:
 
 def _pinned_key(source: str, pins: Mapping[str, str]) -> str:
     """The directory of a copy of source fetched for pins the plain directory's copy does not match."""
-    digest = hashlib.sha256(json.dumps(sorted(pins.items())).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(strictjson.dumps(sorted(pins.items())).encode()).hexdigest()[:12]
     return f"{cache_key(source)}-pin-{digest}"
 
 
@@ -513,7 +513,7 @@ def _unlink(path: Path) -> None:
 
 def _write_marker(base: Path, marker: dict[str, Any]) -> None:
     tmp = base / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker, indent=1), encoding="utf-8")
+    tmp.write_text(strictjson.dumps(marker, indent=1), encoding="utf-8")
     # The rename is what makes the source present: a crash before it leaves no marker at all.
     os.replace(tmp, base / MARKER)
 

@@ -23,6 +23,7 @@ from typing import Literal
 import attrs
 import cattrs
 
+from llmgw import strictjson
 from llmgw.errors import LlmgwError
 
 MANIFEST = "manifest.json"
@@ -105,7 +106,7 @@ class Manifest:
     wheelhouses: tuple[BundleWheelhouse, ...] = ()
 
     def to_bytes(self) -> bytes:
-        return (json.dumps(_converter.unstructure(self), indent=1) + "\n").encode()
+        return (strictjson.dumps(_converter.unstructure(self), indent=1) + "\n").encode()
 
     @property
     def size(self) -> int:

@@ -27,6 +27,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from llmgw import strictjson
 from llmgw.bundle.manifest import MANIFEST, SIGNATURE, BundleError
 
 DEFAULT_TRUST_DIR = Path("/etc/llmgw/bundle-keys")
@@ -105,7 +106,7 @@ def signature_for(manifest: bytes, key: Ed25519PrivateKey) -> bytes:
     """The contents of manifest.json.sig for manifest, signed with key."""
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     body = {"key": base64.b64encode(raw).decode(), "signature": base64.b64encode(key.sign(manifest)).decode()}
-    return (json.dumps(body, indent=1) + "\n").encode()
+    return (strictjson.dumps(body, indent=1) + "\n").encode()
 
 
 def check(

@@ -7,7 +7,6 @@ cli/bench.py) use the same client, and ctl.py adds them without an import cycle.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -17,7 +16,7 @@ import attrs
 import cattrs
 import click
 
-from llmgw import bound, config
+from llmgw import bound, config, strictjson
 from llmgw.adminapi import views
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE, EXIT_USAGE
 from llmgw.config import ServerConfig
@@ -145,7 +144,7 @@ def read(data: Any, view: type[_View]) -> _View:
 
 
 def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True))
+    click.echo(strictjson.dumps(data, indent=2, sort_keys=True))
 
 
 json_option = click.option(

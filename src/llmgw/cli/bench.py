@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from datetime import UTC, datetime
 from urllib.parse import quote
 
@@ -18,6 +17,7 @@ import aiohttp
 import cattrs
 import click
 
+from llmgw import maxima, strictjson
 from llmgw.adminapi import views
 from llmgw.bench.engineload import EngineLoad, engine_load, peak
 from llmgw.bench.load import Offer, hold, level
@@ -34,7 +34,9 @@ from llmgw.cli.adminclient import (
     target,
 )
 from llmgw.cli.exit import EXIT_ERROR, EXIT_USAGE
+from llmgw.cli.params import Bounded
 from llmgw.cli.table import echo_table
+from llmgw.maxima import MAX_BENCH_SECONDS, MAX_CONCURRENCY, MAX_PROMPT_TOKENS, MAX_TOKENS, said
 from llmgw.names import url_segment
 
 # Often enough to catch a queue that builds for a second; rarely enough that reading the pages
@@ -44,13 +46,16 @@ NOT_REPORTED = "not reported"
 
 
 def _levels(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    parts = [part for part in value.split(",") if part.strip()]
+    if not parts:
+        raise click.BadParameter(f"{value!r} is not a list of whole numbers such as 1,4,16")
     try:
-        levels = [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a list of whole numbers such as 1,4,16") from None
-    if not levels or any(n < 1 for n in levels):
-        raise click.BadParameter(f"{value!r}: each concurrency is 1 or more, such as 1,4,16")
-    return levels
+        # ASCII digits, each bounded: int() read "٤", and 10**9 requests in flight filled the memory.
+        return [
+            int(maxima.read(part, "a concurrency", MAX_CONCURRENCY, whole=True, least=1)) for part in parts
+        ]
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not a list of whole numbers such as 1,4,16: {exc}") from None
 
 
 def _ready(data: object, model: str) -> list[views.Replica]:
@@ -138,20 +143,29 @@ def _gateway(ctx: click.Context, admin: Target, given: str | None) -> str:
     default="1,4,16",
     show_default=True,
     callback=_levels,
-    help="Requests kept in flight at once, one level after another.",
+    help=f"Requests kept in flight at once, one level after another; each 1 to {said(MAX_CONCURRENCY)}.",
 )
 @click.option(
-    "--prompt-tokens", type=click.IntRange(1), default=128, show_default=True, help="Prompt length."
+    "--prompt-tokens",
+    type=Bounded("--prompt-tokens", MAX_PROMPT_TOKENS, whole=True, least=1),
+    default=128,
+    show_default=True,
+    help=f"Prompt length, 1 to {said(MAX_PROMPT_TOKENS)}.",
 )
 @click.option(
-    "--max-tokens", type=click.IntRange(1), default=128, show_default=True, help="Each reply's max_tokens."
+    "--max-tokens",
+    type=Bounded("--max-tokens", MAX_TOKENS, whole=True, least=1),
+    default=128,
+    show_default=True,
+    help=f"Each reply's max_tokens, 1 to {said(MAX_TOKENS)}.",
 )
 @click.option(
     "--seconds",
-    type=click.FloatRange(0, min_open=True),
+    type=Bounded("--seconds", MAX_BENCH_SECONDS, whole=False, above=True),
     default=30.0,
     show_default=True,
-    help="How long each concurrency is held (requests under way then run to their end).",
+    help="How long each concurrency is held (requests under way then run to their end), at most "
+    f"{said(MAX_BENCH_SECONDS)}.",
 )
 @click.option("--key", envvar="LLMGW_API_KEY", help="An API key for the gateway (`llmgw keys create bench`).")
 @click.option(
@@ -198,7 +212,7 @@ def bench(
     if keep:
         _keep(admin, run)
     if admin.as_json:
-        click.echo(json.dumps(views.CONVERTER.unstructure(run), indent=2, sort_keys=True))
+        click.echo(strictjson.dumps(views.CONVERTER.unstructure(run), indent=2, sort_keys=True))
         return
     _print(run)
 

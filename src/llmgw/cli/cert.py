@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import grp
 import os
-import shutil
 from pathlib import Path
 
 import click
@@ -32,15 +32,33 @@ _group_option = click.option(
 )
 
 
-def _share_key(key_path: Path, group: str | None) -> None:
-    """Let group read key_path: a service running as the llmgw user cannot read a root-only key."""
+def _group_id(group: str | None) -> int | None:
+    """--group's id, checked before anything is written: refused after, it left a certificate and a
+    key behind that nobody could use as asked."""
     if group is None:
+        return None
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise click.ClickException(
+            f"there is no group {group!r} on this machine; nothing was written"
+        ) from None
+    # chown(2): only root, or a member of the group, may give a file to it.
+    if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+        raise click.ClickException(
+            f"only root or a member of group {group!r} may give it a key: run this as root; "
+            "nothing was written"
+        )
+    return gid
+
+
+def _share_key(key_path: Path, group: str | None, gid: int | None) -> None:
+    """Let group read key_path: a service running as the llmgw user cannot read a root-only key."""
+    if gid is None:
         return
     try:
-        shutil.chown(key_path, group=group)
+        os.chown(key_path, -1, gid)
         os.chmod(key_path, 0o640)
-    except LookupError:
-        raise click.ClickException(f"there is no group {group!r} on this machine") from None
     except PermissionError:
         raise click.ClickException(
             f"wrote {key_path} but could not give group {group!r} read access: "
@@ -80,11 +98,12 @@ def issue_server(
     name: str, hosts: tuple[str, ...], ca_dir: Path, out: Path | None, group: str | None
 ) -> None:
     """Issue the agent service's certificate NAME, valid for every --host."""
+    gid = _group_id(group)
     try:
         cert_path, key_path = pki.issue_server(ca_dir, name, hosts, out or ca_dir)
     except CertificateError as exc:
         raise click.ClickException(str(exc)) from None
-    _share_key(key_path, group)
+    _share_key(key_path, group, gid)
     click.echo(f"wrote {cert_path} and {key_path} for {', '.join(hosts)}")
 
 
@@ -95,11 +114,12 @@ def issue_server(
 @_group_option
 def issue_agent(node: str, ca_dir: Path, out: Path | None, group: str | None) -> None:
     """Issue node NODE's client certificate; its common name is the node id."""
+    gid = _group_id(group)
     try:
         cert_path, key_path = pki.issue_agent(ca_dir, node, out or ca_dir)
     except CertificateError as exc:
         raise click.ClickException(str(exc)) from None
-    _share_key(key_path, group)
+    _share_key(key_path, group, gid)
     click.echo(f"wrote {cert_path} and {key_path} for node {node}")
 
 

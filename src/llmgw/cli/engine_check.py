@@ -8,13 +8,13 @@ llmgw passes it? The check itself is llmgw.engines.check; this prints it.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import NoReturn
 
 import attrs
 import click
 
+from llmgw import strictjson
 from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
 from llmgw.engines.check import BinaryNotFoundError, EngineCheck, EngineCheckError, check_engine
 from llmgw.errors import LlmgwError
@@ -55,7 +55,7 @@ def engine_check(ctx: click.Context, engine: str, binary: str, as_json: bool) ->
     except EngineCheckError as exc:
         _fail(str(exc), EXIT_NOT_FOUND if isinstance(exc, BinaryNotFoundError) else EXIT_ERROR)
     if as_json:
-        click.echo(json.dumps({**attrs.asdict(result), "ok": result.ok}, indent=2, sort_keys=True))
+        click.echo(strictjson.dumps({**attrs.asdict(result), "ok": result.ok}, indent=2, sort_keys=True))
     else:
         _print(result)
     if not result.ok:

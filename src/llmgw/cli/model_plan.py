@@ -9,12 +9,12 @@ memory, and a catalog model's source and profiles.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
 import click
 
+from llmgw import strictjson
 from llmgw.adminapi import views
 from llmgw.capacity.estimate import gigabytes
 from llmgw.capacity.fleet import Capacity, ProfileShape
@@ -23,8 +23,10 @@ from llmgw.capacity.plan import Plan, make_plan
 from llmgw.capacity.shape import ModelShape, read_shape
 from llmgw.cli.adminclient import exchange, fail, json_option, read, target
 from llmgw.cli.exit import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
+from llmgw.cli.params import Bounded
 from llmgw.cli.table import echo_table
 from llmgw.hubref import SOURCE_PREFIX
+from llmgw.maxima import MAX_PARALLEL, MAX_TOKENS, said
 
 
 def _local(source: str) -> Path | None:
@@ -105,11 +107,13 @@ def _profiles(fleet: Capacity, name: str | None) -> list[ProfileShape]:
 @click.argument("source")
 @click.option(
     "--context",
-    type=click.IntRange(1),
-    help="Tokens per sequence (default: the profile's, else the model's).",
+    type=Bounded("--context", MAX_TOKENS, whole=True, least=1),
+    help=f"Tokens per sequence, 1 to {said(MAX_TOKENS)} (default: the profile's, else the model's).",
 )
 @click.option(
-    "--parallel", type=click.IntRange(1), help="Sequences served at once (default: the profile's, else 1)."
+    "--parallel",
+    type=Bounded("--parallel", MAX_PARALLEL, whole=True, least=1),
+    help=f"Sequences served at once, 1 to {said(MAX_PARALLEL)} (default: the profile's, else 1).",
 )
 @click.option("--profile", "profile_name", help="Only this profile of the catalog model.")
 @json_option
@@ -132,7 +136,7 @@ def model_plan(
     profiles = _profiles(fleet, profile_name)
     plan = make_plan(shape, profiles, fleet.nodes, context=context, parallel=parallel)
     if target(ctx, as_json).as_json:
-        click.echo(json.dumps(views.CONVERTER.unstructure(plan), indent=2, sort_keys=True))
+        click.echo(strictjson.dumps(views.CONVERTER.unstructure(plan), indent=2, sort_keys=True))
         return
     _print(plan, fleet)
 

@@ -8,8 +8,10 @@ import click
 
 from llmgw.catalog import Catalog
 from llmgw.cli.hierarchy import echo_rows
+from llmgw.cli.params import Bounded
 from llmgw.cli.store_command import server_config_option, with_config
 from llmgw.config import ServerConfig
+from llmgw.maxima import MAX_PRICE_PER_1K, said
 from llmgw.store import Store
 from llmgw.tenancy import operations as tenancy
 from llmgw.tenancy import views as tv
@@ -38,18 +40,18 @@ def prices() -> None:
 @click.option(
     "--prompt-per-1k",
     "prompt",
-    type=click.FloatRange(min=0),
+    type=Bounded("the prompt price", MAX_PRICE_PER_1K, whole=False),
     required=True,
     metavar="X",
-    help="The price of 1,000 prompt tokens, in the unit budgets are set in.",
+    help=f"The price of 1,000 prompt tokens, in the unit budgets are set in: 0 to {said(MAX_PRICE_PER_1K)}.",
 )
 @click.option(
     "--completion-per-1k",
     "completion",
-    type=click.FloatRange(min=0),
+    type=Bounded("the completion price", MAX_PRICE_PER_1K, whole=False),
     required=True,
     metavar="Y",
-    help="The price of 1,000 completion tokens.",
+    help=f"The price of 1,000 completion tokens: 0 to {said(MAX_PRICE_PER_1K)}.",
 )
 @_config_option
 def set_(model: str, prompt: float, completion: float, config_path: Path) -> None:

@@ -13,8 +13,10 @@ import click
 
 from llmgw.catalog import Catalog
 from llmgw.cli.hierarchy import echo_rows
+from llmgw.cli.params import Bounded
 from llmgw.cli.store_command import server_config_option, with_config, with_store
 from llmgw.config import ServerConfig
+from llmgw.maxima import MAX_BUDGET, MAX_PER_MINUTE, said
 from llmgw.store import Store
 from llmgw.store.quotas import PERIODS
 from llmgw.tenancy import operations as tenancy
@@ -48,13 +50,21 @@ def quotas() -> None:
 
 @quotas.command("set")
 @click.argument("scope")
-@click.option("--rpm", type=click.IntRange(min=0), help="Requests per minute (0 refuses every request).")
-@click.option("--tpm", type=click.IntRange(min=0), help="Tokens per minute, prompt and completion together.")
+@click.option(
+    "--rpm",
+    type=Bounded("rpm", MAX_PER_MINUTE, whole=True),
+    help=f"Requests per minute, 0 (refuses every request) to {said(MAX_PER_MINUTE)}.",
+)
+@click.option(
+    "--tpm",
+    type=Bounded("tpm", MAX_PER_MINUTE, whole=True),
+    help=f"Tokens per minute, prompt and completion together, 0 to {said(MAX_PER_MINUTE)}.",
+)
 @click.option(
     "--budget",
-    type=click.FloatRange(min=0),
+    type=Bounded("the budget", MAX_BUDGET, whole=False),
     metavar="AMOUNT",
-    help="Money per --period, in the unit of the prices.",
+    help=f"Money per --period, in the unit of the prices, 0 to {said(MAX_BUDGET)}.",
 )
 @click.option(
     "--period",

@@ -87,10 +87,10 @@ class Runner:
     ) -> None:
         try:
             if exc is not None:
-                # The error is what the person needs to see; one in stopping would hide it.
-                with contextlib.suppress(BaseException):
-                    await self.drain()
+                failed = await self._drain_after(exc)
                 self.force()
+                if failed is not None:
+                    raise failed from None
             elif await self.drain():
                 log.info("stopped")
             else:
@@ -100,6 +100,23 @@ class Runner:
             loop = asyncio.get_running_loop()
             for signum in _SIGNALS:
                 loop.remove_signal_handler(signum)
+
+    async def _drain_after(self, exc: BaseException) -> Exception | None:
+        """Drain after exc ended the run; the error to raise in its place, if it is only a cancellation.
+
+        The error is what the person needs to see, and one in stopping would hide it. But a role
+        whose own task fails (the agent's stream, on a key it cannot read) has its task group cancel
+        the body waiting in `wait`: exc is then a bare CancelledError naming nothing, and the
+        failure comes out of stopping that role.
+        """
+        try:
+            await self.drain()
+        except Exception as failed:
+            if isinstance(exc, asyncio.CancelledError):
+                return failed
+        except BaseException:
+            pass
+        return None
 
     def _on_signal(self, signum: int) -> None:
         self._signals_seen += 1

@@ -11,7 +11,9 @@ import click
 from llmgw.adminapi import views
 from llmgw.cli.adminclient import Target, fail, get_view, json_option, print_json, read, request, target
 from llmgw.cli.exit import EXIT_ERROR, EXIT_USAGE
+from llmgw.cli.params import Bounded
 from llmgw.cli.table import echo_table
+from llmgw.maxima import MAX_NODES_AT_ONCE, MAX_TRIAL_S, said
 
 _ENDED = ("done", "stopped", "planned")
 
@@ -49,15 +51,16 @@ _ENDED = ("done", "stopped", "planned")
     "--max-unavailable",
     default=1,
     show_default=True,
-    type=click.IntRange(min=1),
-    help="How many nodes restart at once.",
+    type=Bounded("--max-unavailable", MAX_NODES_AT_ONCE, whole=True, least=1),
+    help=f"How many nodes restart at once, 1 to {said(MAX_NODES_AT_ONCE)}.",
 )
 @click.option(
     "--trial-s",
     default=60,
     show_default=True,
-    type=click.IntRange(min=1),
-    help="Seconds a new agent has to register before it goes back to the release it left.",
+    type=Bounded("--trial-s", MAX_TRIAL_S, whole=True, least=1),
+    help="Seconds a new agent has to register before it goes back to the release it left, 1 to "
+    f"{said(MAX_TRIAL_S)}.",
 )
 @click.option(
     "--dry-run", is_flag=True, help="Say which nodes would be upgraded, in which order, and do nothing."

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from datetime import date, datetime
 from pathlib import Path
 from typing import cast
 
 import click
 
+from llmgw import strictjson
 from llmgw.adminapi.views import CONVERTER
 from llmgw.cli.hierarchy import echo_rows
 from llmgw.cli.store_command import server_config_option, with_store
@@ -51,7 +51,7 @@ def usage(by: str, since: datetime | None, until: datetime | None, output: str, 
         click.echo(tenancy.usage_csv(rows), nl=False)
         return
     if output == "json":
-        click.echo(json.dumps(CONVERTER.unstructure(rows), indent=2))
+        click.echo(strictjson.dumps(CONVERTER.unstructure(rows), indent=2))
         return
     table = [
         [

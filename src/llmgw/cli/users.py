@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from llmgw.cli.params import Id
 from llmgw.cli.store_command import server_config_option, with_store
 from llmgw.store import Store
 from llmgw.store.scopes import Hierarchy, Scope, load_hierarchy
@@ -63,7 +64,7 @@ def create(email: str, password: str | None, config_path: Path) -> None:
 
 
 @users.command()
-@click.argument("user_id", metavar="ID", type=int)
+@click.argument("user_id", metavar="ID", type=Id())
 @click.option(
     "--project", required=True, help="The project (id or name) the account joins, with its team and org."
 )
@@ -80,7 +81,7 @@ def approve(user_id: int, project: str, config_path: Path) -> None:
 
 
 @users.command()
-@click.argument("user_id", metavar="ID", type=int)
+@click.argument("user_id", metavar="ID", type=Id())
 @_config_option
 def promote(user_id: int, config_path: Path) -> None:
     """Make account ID an administrator (a pending account becomes active too)."""
@@ -92,7 +93,7 @@ def promote(user_id: int, config_path: Path) -> None:
 
 
 @users.command()
-@click.argument("user_id", metavar="ID", type=int)
+@click.argument("user_id", metavar="ID", type=Id())
 @_config_option
 def disable(user_id: int, config_path: Path) -> None:
     """Stop account ID signing in, and end its sessions now; its keys are not revoked."""

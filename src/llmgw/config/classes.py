@@ -30,6 +30,17 @@ from llmgw.config.checks import (
     seconds,
 )
 from llmgw.config.database import is_postgres_url
+from llmgw.maxima import (
+    MAX_GPUS_PER_NODE,
+    MAX_IN_FLIGHT,
+    MAX_MEMORY_MB,
+    MAX_NODES_PER_REPLICA,
+    MAX_PARALLEL,
+    MAX_PER_MINUTE,
+    MAX_PRICE_PER_1K,
+    MAX_REPLICAS,
+    MAX_TOKENS,
+)
 
 
 def _field(
@@ -65,9 +76,15 @@ class TLSConfig:
 class AuthConfig:
     enabled: bool = _field(True, "Require `Authorization: Bearer <key>` on /v1/*.")
     default_rpm: int = _field(
-        0, "Requests per minute for a key no scope limits; 0 means unlimited.", number(0)
+        0,
+        "Requests per minute for a key no scope limits; 0 means unlimited.",
+        number(0, high=MAX_PER_MINUTE),
     )
-    default_tpm: int = _field(0, "Tokens per minute for a key no scope limits; 0 means unlimited.", number(0))
+    default_tpm: int = _field(
+        0,
+        "Tokens per minute for a key no scope limits; 0 means unlimited.",
+        number(0, high=MAX_PER_MINUTE),
+    )
     signup_open: bool = _field(False, "Whether /signup accepts new accounts (pending until approved).")
     session_ttl_s: float = _field(
         43200.0,
@@ -146,14 +163,18 @@ class ProfileConfig:
     gpus_per_node: int = _field(
         0,
         "GPUs each node gives one replica; 0 means none, or 1 when `gpu_class` is set.",
-        number(0),
+        number(0, high=MAX_GPUS_PER_NODE),
     )
-    nodes: int = _field(1, "Nodes one replica spans; more than 1 needs nodes on one fabric.", number(1))
+    nodes: int = _field(
+        1,
+        "Nodes one replica spans; more than 1 needs nodes on one fabric.",
+        number(1, high=MAX_NODES_PER_REPLICA),
+    )
     min_memory_mb: int = _field(
         0,
         "Memory (MB) each node must have free for one replica, counted against the node's total "
         "less what placed replicas claim.",
-        number(0),
+        number(0, high=MAX_MEMORY_MB),
     )
     labels: dict[str, str] = _field({}, "Labels (agent.yaml `labels`) a node must carry, with these values.")
 
@@ -218,7 +239,7 @@ class EndpointConfig:
 @attrs.frozen
 class ModelConfig:
     name: str = _field("", "The model name clients ask for in `model`.")
-    replicas: int = _field(1, "How many replicas to keep running.", number(0))
+    replicas: int = _field(1, "How many replicas to keep running.", number(0, high=MAX_REPLICAS))
     profiles: list[ProfileConfig] = _field([], "Ways to run the model, tried in order.")
     version: str = _field("", "The model's version, shown with its name; free text.")
     source: str = _field(
@@ -253,7 +274,7 @@ class ModelConfig:
         "`max_completion_tokens`, times `n`): a request that names none is sent to the engine with this "
         "many, and one that asks for more is refused with 400. What a request reserves against tpm "
         "limits and budgets until its real usage is known. See docs/gateway.md.",
-        number(1),
+        number(1, high=MAX_TOKENS),
     )
     timeouts: TimeoutsConfig = _field(
         TimeoutsConfig(),
@@ -271,19 +292,23 @@ class ModelConfig:
         "Send a request to the first of `fallbacks` with a ready replica or endpoint when every ready "
         "replica of this model has at least this many requests in flight (and that fallback has one "
         "below it); 0: only when this model has no ready replica.",
-        number(0),
+        number(0, high=MAX_IN_FLIGHT),
     )
 
 
 @attrs.frozen
 class PriceConfig:
+    # Bounded so that the dearest price times the most tokens a request is charged for stays finite:
+    # 1e308 made a long prompt cost inf, which no JSON reply can hold.
     prompt_per_1k: float = _field(
-        0.0, "Price of 1,000 prompt tokens, in the unit budgets are set in.", number(0)
+        0.0,
+        "Price of 1,000 prompt tokens, in the unit budgets are set in.",
+        number(0, high=MAX_PRICE_PER_1K),
     )
     completion_per_1k: float = _field(
         0.0,
         "Price of 1,000 completion tokens, in the unit budgets are set in.",
-        number(0),
+        number(0, high=MAX_PRICE_PER_1K),
     )
 
 
@@ -506,7 +531,7 @@ class EngineOptions:
         4,
         "Requests the engine serves at once (llama.cpp's `-np`, vLLM's `--max-num-seqs`, SGLang's "
         "`--max-running-requests`), for a replica whose profile sets none.",
-        number(1),
+        number(1, high=MAX_PARALLEL),
     )
     disabled: bool = _field(
         False, "This node never installs nor reports the engine, so placement sends it none of its replicas."
@@ -574,7 +599,9 @@ class ProbeConfig:
         seconds(0, above=True, high=3600),
     )
     failures: int = _field(
-        3, "Health probes failed in a row after which the engine is stalled, killed and replaced.", number(1)
+        3,
+        "Health probes failed in a row after which the engine is stalled, killed and replaced.",
+        number(1, high=1000),
     )
     progress_s: float = _field(
         60.0,

@@ -21,6 +21,7 @@ import cattrs
 import structlog
 from aiohttp import web
 
+from llmgw import strictjson
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json
 from llmgw.config import MirrorClientConfig
 from llmgw.errors import LlmgwError
@@ -138,7 +139,7 @@ def relay(mirror_path: Callable[[web.Request], str]) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         client = request.app[MIRROR_CLIENT_KEY]
         if client is None:
-            return web.json_response(
+            return strictjson.response(
                 {"error": _NO_MIRROR},
                 status=404,
             )
@@ -147,18 +148,18 @@ def relay(mirror_path: Callable[[web.Request], str]) -> Handler:
             try:
                 body = await read_json(request, MAX_ADMIN_BODY)
             except BadJson as exc:
-                return web.json_response({"error": str(exc)}, status=exc.status)
+                return strictjson.response({"error": str(exc)}, status=exc.status)
         path = mirror_path(request)
         if request.query_string:
             path += "?" + request.query_string
         try:
             status, data = await client.call(request.method, path, body)
         except MirrorError as exc:
-            return web.json_response({"error": str(exc)}, status=502)
+            return strictjson.response({"error": str(exc)}, status=502)
         if not isinstance(data, dict):
-            return web.json_response(
+            return strictjson.response(
                 {"error": f"the mirror at {client.api} answered HTTP {status} with no JSON"}, status=502
             )
-        return web.json_response(data, status=status)
+        return strictjson.response(data, status=status)
 
     return handler

@@ -66,7 +66,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from llmgw import __version__
+from llmgw import __version__, strictjson
 from llmgw.engines.sim_words import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
 
 DEFAULT_MAX_TOKENS = 16
@@ -114,7 +114,7 @@ def _dead() -> _BadRequest:
 def _error_response(error: _BadRequest) -> web.Response:
     kind = "invalid_request_error" if error.status < 500 else "server_error"
     body = {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}}
-    return web.Response(status=error.status, body=json.dumps(body), content_type="application/json")
+    return web.Response(status=error.status, body=strictjson.dumps(body), content_type="application/json")
 
 
 def _text_of(content: Any) -> str:
@@ -136,7 +136,7 @@ def _escaped(words: list[str]) -> list[str]:
     """
     if not words:
         return []
-    return json.dumps(words)[2:-2].split('", "')
+    return strictjson.dumps(words)[2:-2].split('", "')
 
 
 def _max_tokens(body: dict[str, Any], names: tuple[str, ...]) -> int:
@@ -207,7 +207,7 @@ def _parse_completion(body: dict[str, Any]) -> _Request:
 
 def embedding(item: str | list[int]) -> list[float]:
     """The sim's vector for one input: EMBEDDING_DIM numbers from its digest, scaled to length 1."""
-    data = item.encode() if isinstance(item, str) else json.dumps(item).encode()
+    data = item.encode() if isinstance(item, str) else strictjson.dumps(item).encode()
     raw = hashlib.shake_256(data).digest(2 * EMBEDDING_DIM)
     values = [v - 32767.5 for v in struct.unpack(f"<{EMBEDDING_DIM}H", raw)]
     norm = math.sqrt(sum(v * v for v in values))
@@ -243,7 +243,7 @@ class _SimServer:
 
     def __init__(self, model: str, ttft_ms: float, tokens_per_s: float):
         self.model = model
-        self.model_json = json.dumps(model)
+        self.model_json = strictjson.dumps(model)
         self.ttft_s = ttft_ms / 1000.0
         self.token_interval_s = 1.0 / tokens_per_s if tokens_per_s > 0 else 0.0
         self.delayed = self.ttft_s > 0 or self.token_interval_s > 0
@@ -276,7 +276,7 @@ class _SimServer:
             "object": "list",
             "data": [{"id": model, "object": "model", "created": self.created, "owned_by": "llmgw-sim"}],
         }
-        self.models_body = json.dumps(models).encode()
+        self.models_body = strictjson.dumps(models).encode()
 
     def break_serving_loop(self) -> None:
         """From now on /health and every completion answer 500, as a vLLM whose engine core died."""
@@ -340,7 +340,7 @@ class _SimServer:
                 ],
                 "usage": parsed.usage(),
             }
-            return web.Response(body=json.dumps(reply), content_type="application/json")
+            return web.Response(body=strictjson.dumps(reply), content_type="application/json")
         except _BadRequest as e:
             return _error_response(e)
         finally:
@@ -371,7 +371,7 @@ class _SimServer:
                 ],
                 "usage": parsed.usage(),
             }
-            return web.Response(body=json.dumps(reply), content_type="application/json")
+            return web.Response(body=strictjson.dumps(reply), content_type="application/json")
         except _BadRequest as e:
             return _error_response(e)
         finally:
@@ -401,7 +401,7 @@ class _SimServer:
             "model": self.model,
             "usage": {"prompt_tokens": count, "total_tokens": count},
         }
-        return web.Response(body=json.dumps(reply), content_type="application/json")
+        return web.Response(body=strictjson.dumps(reply), content_type="application/json")
 
     async def _serving_loop(self) -> None:
         """Raise the 500 of a dead serving loop, or never return while generation hangs."""
@@ -456,7 +456,7 @@ class _SimServer:
         tail = pending + head + finish % parsed.finish_reason + end
         if parsed.include_usage:
             # OpenAI's last chunk: no choices, only the usage of the whole request.
-            tail += head + '],"usage":' + json.dumps(parsed.usage()) + "}\n\n"
+            tail += head + '],"usage":' + strictjson.dumps(parsed.usage()) + "}\n\n"
         yield tail + _DONE
 
     async def _stream(self, request: web.Request, chunks: Iterator[str], tokens: int) -> web.StreamResponse:

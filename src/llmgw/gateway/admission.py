@@ -12,13 +12,13 @@ usage is recorded (and journaled) before its last bytes go to the client.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
 import structlog
 from aiohttp import web
 
+from llmgw import strictjson
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.gateway import access
@@ -63,7 +63,7 @@ def _ask_the_engine(call: Call, max_tokens: int | None) -> None:
     if changes:
         # The payload too: the router rewrites the body from it for a fallback model.
         call.payload = {**payload, **changes}
-        call.body = json.dumps(call.payload, ensure_ascii=False).encode()
+        call.body = strictjson.dumps(call.payload, ensure_ascii=False).encode()
 
 
 def _used(call: Call, status: int, prompt: int, completion: int) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from typing import Literal
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from llmgw import strictjson
 from llmgw.bodies import decode_bodies
 from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
@@ -29,8 +30,9 @@ ROUTER_KEY = web.AppKey("llmgw.gateway.router", Router)
 KEYS_KEY = web.AppKey("llmgw.gateway.keys", KeyCache)
 
 # Prompts with long contexts or images run to megabytes; aiohttp's default
-# limit (1 MiB) would refuse them.
-_MAX_BODY = 64 * 1024 * 1024
+# limit (1 MiB) would refuse them. A request is charged for at most a token per byte of it
+# (admission), which is part of what keeps its cost finite (llmgw.maxima).
+MAX_BODY = 64 * 1024 * 1024
 
 
 def _model_entry(name: str) -> dict[str, object]:
@@ -55,7 +57,7 @@ def make_gateway_app(
     if metrics is None:
         metrics = GatewayMetrics(CollectorRegistry(), catalog)
     app = web.Application(
-        client_max_size=_MAX_BODY,
+        client_max_size=MAX_BODY,
         middlewares=[
             openai_errors,
             # /v1/models/ and /admin/ lead where /v1/models and /admin do (they were 404s); before the body is
@@ -63,7 +65,7 @@ def make_gateway_app(
             plain_paths,
             decode_bodies(
                 lambda request, status, message: answer(request, status, message, code="invalid_body"),
-                _MAX_BODY,
+                MAX_BODY,
             ),
         ],
     )
@@ -114,7 +116,7 @@ def make_gateway_app(
         names = list(by_name)
         # Only what the key may call (its list, within its project's): a listed model is never a 403.
         shown = names if call.key is None else allowed_for(names, call.key)
-        return web.json_response({"object": "list", "data": [by_name[name] for name in shown]})
+        return strictjson.response({"object": "list", "data": [by_name[name] for name in shown]})
 
     async def get_model(call: Call) -> web.StreamResponse:
         # The openai client's models.retrieve(); the id is one path segment, org%2Fmodel for org/model,
@@ -130,10 +132,10 @@ def make_gateway_app(
             )
         if call.key is not None:
             access.check(call.key, admission.hierarchy if admission is not None else _NO_PROJECTS, name)
-        return web.json_response(entry)
+        return strictjson.response(entry)
 
     async def health(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"status": "ok"})
+        return strictjson.response({"status": "ok"})
 
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", endpoint(compose(auth, list_models)))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 from aiohttp.typedefs import Handler
+
+from llmgw import strictjson
 
 
 class ApiError(Exception):
@@ -36,7 +36,7 @@ class ApiError(Exception):
         body = {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
         return web.Response(
             status=self.status,
-            body=json.dumps(body).encode(),
+            body=strictjson.dumps(body).encode(),
             content_type="application/json",
             headers=self.headers,
         )
@@ -60,7 +60,7 @@ def answer(
     the admin listener.
     """
     if request.path.startswith(_ADMIN_API):
-        return web.json_response({"error": message}, status=status, headers=headers)
+        return strictjson.response({"error": message}, status=status, headers=headers)
     return ApiError(status, message, code=code, headers=headers).response()
 
 

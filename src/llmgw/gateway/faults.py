@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from llmgw import strictjson
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call
 
@@ -92,7 +93,7 @@ def server_error(call: Call, status: int, content_type: str, body: bytes) -> Eng
             code="engine_error",
         )
     if not isinstance(message, str):
-        message = json.dumps(message)
+        message = strictjson.dumps(message)
     return EngineFailed(status, f"{model} on {where(call)} failed: {message}", type="server_error")
 
 
@@ -125,7 +126,7 @@ def ends_like_json(last: bytes | bytearray) -> bool:
 def error_event(error: ApiError) -> bytes:
     """The server-sent event that ends a stream under way with error, in OpenAI's shape."""
     body = {"error": {"message": error.message, "type": error.type, "code": error.code, "param": None}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return b"data: " + strictjson.dumps(body).encode() + b"\n\n"
 
 
 def stream_failed(call: Call, what: str, data: bytes = b"") -> ApiError:

@@ -35,6 +35,7 @@ from pathlib import Path
 import attrs
 import structlog
 
+from llmgw import strictjson
 from llmgw.errors import LlmgwError
 from llmgw.store.db import Store
 from llmgw.store.usage import (
@@ -275,7 +276,7 @@ def _write_identity(directory: Path, identity: _Identity) -> None:
     path = directory / ID_FILE
     partial = directory / (ID_FILE + ".new")
     with partial.open("w") as out:
-        json.dump({"id": identity.journal_id, "base": identity.base}, out)
+        strictjson.dump({"id": identity.journal_id, "base": identity.base}, out)
         out.flush()
         os.fsync(out.fileno())
     partial.rename(path)

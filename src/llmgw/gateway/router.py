@@ -16,13 +16,13 @@ x-llmgw-model header says so. A model served by endpoints outside the fleet
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 import structlog
 from aiohttp import web
 
+from llmgw import strictjson
 from llmgw.catalog import Catalog
 from llmgw.config import RouterConfig
 from llmgw.gateway.affinity import PrefixIndex, Sessions, prompt_blocks
@@ -210,7 +210,7 @@ class Router:
             # An endpoint knows the model by its own name; a fallback's engine answers only to the fallback's.
             named = route.upstream_model if route is not None and route.upstream_model else served
             if named != call.model:
-                call.body = json.dumps({**call.payload, "model": named}, ensure_ascii=False).encode()
+                call.body = strictjson.dumps({**call.payload, "model": named}, ensure_ascii=False).encode()
             try:
                 return await rest(call)
             except EngineFailed as failure:

@@ -28,6 +28,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from llmgw import strictjson
 from llmgw.bodies import BadJson, read_json
 from llmgw.config import MirrorConfig
 from llmgw.errors import ConfigError
@@ -152,7 +153,7 @@ def _only_the_control_plane(control_plane: str) -> Middleware:
         # The handshake already required a certificate from the authority; this is who holds it.
         name = peer_common_name(request.transport.get_extra_info("peercert") if request.transport else None)
         if name != control_plane:
-            return web.json_response(
+            return strictjson.response(
                 {
                     "error": f"this listener answers only the control plane (certificate {control_plane!r}), "
                     f"not {name!r}"
@@ -165,7 +166,7 @@ def _only_the_control_plane(control_plane: str) -> Middleware:
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+    return strictjson.response({"error": message}, status=status)
 
 
 def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Application:
@@ -173,7 +174,7 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
 
     async def get_models(_: web.Request) -> web.Response:
         models = await asyncio.to_thread(list_models, root)
-        return web.json_response(_converter.unstructure(MirrorModels(models=models)))
+        return strictjson.response(_converter.unstructure(MirrorModels(models=models)))
 
     async def post_fetch(request: web.Request) -> web.Response:
         try:
@@ -191,16 +192,16 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
             fetch = fetches.start(body["model"], include)
         except RefError as exc:
             return _error(400, str(exc))
-        return web.json_response(_converter.unstructure(fetch), status=202)
+        return strictjson.response(_converter.unstructure(fetch), status=202)
 
     async def get_fetches(_: web.Request) -> web.Response:
-        return web.json_response(_converter.unstructure(MirrorFetches(fetches=fetches.all())))
+        return strictjson.response(_converter.unstructure(MirrorFetches(fetches=fetches.all())))
 
     async def get_fetch(request: web.Request) -> web.Response:
         fetch = fetches.get(request.match_info["id"])
         if fetch is None:
             return _error(404, f"no fetch {request.match_info['id']} on this mirror")
-        return web.json_response(_converter.unstructure(fetch))
+        return strictjson.response(_converter.unstructure(fetch))
 
     async def delete_model(request: web.Request) -> web.Response:
         try:
@@ -215,7 +216,7 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
         await asyncio.to_thread(remove_model, root, model.repo, model.commit)
         log.info("model removed", repo=model.repo, commit=model.commit, bytes=model.size)
         removed = MirrorRemoved(removed=f"{model.repo}@{model.commit}", bytes=model.size)
-        return web.json_response(_converter.unstructure(removed))
+        return strictjson.response(_converter.unstructure(removed))
 
     app.router.add_get("/api/v1/models", get_models)
     app.router.add_delete("/api/v1/models", delete_model)

@@ -33,7 +33,7 @@ import attrs
 import cattrs
 import structlog
 
-from llmgw import download
+from llmgw import download, strictjson
 from llmgw.backoff import ExponentialBackoff
 from llmgw.download import PART, human_bytes
 from llmgw.errors import LlmgwError
@@ -484,7 +484,7 @@ def place_model(root: Path, staging: Path, final: Path, model: FetchedModel, fet
 
 def _write_manifest(directory: Path, model: FetchedModel) -> None:
     tmp = directory / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(_converter.unstructure(model), indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(strictjson.dumps(_converter.unstructure(model), indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, directory / MANIFEST)
 
 

@@ -26,6 +26,7 @@ from llmgw.agent.weights import WeightsCache
 from llmgw.config import AgentConfig
 from llmgw.engines.registry import ENGINES
 from llmgw.metrics import Metrics, new_registry, serve_metrics
+from llmgw.pki import client_ssl_context
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +53,10 @@ class AgentHandle:
 
 @contextlib.asynccontextmanager
 async def agent_role(cfg: AgentConfig) -> AsyncIterator[AgentHandle]:
+    # Read before anything starts, as the server reads its own before it listens: read first by the
+    # stream's task, a key this user may not read ended the agent in a CancelledError naming no file,
+    # after it had adopted the engines the last one left. The stream builds its context again.
+    await asyncio.to_thread(client_ssl_context, cfg.tls)
     async with contextlib.AsyncExitStack() as stack:
         host = await discover_host()
         releases = await stack.enter_async_context(

@@ -29,6 +29,7 @@ import structlog
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
+from llmgw import strictjson
 from llmgw.config import MirrorConfig
 from llmgw.listen import cannot_listen, split_host_port
 from llmgw.mirror.admin import Fetches, admin_listener
@@ -100,14 +101,14 @@ def make_mirror_app(root: Path) -> web.Application:
         # llmgw's own clients send aiohttp's `Accept: */*` and read JSON; pip and browsers name text/html.
         if "text/html" in request.headers.get(hdrs.ACCEPT, ""):
             return web.Response(text=links_page(files), content_type="text/html")
-        return web.json_response({"files": files})
+        return strictjson.response({"files": files})
 
     # Before the static route, which would otherwise answer a directory's URL with 403.
     app.router.add_get("/files/{path:(.*/)?}", listing)
     app.router.add_static("/files/", root, show_index=False, follow_symlinks=False)
 
     async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return strictjson.response({"status": "ok"})
 
     app.router.add_get("/health", health)
     return app

@@ -28,6 +28,8 @@ _TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?")
 # alias of the row id, numbered by the database when an insert leaves it out: a sequence in
 # PostgreSQL. Every INTEGER is 64 bits in SQLite, and a day's token count may pass 2**31.
 _SCHEMA = (
+    # AUTOINCREMENT (SQLite never gives a deleted row's id again) is what a sequence does already.
+    (re.compile(r"\bINTEGER PRIMARY KEY AUTOINCREMENT\b"), "BIGSERIAL PRIMARY KEY"),
     (re.compile(r"\bINTEGER PRIMARY KEY\b"), "BIGSERIAL PRIMARY KEY"),
     (re.compile(r"\bINTEGER\b"), "BIGINT"),
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
@@ -37,10 +39,12 @@ _SCHEMA = (
 
 # After rows were written with ids of their own (the default org, team and project of migration 3;
 # every row `llmgw store migrate` copies), each sequence is moved past the highest id, or the next
-# insert would take an id that is already there.
+# insert would take an id that is already there. Never back: a sequence past the highest row has given
+# out the ids of rows deleted since, and a new row must not take one (store/ids.py says why). The table
+# is locked against inserts meanwhile, or one could take an id between the read and the move.
 _REALIGN_IDS = """
 DO $$
-DECLARE r record;
+DECLARE r record; next_id bigint;
 BEGIN
     FOR r IN
         SELECT c.table_name, c.column_name,
@@ -48,8 +52,11 @@ BEGIN
         FROM information_schema.columns c
         WHERE c.table_schema = current_schema() AND c.column_default LIKE 'nextval(%'
     LOOP
-        EXECUTE format('SELECT setval(%L, COALESCE((SELECT MAX(%I) FROM %I), 0) + 1, false)',
-                       r.seq, r.column_name, r.table_name);
+        EXECUTE format('LOCK TABLE %I IN SHARE ROW EXCLUSIVE MODE', r.table_name);
+        EXECUTE format('SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM %s', r.seq)
+            INTO next_id;
+        EXECUTE format('SELECT setval(%L, GREATEST(%s, COALESCE((SELECT MAX(%I) FROM %I), 0) + 1), false)',
+                       r.seq, next_id, r.column_name, r.table_name);
     END LOOP;
 END
 $$
@@ -89,7 +96,7 @@ class Dialect:
 
     @property
     def realign_ids(self) -> str | None:
-        """The statement that moves every id sequence past the ids already in the tables."""
+        """The statement that moves every id sequence past the ids already in the tables, never back."""
         return None if self.name == "sqlite" else _REALIGN_IDS
 
     @property

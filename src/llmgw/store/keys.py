@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import attrs
 
+from llmgw import strictjson
 from llmgw.names import key_name_problem
 from llmgw.store.base import Duplicate, Row, Store
 
@@ -107,7 +108,7 @@ async def create_key(
                         created_at.isoformat(),
                         project_id,
                         expires_at.astimezone(UTC).isoformat() if expires_at else None,
-                        json.dumps(list(models)) if models is not None else None,
+                        strictjson.dumps(list(models)) if models is not None else None,
                     ),
                 )
         except Duplicate:

@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 
 from llmgw.errors import StoreError
 from llmgw.store.base import Queries, Store
+from llmgw.store.ids import never_reuse
 
 # Migration is declared beside what reads its statements (schema_changes.py); named here too, where
 # everything that applies migrations imports it from.
-from llmgw.store.schema_changes import Kind, kind
+from llmgw.store.schema_changes import Kind, NeverReuseIds, kind
 from llmgw.store.schema_changes import Migration as Migration
 
 
@@ -34,6 +35,14 @@ class NewerSchema(StoreError):
         )
         self.found = found
         self.known = known
+
+
+def _scoped(kind: str) -> tuple[str, str]:
+    """The highest id of a scope of kind that a limit or a budget names."""
+    return (
+        f"SELECT MAX(scope_id) FROM limits WHERE scope_kind = '{kind}'",
+        f"SELECT MAX(scope_id) FROM budgets WHERE scope_kind = '{kind}'",
+    )
 
 
 MIGRATIONS: Sequence[Migration] = (
@@ -259,6 +268,35 @@ MIGRATIONS: Sequence[Migration] = (
         "adds column allowance_leases.frees_at: when a lease next gives a unit back",
         ("ALTER TABLE allowance_leases ADD COLUMN frees_at REAL",),
     ),
+    # 11: ids never given out again. SQLite gave a deleted org's, team's, project's, key's or account's
+    # id to the next one made when it was the highest, and the new one inherited what is filed under
+    # it: a new project showed the deleted one's usage, and its budget started at what that one spent.
+    # A store made earlier has already forgotten a deleted highest id, except where other rows still
+    # name it (usage, revoked keys and members of a deleted project, its limits and budget, a key's
+    # owner): those ids are kept from being given out as well.
+    Migration(
+        "ids of orgs, teams, projects, keys and accounts are never given out again once deleted",
+        (
+            NeverReuseIds("orgs", ("SELECT MAX(org_id) FROM teams", *_scoped("org"))),
+            NeverReuseIds("teams", ("SELECT MAX(team_id) FROM projects", *_scoped("team"))),
+            NeverReuseIds(
+                "projects",
+                (
+                    "SELECT MAX(project_id) FROM api_keys",
+                    "SELECT MAX(project_id) FROM users",
+                    "SELECT MAX(project_id) FROM usage_daily",
+                    *_scoped("project"),
+                ),
+            ),
+            NeverReuseIds(
+                "api_keys",
+                ("SELECT MAX(key_id) FROM usage_daily", "SELECT MAX(key_id) FROM user_keys", *_scoped("key")),
+            ),
+            NeverReuseIds(
+                "users", ("SELECT MAX(user_id) FROM sessions", "SELECT MAX(user_id) FROM user_keys")
+            ),
+        ),
+    ),
 )
 
 
@@ -315,7 +353,10 @@ async def migrate(store: Store, migrations: Sequence[Migration] = MIGRATIONS) ->
             if version <= current:
                 continue
             for statement in migration.statements:
-                await tx.schema(statement)
+                if isinstance(statement, NeverReuseIds):
+                    await never_reuse(tx, statement)
+                else:
+                    await tx.schema(statement)
             await tx.execute(
                 "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
                 (version, datetime.now(UTC).isoformat(timespec="seconds")),

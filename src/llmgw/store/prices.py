@@ -6,12 +6,12 @@ set on a running server binds within a second, and a restart keeps it.
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 
 import attrs
 
 from llmgw.config import PriceConfig
+from llmgw.maxima import MAX_PRICE_PER_1K, problem
 from llmgw.store.base import Store
 from llmgw.store.scopes import ScopeError
 
@@ -24,9 +24,11 @@ class StoredPrice:
 
 
 def _checked(model: str, name: str, value: float) -> float:
-    # NaN compares false with everything: stored, it would make every budget check pass.
-    if not math.isfinite(value) or value < 0:
-        raise ScopeError(f"the {name} price of {model} is {value}; it must be a number, 0 or more")
+    # NaN compares false with everything: stored, it would make every budget check pass. A price
+    # past the bound (1e308 was taken) made a long prompt cost inf, which no JSON reply can hold.
+    said = problem(f"the {name} price of {model}", value, MAX_PRICE_PER_1K, whole=False)
+    if said is not None:
+        raise ScopeError(said)
     return value
 
 
@@ -56,10 +58,15 @@ async def clear_price(store: Store, model: str) -> bool:
 
 
 async def list_prices(store: Store) -> list[StoredPrice]:
+    # Earlier releases took any finite price (1e308): one past the bound charges as the bound, so
+    # that no request costs inf.
     return [
         StoredPrice(
             row["model"],
-            PriceConfig(prompt_per_1k=row["prompt_per_1k"], completion_per_1k=row["completion_per_1k"]),
+            PriceConfig(
+                prompt_per_1k=min(row["prompt_per_1k"], MAX_PRICE_PER_1K),
+                completion_per_1k=min(row["completion_per_1k"], MAX_PRICE_PER_1K),
+            ),
             datetime.fromisoformat(row["set_at"]),
         )
         for row in await store.fetch_all("SELECT * FROM prices ORDER BY model")

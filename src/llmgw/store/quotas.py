@@ -10,6 +10,7 @@ from typing import Literal, cast
 
 import attrs
 
+from llmgw.maxima import MAX_BUDGET, MAX_PER_MINUTE, problem
 from llmgw.store.base import Row, Store
 from llmgw.store.scopes import Scope, ScopeError, ScopeKind
 
@@ -40,8 +41,10 @@ def _scope(row: Row) -> Scope:
 async def set_limits(store: Store, scope: Scope, rpm: int | None, tpm: int | None) -> None:
     """Set the scope's limits; both None removes them."""
     for name, value in (("rpm", rpm), ("tpm", tpm)):
-        if value is not None and value < 0:
-            raise ScopeError(f"{name} of {scope} is {value}; it must be 0 or more (None for no limit)")
+        # Past 64 bits SQLite refuses the integer with an OverflowError; far below, every front end stops.
+        said = None if value is None else problem(f"{name} of {scope}", value, MAX_PER_MINUTE, whole=True)
+        if said is not None:
+            raise ScopeError(f"{said} (None for no limit)")
     async with store.transaction() as db:
         if rpm is None and tpm is None:
             await db.execute(
@@ -64,8 +67,9 @@ async def set_budget(store: Store, scope: Scope, amount: float, period: str) -> 
     """Set the scope's budget: amount (in the unit of the prices) per period."""
     if period not in PERIODS:
         raise ScopeError(f"a budget's period is one of {', '.join(PERIODS)}, not '{period}'")
-    if amount < 0:
-        raise ScopeError(f"the budget of {scope} is {amount}; it must be 0 or more")
+    said = problem(f"the budget of {scope}", amount, MAX_BUDGET, whole=False)
+    if said is not None:
+        raise ScopeError(said)
     async with store.transaction() as db:
         await db.execute(
             "INSERT INTO budgets (scope_kind, scope_id, amount, period) VALUES (?, ?, ?, ?)"

@@ -19,6 +19,31 @@ import attrs
 
 
 @attrs.frozen
+class NeverReuseIds:
+    """A step of its own, not one statement: from it on, the table never gives out an id it gave before,
+    even once that row is deleted, nor one that rows of other tables still name.
+
+    A new row that took a deleted one's id would inherit everything still filed under it: a new project
+    its usage and what its budget counts as spent, a new key or account the records of the old one.
+    PostgreSQL's sequences never go back; SQLite gives an INTEGER PRIMARY KEY table's highest id again
+    once that row is deleted, unless the table is declared AUTOINCREMENT, which SQLite cannot add to an
+    existing table: store/ids.py rebuilds it (same columns, rows, constraints and indexes). What a
+    store made earlier already forgot (a deleted highest row) is read back from named_by, each a query
+    of one number: the highest id of this table other rows name, usage of a deleted project among them.
+
+    The previous release reads and writes the table as before, so the step only expands the schema.
+    """
+
+    table: str
+    named_by: Sequence[str] = ()
+
+
+# A migration's step: one SQL statement, written for SQLite (dialect.py translates it for PostgreSQL),
+# or a step store/ids.py carries out on each database in its own way.
+Statement = str | NeverReuseIds
+
+
+@attrs.frozen
 class Migration:
     """One step of the schema: what it does in words (`llmgw store migrate --check` prints it), and its
     statements.
@@ -32,7 +57,7 @@ class Migration:
     """
 
     does: str
-    statements: Sequence[str]
+    statements: Sequence[Statement]
     unused_since: str | None = None
 
 
@@ -76,8 +101,14 @@ _CONTRACTS = (
 )
 
 
-def change(statement: str) -> Change:
+def change(statement: Statement) -> Change:
     """What one migration statement does, and whether the previous release survives it."""
+    if isinstance(statement, NeverReuseIds):
+        return Change(
+            f"keeps the ids of {statement.table} from being given out again"
+            " (SQLite: rebuilds the table AUTOINCREMENT, rows and indexes as they were)",
+            Kind.EXPAND,
+        )
     text = " ".join(statement.split())
     # RENAME TO is tried before ADD/DROP COLUMN: `ALTER TABLE t RENAME TO u` would not match them anyway.
     for pattern, words in _CONTRACTS:

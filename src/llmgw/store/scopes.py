@@ -13,6 +13,7 @@ from typing import Literal
 
 import attrs
 
+from llmgw import strictjson
 from llmgw.errors import LlmgwError
 from llmgw.names import id_number, scope_name_problem
 from llmgw.store.base import Duplicate, IntegrityError, MissingReference, Queries, Store
@@ -341,7 +342,7 @@ async def set_project_models(store: Store, project_id: int, models: Sequence[str
     async with store.transaction() as db:
         changed = await db.execute(
             "UPDATE projects SET models = ? WHERE id = ?",
-            (json.dumps(list(models)) if models is not None else None, project_id),
+            (strictjson.dumps(list(models)) if models is not None else None, project_id),
         )
         if not changed:
             raise UnknownScope(f"there is no project {project_id}")

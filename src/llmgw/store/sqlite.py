@@ -148,11 +148,14 @@ async def open_sqlite(
                     f"the store {path} cannot use write-ahead logging (journal mode is {row and row[0]}); "
                     "is it on a network file system?"
                 )
-            await db.execute("PRAGMA foreign_keys = ON")
             # Safe with WAL: a power cut may lose the last commits, never corrupt.
             await db.execute("PRAGMA synchronous = NORMAL")
             store = SqliteStore(path, db)
+            # Foreign keys on only after the migrations, as SQLite's recipe for rebuilding a table
+            # says (store/ids.py): dropping the old copy with them on would cascade to the rows that
+            # name it. SQLite takes the pragma only outside a transaction.
             await migrate(store, migrations)
+            await db.execute("PRAGMA foreign_keys = ON")
             if server:
                 await _check_whole(db, path)
         except NewerSchema as exc:

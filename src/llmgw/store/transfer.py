@@ -2,8 +2,10 @@
 
 Both stores are brought to the same (latest) schema when opened, so a table is copied column by
 column with its ids as they are: keys, accounts and usage keep naming each other. The copy is one
-transaction on the target: a failure leaves it as it was. Afterwards the target's id sequences are
-moved past the copied ids (dialect.realign_ids), or the next key made there would take an id in use.
+transaction on the target: a failure leaves it as it was. Afterwards the target's id counters are
+moved past the copied ids (dialect.realign_ids), or the next key made there would take an id in use,
+and past every id the source ever gave out (store/ids.py): a project deleted there before the copy
+keeps its usage, and its id must not go to the next project made on the target.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from llmgw.config.database import PostgresUrl, is_postgres_url
 from llmgw.errors import StoreError
 from llmgw.store.base import IntegrityError, Queries, Store
 from llmgw.store.db import open_store
+from llmgw.store.ids import keep_all_past, next_ids
 
 # Rows a fresh store has from its migrations alone (the default org, team and project, the journal's
 # mark): a target holding only these is empty.
@@ -104,6 +107,7 @@ async def copy_store(source: str, target: str, *, replace: bool = False) -> dict
         # writes out of the middle of the copy.
         async with origin.transaction() as reading:
             rows = {t: await reading.fetch_all(f"SELECT * FROM {t}") for t in tables}
+            given = await next_ids(reading)
         async with destination.transaction() as writing:
             held = _held(await _counts(writing, tables))
             if held and not replace:
@@ -126,6 +130,7 @@ async def copy_store(source: str, target: str, *, replace: bool = False) -> dict
                         ) from None
             if writing.dialect.realign_ids is not None:
                 await writing.execute(writing.dialect.realign_ids)
+            await keep_all_past(writing, given)
         return {t: len(rows[t]) for t in tables}
 
 

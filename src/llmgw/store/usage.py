@@ -6,6 +6,8 @@ here in batches (gateway/usage.py); nothing here runs on a request's path.
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Iterable
 from datetime import date
 from typing import Literal
@@ -14,6 +16,16 @@ import attrs
 
 from llmgw.store.base import Store
 from llmgw.store.scopes import Scope
+
+
+def _cost(value: float) -> float:
+    """A cost as the store sums it; the largest float for inf, which JSON cannot carry.
+
+    Earlier releases took a price of 1e308, and a long prompt then cost inf: such a row
+    reads as more than any budget, so it still spends one, and usage replies stay JSON.
+    """
+    cost = float(value)
+    return cost if math.isfinite(cost) else sys.float_info.max
 
 
 @attrs.frozen
@@ -168,7 +180,7 @@ async def usage_by_day(
             errors=int(row["errors"]),
             prompt_tokens=int(row["prompt_tokens"]),
             completion_tokens=int(row["completion_tokens"]),
-            cost=float(row["cost"]),
+            cost=_cost(row["cost"]),
             latency_ms_avg=float(row["latency_ms"]) / int(row["requests"]) if row["requests"] else 0.0,
         )
         for row in await store.fetch_all(sql, args)
@@ -182,7 +194,7 @@ async def cost_by_day(store: Store, since: str) -> list[tuple[str, int, int, flo
         " GROUP BY day, key_id, project_id",
         (since,),
     )
-    return [(row["day"], row["key_id"], row["project_id"], float(row["cost"])) for row in rows]
+    return [(row["day"], row["key_id"], row["project_id"], _cost(row["cost"])) for row in rows]
 
 
 UsageBy = Literal["org", "team", "project", "key", "model"]
@@ -243,7 +255,7 @@ async def usage_totals(
             errors=int(row["errors"]),
             prompt_tokens=int(row["prompt_tokens"]),
             completion_tokens=int(row["completion_tokens"]),
-            cost=float(row["cost"]),
+            cost=_cost(row["cost"]),
         )
         for row in await store.fetch_all(sql, args)
     ]

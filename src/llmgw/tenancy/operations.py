@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import enum
 import io
-import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date
 from typing import Final, Literal
@@ -21,6 +20,7 @@ import attrs
 
 from llmgw import names
 from llmgw.config import ModelConfig, ServerConfig
+from llmgw.maxima import MAX_BUDGET, MAX_PER_MINUTE, problem
 from llmgw.pricing import price_of, unpriced, unpriced_sentence
 from llmgw.store import Store, scopes
 from llmgw.store import prices as stored_prices
@@ -295,11 +295,15 @@ async def set_quota(
     A budget needs its period the first time; after that a new amount keeps the period it had.
     """
     scope, name = await find_scope(store, text)
+    # Held here as well as by the store: a budget refused after the limits were written left half a change.
     for label, value in (("rpm", rpm), ("tpm", tpm)):
-        if isinstance(value, int) and value < 0:
-            raise ScopeError(f"{label} is {value}; write 0 or more (0 refuses every request)")
-    if not isinstance(budget, _Keep) and budget is not None and (not math.isfinite(budget) or budget < 0):
-        raise ScopeError(f"a budget is an amount of 0 or more, not {budget}")
+        said = problem(label, value, MAX_PER_MINUTE, whole=True) if isinstance(value, int) else None
+        if said is not None:
+            raise ScopeError(f"{said} (0 refuses every request)")
+    if isinstance(budget, (int, float)):
+        said = problem("the budget", budget, MAX_BUDGET, whole=False)
+        if said is not None:
+            raise ScopeError(said)
     if period is not None and period not in PERIODS:
         raise ScopeError(f"a budget's period is one of {', '.join(PERIODS)}, not '{period}'")
     before = await _quota(store, scope, None, name)

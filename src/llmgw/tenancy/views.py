@@ -7,9 +7,11 @@ document's schemas come from them (adminapi/schema.py), as for adminapi/views.py
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
+
+from llmgw.maxima import MAX_BUDGET, MAX_PER_MINUTE, MAX_PRICE_PER_1K
 
 Period = Literal["day", "week", "month", "total"]
 # Where a model's price comes from, first to last: `llmgw prices set`, the model's own definition,
@@ -17,8 +19,12 @@ Period = Literal["day", "week", "month", "total"]
 PriceSource = Literal["set", "model", "pricing", "default", "none"]
 UsageBy = Literal["org", "team", "project", "key", "model"]
 
-# What a request's field must be beyond its type, in the document (adminapi/schema.py).
-_AT_LEAST_0 = {"schema": {"minimum": 0}}
+
+def _from_0_to(most: int) -> dict[str, Any]:
+    """What a request's number must be beyond its type, in the document (adminapi/schema.py)."""
+    return {"schema": {"minimum": 0, "maximum": most}}
+
+
 # A field of a change that may be left out, keeping what it was: the document must not require it.
 _LEFT_OUT_KEEPS = {"required": False}
 _NOT_BLANK = {"pattern": r"\S"}
@@ -99,9 +105,9 @@ class Quota:
 class QuotaChange:
     """The body of PUT /api/v1/quotas/{scope}: a field left out keeps what the scope had; null clears it."""
 
-    rpm: int | None = attrs.field(metadata={**_AT_LEAST_0, **_LEFT_OUT_KEEPS})
-    tpm: int | None = attrs.field(metadata={**_AT_LEAST_0, **_LEFT_OUT_KEEPS})
-    budget: float | None = attrs.field(metadata={**_AT_LEAST_0, **_LEFT_OUT_KEEPS})
+    rpm: int | None = attrs.field(metadata={**_from_0_to(MAX_PER_MINUTE), **_LEFT_OUT_KEEPS})
+    tpm: int | None = attrs.field(metadata={**_from_0_to(MAX_PER_MINUTE), **_LEFT_OUT_KEEPS})
+    budget: float | None = attrs.field(metadata={**_from_0_to(MAX_BUDGET), **_LEFT_OUT_KEEPS})
     period: Period = attrs.field(metadata=_LEFT_OUT_KEEPS)
 
 
@@ -119,8 +125,8 @@ class Price:
 class PriceChange:
     """The body of PUT /api/v1/prices/{model}."""
 
-    prompt_per_1k: float = attrs.field(metadata=_AT_LEAST_0)
-    completion_per_1k: float = attrs.field(metadata=_AT_LEAST_0)
+    prompt_per_1k: float = attrs.field(metadata=_from_0_to(MAX_PRICE_PER_1K))
+    completion_per_1k: float = attrs.field(metadata=_from_0_to(MAX_PRICE_PER_1K))
 
 
 @attrs.frozen

@@ -10,9 +10,11 @@ import attrs
 import structlog
 from aiohttp import web
 
+from llmgw import maxima
 from llmgw.adminapi.tenancy import BadQuery, usage_query
 from llmgw.bodies import read_fields
 from llmgw.catalog import CATALOG_KEY
+from llmgw.maxima import MAX_BUDGET, MAX_PER_MINUTE
 from llmgw.names import id_number
 from llmgw.pricing import budget_warnings, unpriced, unpriced_sentence
 from llmgw.store.keys import list_keys
@@ -192,6 +194,8 @@ async def _quotas_page(
         ),
         default_rpm=ctx.cfg.auth.default_rpm,
         default_tpm=ctx.cfg.auth.default_tpm,
+        max_per_minute=MAX_PER_MINUTE,
+        max_budget=MAX_BUDGET,
         flash=flash,
         flash_kind=kind,
     )
@@ -227,14 +231,16 @@ async def _unpriced_if_budgeted(request: web.Request, scope: Scope, budgets: lis
     return unpriced(ctx.cfg, request.config_dict[CATALOG_KEY].models(), stored)
 
 
-def _optional_number(form: dict[str, str], field: str, kind: type[int] | type[float]) -> int | float | None:
+def _optional_number(form: dict[str, str], field: str, most: int, *, whole: bool) -> int | float | None:
+    """The form's field as a number from 0 to most; None when it is empty. Read before anything is
+    written: a budget refused after the limits were saved left half a change."""
     text = form.get(field, "").strip()
     if not text:
         return None
     try:
-        return kind(text)
-    except ValueError:
-        raise ScopeError(f"{field} is '{text}'; write a number, or leave it empty for none") from None
+        return maxima.read(text, field, most, whole=whole)
+    except ValueError as exc:
+        raise ScopeError(f"{exc}, or leave it empty for none") from None
 
 
 @require_admin
@@ -243,9 +249,9 @@ async def save_quota(request: web.Request) -> web.StreamResponse:
     form = await read_fields(request)
     try:
         scope = Scope.parse(form.get("scope", ""))
-        rpm = _optional_number(form, "rpm", int)
-        tpm = _optional_number(form, "tpm", int)
-        budget = _optional_number(form, "budget", float)
+        rpm = _optional_number(form, "rpm", MAX_PER_MINUTE, whole=True)
+        tpm = _optional_number(form, "tpm", MAX_PER_MINUTE, whole=True)
+        budget = _optional_number(form, "budget", MAX_BUDGET, whole=False)
         await set_limits(
             ctx.store, scope, None if rpm is None else int(rpm), None if tpm is None else int(tpm)
         )

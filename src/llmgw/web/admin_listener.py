@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import llmgw
+from llmgw import strictjson
 from llmgw.adminapi import bench as benchapi
 from llmgw.adminapi import capacity as capacityapi
 from llmgw.adminapi import handlers as adminapi
@@ -73,7 +74,7 @@ def _host_name(host: str) -> str:
 
 
 def _api_error(request: web.Request, status: int, message: str) -> web.StreamResponse:
-    return web.json_response({"error": message}, status=status)
+    return strictjson.response({"error": message}, status=status)
 
 
 @web.middleware
@@ -88,7 +89,7 @@ async def _api_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             404: f"there is no {request.path} in the admin API; /api/v1/openapi.json lists its paths",
             405: f"{request.path} does not accept {request.method}",
         }.get(exc.status, exc.text or exc.reason)
-        response = web.json_response({"error": message}, status=exc.status)
+        response = strictjson.response({"error": message}, status=exc.status)
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
@@ -112,7 +113,7 @@ def make_admin_app(
     @web.middleware
     async def this_machine_only(request: web.Request, handler: Handler) -> web.StreamResponse:
         if _host_name(request.host.lower()) not in allowed:
-            return web.json_response(
+            return strictjson.response(
                 {
                     "error": "the admin listener answers only to this machine's own names, "
                     f"not {request.host}; "
@@ -128,7 +129,7 @@ def make_admin_app(
             and request.match_info.http_exception is None
             and request.content_type not in _CHANGE_TYPES
         ):
-            return web.json_response(
+            return strictjson.response(
                 {
                     "error": "changes are accepted as JSON only (Content-Type: application/json), "
                     "and a model's definition as YAML (Content-Type: application/yaml)"

@@ -33,6 +33,7 @@ from llmgw.bench.result import Run
 from llmgw.catalog import CATALOG_KEY
 from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES
 from llmgw.gateway.endpoints import ENDPOINTS_KEY
+from llmgw.names import id_number
 from llmgw.web.chart import Series, colour, level_lines
 from llmgw.web.history import HISTORY_KEY, gpu_charts, model_charts
 from llmgw.web.render import render
@@ -125,10 +126,10 @@ def _page(value: str | None, pages: int) -> int:
     """The page a link asks for, 1 when it names none; ValueError, in words, for one there is not."""
     if not value:
         return 1
-    try:
-        page = int(value)
-    except ValueError:
-        raise ValueError(f"page is {value!r}; expected a page number from 1 to {pages}") from None
+    # ASCII digits, as everywhere a number is read: int() also reads "٢" and "1_0".
+    page = id_number(value)
+    if page is None:
+        raise ValueError(f"page is {value!r}; expected a page number from 1 to {pages}")
     if not 1 <= page <= pages:
         raise ValueError(
             f"there is no page {page}: the nodes fill {pages} page{'s' if pages > 1 else ''} "

@@ -116,6 +116,42 @@ class TestTarGz:
 
         assert not (tmp_path / "victim" / "owned").exists()
 
+    def test_links_each_inside_that_together_reach_a_sibling_named_like_the_directory_are_refused(
+        self, tmp_path: Path, kit: Any
+    ) -> None:
+        """x -> y/../out-evil is inside while y is missing; once y -> . exists, x reaches ../out-evil.
+
+        Checked as a string prefix, ".../out-evil" starts with ".../out": every test passed.
+        """
+        (tmp_path / "out-evil").mkdir()
+        dest = tmp_path / "out"
+        dest.mkdir()
+
+        archive = write(tmp_path / "a.tar.gz", kit.tar_gz({}, {"x": "y/../out-evil", "y": "."}))
+        with pytest.raises(UnsafeArchiveError, match=r"x links outside the archive \(to y/\.\./out-evil\)"):
+            unpack(archive, dest)
+
+    def test_no_file_is_written_through_a_link_to_a_sibling_named_like_the_directory(
+        self, tmp_path: Path
+    ) -> None:
+        """Written before the whole tree is checked: a per-entry check as a string prefix let the file out."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            link = tarfile.TarInfo("lib")
+            link.type, link.linkname = tarfile.SYMTYPE, "../out-evil"
+            tar.addfile(link)
+            body = tarfile.TarInfo("lib/cron")
+            body.size = 1
+            tar.addfile(body, io.BytesIO(b"x"))
+        (tmp_path / "out-evil").mkdir()
+        dest = tmp_path / "out"
+        dest.mkdir()
+
+        with pytest.raises(UnsafeArchiveError, match="outside"):
+            unpack(write(tmp_path / "a.tar.gz", buf.getvalue()), dest)
+
+        assert list((tmp_path / "out-evil").iterdir()) == []
+
 
 class TestZip:
     def test_a_zip_is_unpacked_with_its_symlinks(self, tmp_path: Path, kit: Any) -> None:

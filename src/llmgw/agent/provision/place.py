@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from llmgw import strictjson
+
 MARKER = ".llmgw-installed"
 
 
@@ -42,6 +44,6 @@ def remove_dirs(*dirs: Path) -> None:
 def put_in_place(partial: Path, directory: Path, marker: dict[str, Any]) -> None:
     # The marker goes in last, inside the scratch directory, and the rename
     # makes it all appear at once.
-    (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    (partial / MARKER).write_text(strictjson.dumps(marker, indent=2) + "\n", encoding="utf-8")
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)

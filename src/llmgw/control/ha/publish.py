@@ -29,6 +29,7 @@ import attrs
 import cattrs
 import structlog
 
+from llmgw import strictjson
 from llmgw.catalog import Catalog
 from llmgw.control.ha.leadership import Leadership
 from llmgw.control.inventory import Inventory
@@ -75,7 +76,7 @@ class RoutingTable:
         return {p.node_id for replicas in self.ready.values() for p in replicas}
 
     def to_text(self) -> str:
-        return json.dumps(_CONVERTER.unstructure(self), separators=(",", ":"), sort_keys=True)
+        return strictjson.dumps(_CONVERTER.unstructure(self), separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_text(cls, text: str) -> RoutingTable:
