@@ -9,6 +9,7 @@ reply is also validated strictly with the same types.
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import anthropic
@@ -19,7 +20,12 @@ from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
 
 _MESSAGE_EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
-_RESPONSE_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+# Each stream event's type, by the `type` it names: validating against the whole union would say
+# what is wrong with the event as each of sixty others.
+_RESPONSE_EVENTS = {
+    typing.get_args(cls.model_fields["type"].annotation)[0]: cls
+    for cls in typing.get_args(typing.get_args(ResponseStreamEvent)[0])
+}
 
 
 def _transport(body: bytes, content_type: str) -> httpx.Client:
@@ -102,14 +108,20 @@ def checked_response(reply: dict[str, Any]) -> Response:
     return strict
 
 
-def checked_response_stream(body: bytes) -> tuple[Response, list[Any]]:
-    """A Responses stream's final response as the SDK's stream helper gives it, and its events, validated."""
-    numbers = []
+def response_events(body: bytes) -> list[dict[str, Any]]:
+    """A Responses stream's events, each validated by the SDK's type for it, numbered from 0 in order."""
+    events = []
     for name, data in sse_events(body):
         assert name == data["type"], (name, data)
-        _RESPONSE_EVENT.validate_python(data)
-        numbers.append(data["sequence_number"])
-    assert numbers == list(range(len(numbers))), numbers
+        _RESPONSE_EVENTS[data["type"]].model_validate(data)
+        events.append(data)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+def checked_response_stream(body: bytes) -> tuple[Response, list[Any]]:
+    """A Responses stream's final response as the SDK's stream helper gives it, and its events, validated."""
+    response_events(body)
     client = openai.OpenAI(
         api_key="k", base_url="http://gateway/v1", http_client=_transport(body, "text/event-stream")
     )
