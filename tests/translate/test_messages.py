@@ -455,3 +455,23 @@ class TestStream:
         stream = MessagesStream("tiny")
         body = b"".join(stream.feed(e if e == DONE else json.loads(e)) for e in chunks.TEXT)
         assert checked_message_stream(body).content[0].type == "text"
+
+
+class TestOddInput:
+    @pytest.mark.parametrize("value", [0, "64", 2.5, False])
+    def test_a_max_tokens_that_is_not_a_positive_whole_number_is_refused(self, value: object) -> None:
+        with pytest.raises(
+            TranslationError, match="max_tokens: must be a whole number of at least 1"
+        ) as caught:
+            request_to_chat({"model": "m", "max_tokens": value, "messages": []})
+        assert caught.value.param == "max_tokens"
+
+    @pytest.mark.parametrize("value", [1, "END", [1]])
+    def test_stop_sequences_that_are_not_a_list_of_strings_are_refused(self, value: object) -> None:
+        with pytest.raises(TranslationError, match="stop_sequences: must be a list of strings"):
+            request_to_chat({"model": "m", "max_tokens": 1, "messages": [], "stop_sequences": value})
+
+    def test_tool_arguments_an_engine_sends_as_an_object_are_the_input(self) -> None:
+        calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]
+        message = checked_message(reply_from_chat(completion({"tool_calls": calls}, "tool_calls"), "tiny"))
+        assert message.content[0].type == "tool_use" and message.content[0].input == {"a": 1}

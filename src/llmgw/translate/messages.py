@@ -28,7 +28,9 @@ from llmgw.translate.chat import (
     first_choice,
     matched_stop,
     new_id,
+    object_at,
     parse_arguments,
+    positive,
     read_event,
     reasoning_of,
     text_of,
@@ -57,12 +59,15 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     if payload.get("mcp_servers"):
         raise TranslationError("mcp_servers: this model's engine cannot reach MCP servers", "mcp_servers")
     chat: JsonObject = {"model": payload.get("model"), "messages": _messages(payload)}
-    chat["max_tokens"] = payload["max_tokens"]
+    chat["max_tokens"] = positive(payload["max_tokens"], "max_tokens")
     for key in _PASSED:
         if key in payload:
             chat[key] = payload[key]
-    if payload.get("stop_sequences"):
-        chat["stop"] = list(payload["stop_sequences"])
+    stops = payload.get("stop_sequences")
+    if stops:
+        if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+            raise TranslationError("stop_sequences: must be a list of strings", "stop_sequences")
+        chat["stop"] = stops
     tools = payload.get("tools")
     if tools:
         chat["tools"] = [_tool(tool, i) for i, tool in enumerate(_listed(tools, "tools"))]
@@ -105,8 +110,7 @@ def reply_from_chat(chat: JsonObject, model: str, *, stop_sequences: Sequence[st
     `stop_sequence`.
     """
     choice = first_choice(chat)
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    assert isinstance(message, dict)
+    message = object_at(choice, "message")
     content: list[JsonObject] = []
     reasoning = reasoning_of(message)
     if reasoning:
@@ -114,16 +118,14 @@ def reply_from_chat(chat: JsonObject, model: str, *, stop_sequences: Sequence[st
     text = text_of(message.get("content"))
     if text:
         content.append({"type": "text", "text": text})
-    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
-    assert isinstance(calls, list)
+    calls = tool_call_pieces(message)
     for call in calls:
-        function = call.get("function") or {}
         content.append(
             {
                 "type": "tool_use",
-                "id": call.get("id") or new_id("toolu"),
-                "name": function.get("name") or "",
-                "input": parse_arguments(function.get("arguments") or ""),
+                "id": call.id or new_id("toolu"),
+                "name": call.name,
+                "input": parse_arguments(call.arguments),
             }
         )
     stop = matched_stop(choice, list(stop_sequences))
@@ -424,8 +426,7 @@ class MessagesStream:
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return out
         choice = choices[0]
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-        assert isinstance(delta, dict)
+        delta = object_at(choice, "delta")
         reasoning = reasoning_of(delta)
         if reasoning:
             out += self._into("thinking") + self._delta({"type": "thinking_delta", "thinking": reasoning})

@@ -25,6 +25,8 @@ from llmgw.translate.chat import (
     UpstreamError,
     first_choice,
     new_id,
+    object_at,
+    positive,
     read_event,
     reasoning_of,
     text_of,
@@ -59,7 +61,7 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
         )
     chat: JsonObject = {"model": payload.get("model"), "messages": _messages(payload)}
     if payload.get("max_output_tokens") is not None:
-        chat["max_tokens"] = payload["max_output_tokens"]
+        chat["max_tokens"] = positive(payload["max_output_tokens"], "max_output_tokens")
     for key in _PASSED:
         if payload.get(key) is not None:
             chat[key] = payload[key]
@@ -84,8 +86,7 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
 def reply_from_chat(chat: JsonObject, model: str, *, request: JsonObject | None = None) -> JsonObject:
     """A chat completion as a `response`, named for model; request's settings are echoed as OpenAI does."""
     choice = first_choice(chat)
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    assert isinstance(message, dict)
+    message = object_at(choice, "message")
     output: list[JsonObject] = []
     reasoning = reasoning_of(message)
     if reasoning:
@@ -93,18 +94,9 @@ def reply_from_chat(chat: JsonObject, model: str, *, request: JsonObject | None 
     text = text_of(message.get("content"))
     if text:
         output.append(_message_item(new_id("msg"), text, "completed"))
-    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
-    assert isinstance(calls, list)
-    for call in calls:
-        function = call.get("function") or {}
+    for call in tool_call_pieces(message):
         output.append(
-            _call_item(
-                new_id("fc"),
-                str(call.get("id") or new_id("call")),
-                str(function.get("name") or ""),
-                str(function.get("arguments") or ""),
-                "completed",
-            )
+            _call_item(new_id("fc"), call.id or new_id("call"), call.name, call.arguments, "completed")
         )
     usage = ChatUsage()
     usage.read(chat.get("usage"))
@@ -128,7 +120,7 @@ def _usage(usage: ChatUsage) -> JsonObject:
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": prompt + completion,
     }
 
@@ -199,7 +191,9 @@ def _messages(payload: JsonObject) -> list[JsonObject]:
     out: list[JsonObject] = []
     instructions = payload.get("instructions")
     if instructions:
-        out.append({"role": "system", "content": str(instructions)})
+        if not isinstance(instructions, str):
+            raise TranslationError("instructions: must be a string", "instructions")
+        out.append({"role": "system", "content": instructions})
     items = payload.get("input")
     if isinstance(items, str):
         out.append({"role": "user", "content": items})
@@ -299,15 +293,24 @@ def _call_output(item: JsonObject, i: int) -> JsonObject:
         if any(part["type"] != "text" for part in parts):
             return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": parts}
         output = "".join(part["text"] for part in parts)
-    return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": str(output or "")}
+    if output is not None and not isinstance(output, str):
+        # A client that sends its tool's result as an object rather than as its JSON.
+        output = json.dumps(output)
+    return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": output or ""}
 
 
 def _reasoning_texts(item: JsonObject) -> list[str]:
-    """A reasoning item's text; an encrypted one (OpenAI's own) carries none an engine can read."""
-    texts = [str(part.get("text") or "") for part in item.get("content") or [] if isinstance(part, dict)]
-    return texts or [
-        str(part.get("text") or "") for part in item.get("summary") or [] if isinstance(part, dict)
-    ]
+    """A reasoning item's text, or its summary's; an encrypted one (OpenAI's own) has none an engine reads."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        texts = (
+            [str(p.get("text") or "") for p in parts if isinstance(p, dict)]
+            if isinstance(parts, list)
+            else []
+        )
+        if texts:
+            return texts
+    return []
 
 
 def _tool(tool: object, i: int) -> JsonObject:
@@ -404,8 +407,7 @@ class ResponsesStream:
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return out
         choice = choices[0]
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-        assert isinstance(delta, dict)
+        delta = object_at(choice, "delta")
         reasoning = reasoning_of(delta)
         if reasoning:
             out += self._into("reasoning") + self._text_delta("response.reasoning_text.delta", reasoning)
