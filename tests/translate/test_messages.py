@@ -71,6 +71,22 @@ class TestRequest:
         chat = request_to_chat({"model": "m", "max_tokens": 1, "system": "Be brief.", "messages": []})
         assert chat["messages"] == [{"role": "system", "content": "Be brief."}]
 
+    def test_system_blocks_are_joined_by_a_blank_line(self) -> None:
+        system = [{"type": "text", "text": "You are terse."}, {"type": "text", "text": "Answer in French."}]
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "system": system, "messages": []})
+        assert chat["messages"] == [{"role": "system", "content": "You are terse.\n\nAnswer in French."}]
+
+    def test_claude_codes_billing_line_which_changes_every_request_is_left_out(self) -> None:
+        """It would make every turn's prompt differ from its first line, and no prefix cache would hold."""
+        header = "x-anthropic-billing-header: cc_version=2.1.197.e51; cc_entrypoint=cli; cch=a5145;"
+        system = [{"type": "text", "text": header}, {"type": "text", "text": "You are Claude Code."}]
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "system": system, "messages": []})
+        assert chat["messages"] == [{"role": "system", "content": "You are Claude Code."}]
+        chat = request_to_chat(
+            {"model": "m", "max_tokens": 1, "system": f"{header}\nYou are terse.", "messages": []}
+        )
+        assert chat["messages"] == [{"role": "system", "content": "You are terse."}]
+
     def test_a_streamed_request_asks_the_engine_for_its_usage(self) -> None:
         chat = request_to_chat({"model": "m", "max_tokens": 1, "stream": True, "messages": []})
         assert chat["stream"] is True

@@ -174,9 +174,9 @@ def _listed(value: object, param: str) -> list[Any]:
 def _messages(payload: JsonObject) -> list[JsonObject]:
     """The chat messages: the system prompt first, then each turn, its tool results as `tool` messages."""
     out: list[JsonObject] = []
-    system = payload.get("system")
+    system = _system_text(payload["system"]) if payload.get("system") else ""
     if system:
-        out.append({"role": "system", "content": _system_text(system)})
+        out.append({"role": "system", "content": system})
     for i, message in enumerate(_listed(payload.get("messages"), "messages")):
         if not isinstance(message, dict):
             raise TranslationError(
@@ -198,9 +198,9 @@ def _messages(payload: JsonObject) -> list[JsonObject]:
 
 
 def _system_text(system: object) -> str:
-    """The system prompt's text: a string, or its text blocks one after the other."""
+    """The system prompt's text: a string, or its text blocks joined, less Claude Code's billing line."""
     if isinstance(system, str):
-        return system
+        return _without_billing_header(system)
     parts = []
     for j, block in enumerate(_listed(system, "system")):
         if not isinstance(block, dict) or block.get("type") != "text":
@@ -208,8 +208,24 @@ def _system_text(system: object) -> str:
             raise TranslationError(
                 f"system.{j}: a system prompt holds text blocks only, not {kind!r}", "system"
             )
-        parts.append(str(block.get("text") or ""))
+        text = _without_billing_header(str(block.get("text") or ""))
+        if text:
+            parts.append(text)
     return "\n\n".join(parts)
+
+
+# Claude Code's first system block: "x-anthropic-billing-header: cc_version=…; cch=a5145;", a hash
+# that changes with every request. Anthropic reads it for its billing; to an engine it is a
+# different prompt prefix each turn, so its prefix cache never got past it and every turn of a
+# 3,000-token prompt was computed again.
+_BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _without_billing_header(text: str) -> str:
+    if _BILLING_HEADER not in text:
+        return text
+    kept = [line for line in text.split("\n") if not line.startswith(_BILLING_HEADER)]
+    return "\n".join(kept).strip("\n")
 
 
 def _assistant(content: object, i: int) -> list[JsonObject]:
