@@ -36,6 +36,10 @@ from llmgw.translate.chat import (
 # The request's fields chat takes under the same name.
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "chat_template_kwargs")
 
+# The reasoning efforts chat completions take everywhere: vLLM refuses a request with another
+# (`minimal`, `xhigh`), where the Responses API takes it; those are left to the engine's default.
+_EFFORTS = ("low", "medium", "high")
+
 # Why each refused field cannot be served by a translated engine.
 _KEEPS_NOTHING = (
     "this model's engine does not speak the Responses API and keeps no responses; "
@@ -74,7 +78,7 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     if response_format is not None:
         chat["response_format"] = response_format
     reasoning = payload.get("reasoning")
-    if isinstance(reasoning, dict) and reasoning.get("effort"):
+    if isinstance(reasoning, dict) and reasoning.get("effort") in _EFFORTS:
         chat["reasoning_effort"] = reasoning["effort"]
     if payload.get("stream"):
         chat["stream"] = True
