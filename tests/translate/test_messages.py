@@ -92,6 +92,19 @@ class TestRequest:
         assert chat["stream"] is True
         assert chat["stream_options"] == {"include_usage": True}
 
+    def test_a_json_schema_in_output_config_becomes_response_format(self) -> None:
+        config = {"format": {"type": "json_schema", "schema": {"type": "object"}}, "effort": "low"}
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "messages": [], "output_config": config})
+        assert chat["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": {"type": "object"}},
+        }
+        assert chat["reasoning_effort"] == "low"
+        chat = request_to_chat(
+            {"model": "m", "max_tokens": 1, "messages": [], "output_config": {"effort": "max"}}
+        )
+        assert "reasoning_effort" not in chat
+
     def test_a_request_without_max_tokens_is_refused(self) -> None:
         with pytest.raises(TranslationError) as caught:
             request_to_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})

@@ -73,6 +73,7 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
         chat["tools"] = [_tool(tool, i) for i, tool in enumerate(_listed(tools, "tools"))]
     if payload.get("tool_choice") is not None:
         chat.update(_tool_choice(payload["tool_choice"]))
+    chat.update(_output_config(payload.get("output_config")))
     if payload.get("stream"):
         chat["stream"] = True
         # The usage comes in the last chunk only when asked for: message_delta's output_tokens need it.
@@ -360,6 +361,36 @@ def _tool(tool: object, i: int) -> JsonObject:
     if tool.get("description"):
         function["description"] = tool["description"]
     return {"type": "function", "function": function}
+
+
+def _output_config(config: object) -> JsonObject:
+    """output_config's JSON schema as chat's response_format, and its effort where chat takes it.
+
+    Chat completions take low, medium and high everywhere (vLLM refuses another); xhigh and max
+    are left to the engine's default.
+    """
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise TranslationError("output_config: must be an object", "output_config")
+    out: JsonObject = {}
+    fmt = config.get("format")
+    if fmt is not None:
+        if (
+            not isinstance(fmt, dict)
+            or fmt.get("type") != "json_schema"
+            or not isinstance(fmt.get("schema"), dict)
+        ):
+            raise TranslationError(
+                "output_config.format: must be a json_schema with its schema", "output_config"
+            )
+        out["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": fmt["schema"]},
+        }
+    if config.get("effort") in ("low", "medium", "high"):
+        out["reasoning_effort"] = config["effort"]
+    return out
 
 
 def _tool_choice(choice: object) -> JsonObject:
