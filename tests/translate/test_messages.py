@@ -504,3 +504,70 @@ class TestOddInput:
         calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]
         message = checked_message(reply_from_chat(completion({"tool_calls": calls}, "tool_calls"), "tiny"))
         assert message.content[0].type == "tool_use" and message.content[0].input == {"a": 1}
+
+
+def test_a_claude_code_turn_translates_with_only_what_the_model_reads() -> None:
+    """Shaped as Claude Code 2.1 sends a turn: cache_control everywhere, its billing line, thinking,
+    context management and an effort the engines do not take, tools of its own."""
+    cache = {"type": "ephemeral"}
+    body = {
+        "model": "tiny",
+        "max_tokens": 32000,
+        "stream": True,
+        "metadata": {"user_id": "user_abc_account__session_1"},
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "xhigh"},
+        "system": [
+            {
+                "type": "text",
+                "text": "x-anthropic-billing-header: cc_version=2.1.197.e51; cc_entrypoint=cli; cch=a5145;",
+            },
+            {"type": "text", "text": "You are Claude Code.", "cache_control": cache},
+            {"type": "text", "text": "Use the tools.", "cache_control": cache},
+        ],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>Today is Monday.</system-reminder>"},
+                    {"type": "text", "text": "say hi", "cache_control": cache},
+                ],
+            }
+        ],
+        "tools": [
+            {
+                "name": "Bash",
+                "description": "Runs a command",
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"command": {"type": "string"}},
+                    "required": ["command"],
+                    "additionalProperties": False,
+                    "$schema": "http://json-schema.org/draft-07/schema#",
+                },
+                "cache_control": cache,
+            }
+        ],
+    }
+    chat = request_to_chat(body)
+    assert chat == {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "You are Claude Code.\n\nUse the tools."},
+            {"role": "user", "content": "<system-reminder>Today is Monday.</system-reminder>say hi"},
+        ],
+        "max_tokens": 32000,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "Bash",
+                    "parameters": body["tools"][0]["input_schema"],
+                    "description": "Runs a command",
+                },
+            }
+        ],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }

@@ -437,3 +437,88 @@ class TestOddInput:
     def test_instructions_that_are_not_text_are_refused(self) -> None:
         with pytest.raises(TranslationError, match="instructions: must be a string"):
             request_to_chat({"model": "m", "input": "x", "instructions": [{"role": "system"}]})
+
+
+def test_a_codex_turn_translates_with_only_what_the_model_reads() -> None:
+    """Shaped as Codex CLI sends a turn with store off: developer and user messages, its shell tool,
+    a past reasoning item with its summary, a call and its output."""
+    shell = {
+        "type": "function",
+        "name": "shell",
+        "description": "Runs a command",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+        },
+    }
+    body = {
+        "model": "tiny",
+        "instructions": "You are Codex.",
+        "input": [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "<permissions>ask</permissions>"}],
+            },
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+            {
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": "Run ls."}],
+                "encrypted_content": "gAAA",
+            },
+            {
+                "type": "function_call",
+                "name": "shell",
+                "arguments": '{"command":["ls"]}',
+                "call_id": "call_1",
+            },
+            {"type": "function_call_output", "call_id": "call_1", "output": "README.md"},
+        ],
+        "tools": [shell],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0199-session",
+        "text": {"verbosity": "medium"},
+    }
+    chat = request_to_chat(body)
+    assert chat == {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "You are Codex.\n\n<permissions>ask</permissions>"},
+            {"role": "user", "content": "list files"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "Run ls.",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "shell", "arguments": '{"command":["ls"]}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "README.md"},
+        ],
+        "parallel_tool_calls": False,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "shell",
+                    "parameters": shell["parameters"],
+                    "description": "Runs a command",
+                    "strict": False,
+                },
+            }
+        ],
+        "tool_choice": "auto",
+        "reasoning_effort": "medium",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }

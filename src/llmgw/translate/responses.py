@@ -226,7 +226,20 @@ def _messages(payload: JsonObject) -> list[JsonObject]:
         if reasoning and out[-1]["role"] == "assistant":
             out[-1]["reasoning_content"] = "".join(reasoning)
             reasoning = []
-    return out
+    return _one_system_prompt(out)
+
+
+def _one_system_prompt(messages: list[JsonObject]) -> list[JsonObject]:
+    """The instructions and the developer messages after them as one system message: many models'
+    templates refuse a second system message at the start (Qwen's: "System message must be at the
+    beginning"), and Codex sends its instructions, then a developer message or two."""
+    leading = 0
+    while leading < len(messages) and messages[leading]["role"] == "system":
+        leading += 1
+    if leading < 2:
+        return messages
+    system = "\n\n".join(str(m["content"]) for m in messages[:leading])
+    return [{"role": "system", "content": system}, *messages[leading:]]
 
 
 def _message(item: JsonObject, i: int) -> JsonObject:
