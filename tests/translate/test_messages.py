@@ -480,6 +480,12 @@ class TestStream:
         events = [chunk({"content": "Hi"}), chunk(finish="length"), usage(3, 1), DONE]
         assert checked_message_stream(streamed(events)[0]).stop_reason == "max_tokens"
 
+    def test_an_engine_counting_in_every_chunk_has_the_prompt_said_in_message_start(self) -> None:
+        first = json.loads(chunks.TEXT[1])
+        first["usage"] = {"prompt_tokens": 18, "completion_tokens": 1, "total_tokens": 19}
+        body, _ = streamed([json.dumps(first).encode(), *chunks.TEXT[2:]])
+        assert sse_events(body)[0][1]["message"]["usage"]["input_tokens"] == 18
+
     def test_chunks_given_as_objects_read_as_their_bytes_do(self) -> None:
         stream = MessagesStream("tiny")
         body = b"".join(stream.feed(e if e == DONE else json.loads(e)) for e in chunks.TEXT)

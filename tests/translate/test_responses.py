@@ -180,6 +180,10 @@ class TestRequest:
             "type": "json_schema",
             "json_schema": {"name": "city", "schema": {"type": "object"}, "strict": True},
         }
+        nameless = request_to_chat(
+            {"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}
+        )
+        assert nameless["response_format"]["json_schema"] == {"name": "output", "schema": {}}
         assert "response_format" not in request_to_chat(
             {"model": "m", "input": "x", "text": {"format": {"type": "text"}}}
         )

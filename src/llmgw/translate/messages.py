@@ -465,10 +465,13 @@ class MessagesStream:
             chunk = read_event(data)
         except UpstreamError as e:
             return self.error_event(str(e))
+        if chunk is not None:
+            # Before message_start: an engine that counts in every chunk (vLLM's continuous usage
+            # stats) gives the prompt's tokens from the first, and message_start can say them.
+            self._usage.read(chunk.get("usage"))
         out = self._start()
         if chunk is None:
             return out + self._end()
-        self._usage.read(chunk.get("usage"))
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return out

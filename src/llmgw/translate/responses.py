@@ -365,7 +365,11 @@ def _response_format(text: object) -> JsonObject | None:
     if fmt["type"] == "json_object":
         return {"type": "json_object"}
     if fmt["type"] == "json_schema":
-        schema = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
+        # OpenAI's chat completions require a name, which the Responses API does not.
+        schema = {
+            "name": "output",
+            **{k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt},
+        }
         return {"type": "json_schema", "json_schema": schema}
     raise TranslationError(
         f"text.format: the type must be text, json_object or json_schema, not {fmt['type']!r}", "text"
