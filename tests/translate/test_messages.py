@@ -105,6 +105,13 @@ class TestRequest:
         )
         assert "reasoning_effort" not in chat
 
+    def test_a_prefilled_reply_is_continued_rather_than_started_again(self) -> None:
+        turns = [{"role": "user", "content": "JSON please"}, {"role": "assistant", "content": "{"}]
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "messages": turns})
+        assert (chat["continue_final_message"], chat["add_generation_prompt"]) == (True, False)
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "messages": turns[:1]})
+        assert "continue_final_message" not in chat and "add_generation_prompt" not in chat
+
     def test_a_request_without_max_tokens_is_refused(self) -> None:
         with pytest.raises(TranslationError) as caught:
             request_to_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})

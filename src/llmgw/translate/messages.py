@@ -59,6 +59,13 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     if payload.get("mcp_servers"):
         raise TranslationError("mcp_servers: this model's engine cannot reach MCP servers", "mcp_servers")
     chat: JsonObject = {"model": payload.get("model"), "messages": _messages(payload)}
+    last = chat["messages"][-1] if chat["messages"] else {}
+    if last.get("role") == "assistant" and "tool_calls" not in last:
+        # A prefill: the reply goes on from the assistant's words. vLLM and SGLang start a new turn
+        # unless told to continue (and refuse to both continue and add a generation prompt);
+        # llama-server continues a final assistant message by itself and takes the flags.
+        chat["continue_final_message"] = True
+        chat["add_generation_prompt"] = False
     chat["max_tokens"] = positive(payload["max_tokens"], "max_tokens")
     for key in _PASSED:
         if key in payload:
