@@ -112,6 +112,20 @@ class TestRequest:
         chat = request_to_chat({"model": "m", "max_tokens": 1, "messages": turns[:1]})
         assert "continue_final_message" not in chat and "add_generation_prompt" not in chat
 
+    def test_thinking_turned_off_asks_the_template_not_to_think(self) -> None:
+        off = {"type": "disabled"}
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "messages": [], "thinking": off})
+        assert chat["chat_template_kwargs"] == {"enable_thinking": False}
+        mine = {"enable_thinking": True, "x": 1}
+        chat = request_to_chat(
+            {"model": "m", "max_tokens": 1, "messages": [], "thinking": off, "chat_template_kwargs": mine}
+        )
+        assert chat["chat_template_kwargs"] == mine
+        on = {"type": "enabled", "budget_tokens": 2048}
+        assert "chat_template_kwargs" not in request_to_chat(
+            {"model": "m", "max_tokens": 1, "messages": [], "thinking": on}
+        )
+
     def test_a_request_without_max_tokens_is_refused(self) -> None:
         with pytest.raises(TranslationError) as caught:
             request_to_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})

@@ -46,6 +46,16 @@ def positive(value: object, param: str) -> int:
     return value
 
 
+def without_thinking(chat: JsonObject) -> None:
+    """Asks the engine's template not to think: `enable_thinking: false` in chat_template_kwargs,
+    which the hybrid models' templates (Qwen3, DeepSeek, GLM) read on llama-server, vLLM and SGLang,
+    and the others ignore. A client's own chat_template_kwargs win."""
+    kwargs = chat.get("chat_template_kwargs")
+    kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+    kwargs.setdefault("enable_thinking", False)
+    chat["chat_template_kwargs"] = kwargs
+
+
 def new_id(prefix: str) -> str:
     """An identifier in the style of the API it belongs to: `msg_…`, `resp_…`, `toolu_…`."""
     return f"{prefix}_{secrets.token_hex(12)}"

@@ -35,6 +35,7 @@ from llmgw.translate.chat import (
     reasoning_of,
     text_of,
     tool_call_pieces,
+    without_thinking,
 )
 
 # Chat's finish_reason as the Messages stop_reason. content_filter is the engine refusing to go on.
@@ -81,6 +82,9 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     if payload.get("tool_choice") is not None:
         chat.update(_tool_choice(payload["tool_choice"]))
     chat.update(_output_config(payload.get("output_config")))
+    thinking = payload.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+        without_thinking(chat)
     if payload.get("stream"):
         chat["stream"] = True
         # The usage comes in the last chunk only when asked for: message_delta's output_tokens need it.

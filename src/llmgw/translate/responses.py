@@ -31,6 +31,7 @@ from llmgw.translate.chat import (
     reasoning_of,
     text_of,
     tool_call_pieces,
+    without_thinking,
 )
 
 # The request's fields chat takes under the same name.
@@ -80,6 +81,8 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     reasoning = payload.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") in _EFFORTS:
         chat["reasoning_effort"] = reasoning["effort"]
+    elif isinstance(reasoning, dict) and reasoning.get("effort") == "none":
+        without_thinking(chat)
     if payload.get("stream"):
         chat["stream"] = True
         # response.completed's usage needs the engine's, which it sends only when asked.
