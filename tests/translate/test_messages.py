@@ -314,6 +314,9 @@ class TestRequest:
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
         }
         assert count_tokens_reply({"count": 12, "tokens": [1] * 12}) == {"input_tokens": 12}
+        prefilled = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}]
+        body = count_tokens_request({"model": "m", "messages": prefilled})
+        assert (body["add_generation_prompt"], body["continue_final_message"]) == (False, True)
         assert count_tokens_reply({"tokens": [1, 2, 3]}) == {"input_tokens": 3}
 
 

@@ -89,8 +89,8 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
         chat["stream"] = True
         # The usage comes in the last chunk only when asked for: message_delta's output_tokens need it.
         chat["stream_options"] = {"include_usage": True}
-    # Everything else (metadata, thinking, service_tier, context_management, ...) tunes Anthropic's own
-    # service and is dropped, as Anthropic's clients expect of a server older than they are.
+    # Everything else (metadata, thinking's budget, service_tier, context_management, ...) tunes
+    # Anthropic's own service and is dropped, as Anthropic's clients expect of a server older than they are.
     return chat
 
 
@@ -99,8 +99,9 @@ def count_tokens_request(payload: JsonObject) -> JsonObject:
     tools the prompt is made of, the template's generation prompt added as for a real request."""
     chat = request_to_chat({**payload, "max_tokens": 1, "stream": False})
     body: JsonObject = {"model": chat["model"], "messages": chat["messages"], "add_generation_prompt": True}
-    if "tools" in chat:
-        body["tools"] = chat["tools"]
+    for key in ("tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs"):
+        if key in chat:
+            body[key] = chat[key]
     return body
 
 
