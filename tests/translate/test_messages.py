@@ -443,6 +443,17 @@ class TestStream:
         [block] = message.content
         assert block.type == "tool_use" and (block.id, block.name, block.input) == ("call_x", "f", {"a": 1})
 
+    def test_a_tool_call_whose_name_never_comes_still_reaches_the_client(self) -> None:
+        events = [
+            chunk({"tool_calls": [chunks.call(0, id="call_x", arguments='{"a": 1}')]}),
+            chunk(finish="tool_calls"),
+            DONE,
+        ]
+        message = checked_message_stream(streamed(events)[0])
+        [block] = message.content
+        assert block.type == "tool_use" and (block.id, block.name, block.input) == ("call_x", "", {"a": 1})
+        assert message.stop_reason == "tool_use"
+
     def test_reasoning_streams_as_a_thinking_block(self) -> None:
         message = checked_message_stream(streamed(chunks.REASONING)[0])
         assert [b.type for b in message.content] == ["thinking", "text"]

@@ -21,8 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from llmgw.translate.chat import (
+    CallArguments,
+    CallStarted,
     ChatUsage,
     JsonObject,
+    ToolCalls,
     TranslationError,
     UpstreamError,
     first_choice,
@@ -445,16 +448,14 @@ class MessagesStream:
         self._usage = ChatUsage()
         self._started = False
         self._done = False
-        # The open content block: its index and kind ("text", "thinking", or "tool" with the call's index).
-        self._block: tuple[int, str, int] | None = None
+        # The open content block: its index and kind ("text", "thinking" or "tool").
+        self._block: tuple[int, str] | None = None
         self._next_index = 0
+        self._calls = ToolCalls()
         # A chat tool call's index -> its content block's index, once its block has started.
         self._tool_blocks: dict[int, int] = {}
-        # A tool call's pieces that came before its name did.
-        self._pending: dict[int, tuple[str, str, str]] = {}
         self._finish_reason: str | None = None
         self._stop: str | None = None
-        self._called = False
 
     @property
     def prompt_tokens(self) -> int | None:
@@ -496,7 +497,7 @@ class MessagesStream:
         if isinstance(text, str) and text:
             out += self._into("text") + self._delta({"type": "text_delta", "text": text})
         for piece in tool_call_pieces(delta):
-            out += self._tool_piece(piece.index, piece.id, piece.name, piece.arguments)
+            out += self._tool_events(self._calls.take(piece))
         if choice.get("finish_reason"):
             self._finish_reason = str(choice["finish_reason"])
             self._stop = matched_stop(choice, self._stops)
@@ -535,13 +536,11 @@ class MessagesStream:
     def _end(self) -> bytes:
         self._done = True
         out = self._close()
-        # Pieces of a call whose name never came still end up a block: the client sees what came.
-        for call in sorted(self._pending):
-            call_id, _, arguments = self._pending.pop(call)
-            out += (
-                self._tool_piece(call, call_id or new_id("toolu"), "", arguments, force=True) + self._close()
-            )
-        stop_reason = _stop_reason(self._finish_reason, self._stop, self._called)
+        # Calls whose name never came still end up blocks: the client sees what came.
+        late = self._calls.finish()
+        if late:
+            out += self._tool_events(late) + self._close()
+        stop_reason = _stop_reason(self._finish_reason, self._stop, self._calls.seen)
         usage = _usage(self._usage)
         delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": self._stop}}
         out += _event("message_delta", {**delta, "usage": usage})
@@ -554,7 +553,7 @@ class MessagesStream:
         out = self._close()
         index = self._next_index
         self._next_index += 1
-        self._block = (index, kind, -1)
+        self._block = (index, kind)
         block: JsonObject = {"type": "text", "text": ""}
         if kind == "thinking":
             block = {"type": "thinking", "thinking": "", "signature": ""}
@@ -575,34 +574,33 @@ class MessagesStream:
             "content_block_delta", {"type": "content_block_delta", "index": self._block[0], "delta": delta}
         )
 
-    def _tool_piece(
-        self, call: int, call_id: str, name: str, arguments: str, *, force: bool = False
-    ) -> bytes:
-        """One piece of tool call `call`: its block opens once its name is known, its arguments follow."""
-        self._called = True
-        if call in self._tool_blocks:
-            if not arguments:
-                return b""
-            index = self._tool_blocks[call]
-            delta = {"type": "input_json_delta", "partial_json": arguments}
-            return _event(
-                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
-            )
-        held_id, held_name, held_arguments = self._pending.pop(call, ("", "", ""))
-        call_id, name, arguments = call_id or held_id, held_name + name, held_arguments + arguments
-        if not name and not force:
-            self._pending[call] = (call_id, name, arguments)
-            return b""
-        out = self._close()
-        index = self._next_index
-        self._next_index += 1
-        self._block = (index, "tool", call)
-        self._tool_blocks[call] = index
-        block = {"type": "tool_use", "id": call_id or new_id("toolu"), "name": name, "input": {}}
-        out += _event(
-            "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
-        )
-        return out + self._tool_piece(call, "", "", arguments)
+    def _tool_events(self, events: list[CallStarted | CallArguments]) -> bytes:
+        """A call's start opens its tool_use block; its arguments are the block's input_json_deltas."""
+        out = b""
+        for event in events:
+            if isinstance(event, CallStarted):
+                out += self._close()
+                index = self._next_index
+                self._next_index += 1
+                self._block = (index, "tool")
+                self._tool_blocks[event.index] = index
+                block = {
+                    "type": "tool_use",
+                    "id": event.id or new_id("toolu"),
+                    "name": event.name,
+                    "input": {},
+                }
+                start = {"type": "content_block_start", "index": index, "content_block": block}
+                out += _event("content_block_start", start)
+            else:
+                delta = {"type": "input_json_delta", "partial_json": event.text}
+                data = {
+                    "type": "content_block_delta",
+                    "index": self._tool_blocks[event.index],
+                    "delta": delta,
+                }
+                out += _event("content_block_delta", data)
+        return out
 
 
 def _event(name: str, data: JsonObject) -> bytes:
