@@ -404,6 +404,8 @@ class TestStream:
         last = validated(body)[-1]
         assert last["type"] == "response.failed"
         assert last["response"]["status"] == "failed"
+        # The engine said no usage: unknown, not a reply that cost nothing.
+        assert last["response"]["usage"] is None
         assert last["response"]["error"] == {
             "code": "server_error",
             "message": "the engine's stream ended before the reply was complete",

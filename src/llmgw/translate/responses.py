@@ -124,7 +124,11 @@ def _ending(finish_reason: object) -> JsonObject:
     return {"status": "completed", "incomplete_details": None}
 
 
-def _usage(usage: ChatUsage) -> JsonObject:
+def _usage(usage: ChatUsage) -> JsonObject | None:
+    """Chat's counts in Responses' terms; None (the API's "not known") where the engine said none,
+    rather than a count of 0 a client would take for a free reply."""
+    if usage.prompt_tokens is None and usage.completion_tokens is None:
+        return None
     prompt, completion = usage.prompt_tokens or 0, usage.completion_tokens or 0
     return {
         "input_tokens": prompt,
