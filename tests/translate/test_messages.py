@@ -459,6 +459,16 @@ class TestStream:
         assert [b.type for b in message.content] == ["thinking", "text"]
         assert message.content[0].type == "thinking" and message.content[0].thinking == "The user greets me."
 
+    def test_reasoning_named_as_vllm_names_it_streams_as_a_thinking_block_too(self) -> None:
+        events = [
+            chunk({"role": "assistant", "reasoning": "Hmm."}),
+            chunk({"content": "Hi"}),
+            chunk(finish="stop"),
+            DONE,
+        ]
+        message = checked_message_stream(streamed(events)[0])
+        assert message.content[0].type == "thinking" and message.content[0].thinking == "Hmm."
+
     def test_a_stream_ending_without_done_after_its_finish_ends_the_message(self) -> None:
         body, stream = streamed(chunks.TEXT[:-1])
         assert sse_events(body)[-1][0] == "message_stop"
