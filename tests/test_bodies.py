@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gzip
 import io
@@ -199,6 +200,54 @@ class TestMethodsAndPaths:
             assert reply.status == 400 and "This link is not right" in await reply.text()
 
 
+class TestLongLines:
+    """A URL or header past 8,190 bytes was aiohttp's 400 in plain text, in no API's shape."""
+
+    async def test_a_url_past_the_bound_is_a_414_in_the_apis_shape(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        long = "x" * bodies.MAX_LINE
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{urls[0]}/v1/models/{long}") as reply:
+                assert reply.status == 414
+                assert _openai_error(await reply.json()) == "the URL is 8,201 bytes; at most 8,190 are taken"
+            async with session.get(f"{urls[0]}/admin/api/v1/models/{long}") as reply:
+                assert (reply.status, await reply.json()) == (
+                    414,
+                    {"error": "the URL is 8,211 bytes; at most 8,190 are taken"},
+                )
+            async with session.get(f"{urls[1]}/api/v1/status?x={long}") as reply:
+                assert reply.status == 414 and "at most 8,190" in (await reply.json())["error"]
+
+    async def test_a_header_past_the_bound_is_a_431_in_the_apis_shape(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        async with aiohttp.ClientSession() as session:
+            long = {"X-Long": "x" * bodies.MAX_LINE}
+            async with session.get(f"{urls[0]}/v1/models", headers=long) as reply:
+                assert reply.status == 431
+                assert (
+                    _openai_error(await reply.json())
+                    == "the header X-Long is 8,198 bytes; at most 8,190 are taken"
+                )
+            async with session.get(f"{urls[1]}/api/v1/status", headers=long) as reply:
+                assert reply.status == 431 and "the header X-Long" in (await reply.json())["error"]
+            # Up to the bound is taken.
+            async with session.get(f"{urls[0]}/v1/models", headers={"X-Long": "x" * 8000}) as reply:
+                assert reply.status == 200
+
+    async def test_past_what_the_parser_reads_it_is_still_a_400_without_a_traceback(
+        self, urls: tuple[str, str], tracebacks: ErrorRecords
+    ) -> None:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                f"{urls[0]}/v1/models", headers={"X-Long": "x" * (bodies.MAX_PARSED_LINE + 1)}
+            ) as reply,
+        ):
+            assert reply.status == 400
+
+
 async def test_a_request_aiohttp_cannot_parse_is_logged_as_one_line_not_a_traceback(
     urls: tuple[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -250,7 +299,7 @@ class TestJson:
     async def test_json_nested_a_thousand_deep_is_a_400_on_every_admin_route_that_reads_json(
         self, urls: tuple[str, str], tracebacks: ErrorRecords
     ) -> None:
-        """Seven routes ended in a RecursionError from request.json(): a 500 and a traceback."""
+        """Each was a RecursionError from request.json(): a 500 and a traceback (the bench route last)."""
         admin = urls[1]
         assert (await _send("POST", f"{admin}/api/v1/orgs", b'{"name": "acme"}', JSON))[0] == 201
         for method, path in (
@@ -261,6 +310,7 @@ class TestJson:
             ("PATCH", "/api/v1/orgs/acme"),
             ("PUT", "/api/v1/quotas/org:1"),
             ("PUT", "/api/v1/prices/sim-chat"),
+            ("POST", "/api/v1/models/sim-chat/bench"),
         ):
             status, reply = await _send(method, f"{admin}{path}", DEEP, JSON)
             if path.startswith("/api/v1/nodes"):
@@ -274,6 +324,13 @@ class TestJson:
         assert bodies.parse_json(b'["[[[[", {"a": "]]]]"}]') == ["[[[[", {"a": "]]]]"}]
         with pytest.raises(bodies.BadJson, match="nests deeper"):
             bodies.parse_json(b"[" * (bodies.MAX_DEPTH + 1) + b"]" * (bodies.MAX_DEPTH + 1))
+
+    def test_a_whole_number_of_more_than_a_hundred_digits_is_refused_in_words(self) -> None:
+        """Python reads up to 4,300 digits and then refused in words about its own interpreter."""
+        with pytest.raises(bodies.BadJson, match="a whole number of 5,001 digits; at most 100") as refused:
+            bodies.parse_json(b'{"rpm": 1' + b"0" * 5000 + b"}")
+        assert refused.value.status == 400 and not refused.value.not_json
+        assert bodies.parse_json(b'{"seed": 18446744073709551615}') == {"seed": 2**64 - 1}
 
     @pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
     async def test_a_number_json_cannot_carry_is_a_400_on_the_gateway_and_the_admin_api(
@@ -345,3 +402,67 @@ class TestScopeNames:
     ) -> None:
         status, reply = await _send("POST", f"{urls[1]}/api/v1/orgs", b'{"name": "a\\u0018b"}', JSON)
         assert status == 400 and "control characters" in str(reply)
+
+
+# What aiohttp offers a handler to read a body with; each skips a rule of bodies' readers (the
+# depth rule, the half-character rule, the admin API's limit, the decoded Content-Encoding).
+_RAW_READERS = frozenset({"json", "text", "read", "post", "multipart", "content", "readany", "readexactly"})
+_SRC = Path(bodies.__file__).parent
+# Not a listener of llmgw's: the sim engine stands in for llama.cpp or vLLM, behind the gateway,
+# whose reader has read every request it is sent.
+_STAND_INS = frozenset({_SRC / "engines" / "sim_server.py"})
+
+
+def _request_names(function: ast.AST) -> set[str]:
+    """The names a function's parameters give a request: `request`, or any parameter typed as one."""
+    names = {"request"}
+    if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        for arg in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs):
+            if arg.annotation is not None and ast.unparse(arg.annotation).split(".")[-1] in (
+                "Request",
+                "BaseRequest",
+            ):
+                names.add(arg.arg)
+    return names
+
+
+def _raw_reads(source: str) -> list[str]:
+    """Where source reads a request's body other than through llmgw.bodies: "line: code"."""
+    tree = ast.parse(source)
+    found: list[tuple[int, str]] = []
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    for function in [tree, *functions]:
+        names = _request_names(function)
+        for node in ast.walk(function):
+            if not (isinstance(node, ast.Attribute) and node.attr in _RAW_READERS):
+                continue
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id in names) or (
+                isinstance(owner, ast.Attribute) and owner.attr == "request"
+            ):
+                found.append((node.lineno, ast.unparse(node)))
+    return [f"{line}: {code}" for line, code in sorted(set(found))]
+
+
+class TestTheOneReader:
+    def test_no_handler_reads_a_request_body_but_through_llmgw_bodies(self) -> None:
+        """The bench route read request.json() itself: JSON nested a thousand deep was a 500 there."""
+        found = [
+            f"{path.relative_to(_SRC.parent)}:{read}"
+            for path in sorted(_SRC.rglob("*.py"))
+            if path != Path(bodies.__file__) and path not in _STAND_INS
+            for read in _raw_reads(path.read_text(encoding="utf-8"))
+        ]
+        assert found == [], (
+            "read request bodies with llmgw.bodies (read_json, read_fields, read_text, read): "
+            "aiohttp's own readers skip its depth, character and size rules\n" + "\n".join(found)
+        )
+
+    def test_the_scan_finds_a_handler_that_reads_its_body_itself(self) -> None:
+        source = (
+            "async def a(request):\n    return await request.json()\n"
+            "async def b(r: web.Request):\n    return await r.post()\n"
+            "async def c(call):\n    return await call.request.content.read()\n"
+            "async def d(reply):\n    return await reply.json()\n"
+        )
+        assert _raw_reads(source) == ["2: request.json", "4: r.post", "6: call.request.content"]

@@ -11,7 +11,9 @@ not know (415), or one that decodes past the body limit (413, a zip bomb).
 
 What aiohttp still refuses before any handler runs (a request line or header
 it cannot parse) is logged as one line, not a traceback: it is the client's
-mistake, not the server's.
+mistake, not the server's. Its parser refused a URL or header past 8,190
+bytes with a 400 in plain text; it now reads up to MAX_PARSED_LINE, and the
+middleware refuses past MAX_LINE in the API's shape (414, 431).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ Answer = Callable[[web.Request, int, str], web.StreamResponse]
 _IDENTITY = frozenset({"", "identity"})
 _CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _FORMS = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
+# A page's form (a sign-in, a project's models) is a few kilobytes; the client port would take 64 MiB.
+MAX_FORM = 1024**2
 _DECODED = web.RequestKey("llmgw.bodies.decoded", bytes)
 
 
@@ -71,14 +75,39 @@ def _decompress(raw: bytes, coding: str, limit: int) -> bytes:
     return out
 
 
+# The longest URL or header line taken, as aiohttp's parser took by default; a proxy in front has
+# a limit of the same order (nginx: 8 KiB).
+MAX_LINE = 8190
+# What the parser reads before refusing in its own words, in plain text: past MAX_LINE, so that
+# what lies between is refused here in the API's shape.
+MAX_PARSED_LINE = 64 * 1024
+
+
+def _too_long(request: web.Request) -> tuple[int, str] | None:
+    if len(request.raw_path) > MAX_LINE:
+        return 414, f"the URL is {len(request.raw_path):,} bytes; at most {MAX_LINE:,} are taken"
+    for name, value in request.raw_headers:
+        if len(name) + len(value) + 2 > MAX_LINE:
+            shown = name.decode("latin-1")[:100]
+            return (
+                431,
+                f"the header {shown} is {len(name) + len(value) + 2:,} bytes; at most {MAX_LINE:,} are taken",
+            )
+    return None
+
+
 def decode_bodies(answer: Answer, limit: int) -> Middleware:
     """A middleware decoding a body's Content-Encoding before any handler runs; read it with read().
 
-    limit is the app's body limit, which the decoded body is held to as well.
+    limit is the app's body limit, which the decoded body is held to as well. A URL or header past
+    MAX_LINE is refused first.
     """
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        too_long = _too_long(request)
+        if too_long is not None:
+            return answer(request, *too_long)
         coding = request.headers.get("Content-Encoding", "").strip().lower()
         if request.body_exists and coding not in _IDENTITY:
             refused = await _decode(request, coding, limit)
@@ -89,8 +118,12 @@ def decode_bodies(answer: Answer, limit: int) -> Middleware:
                 response.force_close()
                 return response
         if request.method == "POST" and request.content_type in _FORMS:
-            # Parsed here, once (aiohttp keeps it for the handler's own post()): a form that is not
-            # UTF-8, or a multipart body that is not one, raised inside the handler, a 500.
+            if request.content_length is not None and request.content_length > MAX_FORM:
+                response = answer(request, 413, f"a form is at most {MAX_FORM:,} bytes here")
+                response.force_close()
+                return response
+            # Parsed here, once (aiohttp keeps it for read_fields): a form that is not UTF-8, or a
+            # multipart body that is not one, raised inside the handler, a 500.
             try:
                 await request.post()
             except (ValueError, LookupError, RequestPayloadError) as exc:
@@ -129,6 +162,14 @@ async def read(request: web.Request) -> bytes:
     """The request's body, decoded from its Content-Encoding: what every handler reads."""
     decoded = request.get(_DECODED)
     return decoded if decoded is not None else await request.read()
+
+
+async def read_fields(request: web.Request) -> dict[str, str]:
+    """The text fields of the form sent, as decode_bodies parsed it; {} when the body is not a form."""
+    if request.content_type not in _FORMS:
+        return {}
+    form = await request.post()
+    return {name: value for name, value in form.items() if isinstance(value, str)}
 
 
 async def read_text(request: web.Request) -> str:
@@ -185,7 +226,14 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     too_large = BadJson(f"the request body is more than {limit or 0:,} bytes, the most this route takes", 413)
     if limit is not None and request.content_length is not None and request.content_length > limit:
         raise too_large
-    body = await read(request)
+    try:
+        body = await read(request)
+    except web.HTTPRequestEntityTooLarge:
+        # Past the app's own limit (limit None): aiohttp's refusal, in plain text, skipped the
+        # route's own words and shape.
+        raise BadJson(
+            f"the request body is more than {request.client_max_size:,} bytes, the most this route takes", 413
+        ) from None
     if limit is not None and len(body) > limit:
         raise too_large
     # In a thread past a screenful: parsing and measuring up to the body limit would stall the loop.
@@ -218,13 +266,15 @@ def parse_json(body: bytes) -> Any:
     can hold, compare or write back (llmgw.strictjson refuses them), so each is refused here.
     """
     try:
-        value = json.loads(body, parse_constant=_constant, parse_float=_finite)
+        value = json.loads(body, parse_constant=_constant, parse_float=_finite, parse_int=_whole)
     except _NotFinite as exc:
         raise BadJson(
             f"the request body holds the number {exc.text}, which JSON cannot carry; send a finite number"
         ) from None
     except RecursionError:
         raise BadJson(_too_deep()) from None
+    except BadJson:
+        raise
     except UnicodeDecodeError as exc:
         raise BadJson(
             f"the request body is not UTF-8 text (byte {exc.start + 1} is not); send it as UTF-8"
@@ -241,6 +291,19 @@ def parse_json(body: bytes) -> Any:
             "send the whole character, or both halves of its pair"
         )
     return value
+
+
+# More digits than any whole number the APIs take (a seed is at most 20); Python reads up to 4,300
+# and then refused the body in words about its own interpreter.
+_MAX_DIGITS = 100
+
+
+def _whole(text: str) -> int:
+    if len(text) > _MAX_DIGITS:
+        raise BadJson(
+            f"the request body holds a whole number of {len(text):,} digits; at most {_MAX_DIGITS} are taken"
+        )
+    return int(text)
 
 
 def _too_deep() -> str:
@@ -302,5 +365,11 @@ class ServerLogger(logging.Logger):
 
 SERVER_LOGGER = ServerLogger()
 
-# What every llmgw listener's aiohttp runner is given: decoding is decode_bodies' (see above).
-SERVER_OPTIONS: dict[str, Any] = {"logger": SERVER_LOGGER, "auto_decompress": False}
+# What every llmgw listener's aiohttp runner is given: decoding is decode_bodies' (see above), and so
+# is refusing a URL or header past MAX_LINE.
+SERVER_OPTIONS: dict[str, Any] = {
+    "logger": SERVER_LOGGER,
+    "auto_decompress": False,
+    "max_line_size": MAX_PARSED_LINE,
+    "max_field_size": MAX_PARSED_LINE,
+}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,6 +28,7 @@ SIM = ModelConfig(name="sim-chat", replicas=1, profiles=[ProfileConfig(engine="s
 CFG = ServerConfig(models=[SIM], admin_tokens=[auth.hash_token("s3cret")])
 ADDED = "name: sim-big\nprofiles:\n  - engine: sim\n"
 YAML = {"Content-Type": "application/yaml"}
+JSON = {"Content-Type": "application/json"}
 
 # One reply of the API: the route as the document lists it, the status, and the JSON body.
 Reply = tuple[str, str, int, Any]
@@ -310,6 +312,8 @@ async def _every_reply(client: TestClient[web.Request, web.Application], invento
     await ask("POST", state, "/api/v1/nodes/n2/state", json={"state": "asleep"})
     await ask("POST", state, "/api/v1/nodes/n9/state", json={"state": "cordoned"})
     await ask("POST", state, "/api/v1/nodes/n2/state", data={"state": "cordoned"})
+    big = json.dumps({"state": "x" * (1024 * 1024)}).encode()
+    await ask("POST", state, "/api/v1/nodes/n2/state", data=io.BytesIO(big), headers=JSON)
     await ask("GET", "/api/v1/models", "/api/v1/models")
     await ask("POST", "/api/v1/models", "/api/v1/models?file=big.yaml", data=ADDED, headers=YAML)
     await ask("POST", "/api/v1/models", "/api/v1/models?file=big.yaml", data=ADDED, headers=YAML)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from llmgw.adminapi import auth
 from llmgw.adminapi import handlers as adminapi
 from llmgw.adminapi import tenancy as tenancyapi
+from llmgw.bodies import MAX_ADMIN_BODY
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory
@@ -143,6 +145,16 @@ class TestQuotas:
         assert [q["scope"] for q in (await _json(client, "GET", "/api/v1/quotas"))[1]] == ["project:2"]
         status, quota = await _json(client, "DELETE", url)
         assert status == 200 and (quota["rpm"], quota["budget"]) == (None, None)
+
+    def test_the_document_lets_a_change_leave_out_any_field_as_the_route_does(self) -> None:
+        """It required all four (rpm, tpm, budget, period), while a field left out keeps its value."""
+        doc = document("test")
+        body = doc["paths"]["/api/v1/quotas/{scope}"]["put"]["requestBody"]["content"]["application/json"]
+        schema = {**body["schema"], "components": doc["components"]}
+        for change in ({"tpm": None}, {"rpm": 5}, {"budget": 1, "period": "day"}, {}):
+            jsonschema.validate(change, schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"rpm": 5, "colour": "red"}, schema)
 
     async def test_setting_a_budget_while_a_model_has_no_price_says_so_until_it_has_one(
         self, store: Store
@@ -367,6 +379,9 @@ async def test_on_the_client_port_every_route_needs_an_admin_token(store: Store)
             assert reply.status == 200
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 async def _no_session(request: web.Request) -> bool:
     return False
 
@@ -444,12 +459,16 @@ async def test_every_status_of_every_route_is_asked_and_its_reply_validates(
     await ask("DELETE", member, "/api/v1/projects/dup/members/ana@example.com")
     await ask("PUT", quota, "/api/v1/quotas/team:dup", {"rpm": 5})
     await ask("DELETE", quota, "/api/v1/quotas/project:dup")
-    # Every route that takes a body refuses one that is not JSON, and a field it does not take.
+    # Every route that takes a body refuses one that is not JSON, one past the admin API's limit, and
+    # a field it does not take.
     for route in tenancyapi.ROUTES:
         if route.body is None:
             continue
         url = route.path.format(item="default", model="sim-chat", scope="project:default")
         async with client.request(route.method, url, data=b"name=x") as answer:
+            replies.append((route.method.lower(), route.path, answer.status, await answer.json()))
+        big = io.BytesIO(json.dumps({"name": "x" * MAX_ADMIN_BODY}).encode())
+        async with client.request(route.method, url, data=big, headers=JSON) as answer:
             replies.append((route.method.lower(), route.path, answer.status, await answer.json()))
         await ask(route.method, route.path, url, {"nmae": "typo"})
 

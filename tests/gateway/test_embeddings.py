@@ -19,6 +19,7 @@ from llmgw.engines.sim_server import EMBEDDING_DIM, embedding, make_sim_app
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.pipeline import MAX_EMBEDDING_INPUTS
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store
@@ -172,3 +173,29 @@ async def test_the_sim_refuses_an_input_it_cannot_embed(rig: Rig, bad: object) -
     ) as reply:
         assert reply.status == 400
         assert "input must be" in (await reply.json())["error"]["message"]
+
+
+async def test_a_request_of_more_inputs_than_the_bound_is_refused_in_words_before_anything_is_counted(
+    rig: Rig,
+) -> None:
+    """One request of 200,000 inputs held the engine until the agent killed it."""
+    headers = {"Authorization": f"Bearer {rig.key}"}
+    many = {"model": EMBED, "input": ["x"] * (MAX_EMBEDDING_INPUTS + 1)}
+    async with rig.client.post("/v1/embeddings", json=many, headers=headers) as reply:
+        assert reply.status == 400
+        error = (await reply.json())["error"]
+    assert (error["code"], error["param"]) == ("too_many_inputs", "input")
+    assert error["message"] == (
+        f"input holds {MAX_EMBEDDING_INPUTS + 1:,} inputs; a request may hold at most "
+        f"{MAX_EMBEDDING_INPUTS:,}: send them in several requests"
+    )
+    assert list(rig.recorder.pending()) == []
+    # As many as the bound are embedded; so is one input of more token ids than that.
+    for taken in (["x"] * MAX_EMBEDDING_INPUTS, list(range(MAX_EMBEDDING_INPUTS + 1))):
+        async with rig.client.post(
+            # base64: 2,048 vectors as floats are past the megabyte aiohttp warns of.
+            "/v1/embeddings",
+            json={"model": EMBED, "input": taken, "encoding_format": "base64"},
+            headers=headers,
+        ) as reply:
+            assert reply.status == 200, await reply.text()

@@ -259,6 +259,20 @@ class TestOnTheClientPort:
             ]
             logs = await browser.get("/admin/nodes/n1/logs")
             assert "&lt;b&gt;llmgw" not in await logs.text() and "&lt;b&gt;llamacpp" in await logs.text()
+            # No mirror: its page says so in HTML, as the document says (it was the gateway's JSON 404).
+            mirror = await browser.get("/admin/mirror")
+            assert (mirror.status, mirror.content_type) == (404, "text/html")
+            assert "No mirror is configured" in await mirror.text()
+
+    async def test_a_page_asked_with_an_admin_token_is_refused_in_words_not_sent_to_sign_in(
+        self, sites: Sites
+    ):
+        """The token was not a session: a 303 to /login, and a script following it got the form with a 200."""
+        for path in ("/admin/nodes/n1/logs", "/admin/cluster", "/admin/users"):
+            status, text = await get(f"{sites.client}{path}", headers={"Authorization": "Bearer s3cret"})
+            assert status == 401, path
+            assert "a token (the Authorization header) does not sign in" in text
+            assert "/admin/api/v1/openapi.json" in text
 
     async def test_an_administrators_session_reaches_every_api_route_and_changes_with_its_csrf_token(
         self, sites: Sites, cluster_store: Store

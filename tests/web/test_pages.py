@@ -170,6 +170,27 @@ class TestLogin:
                 )
                 assert response.headers["Location"] == "/profile", target
 
+    async def test_a_next_holding_a_line_break_is_ignored_not_a_dropped_connection(self, site: Site) -> None:
+        """A CR/LF in next was a ValueError writing the Location header: the reply never came."""
+        await site.user("ann@example.com")
+        for target in ("/profile\r\nSet-Cookie: x=1", "/profile\n", "/admin\x7f", "/\t/evil.example"):
+            async with browser(site) as client:
+                page = await client.get("/login")
+                response = await client.post(
+                    "/login",
+                    data={
+                        "email": "ann@example.com",
+                        "password": PASSWORD,
+                        "next": target,
+                        "csrf": csrf_of(await page.text()),
+                    },
+                    allow_redirects=False,
+                )
+                assert (response.status, response.headers["Location"]) == (303, "/profile"), target
+                # Signed in, /login leads to next at once.
+                again = await client.get("/login", params={"next": target}, allow_redirects=False)
+                assert (again.status, again.headers["Location"]) == (303, "/profile"), target
+
     async def test_logout_ends_the_session_so_its_cookie_no_longer_signs_in(
         self, site: Site, client: Client
     ) -> None:

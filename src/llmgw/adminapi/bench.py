@@ -24,6 +24,7 @@ from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Param, Reply, Route
 from llmgw.adminapi.views import Error
 from llmgw.bench.result import Run
+from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json
 from llmgw.catalog import CATALOG_KEY
 from llmgw.names import url_segment
 
@@ -84,8 +85,13 @@ async def post_bench(request: web.Request) -> web.Response:
     if request.content_type != "application/json":
         return error(415, "send the run as JSON, as `llmgw ctl bench --json` prints it")
     try:
-        run = views.CONVERTER.structure(await request.json(), Run)
-    except (ValueError, cattrs.BaseValidationError):
+        sent = await read_json(request, MAX_ADMIN_BODY)
+    except BadJson as exc:
+        said = "the body is not JSON" if exc.not_json else str(exc)
+        return error(exc.status, f"{said}; send the run as `llmgw ctl bench --json` prints it")
+    try:
+        run = views.CONVERTER.structure(sent, Run)
+    except (ValueError, TypeError, cattrs.BaseValidationError):
         return error(400, "the body is not a run as `llmgw ctl bench --json` prints it")
     if run.model != name:
         return error(400, f"the run is of {run.model}, not {name}")

@@ -392,9 +392,11 @@ ROUTES: tuple[Route, ...] = (
             Param(
                 "name",
                 description="The model's name, URL-encoded as one segment (org%2Fmodel); "
-                "a bare slash is accepted too.",
-                # Model names may hold slashes (meta-llama/Llama-3.1-8B).
-                pattern=".+",
+                "a bare slash is accepted too, except before bench (org%2Fbench).",
+                # Model names may hold slashes (meta-llama/Llama-3.1-8B); a model's own routes
+                # (adminapi/bench.py) are not one named "<model>/bench": OPTIONS and the 405s there
+                # offered DELETE.
+                pattern=".+(?<!/bench)",
             ),
         ),
         replies={

@@ -25,9 +25,11 @@ from llmgw.tenancy import views as tenancy_views
 # The document of the listener the app is, made from its table when the table is mounted.
 DOCUMENT_KEY: web.AppKey[dict[str, Any]] = web.AppKey("llmgw.admin.openapi", dict)
 
-# A body that is not JSON is refused before the route reads it; a field its view does not have, 400.
+# A body that is not JSON is refused before the route reads it; a field its view does not have, 400;
+# one past the admin API's limit (bodies.MAX_ADMIN_BODY), 413.
 _BODY_REFUSALS = {
     400: Reply("What is wrong with the request, in a sentence.", views.Error),
+    413: Reply("The body is more than 1 MiB, the most the admin API takes.", views.Error),
     415: Reply("The body is not JSON (Content-Type: application/json).", views.Error),
 }
 

@@ -22,7 +22,7 @@ import structlog
 from aiohttp import web
 
 from llmgw import strictjson
-from llmgw.bodies import BadJson, read_json
+from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json
 from llmgw.config import MirrorClientConfig
 from llmgw.errors import LlmgwError
 from llmgw.hubref import COMMIT_PATTERN, SOURCE_PREFIX, parse_ref
@@ -146,9 +146,9 @@ def relay(mirror_path: Callable[[web.Request], str]) -> Handler:
         body = None
         if request.method == "POST":
             try:
-                body = await read_json(request)
+                body = await read_json(request, MAX_ADMIN_BODY)
             except BadJson as exc:
-                return strictjson.response({"error": str(exc)}, status=400)
+                return strictjson.response({"error": str(exc)}, status=exc.status)
         path = mirror_path(request)
         if request.query_string:
             path += "?" + request.query_string

@@ -18,9 +18,10 @@ from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticate, KeyCache
 from llmgw.gateway.errors import ApiError, answer, openai_errors
 from llmgw.gateway.metrics import GatewayMetrics
-from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
+from llmgw.gateway.pipeline import Call, Handler, Stage, bounded_inputs, compose, endpoint, read_request
 from llmgw.gateway.proxy import UPSTREAM_ERRORS_KEY, client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
+from llmgw.slashes import plain_paths
 from llmgw.store.keys import KeyRecord
 from llmgw.store.scopes import Hierarchy
 
@@ -61,7 +62,7 @@ def make_gateway_app(
             openai_errors,
             # /v1/models/ and /admin/ lead where /v1/models and /admin do (they were 404s); before the body is
             # read, which would keep it from redirecting.
-            web.normalize_path_middleware(append_slash=False, remove_slash=True),
+            plain_paths,
             decode_bodies(
                 lambda request, status, message: answer(request, status, message, code="invalid_body"),
                 MAX_BODY,
@@ -88,7 +89,18 @@ def make_gateway_app(
         compose([metrics.observe, *auth, read_request, _serves("chat", catalog), *admit, router], proxy)
     )
     embeddings = endpoint(
-        compose([metrics.observe, *auth, read_request, _serves("embeddings", catalog), *admit, router], proxy)
+        compose(
+            [
+                metrics.observe,
+                *auth,
+                read_request,
+                bounded_inputs,
+                _serves("embeddings", catalog),
+                *admit,
+                router,
+            ],
+            proxy,
+        )
     )
     # Built once per catalog change, not per request: (the catalog's generation, every model's entry).
     listed: list[tuple[int, dict[str, dict[str, object]]]] = []

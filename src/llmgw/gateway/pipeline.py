@@ -96,7 +96,9 @@ async def read_request(call: Call, rest: Handler) -> web.StreamResponse:
     try:
         payload = await bodies.read_json(call.request)
     except bodies.BadJson as exc:
-        raise ApiError(400, str(exc), code="invalid_json") from None
+        raise ApiError(
+            exc.status, str(exc), code="invalid_json" if exc.status == 400 else "request_too_large"
+        ) from None
     body = await bodies.read(call.request)
     if not isinstance(payload, dict):
         raise ApiError(
@@ -110,4 +112,24 @@ async def read_request(call: Call, rest: Handler) -> web.StreamResponse:
     call.body = body
     call.payload = payload
     call.model = model
+    return await rest(call)
+
+
+# Inputs one /v1/embeddings request may hold: OpenAI's own limit. One request of 200,000 held its
+# engine for minutes, every other request to that replica waiting, until the agent killed it.
+MAX_EMBEDDING_INPUTS = 2048
+
+
+async def bounded_inputs(call: Call, rest: Handler) -> web.StreamResponse:
+    """Refuse, before anything is counted, an embeddings request of more than MAX_EMBEDDING_INPUTS inputs."""
+    inputs = call.payload.get("input")
+    # A list of token ids is one input; a list of strings, or of such lists, is one input each.
+    if isinstance(inputs, list) and len(inputs) > MAX_EMBEDDING_INPUTS and not isinstance(inputs[0], int):
+        raise ApiError(
+            400,
+            f"input holds {len(inputs):,} inputs; a request may hold at most {MAX_EMBEDDING_INPUTS:,}: "
+            "send them in several requests",
+            code="too_many_inputs",
+            param="input",
+        )
     return await rest(call)

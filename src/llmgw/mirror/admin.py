@@ -179,8 +179,10 @@ def make_admin_app(root: Path, fetches: Fetches, control_plane: str) -> web.Appl
     async def post_fetch(request: web.Request) -> web.Response:
         try:
             body = await read_json(request)
-        except BadJson:
-            return _error(400, 'expected JSON: {"model": "org/model@revision", "include": ["*.gguf"]}')
+        except BadJson as exc:
+            return _error(
+                exc.status, f'{exc}; expected JSON: {{"model": "org/model@revision", "include": ["*.gguf"]}}'
+            )
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return _error(400, 'expected JSON: {"model": "org/model@revision", "include": ["*.gguf"]}')
         include = body.get("include") or []

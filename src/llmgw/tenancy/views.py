@@ -25,6 +25,8 @@ def _from_0_to(most: int) -> dict[str, Any]:
     return {"schema": {"minimum": 0, "maximum": most}}
 
 
+# A field of a change that may be left out, keeping what it was: the document must not require it.
+_LEFT_OUT_KEEPS = {"required": False}
 _NOT_BLANK = {"pattern": r"\S"}
 # The shared schema of a scope name, defined with the others of NAMED in adminapi/schema.py (the admin
 # API sits above tenancy, so the reference is written here, and the document's validation resolves it).
@@ -103,10 +105,10 @@ class Quota:
 class QuotaChange:
     """The body of PUT /api/v1/quotas/{scope}: a field left out keeps what the scope had; null clears it."""
 
-    rpm: int | None = attrs.field(metadata=_from_0_to(MAX_PER_MINUTE))
-    tpm: int | None = attrs.field(metadata=_from_0_to(MAX_PER_MINUTE))
-    budget: float | None = attrs.field(metadata=_from_0_to(MAX_BUDGET))
-    period: Period
+    rpm: int | None = attrs.field(metadata={**_from_0_to(MAX_PER_MINUTE), **_LEFT_OUT_KEEPS})
+    tpm: int | None = attrs.field(metadata={**_from_0_to(MAX_PER_MINUTE), **_LEFT_OUT_KEEPS})
+    budget: float | None = attrs.field(metadata={**_from_0_to(MAX_BUDGET), **_LEFT_OUT_KEEPS})
+    period: Period = attrs.field(metadata=_LEFT_OUT_KEEPS)
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import attrs
 from aiohttp import web
 
+from llmgw.bodies import read_fields
 from llmgw.names import key_name_problem
 from llmgw.store.keys import KeyRecord, create_key, list_keys, revoke_key
 from llmgw.store.scopes import Scope, load_hierarchy
@@ -54,7 +55,11 @@ def _see_other(location: str) -> web.Response:
 
 
 def _local(target: str) -> str:
-    """target if it is a path on this site, else /profile: `next` must not send a person elsewhere."""
+    """target if it is a path on this site, else /profile: `next` must not send a person elsewhere.
+
+    Nor hold what a Location header cannot: a CR or LF in it was a ValueError as the redirect was
+    written, and the connection dropped with no answer.
+    """
     parts = urlsplit(target)
     if (
         not target.startswith("/")
@@ -62,6 +67,7 @@ def _local(target: str) -> str:
         or parts.scheme
         or parts.netloc
         or "\\" in target
+        or not target.isprintable()
     ):
         return "/profile"
     return target
@@ -79,10 +85,6 @@ def client_address(request: web.Request) -> str:
         if last:
             return last[:64]
     return request.remote or "unknown"
-
-
-async def _form(request: web.Request) -> dict[str, str]:
-    return {name: value for name, value in (await request.post()).items() if isinstance(value, str)}
 
 
 async def _pre_session_page(
@@ -103,7 +105,7 @@ async def login_page(request: web.Request) -> web.StreamResponse:
 
 
 async def login(request: web.Request) -> web.StreamResponse:
-    form = await _form(request)
+    form = await read_fields(request)
     target = _local(form.get("next", "/profile"))
     email = form.get("email", "")
     if not await check_pre_session_csrf(request):
@@ -183,7 +185,7 @@ async def signup_page(request: web.Request) -> web.StreamResponse:
 async def signup(request: web.Request) -> web.StreamResponse:
     if _signup_closed(request):
         return await _closed(request)
-    form = await _form(request)
+    form = await read_fields(request)
     email = form.get("email", "")
 
     async def again(error: str, status: int) -> web.StreamResponse:
@@ -279,7 +281,7 @@ async def change_password(request: web.Request) -> web.StreamResponse:
     user = await current_user(request)
     assert user is not None
     ctx = request.config_dict[WEB_KEY]
-    form = await _form(request)
+    form = await read_fields(request)
     row = await ctx.store.fetch_one("SELECT password_hash FROM users WHERE id = ?", (user.id,))
     # The current password is a password to guess too, for whoever holds a stolen session.
     try:
@@ -326,7 +328,7 @@ async def create_own_key(request: web.Request) -> web.StreamResponse:
             request, "Keys belong to a project, and an administrator has not put you in one yet."
         )
     ctx = request.config_dict[WEB_KEY]
-    name = (await _form(request)).get("name", "")
+    name = (await read_fields(request)).get("name", "")
     problem = key_name_problem(name)
     if problem is not None:
         return await _profile(request, 400, flash=f"{problem[0].upper()}{problem[1:]}.", flash_kind="error")

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from llmgw import maxima
 from llmgw.adminapi.tenancy import BadQuery, usage_query
+from llmgw.bodies import read_fields
 from llmgw.catalog import CATALOG_KEY
 from llmgw.maxima import MAX_BUDGET, MAX_PER_MINUTE
 from llmgw.names import id_number
@@ -47,10 +48,6 @@ _MAX_DAYS = 366
 
 def _see_other(location: str) -> web.Response:
     return web.Response(status=303, headers={"Location": location})
-
-
-async def _form(request: web.Request) -> dict[str, str]:
-    return {name: value for name, value in (await request.post()).items() if isinstance(value, str)}
 
 
 def _sentence(text: str) -> str:
@@ -117,7 +114,7 @@ async def user_action(request: web.Request) -> web.StreamResponse:
     ctx = request.config_dict[WEB_KEY]
     user_id = int(request.match_info["user_id"])
     action = request.match_info["action"]
-    form = await _form(request)
+    form = await read_fields(request)
     try:
         if action == "approve":
             project = form.get("project", "")
@@ -249,7 +246,7 @@ def _optional_number(form: dict[str, str], field: str, most: int, *, whole: bool
 @require_admin
 async def save_quota(request: web.Request) -> web.StreamResponse:
     ctx = request.config_dict[WEB_KEY]
-    form = await _form(request)
+    form = await read_fields(request)
     try:
         scope = Scope.parse(form.get("scope", ""))
         rpm = _optional_number(form, "rpm", MAX_PER_MINUTE, whole=True)

@@ -35,6 +35,7 @@ from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.control.mirror import MirrorClient
 from llmgw.listen import split_host_port
+from llmgw.slashes import plain_paths
 from llmgw.web import app as pages_app
 from llmgw.web import cluster
 from llmgw.web.context import ACCOUNTS_KEY, WebContext
@@ -142,7 +143,7 @@ def make_admin_app(
             _api_errors,
             this_machine_only,
             # /models/ leads where /models does; before the body is read, which keeps it from redirecting.
-            web.normalize_path_middleware(append_slash=False, remove_slash=True),
+            plain_paths,
             decode_bodies(_api_error, _MAX_BODY),
         ]
     )

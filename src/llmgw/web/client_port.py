@@ -57,14 +57,14 @@ def mount_client_port(
 
     catalog is the server's live one, the one its gateway routes by: a model added here is served.
     mirror relays /admin/api/v1/mirror/* (`llmgw ctl --server https://HOST/admin mirror`) and has a page;
-    None: the relay says there is none, and there is no page.
+    None: the relay and the page say there is none, and nothing links to the page.
     """
     mount_pages(app, pages)
     admin_listener.provide(app, cfg, inventory, catalog, pages, mirror, prefix=ADMIN)
-    # No mirror page where there is no mirror: nothing links to it here, and no document lists it.
-    pages_here = admin_listener.PAGES
-    admin_pages = pages_here if mirror is not None else tuple(p for p in pages_here if p is not MIRROR_PAGE)
-    mount_table(app, admin_pages, prefix=ADMIN, guard=require_admin)
+    # The mirror page is routed with no mirror too, as on the admin listener: /admin/mirror says there
+    # is none, in HTML as the document says (it was the gateway's 404 in JSON); nothing links to it.
+    unlinked = (MIRROR_PAGE,) if mirror is None else ()
+    mount_table(app, admin_listener.PAGES, prefix=ADMIN, guard=require_admin, unlinked=unlinked)
     mount(app, admin_listener.API, prefix=ADMIN, guard=admin_token_or_session(cfg, _admin_session))
     # The cluster pages' files are at the root on either listener.
     mount_table(app, (cluster.ASSETS,))

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from llmgw.bodies import read_fields
 from llmgw.store.sessions import Session
 from llmgw.web.render import render
 from llmgw.web.sessions import current_session, current_user
@@ -28,8 +29,22 @@ async def forbidden(request: web.Request, message: str) -> web.StreamResponse:
 async def _csrf_ok(request: web.Request, session: Session) -> bool:
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return True
-    sent = (await request.post()).get("csrf", "")
-    return isinstance(sent, str) and hmac.compare_digest(sent, session.csrf)
+    sent = (await read_fields(request)).get("csrf", "")
+    return hmac.compare_digest(sent, session.csrf)
+
+
+async def _token_is_not_a_session(request: web.Request) -> web.StreamResponse:
+    # Sent to /login, a script with an admin token followed the redirect and got the sign-in form
+    # with a 200, as if it were the page it asked for.
+    return await render(
+        request,
+        "message.html",
+        status=401,
+        title="Pages need a signed-in session",
+        message=f"{request.path} is a page for a person signed in at /login; a token (the "
+        "Authorization header) does not sign in. With an admin token, use the admin API: "
+        "/admin/api/v1/openapi.json lists its paths.",
+    )
 
 
 def _to_login(request: web.Request) -> web.StreamResponse:
@@ -44,6 +59,8 @@ def _require(admin: bool) -> Callable[[Handler], Handler]:
             session = await current_session(request)
             user = await current_user(request)
             if session is None or user is None:
+                if "Authorization" in request.headers:
+                    return await _token_is_not_a_session(request)
                 return _to_login(request)
             if admin and not user.is_admin:
                 return await forbidden(

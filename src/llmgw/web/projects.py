@@ -10,6 +10,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from llmgw.bodies import read_fields
 from llmgw.errors import LlmgwError
 from llmgw.names import id_number
 from llmgw.store.scopes import Scope, load_hierarchy
@@ -75,7 +76,7 @@ async def projects_page(request: web.Request) -> web.StreamResponse:
 async def projects_action(request: web.Request) -> web.StreamResponse:
     store = request.config_dict[WEB_KEY].store
     action = request.match_info["action"]
-    form = {k: v for k, v in (await request.post()).items() if isinstance(v, str)}
+    form = await read_fields(request)
     level = _LEVELS.get(form.get("kind", ""), "project")
     item = form.get("id", "")
     try:

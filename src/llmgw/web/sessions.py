@@ -18,6 +18,7 @@ import secrets
 
 from aiohttp import web
 
+from llmgw.bodies import read_fields
 from llmgw.store.sessions import Session, lookup_session
 from llmgw.store.users import User, get_user
 from llmgw.web.context import WEB_KEY
@@ -97,5 +98,5 @@ def remember_pre_session_csrf(response: web.StreamResponse, request: web.Request
 async def check_pre_session_csrf(request: web.Request) -> bool:
     """Whether a form posted before sign-in carries the token of the browser's CSRF cookie."""
     cookie = request.cookies.get(CSRF_COOKIE, "")
-    sent = (await request.post()).get("csrf", "")
-    return bool(cookie) and isinstance(sent, str) and hmac.compare_digest(cookie, sent)
+    sent = (await read_fields(request)).get("csrf", "")
+    return bool(cookie) and hmac.compare_digest(cookie, sent)
