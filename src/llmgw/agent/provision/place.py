@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from llmgw import durable
+
 MARKER = ".llmgw-installed"
 
 
@@ -44,4 +46,4 @@ def put_in_place(partial: Path, directory: Path, marker: dict[str, Any]) -> None
     # makes it all appear at once.
     (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     shutil.rmtree(directory, ignore_errors=True)
-    partial.rename(directory)
+    durable.move_into_place(partial, directory)
