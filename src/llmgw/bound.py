@@ -18,7 +18,7 @@ from pathlib import Path
 import attrs
 import structlog
 
-from llmgw import strictjson
+from llmgw import durable, strictjson
 from llmgw.addresses import url_host
 
 log = structlog.get_logger(__name__)
@@ -95,10 +95,8 @@ def _alive(pid: int) -> bool:
 def _write(state_dir: Path, listening: Listening) -> Path:
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / FILE
-    tmp = path.with_name(f"{FILE}.{listening.pid}.tmp")
-    tmp.write_text(strictjson.dumps(attrs.asdict(listening), indent=2) + "\n", encoding="utf-8")
     # Whole or absent: ctl reading while it is written must never see half of it.
-    os.replace(tmp, path)
+    durable.write_atomically(path, strictjson.dumps(attrs.asdict(listening), indent=2) + "\n")
     return path
 
 

@@ -56,7 +56,7 @@ class TestCheck:
         assert code == EXIT_PENDING
         assert f"is at schema version {LATEST - 1}: 1 migration pending, to {LATEST}" in out
         assert f"  {LATEST}  expand    {MIGRATIONS[-1].does}" in out
-        assert "- keeps the ids of projects from being given out again" in out
+        assert "- creates table deleted_projects" in out
         assert "safe to apply while the previous release still runs" in out
         # Nothing was applied: the check again says the same.
         assert _run("--check", "--config", str(config))[0] == EXIT_PENDING

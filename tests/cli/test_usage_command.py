@@ -120,12 +120,36 @@ def test_since_and_until_count_only_the_days_between_them_inclusive(
     assert [r["name"] for r in rows] == ["llama", "sim-chat"]
 
 
-def test_usage_of_a_project_deleted_since_is_its_own_row_rather_than_lost(
+@pytest.mark.parametrize("by", ["team", "org"])
+def test_usage_of_a_project_deleted_since_still_counts_toward_its_team_and_org(
+    config: Path, populated: dict[str, Any], by: str
+) -> None:
+    """Deleting `gone` must not take what it spent off its team's and org's totals (their budgets'
+    too: tests/gateway/test_quotas.py)."""
+    _, out, _ = _usage(config, "--by", by, "--format", "json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    core = rows["team 'core' (org 'acme')" if by == "team" else "org 'acme'"]
+    # Keys 2 (project 2) and 3 (`gone`, project 3): 1 + d + m + key requests each, for 3 days, 2 models
+    # and 2 statuses.
+    assert core["requests"] == sum(
+        2 * (1 + d + m + key) for d in range(3) for m in range(2) for key in (2, 3)
+    )
+    assert not any(r["id"] == "" for r in rows.values())
+
+
+def test_usage_of_a_project_deleted_by_an_earlier_release_is_its_own_row_rather_than_lost(
     config: Path, populated: dict[str, Any]
 ) -> None:
+    """An earlier release recorded no team for the project it deleted: its usage is counted all the same."""
+
+    async def forget() -> None:
+        async with open_store(config.parent / "state" / "llmgw.db") as store, store.transaction() as db:
+            await db.execute("DELETE FROM deleted_projects")
+
+    asyncio.run(forget())
     _, out, _ = _usage(config, "--by", "team", "--format", "json")
     names = [r["name"] for r in json.loads(out)]
-    assert "projects deleted since" in names and "team 'core' (org 'acme')" in names
+    assert "projects deleted by an earlier release" in names and "team 'core' (org 'acme')" in names
 
 
 def test_a_project_made_after_one_was_deleted_shows_none_of_the_deleted_ones_usage(

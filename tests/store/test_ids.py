@@ -24,9 +24,15 @@ from llmgw.tenancy import operations
 BEFORE_IDS_WERE_KEPT = tuple(MIGRATIONS[:10])
 
 
-async def _spend_and_delete_victim(store: Store) -> int:
+async def _delete_as_an_earlier_release(store: Store, name: str) -> None:
+    """Delete a project as the releases before migration 12 did: its row goes, nothing records its team."""
+    async with store.transaction() as db:
+        await db.execute("DELETE FROM projects WHERE name = ?", (name,))
+
+
+async def _spend_and_delete_victim(store: Store, *, earlier_release: bool = False) -> int:
     """The issue's steps: project `victim` in team `ml` spends 0.012 in 3 requests with its key, the key
-    is revoked and the project deleted; its id."""
+    is revoked and the project deleted (earlier_release: as a release before migration 12 did); its id."""
     await operations.create(store, "team", "ml", "default")
     victim = await operations.create(store, "project", "victim", "ml")
     _, key = await create_key(store, "victim-key", project_id=victim.id)
@@ -35,7 +41,10 @@ async def _spend_and_delete_victim(store: Store) -> int:
         recorder.record(key.id, victim.id, "sim-chat", 200, 10, 5, 0.004, 12.0)
     await recorder.flush(store)
     await revoke_key(store, key.prefix)
-    await operations.delete(store, "project", "victim")
+    if earlier_release:
+        await _delete_as_an_earlier_release(store, "victim")
+    else:
+        await operations.delete(store, "project", "victim")
     return victim.id
 
 
@@ -139,7 +148,7 @@ class TestAStoreOfAnEarlierRelease:
             else:
                 _, key = await create_key(old, "victim-key", project_id=victim.id)
                 await revoke_key(old, key.prefix)
-            await operations.delete(old, "project", "victim")
+            await _delete_as_an_earlier_release(old, "victim")
         async with open_store(database) as store:
             attacker = await operations.create(store, "project", "attacker", "ml")
             assert attacker.id > victim.id
@@ -148,7 +157,7 @@ class TestAStoreOfAnEarlierRelease:
         self, database: Path | str
     ) -> None:
         async with open_store(database, BEFORE_IDS_WERE_KEPT) as old:
-            victim_id = await _spend_and_delete_victim(old)
+            victim_id = await _spend_and_delete_victim(old, earlier_release=True)
         async with open_store(database) as store:
             await _attacker_inherits_nothing(store, victim_id)
 
@@ -156,7 +165,7 @@ class TestAStoreOfAnEarlierRelease:
         self, postgres_url: str
     ) -> None:
         async with open_store(postgres_url, BEFORE_IDS_WERE_KEPT) as old:
-            victim_id = await _spend_and_delete_victim(old)
+            victim_id = await _spend_and_delete_victim(old, earlier_release=True)
             # What each earlier release did after applying a migration: the sequence back to the highest row.
             async with old.transaction() as db:
                 await db.execute(
@@ -188,14 +197,14 @@ class TestAStoreOfAnEarlierRelease:
         async with open_store(database):
             pass
         async with open_store(database, BEFORE_IDS_WERE_KEPT) as previous:
-            victim_id = await _spend_and_delete_victim(previous)
+            victim_id = await _spend_and_delete_victim(previous, earlier_release=True)
             await _attacker_inherits_nothing(previous, victim_id)
 
     async def test_two_servers_upgrading_one_store_at_once_both_start_and_neither_reuses_an_id(
         self, database: Path | str
     ) -> None:
         async with open_store(database, BEFORE_IDS_WERE_KEPT) as old:
-            victim_id = await _spend_and_delete_victim(old)
+            victim_id = await _spend_and_delete_victim(old, earlier_release=True)
 
         async def start(name: str) -> int:
             async with open_store(database) as store:
@@ -230,7 +239,8 @@ async def test_sqlite_rebuilds_each_table_with_its_rows_constraints_indexes_and_
         tables = (*ID_TABLES, "user_keys", "sessions")
         rows = {t: [tuple(r) for r in await old.fetch_all(f"SELECT * FROM {t} ORDER BY 1")] for t in tables}
         schema = await _sqlite_schema(old)
-    async with open_store(path) as store:
+    # Migration 11 alone: a later one may add tables of its own.
+    async with open_store(path, MIGRATIONS[:11]) as store:
         assert {
             t: [tuple(r) for r in await store.fetch_all(f"SELECT * FROM {t} ORDER BY 1")] for t in tables
         } == rows

@@ -17,7 +17,7 @@ from llmgw.store.catalog import put_model
 from llmgw.store.keys import create_key, list_keys, revoke_key
 from llmgw.store.prices import set_price
 from llmgw.store.quotas import set_budget, set_limits
-from llmgw.store.scopes import Scope, create_org, create_project, create_team
+from llmgw.store.scopes import Scope, create_org, create_project, create_team, delete
 from llmgw.store.sessions import create_session
 from llmgw.store.sqlite import SqliteStore
 from llmgw.store.transfer import copy_store
@@ -45,7 +45,11 @@ async def _fill(store: Store) -> str:
     recorder = UsageRecorder()
     recorder.record(key.id, project.id, "sim-chat", 200, 10, 5, 0.25, 12.0)
     recorder.record(key.id, project.id, "sim-chat", 429, 0, 0, 0.0, 0.0)
+    # A deleted project's usage, and the team and org it still counts toward.
+    deleted = await create_project(store, team.id, "deleted")
+    recorder.record(0, deleted.id, "sim-chat", 200, 1, 1, 0.5, 1.0)
     await recorder.flush(store)
+    await delete(store, Scope("project", deleted.id))
     # A server's journal mark goes with the usage: that server, moved to the copy, replays nothing twice.
     async with store.transaction() as db:
         await db.execute("INSERT INTO usage_journal_marks (journal_id, applied_seq) VALUES ('j', 7)")
@@ -77,7 +81,7 @@ class TestCopy:
         async with open_store(source) as store:
             plaintext = await _fill(store)
         copied = await copy_store(_sqlite(source), postgres_url)
-        assert copied["api_keys"] == 2 and copied["orgs"] == 2 and copied["usage_daily"] == 2
+        assert copied["api_keys"] == 2 and copied["orgs"] == 2 and copied["usage_daily"] == 3
         assert all(n > 0 for n in copied.values()), copied
         back = tmp_path / "back.db"
         await copy_store(postgres_url, _sqlite(back))

@@ -12,8 +12,16 @@ from llmgw.errors import StoreError
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store, open_store
 from llmgw.store.base import NotCommitted
-from llmgw.store.scopes import Scope, create_project, create_team
-from llmgw.store.usage import JournalMark, UsageKey, UsageTotals, add_usage, journal_applied, usage_by_day
+from llmgw.store.scopes import Scope, create_org, create_project, create_team, delete, list_deleted_projects
+from llmgw.store.usage import (
+    JournalMark,
+    UsageKey,
+    UsageTotals,
+    add_usage,
+    journal_applied,
+    usage_by_day,
+    usage_totals,
+)
 
 from ..postgres import Cluster
 from ..waiting import eventually_async
@@ -55,6 +63,22 @@ async def test_batches_add_up_rather_than_replace(store: Store) -> None:
     assert [(r.requests, r.prompt_tokens, r.completion_tokens) for r in await usage_by_day(store)] == [
         (2, 2, 4)
     ]
+
+
+async def test_a_deleted_projects_usage_still_counts_toward_its_team_and_org(store: Store) -> None:
+    """Deleting a project that spent used to take its usage off its team's and org's, budgets included."""
+    org = await create_org(store, "acme")
+    team = await create_team(store, org.id, "core")
+    project = await create_project(store, team.id, "gone")
+    used = UsageKey("2026-11-02", 0, project.id, "m", 200), UsageTotals(4, 1, 1, 0.5, 1.0)
+    await add_usage(store, [used])
+    await delete(store, Scope("project", project.id))
+    (gone,) = await list_deleted_projects(store)
+    assert gone.scopes == (Scope("project", project.id), Scope("team", team.id), Scope("org", org.id))
+    for by, group in (("team", team.id), ("org", org.id), ("project", project.id)):
+        assert [(t.group, t.requests, t.cost) for t in await usage_totals(store, by)] == [(group, 4, 0.5)]
+    for scope in (Scope("team", team.id), Scope("org", org.id)):
+        assert [r.requests for r in await usage_by_day(store, scope)] == [4]
 
 
 class TestJournalMarks:

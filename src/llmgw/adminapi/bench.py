@@ -17,7 +17,7 @@ from pathlib import Path
 import cattrs
 from aiohttp import web
 
-from llmgw import strictjson
+from llmgw import durable, strictjson
 from llmgw.adminapi import views
 from llmgw.adminapi.handlers import CONFIG_KEY
 from llmgw.adminapi.replies import error, reply
@@ -47,11 +47,7 @@ def _write(directory: Path, run: Run) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     stamp = run.started_at.replace(":", "")
     path = directory / f"{stamp}-{os.getpid()}-{len(list(directory.iterdir()))}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        strictjson.dumps(views.CONVERTER.unstructure(run), sort_keys=True) + "\n", encoding="utf-8"
-    )
-    os.replace(tmp, path)
+    durable.write_atomically(path, strictjson.dumps(views.CONVERTER.unstructure(run), sort_keys=True) + "\n")
     for old in sorted(directory.glob("*.json"))[:-KEEP]:
         old.unlink(missing_ok=True)
 

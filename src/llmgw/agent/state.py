@@ -31,7 +31,7 @@ from pathlib import Path
 import attrs
 import structlog
 
-from llmgw import launcher, strictjson
+from llmgw import durable, launcher, strictjson
 from llmgw.names import file_name
 from llmgw.proto.llmgw import v1 as pb
 
@@ -94,15 +94,9 @@ def write_state(state_dir: Path, records: list[EngineRecord]) -> None:
             for r in records
         ]
     }
-    tmp = state_dir / (STATE_FILE + ".tmp")
-    # Only the agent's user may read it: each request carries its replica's secret.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        # Also for a .tmp an older agent left readable: O_CREAT keeps an existing file's mode.
-        os.fchmod(out.fileno(), 0o600)
-        out.write(strictjson.dumps(data, indent=1))
-    # Renamed into place: an agent killed mid-write leaves the previous file, never half of one.
-    os.replace(tmp, state_dir / STATE_FILE)
+    # Only the agent's user may read it: each request carries its replica's secret. Whole and on disk:
+    # a power loss must not leave the next agent an empty file and engines it cannot adopt.
+    durable.write_atomically(state_dir / STATE_FILE, strictjson.dumps(data, indent=1), 0o600)
 
 
 def record_engines(state_dir: Path, alive: list[tuple[pb.StartShard, int, str]]) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import strictjson
+from llmgw import durable, strictjson
 from llmgw.proto.llmgw import v1 as pb
 
 MARKER = "upgrade.json"
@@ -83,9 +83,7 @@ def read(state_dir: Path) -> Marker | None:
 def write(state_dir: Path, marker: Marker) -> None:
     """Replace the marker whole: a crash mid-write must not leave half a command line to exec."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    part = state_dir / f"{MARKER}.part"
-    part.write_text(strictjson.dumps(attrs.asdict(marker)))
-    os.replace(part, state_dir / MARKER)
+    durable.write_atomically(state_dir / MARKER, strictjson.dumps(attrs.asdict(marker)))
 
 
 def settle(state_dir: Path, version: str) -> tuple[Marker | None, bool]:
@@ -148,10 +146,16 @@ def back(why):
     if m.get("state") != "trial":
         raise
     m["state"], m["detail"] = "rolled back", why
+    # As llmgw.durable does it, which this cannot import: the bytes, the rename, then the directory.
     with open(marker + ".part", "w") as f:
         # Plain json: this runs where llmgw itself may not import; the marker holds no floats.
         json.dump(m, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(marker + ".part", marker)
+    d = os.open(os.path.dirname(marker) or ".", os.O_RDONLY)
+    os.fsync(d)
+    os.close(d)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if m.get("previous_pythonpath") is not None:
         env["PYTHONPATH"] = m["previous_pythonpath"]

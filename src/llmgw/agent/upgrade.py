@@ -28,7 +28,7 @@ import attrs
 import structlog
 
 import llmgw
-from llmgw import launcher
+from llmgw import durable, launcher
 from llmgw.agent import trial
 from llmgw.backoff import ExponentialBackoff
 from llmgw.download import DownloadError, Retries, fetch
@@ -185,7 +185,7 @@ class Upgrader:
                     await fetch(session, order.url, target.with_suffix(".part"), retries=retries)
             except DownloadError as exc:
                 raise UpgradeRefused(f"cannot fetch {order.url}: {exc}") from None
-            await asyncio.to_thread(target.with_suffix(".part").rename, target)
+            await asyncio.to_thread(durable.move_into_place, target.with_suffix(".part"), target)
         else:
             source = Path(order.url.removeprefix("file://"))
             try:
@@ -265,7 +265,8 @@ async def _make_environment(target: Path, wheel: Path, order: pb.Upgrade) -> Pat
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, part, True))
         raise
     await asyncio.to_thread(shutil.rmtree, target, True)
-    await asyncio.to_thread(part.rename, target)
+    # Synced, every file of it: a power loss must not leave `current` naming an environment of empty files.
+    await asyncio.to_thread(durable.move_into_place, part, target)
     return target / "bin" / "python"
 
 
@@ -314,7 +315,7 @@ def _commit(state_dir: Path, marker: trial.Marker) -> None:
     link = current.with_name("current.part")
     link.unlink(missing_ok=True)
     link.symlink_to(marker.to)
-    link.replace(current)
+    durable.move_into_place(link, current)
 
 
 def _sha256(path: Path) -> str:

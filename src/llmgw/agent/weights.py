@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import re
 import shutil
 import urllib.parse
@@ -41,7 +40,7 @@ import aiohttp
 import attrs
 import structlog
 
-from llmgw import download, strictjson
+from llmgw import download, durable, strictjson
 from llmgw.backoff import ExponentialBackoff
 from llmgw.download import PART, human_bytes
 from llmgw.errors import LlmgwError
@@ -301,7 +300,7 @@ class WeightsCache:
                 await asyncio.to_thread(_unlink, part)
                 later = [full.size, *(g.size for g in files[number:])]
                 raise await self._no_space(base, f.path, later) from None
-            await asyncio.to_thread(os.replace, part, base / f.path)
+            await asyncio.to_thread(durable.move_into_place, part, base / f.path)
             recorded.append({"path": f.path, "size": got.size, "sha256": got.sha256})
             done_before += got.size
         marker = {"source": source, "files": recorded}
@@ -512,10 +511,8 @@ def _unlink(path: Path) -> None:
 
 
 def _write_marker(base: Path, marker: dict[str, Any]) -> None:
-    tmp = base / (MARKER + ".tmp")
-    tmp.write_text(strictjson.dumps(marker, indent=1), encoding="utf-8")
     # The rename is what makes the source present: a crash before it leaves no marker at all.
-    os.replace(tmp, base / MARKER)
+    durable.write_atomically(base / MARKER, strictjson.dumps(marker, indent=1))
 
 
 def _scan(root: Path) -> dict[str, dict[str, Any]]:

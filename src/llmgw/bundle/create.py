@@ -26,7 +26,7 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import __version__
+from llmgw import __version__, durable
 from llmgw.agent.discovery.host import Host
 from llmgw.agent.provision.recipes import RECIPES
 from llmgw.agent.provision.release import ReleaseClient
@@ -164,7 +164,7 @@ async def create_bundle(opts: CreateOptions, report: Report) -> Created:
             await asyncio.to_thread(_write_tar, work, opts.out, manifest)
             await asyncio.to_thread(shutil.rmtree, work)
         else:
-            await asyncio.to_thread(os.rename, work, opts.out)
+            await asyncio.to_thread(durable.move_into_place, work, opts.out)
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, work, True)
         raise
@@ -343,4 +343,4 @@ def _write_tar(work: Path, out: Path, manifest: Manifest) -> None:
             info.mode = 0o644
             with (work / path).open("rb") as fh:
                 tar.addfile(info, fh)
-    os.replace(tmp, out)
+    durable.move_into_place(tmp, out)

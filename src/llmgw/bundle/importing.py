@@ -36,7 +36,7 @@ from typing import IO
 import attrs
 import cattrs
 
-from llmgw import config
+from llmgw import config, durable
 from llmgw.bundle import signing
 from llmgw.bundle.manifest import (
     ENGINES,
@@ -430,7 +430,7 @@ def _place(root: Path, staging: Path, manifest: Manifest, models: list[FetchedMo
             continue
         target = root / PurePosixPath(f.path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging / f.path, target)
+        durable.move_into_place(staging / f.path, target)
     for model in models:
         final = model_dir(root, model.repo, model.commit)
         held = read_model(final)

@@ -27,7 +27,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from llmgw import strictjson
+from llmgw import durable, strictjson
 from llmgw.bundle.manifest import MANIFEST, SIGNATURE, BundleError
 
 DEFAULT_TRUST_DIR = Path("/etc/llmgw/bundle-keys")
@@ -199,9 +199,7 @@ def sign_bundle(bundle: Path, key: Ed25519PrivateKey) -> None:
             manifest = (bundle / MANIFEST).read_bytes()
         except FileNotFoundError:
             raise BundleError(f"{bundle} has no {MANIFEST}: it is not a bundle") from None
-        tmp = bundle / f".{SIGNATURE}.new"
-        tmp.write_bytes(signature_for(manifest, key))
-        os.replace(tmp, bundle / SIGNATURE)
+        durable.write_atomically(bundle / SIGNATURE, signature_for(manifest, key))
         return
     try:
         with tarfile.open(bundle, "r:") as tar:

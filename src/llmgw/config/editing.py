@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
+from llmgw import durable
 from llmgw.config.loading import parse
 from llmgw.config.yamltext import read_yaml
 
@@ -50,10 +51,10 @@ def with_section(cls: type[T], text: str, source: str, section: str, values: Map
 def replace_text(path: Path, text: str) -> None:
     """path replaced whole, keeping its mode and owner: never a half-written file a server reads."""
     st = path.stat()
-    tmp = path.with_name(f".{path.name}.new")
-    tmp.write_text(text, encoding="utf-8")
-    os.chmod(tmp, st.st_mode & 0o7777)
-    # Not root: the file stays ours, which is who wrote the original.
-    with contextlib.suppress(PermissionError):
-        os.chown(tmp, st.st_uid, st.st_gid)
-    os.replace(tmp, path)
+
+    def owned(tmp: Path) -> None:
+        # Not root: the file stays ours, which is who wrote the original.
+        with contextlib.suppress(PermissionError):
+            os.chown(tmp, st.st_uid, st.st_gid)
+
+    durable.write_atomically(path, text, st.st_mode & 0o7777, prepare=owned)

@@ -35,7 +35,7 @@ from pathlib import Path
 import attrs
 import structlog
 
-from llmgw import strictjson
+from llmgw import durable, strictjson
 from llmgw.errors import LlmgwError
 from llmgw.store.db import Store
 from llmgw.store.usage import (
@@ -210,19 +210,11 @@ def _create(path: Path) -> _Segment:
     try:
         os.posix_fallocate(fd, 0, SEGMENT_BYTES)
         mm = mmap.mmap(fd, SEGMENT_BYTES)
-        _sync_directory(path.parent)
+        durable.sync_directory(path.parent)
     except BaseException:
         os.close(fd)
         raise
     return _Segment(path, fd, mm)
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read(directory: Path) -> tuple[list[tuple[Path, list[Entry]]], int]:
@@ -273,14 +265,8 @@ def _read_identity(directory: Path) -> _Identity | None:
 
 def _write_identity(directory: Path, identity: _Identity) -> None:
     """Write the identity, whole or not at all, and on disk before anything names it. In a thread."""
-    path = directory / ID_FILE
-    partial = directory / (ID_FILE + ".new")
-    with partial.open("w") as out:
-        strictjson.dump({"id": identity.journal_id, "base": identity.base}, out)
-        out.flush()
-        os.fsync(out.fileno())
-    partial.rename(path)
-    _sync_directory(directory)
+    data = strictjson.dumps({"id": identity.journal_id, "base": identity.base})
+    durable.write_atomically(directory / ID_FILE, data)
 
 
 async def _identity(directory: Path, store: Store, has_records: bool) -> _Identity:

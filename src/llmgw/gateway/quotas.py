@@ -38,7 +38,7 @@ from llmgw.store.db import Store
 from llmgw.store.keys import KeyRecord
 from llmgw.store.prices import list_prices
 from llmgw.store.quotas import Budget, Limits, Period, list_budgets, list_limits
-from llmgw.store.scopes import Chain, Hierarchy, Scope, load_hierarchy
+from llmgw.store.scopes import Chain, Hierarchy, Scope, list_deleted_projects, load_hierarchy
 from llmgw.store.usage import cost_by_day
 
 WINDOW_S = 60.0
@@ -271,6 +271,9 @@ class Quotas:
     async def refresh(self, store: Store) -> None:
         """Reload the hierarchy, limits and budgets, and count each budget's spending again."""
         hierarchy = await load_hierarchy(store)
+        # Deleting a project that spent must not hand its team and org the money back: its usage stays
+        # under its id, counted toward the team and org it was in.
+        deleted = {gone.id: gone.scopes for gone in await list_deleted_projects(store)}
         limits = await list_limits(store)
         budgets = await list_budgets(store)
         prices = {p.model: p.price for p in await list_prices(store)}
@@ -288,6 +291,8 @@ class Quotas:
             chain: tuple[Scope, ...] = (Scope("key", key_id),)
             if project_id in hierarchy.projects:
                 chain += hierarchy.chain(project_id).scopes
+            else:
+                chain += deleted.get(project_id, ())
             for scope in chain:
                 if scope in starts and day >= starts[scope]:
                     spent[scope] += cost

@@ -33,7 +33,7 @@ import attrs
 import cattrs
 import structlog
 
-from llmgw import download, strictjson
+from llmgw import download, durable, strictjson
 from llmgw.backoff import ExponentialBackoff
 from llmgw.download import PART, human_bytes
 from llmgw.errors import LlmgwError
@@ -292,7 +292,7 @@ class HubFetcher:
             await asyncio.to_thread(_unlink, part if staged is None else target)
             raise FetchError(f"{what}: {why}; the download was removed, and the next fetch starts it over")
         if staged is None:
-            await asyncio.to_thread(os.replace, part, target)
+            await asyncio.to_thread(durable.move_into_place, part, target)
         report(size, f.size if f.size is not None else size)
         return FetchedFile(path=f.path, size=size, sha256=digest, blob_id=f.blob_id)
 
@@ -469,7 +469,7 @@ def place_model(root: Path, staging: Path, final: Path, model: FetchedModel, fet
     final.mkdir(parents=True, exist_ok=True)
     for path in fetched:
         (final / path).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging / path, final / path)
+        durable.move_into_place(staging / path, final / path)
     _write_manifest(final, model)
     # The directories the staging left behind empty (one still holding a .part stays).
     for path in fetched:
@@ -483,9 +483,9 @@ def place_model(root: Path, staging: Path, final: Path, model: FetchedModel, fet
 
 
 def _write_manifest(directory: Path, model: FetchedModel) -> None:
-    tmp = directory / (MANIFEST + ".tmp")
-    tmp.write_text(strictjson.dumps(_converter.unstructure(model), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, directory / MANIFEST)
+    durable.write_atomically(
+        directory / MANIFEST, strictjson.dumps(_converter.unstructure(model), indent=1) + "\n"
+    )
 
 
 def _unlink(path: Path) -> None:

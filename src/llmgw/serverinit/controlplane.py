@@ -22,7 +22,7 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import pki
+from llmgw import durable, pki
 from llmgw.bundle.importing import ImportOptions, import_bundle
 from llmgw.catalog import load_server_config
 from llmgw.config import MirrorConfig, ServerConfig
@@ -326,8 +326,8 @@ class _Steps:
             # The service runs as the llmgw user and must read its key; nobody else may.
             _ensure_access(new_key, 0o640, -1, self.account.gid)
             new_cert.chmod(0o644)
-            os.replace(new_key, key)
-            os.replace(new_cert, cert)
+            durable.move_into_place(new_key, key)
+            durable.move_into_place(new_cert, cert)
 
     def _configuration(self) -> ServerConfig:
         assert self.account is not None
@@ -340,10 +340,10 @@ class _Steps:
                 state_dir=opts.state,
                 pki=opts.pki_dir,
             )
-            tmp = path.with_name(f".{path.name}.new")
-            tmp.write_text(text, encoding="utf-8")
-            _ensure_access(tmp, 0o640, -1, self.account.gid)
-            os.replace(tmp, path)
+            gid = self.account.gid
+            durable.write_atomically(
+                path, text, 0o640, prepare=lambda tmp: _ensure_access(tmp, 0o640, -1, gid)
+            )
             self.ok(f"{path}")
         # Checked whether written now or years ago: a file that will not load
         # is better found here than as a unit restarting every two seconds.

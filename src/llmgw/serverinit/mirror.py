@@ -23,7 +23,7 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import config, pki
+from llmgw import config, durable, pki
 from llmgw.catalog import load_server_config
 from llmgw.config import MirrorConfig, ServerConfig
 from llmgw.config.editing import replace_text, with_section
@@ -146,8 +146,8 @@ def _issue(issue: Callable[[Path], tuple[Path, Path]], cert: Path, key: Path, ac
         os.chown(new_key, -1, account.gid)
         new_key.chmod(0o640)
         new_cert.chmod(0o644)
-        os.replace(new_key, key)
-        os.replace(new_cert, cert)
+        durable.move_into_place(new_key, key)
+        durable.move_into_place(new_cert, cert)
 
 
 def _server_section(site: MirrorSite, cfg: MirrorConfig, url: str) -> Said:
@@ -176,8 +176,4 @@ def _server_section(site: MirrorSite, cfg: MirrorConfig, url: str) -> Said:
 
 
 def _write_private(path: Path, text: str, account: Account) -> None:
-    tmp = path.with_name(f".{path.name}.new")
-    tmp.write_text(text, encoding="utf-8")
-    os.chown(tmp, -1, account.gid)
-    tmp.chmod(0o640)
-    os.replace(tmp, path)
+    durable.write_atomically(path, text, 0o640, prepare=lambda tmp: os.chown(tmp, -1, account.gid))

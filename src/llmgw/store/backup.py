@@ -9,10 +9,10 @@ transaction, which the server's writes neither wait for nor disturb.
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 from pathlib import Path
 
+from llmgw import durable
 from llmgw.errors import StoreError
 from llmgw.store.db import unusable
 
@@ -49,7 +49,7 @@ def backup_store(source: Path, out: Path) -> int:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
         raise
-    os.replace(partial, out)
+    durable.move_into_place(partial, out)
     return out.stat().st_size
 
 

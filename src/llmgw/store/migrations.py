@@ -297,6 +297,27 @@ MIGRATIONS: Sequence[Migration] = (
             ),
         ),
     ),
+    # 12: the team and organisation each deleted project belonged to, written as it is deleted. Usage is
+    # filed under the project alone, and team and org budgets counted only the projects still there:
+    # deleting a project that had spent gave its team's and organisation's budgets that money back, a
+    # way round them. A project an earlier release deleted left no such record; its usage counts
+    # toward no team or organisation (nothing says which it was in). No foreign keys: the team and
+    # organisation may be deleted after it, and what the project spent stays theirs.
+    Migration(
+        "creates table deleted_projects: the team and organisation of each project deleted, whose"
+        " budgets still count what it spent",
+        (
+            """
+        CREATE TABLE deleted_projects (
+            project_id INTEGER NOT NULL PRIMARY KEY,
+            team_id INTEGER NOT NULL,
+            org_id INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            deleted_at TEXT NOT NULL
+        )
+        """,
+        ),
+    ),
 )
 
 

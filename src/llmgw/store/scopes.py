@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Literal
 
 import attrs
@@ -84,6 +85,22 @@ class Project:
     name: str
     # None: every model; a tuple: only these, for every key of the project.
     models: tuple[str, ...] | None = None
+
+
+@attrs.frozen
+class DeletedProject:
+    """A project deleted since, as it was: its usage stays filed under its id, and what it spent still
+    counts toward the budgets of the team and organisation it was in (migration 12)."""
+
+    id: int
+    team_id: int
+    org_id: int
+    name: str
+
+    @property
+    def scopes(self) -> tuple[Scope, Scope, Scope]:
+        """The scopes its spending counts toward, as a live project's chain does."""
+        return (Scope("project", self.id), Scope("team", self.team_id), Scope("org", self.org_id))
 
 
 @attrs.frozen
@@ -245,6 +262,14 @@ async def list_projects(store: Store, team_id: int | None = None) -> list[Projec
     ]
 
 
+async def list_deleted_projects(store: Store) -> list[DeletedProject]:
+    """Every project deleted since the release that began recording them, with its team and org."""
+    rows = await store.fetch_all(
+        "SELECT project_id, team_id, org_id, name FROM deleted_projects ORDER BY project_id"
+    )
+    return [DeletedProject(row["project_id"], row["team_id"], row["org_id"], row["name"]) for row in rows]
+
+
 async def load_hierarchy(store: Store) -> Hierarchy:
     return Hierarchy(
         orgs={o.id: o for o in await list_orgs(store)},
@@ -290,7 +315,9 @@ async def delete(store: Store, scope: Scope) -> str:
 
     Refused, naming what is left, while a project has live keys or members, a team projects, an
     organisation teams: a key whose project vanished would answer to no limit or budget. Its limits
-    and budget go with it. The default ones stay, because keys and accounts go there unless told.
+    and budget go with it; a project's usage stays under its id, and what it spent still counts
+    toward its team's and organisation's budgets (deleted_projects keeps which they were). The
+    default ones stay, because keys and accounts go there unless told.
     """
     table, what = _TABLES[scope.kind]
     hierarchy = await load_hierarchy(store)
@@ -327,6 +354,14 @@ async def delete(store: Store, scope: Scope) -> str:
                 left.append(f"teams {_listed(teams)}")
         if left:
             raise ScopeInUse(f"{described} still has {' and '.join(left)}; it is kept until it has none")
+        if scope.kind == "project":
+            # Its usage stays under its id; this keeps it counted toward its team's and org's budgets.
+            await db.execute(
+                "INSERT INTO deleted_projects (project_id, team_id, org_id, name, deleted_at)"
+                " SELECT p.id, p.team_id, t.org_id, p.name, ? FROM projects p"
+                " JOIN teams t ON t.id = p.team_id WHERE p.id = ?",
+                (datetime.now(UTC).isoformat(timespec="seconds"), scope.id),
+            )
         await db.execute(f"DELETE FROM {table} WHERE id = ?", (scope.id,))
         for quota_table in ("limits", "budgets"):
             await db.execute(

@@ -137,11 +137,21 @@ async def shared_journal_mark(store: Store) -> int:
     return int(applied) if applied is not None else 0
 
 
+# A deleted project's usage stays under its id, and counts toward the team and org it was in
+# (deleted_projects, migration 12); only one deleted before that release is in neither (NULL).
+_TEAM = "COALESCE(p.team_id, d.team_id)"
+_ORG = "COALESCE(t.org_id, d.org_id)"
+_JOINS = (
+    " FROM usage_daily u LEFT JOIN projects p ON p.id = u.project_id"
+    " LEFT JOIN teams t ON t.id = p.team_id"
+    " LEFT JOIN deleted_projects d ON d.project_id = u.project_id"
+)
+
 _SCOPE_FILTER = {
     "key": "u.key_id = ?",
     "project": "u.project_id = ?",
-    "team": "p.team_id = ?",
-    "org": "t.org_id = ?",
+    "team": f"{_TEAM} = ?",
+    "org": f"{_ORG} = ?",
 }
 
 
@@ -165,8 +175,7 @@ async def usage_by_day(
         " SUM(CASE WHEN u.status >= 400 THEN u.requests ELSE 0 END) AS errors,"
         " SUM(u.prompt_tokens) AS prompt_tokens, SUM(u.completion_tokens) AS completion_tokens,"
         " SUM(u.cost) AS cost, SUM(u.latency_ms) AS latency_ms"
-        " FROM usage_daily u LEFT JOIN projects p ON p.id = u.project_id"
-        " LEFT JOIN teams t ON t.id = p.team_id"
+        + _JOINS
         + (" WHERE " + " AND ".join(where) if where else "")
         + " GROUP BY u.day, u.project_id, u.model ORDER BY u.day, u.project_id, u.model"
     )
@@ -200,8 +209,8 @@ async def cost_by_day(store: Store, since: str) -> list[tuple[str, int, int, flo
 UsageBy = Literal["org", "team", "project", "key", "model"]
 USAGE_BY: tuple[UsageBy, ...] = ("org", "team", "project", "key", "model")
 _GROUP = {
-    "org": "t.org_id",
-    "team": "p.team_id",
+    "org": _ORG,
+    "team": _TEAM,
     "project": "u.project_id",
     "key": "u.key_id",
     "model": "u.model",
@@ -212,7 +221,8 @@ _GROUP = {
 class UsageTotal:
     """Everything one org, team, project, key or model used between two days."""
 
-    # The id of the org, team, project or key (None: usage of a project deleted since), or the model.
+    # The id of the org, team, project or key, or the model; None: by team or org, usage of a project
+    # deleted by a release that did not record which team it was in.
     group: int | str | None
     requests: int
     errors: int
@@ -226,8 +236,9 @@ async def usage_totals(
 ) -> list[UsageTotal]:
     """Usage added up by org, team, project, key or model, from since to until (inclusive).
 
-    Every row of the range counts once, so the totals add up to the store's own sums: usage of a
-    project deleted since is its own group (None) rather than left out.
+    Every row of the range counts once, so the totals add up to the store's own sums: a deleted
+    project's usage counts toward the team and org it was in, and one whose team nothing recorded
+    (deleted by an earlier release) is its own group (None) rather than left out.
     """
     where: list[str] = []
     args: list[object] = []
@@ -243,8 +254,7 @@ async def usage_totals(
         " SUM(CASE WHEN u.status >= 400 THEN u.requests ELSE 0 END) AS errors,"
         " SUM(u.prompt_tokens) AS prompt_tokens, SUM(u.completion_tokens) AS completion_tokens,"
         " SUM(u.cost) AS cost"
-        " FROM usage_daily u LEFT JOIN projects p ON p.id = u.project_id"
-        " LEFT JOIN teams t ON t.id = p.team_id"
+        + _JOINS
         + (" WHERE " + " AND ".join(where) if where else "")
         + f" GROUP BY {group} ORDER BY {group}"
     )

@@ -424,7 +424,7 @@ async def usage(
 
     def name(group: int | str | None) -> str:
         if group is None:
-            return "projects deleted since"
+            return "projects deleted by an earlier release"
         if by == "model":
             return str(group)
         if by == "key":

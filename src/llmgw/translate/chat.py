@@ -14,6 +14,8 @@ from typing import Any
 
 import attrs
 
+from llmgw import strictjson
+
 # A chat stream's last event: `data: [DONE]`.
 DONE = "[DONE]"
 
@@ -41,7 +43,7 @@ def positive(value: object, param: str) -> int:
     """A token limit: a whole number of at least 1, or a TranslationError naming param."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise TranslationError(
-            f"{param}: must be a whole number of at least 1, not {json.dumps(value)}", param
+            f"{param}: must be a whole number of at least 1, not {strictjson.dumps(value)}", param
         )
     return value
 
@@ -179,7 +181,7 @@ def tool_call_pieces(message: JsonObject) -> list[ToolCallPiece]:
         index, arguments = call.get("index"), function.get("arguments")
         if arguments is not None and not isinstance(arguments, str):
             # An engine that sends the arguments as an object rather than as their JSON.
-            arguments = json.dumps(arguments)
+            arguments = strictjson.dumps(arguments)
         pieces.append(
             ToolCallPiece(
                 index=index if isinstance(index, int) else position,

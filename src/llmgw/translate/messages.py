@@ -16,10 +16,10 @@ block whose `signature` is empty, since no engine signs it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from llmgw import strictjson
 from llmgw.translate.chat import (
     CallArguments,
     CallStarted,
@@ -260,7 +260,7 @@ def _assistant(content: object, i: int) -> list[JsonObject]:
                     "type": "function",
                     "function": {
                         "name": str(block.get("name") or ""),
-                        "arguments": json.dumps(block.get("input") or {}),
+                        "arguments": strictjson.dumps(block.get("input") or {}),
                     },
                 }
             )
@@ -604,4 +604,4 @@ class MessagesStream:
 
 
 def _event(name: str, data: JsonObject) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return f"event: {name}\ndata: {strictjson.dumps(data, separators=(',', ':'))}\n\n".encode()

@@ -14,10 +14,10 @@ own service (`include`, `truncation`, `service_tier`, `prompt_cache_key`) is dro
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
+from llmgw import strictjson
 from llmgw.translate.chat import (
     CallArguments,
     CallStarted,
@@ -322,7 +322,7 @@ def _call_output(item: JsonObject, i: int) -> JsonObject:
         output = "".join(part["text"] for part in parts)
     if output is not None and not isinstance(output, str):
         # A client that sends its tool's result as an object rather than as its JSON.
-        output = json.dumps(output)
+        output = strictjson.dumps(output)
     return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": output or ""}
 
 
@@ -479,7 +479,7 @@ class ResponsesStream:
     def _event(self, kind: str, fields: JsonObject) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+        return f"event: {kind}\ndata: {strictjson.dumps(data, separators=(',', ':'))}\n\n".encode()
 
     def _start(self) -> bytes:
         if self._started:

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from llmgw import strictjson
+from llmgw import durable, strictjson
 
 MARKER = ".llmgw-installed"
 
@@ -46,4 +46,4 @@ def put_in_place(partial: Path, directory: Path, marker: dict[str, Any]) -> None
     # makes it all appear at once.
     (partial / MARKER).write_text(strictjson.dumps(marker, indent=2) + "\n", encoding="utf-8")
     shutil.rmtree(directory, ignore_errors=True)
-    partial.rename(directory)
+    durable.move_into_place(partial, directory)
