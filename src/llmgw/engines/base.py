@@ -193,6 +193,9 @@ class Engine(Protocol):
     # Flags the agent sets on the command line or through the environment, with why a profile's
     # args may not (profile_args_problem).
     agent_flags: ClassVar[Mapping[str, str]] = AGENT_FLAGS
+    # The weights it loads, by the formats capacity/shape.py reads ("gguf", "safetensors"); None:
+    # it loads none, so any source will do (`llmgw ctl model add` holds a model's source to these).
+    weights_formats: ClassVar[frozenset[str] | None] = None
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""
