@@ -35,7 +35,7 @@ from llmgw.adminapi.projections import (
 )
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Guard, Param, Reply, Route, mount
-from llmgw.adminapi.weights import collect_weights
+from llmgw.adminapi.weights import collect_weights, wanted_sources
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json, read_text
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel, parse_model
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
@@ -285,7 +285,7 @@ async def post_weights_collect(request: web.Request) -> web.Response:
         return error(415, "send Content-Type: application/json (an empty object {} will do)")
     inventory = request.config_dict[INVENTORY_KEY]
     models = request.config_dict[CATALOG_KEY].models()
-    done = await collect_weights(inventory, {m.source for m in models if m.source})
+    done = await collect_weights(inventory, wanted_sources(inventory, models))
     return reply(views.Collected(nodes=done))
 
 
