@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,15 +17,15 @@ from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.control.localfiles import LocalFiles, serve_local_files
 from llmgw.control.reconciler import Reconciler
+from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
-
-CFG = ServerConfig(agent_listen="127.0.0.1:0")
 
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[Catalog, LocalFiles]]:
     catalog = Catalog(ServerConfig())
-    async with serve_local_files(CFG, catalog) as files:
+    cfg = ServerConfig(agent_listen="127.0.0.1:0", state_dir=str(tmp_path))
+    async with serve_local_files(cfg, catalog) as files:
         yield catalog, files
 
 
@@ -105,3 +106,35 @@ class TestTheListener:
             await catalog.remove("qwen")
             async with session.get(base + "config.json") as reply:
                 assert reply.status == 404
+
+
+class TestItsPort:
+    """Nodes keep weights by URL: the port an empty weights_listen takes must not move at a restart."""
+
+    async def test_the_free_port_taken_once_is_taken_again_at_the_next_start(self, tmp_path: Path):
+        cfg = ServerConfig(agent_listen="127.0.0.1:0", state_dir=str(tmp_path))
+        async with serve_local_files(cfg, Catalog(cfg)) as first:
+            pass
+        async with serve_local_files(cfg, Catalog(cfg)) as second:
+            assert second.base_url == first.base_url
+
+    async def test_a_kept_port_now_taken_gives_way_to_another(self, tmp_path: Path):
+        cfg = ServerConfig(agent_listen="127.0.0.1:0", state_dir=str(tmp_path))
+        async with serve_local_files(cfg, Catalog(cfg)) as first:
+            pass
+        port = int(first.base_url.rsplit(":", 1)[1])
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", port))
+            taken.listen()
+            async with serve_local_files(cfg, Catalog(cfg)) as second:
+                assert second.base_url != first.base_url
+        assert (tmp_path / "weights-listen.port").read_text().strip() == second.base_url.rsplit(":", 1)[1]
+
+    async def test_a_set_weights_listen_that_cannot_bind_is_said_naming_the_key(self, tmp_path: Path):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            cfg = ServerConfig(weights_listen=f"127.0.0.1:{taken.getsockname()[1]}", state_dir=str(tmp_path))
+            with pytest.raises(LlmgwError, match="weights_listen"):
+                async with serve_local_files(cfg, Catalog(cfg)):
+                    pass

@@ -440,8 +440,9 @@ class ServerConfig:
         "",
         "Address (host:port) nodes fetch the models whose `source` is a file or directory on this "
         "machine from, over HTTP, each file checked against the sha256 taken at `llmgw ctl model add`. "
-        "Empty: `agent_listen`'s host, on a free port. Nodes are sent the host of `control.advertise` "
-        "when set (else the host name, where it listens on every address). See docs/weights.md.",
+        "Empty: `agent_listen`'s host, on a free port kept over restarts (in `state_dir`). Nodes are "
+        "sent the host of `control.advertise` when set (else the host name, where it listens on every "
+        "address). See docs/weights.md.",
         optional_listen_address("0.0.0.0:7444"),
     )
     state_dir: str = _field("/var/lib/llmgw", "Directory for the store and other state.")

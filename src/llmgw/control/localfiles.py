@@ -105,24 +105,66 @@ def _sizes(path: Path, pins: dict[str, str]) -> list[dict[str, object]]:
 
 @contextlib.asynccontextmanager
 async def serve_local_files(cfg: ServerConfig, catalog: Catalog) -> AsyncIterator[LocalFiles]:
-    """The listener on `weights_listen` (agent_listen's host on a free port when empty), until exit."""
-    agent_host, _ = split_host_port(cfg.agent_listen, "agent_listen")
-    address = cfg.weights_listen or f"{agent_host}:0"
-    host, port = split_host_port(address, "weights_listen")
+    """The listener on `weights_listen` until exit; when empty, agent_listen's host on the port it
+    had last time (kept in state_dir), else a free one."""
     runner = web.AppRunner(files_app(catalog), access_log=None)
     await runner.setup()
     try:
-        try:
-            await web.TCPSite(runner, host or None, port).start()
-        except OSError as exc:
-            raise cannot_listen(address, "weights_listen", exc) from None
-        bound = runner.addresses[0][1]
+        host, port = await _listen(runner, cfg)
         # Nodes reach this machine where they reach its agent service.
         named = (
             split_host_port(cfg.control.advertise, "control.advertise")[0] if cfg.control.advertise else ""
         )
-        files = LocalFiles(f"http://{advertised(f'{named}:{bound}' if named else '', host, bound)}")
+        files = LocalFiles(f"http://{advertised(f'{named}:{port}' if named else '', host, port)}")
         log.info("serving local model files to nodes", url=files.base_url)
         yield files
     finally:
         await runner.cleanup()
+
+
+async def _listen(runner: web.AppRunner, cfg: ServerConfig) -> tuple[str, int]:
+    """(host, port) bound. A node keeps weights by their URL: a port that moved at every restart
+    would have every node fetch every local model again, so the free port taken once is kept."""
+    if cfg.weights_listen:
+        host, port = split_host_port(cfg.weights_listen, "weights_listen")
+        try:
+            await web.TCPSite(runner, host or None, port).start()
+        except OSError as exc:
+            raise cannot_listen(cfg.weights_listen, "weights_listen", exc) from None
+        return host, runner.addresses[-1][1]
+    host, _ = split_host_port(cfg.agent_listen, "agent_listen")
+    kept = Path(cfg.state_dir) / _PORT_FILE
+    last = await asyncio.to_thread(_read_port, kept)
+    for port in ([last] if last else []) + [0]:
+        site = web.TCPSite(runner, host or None, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await site.stop()
+            if port == 0:
+                raise cannot_listen(f"{host}:0", "weights_listen", exc) from None
+            log.info("the port local model files were served on is taken; taking another", port=port)
+            continue
+        break
+    bound = int(runner.addresses[-1][1])
+    if bound != last:
+        await asyncio.to_thread(_write_port, kept, bound)
+    return host, bound
+
+
+# Where the port chosen for an empty weights_listen is kept, in state_dir.
+_PORT_FILE = "weights-listen.port"
+
+
+def _read_port(path: Path) -> int:
+    try:
+        return int(path.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _write_port(path: Path, port: int) -> None:
+    try:
+        path.write_text(f"{port}\n", encoding="utf-8")
+    except OSError as exc:
+        log.warning("cannot keep the port local model files are served on", path=str(path), error=str(exc))
