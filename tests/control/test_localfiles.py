@@ -15,7 +15,7 @@ from llmgw.agent.weights import WeightsCache, WeightsError
 from llmgw.catalog import Catalog
 from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory
-from llmgw.control.localfiles import LocalFiles, serve_local_files
+from llmgw.control.localfiles import LocalFiles, files_app, serve_local_files
 from llmgw.control.reconciler import Reconciler
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
@@ -138,3 +138,15 @@ class TestItsPort:
             with pytest.raises(LlmgwError, match="weights_listen"):
                 async with serve_local_files(cfg, Catalog(cfg)):
                     pass
+
+
+def test_the_listener_has_no_route_but_the_listing_and_the_pinned_files():
+    """Nothing here takes a body, or a number: a listing and a file, both by GET (and HEAD)."""
+    app = files_app(Catalog(ServerConfig()))
+    routes = {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None}
+    assert routes == {
+        ("GET", "/weights/{key}/"),
+        ("HEAD", "/weights/{key}/"),
+        ("GET", "/weights/{key}/{name}"),
+        ("HEAD", "/weights/{key}/{name}"),
+    }
