@@ -88,3 +88,21 @@ def test_a_hugging_face_directory_for_llamacpp_is_refused_at_model_add_naming_th
             "a Hugging Face safetensors directory: serve it with vllm or sglang; for llama.cpp, a GGUF file"
             in (added.stderr)
         )
+
+
+def test_a_llamacpp_model_in_plain_dev_mode_is_explained_with_what_to_set(tmp_path: Path) -> None:
+    """Dev mode installs nothing: the model waits, and `ctl explain` says how to give the node llama.cpp."""
+    weights = tmp_path / "tiny.gguf"
+    weights.write_bytes(b"GGUF" + b"\0" * 60)
+    with launch_dev(tmp_path):
+        dev_dir = tmp_path / ".llmgw-dev"
+        definition = tmp_path / "tiny.yaml"
+        definition.write_text(f"name: tiny\nsource: file://{weights}\nprofiles:\n  - engine: llamacpp\n")
+        added = _ctl(dev_dir, "model", "add", "-f", str(definition))
+        assert added.returncode == 0, added.stderr
+        explained = _ctl(dev_dir, "explain", "tiny")
+        assert explained.returncode == 0, explained.stderr
+        assert (
+            'does not have llamacpp installed: set server.yaml `engines: {llamacpp: "b11434"}` for every '
+            "node to install it, or agent.yaml `engines.llamacpp.binary` to a build of your own"
+        ) in " ".join(explained.stdout.split())
