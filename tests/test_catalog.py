@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -147,9 +148,27 @@ class TestTheCatalog:
             ),
             ("name: m\nprofiles: [engine: sim\n", "big.yaml:3: not valid YAML"),
             (
-                "name: m\nsource: /srv/models/m.gguf\nprofiles:\n  - engine: sim\n",
-                "big.yaml:2: 'source' is '/srv/models/m.gguf'; expected the http:// or https:// URL "
-                "of a file, or of a directory ending in '/'",
+                "name: m\nsource: models/m.gguf\nprofiles:\n  - engine: sim\n",
+                "big.yaml:2: 'source' is 'models/m.gguf'; expected a file or directory on the server "
+                "(/srv/models/model.gguf, file:///srv/models/Qwen2.5-0.5B), `mirror:ORG/MODEL[@REVISION]` "
+                "for a model on the mirror, or the http:// or https:// URL of a file, or of a directory "
+                "ending in '/'",
+            ),
+            (
+                "name: m\nsource: /srv/models/nowhere.gguf\nprofiles:\n  - engine: llamacpp\n",
+                "big.yaml: m's source: /srv/models/nowhere.gguf does not exist on the server",
+            ),
+            (
+                "name: m\nsource: /srv/../etc/m.gguf\nprofiles:\n  - engine: llamacpp\n",
+                "big.yaml:2: 'source' is '/srv/../etc/m.gguf'; a path on the server must be absolute, "
+                "without '..'",
+            ),
+            (
+                "name: m\nsource: https://m.example/qwen/model.safetensors\nprofiles:\n"
+                "  - engine: llamacpp\n",
+                "big.yaml:4: profile 'default' runs llamacpp, which does not load a Hugging Face "
+                "safetensors directory (https://m.example/qwen/model.safetensors); a Hugging Face "
+                "safetensors directory: serve it with vllm or sglang; for llama.cpp, a GGUF file",
             ),
             (
                 "name: m\nsource: https://models.example\nprofiles:\n  - engine: sim\n",
@@ -446,3 +465,80 @@ class TestSeveralControlPlanes:
             await second.remove("sim-big")
             assert await first.reload()
             assert first.names() == ["sim-chat"]
+
+
+def _hf_directory(root: Path) -> Path:
+    """A Hugging Face directory as a download leaves it: config.json, safetensors, a hidden cache."""
+    root.mkdir()
+    (root / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (root / "model.safetensors").write_bytes(b"\0" * 64)
+    (root / ".cache").mkdir()
+    (root / ".cache" / "lock").write_text("")
+    return root
+
+
+class TestLocalSources:
+    """A file or directory on the server's disk as a model's source, pinned when it is added."""
+
+    async def test_a_gguf_file_on_the_servers_disk_is_added_with_its_sha256_pinned(self, tmp_path: Path):
+        weights = tmp_path / "tiny.gguf"
+        weights.write_bytes(b"GGUF" + b"\1" * 100)
+        catalog = Catalog(CFG)
+        text = f"name: tiny\nsource: {weights}\nprofiles:\n  - engine: llamacpp\n"
+        model, _ = await catalog.add(text, "tiny.yaml")
+        assert model.sha256 == {"tiny.gguf": hashlib.sha256(weights.read_bytes()).hexdigest()}
+
+    async def test_the_pins_are_kept_with_the_definition_so_a_changed_file_is_not_pinned_again(
+        self, tmp_path: Path
+    ):
+        weights = tmp_path / "tiny.gguf"
+        weights.write_bytes(b"GGUF one")
+        first = hashlib.sha256(b"GGUF one").hexdigest()
+        async with open_store(tmp_path / "llmgw.db") as store:
+            catalog = await Catalog.open(CFG, store)
+            await catalog.add(f"name: tiny\nsource: file://{weights}\nprofiles:\n  - engine: llamacpp\n", "t")
+        weights.write_bytes(b"GGUF two")
+        async with open_store(tmp_path / "llmgw.db") as store:
+            again = await Catalog.open(CFG, store)
+        kept = again.get("tiny")
+        assert kept is not None and kept.sha256 == {"tiny.gguf": first}
+
+    async def test_a_hugging_face_directory_is_pinned_file_by_file_without_its_hidden_files(
+        self, tmp_path: Path
+    ):
+        directory = _hf_directory(tmp_path / "Qwen2.5-0.5B")
+        catalog = Catalog(CFG)
+        model, _ = await catalog.add(f"name: qwen\nsource: {directory}\nprofiles:\n  - engine: vllm\n", "q")
+        assert sorted(model.sha256) == ["config.json", "model.safetensors"]
+
+    async def test_a_hugging_face_directory_for_llamacpp_is_refused_naming_the_engines_that_serve_it(
+        self, tmp_path: Path
+    ):
+        directory = _hf_directory(tmp_path / "Qwen2.5-0.5B")
+        catalog = Catalog(CFG)
+        with pytest.raises(ConfigError) as refused:
+            await catalog.add(f"name: qwen\nsource: {directory}\nprofiles:\n  - engine: llamacpp\n", "q.yaml")
+        assert str(refused.value) == (
+            f"q.yaml: qwen: profile 'default' runs llamacpp, which does not load a Hugging Face safetensors "
+            f"directory ({directory}); a Hugging Face safetensors directory: serve it with vllm or sglang; "
+            "for llama.cpp, a GGUF file"
+        )
+        assert catalog.names() == ["sim-chat"]
+
+    async def test_pins_stated_with_a_local_source_must_be_the_files_own(self, tmp_path: Path):
+        weights = tmp_path / "tiny.gguf"
+        weights.write_bytes(b"GGUF")
+        text = (
+            f"name: tiny\nsource: {weights}\nsha256:\n  tiny.gguf: {PIN}\nprofiles:\n  - engine: llamacpp\n"
+        )
+        with pytest.raises(ConfigError, match=r"tiny: tiny\.gguf's sha256 is [0-9a-f]{64}, not the"):
+            await Catalog(CFG).add(text, "t.yaml")
+
+    async def test_a_local_source_in_server_yaml_is_pinned_when_the_server_starts(self, tmp_path: Path):
+        weights = tmp_path / "tiny.gguf"
+        weights.write_bytes(b"GGUF")
+        declared = ModelConfig(name="tiny", source=str(weights), profiles=[ProfileConfig(engine="llamacpp")])
+        async with open_store(tmp_path / "llmgw.db") as store:
+            catalog = await Catalog.open(ServerConfig(models=[declared]), store)
+        model = catalog.get("tiny")
+        assert model is not None and model.sha256 == {"tiny.gguf": hashlib.sha256(b"GGUF").hexdigest()}

@@ -32,7 +32,8 @@ models:
         ("  - name: m\n    replicas: 1\n", "server.yaml:6: m has no profile; add one under 'profiles'"),
         (
             "  - name: m\n    source: s3://bucket/m.gguf\n    profiles:\n      - engine: sim\n",
-            "server.yaml:7: 'models[1].source' is 's3://bucket/m.gguf'; expected the http:// or https:// URL",
+            "server.yaml:7: 'models[1].source' is 's3://bucket/m.gguf'; expected a file or directory on the "
+            "server (/srv/models/model.gguf, file:///srv/models/Qwen2.5-0.5B), `mirror:ORG/MODEL[@REVISION]`",
         ),
         ("  - profiles:\n      - engine: sim\n", "server.yaml:6: models[1] has no 'name'"),
         (

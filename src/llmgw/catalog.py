@@ -27,8 +27,9 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from llmgw import config, names
+from llmgw import config, localsource, names, weightsformat
 from llmgw.config import ModelConfig, ServerConfig
+from llmgw.config.editing import with_section
 from llmgw.engines.base import profile_args_problem
 from llmgw.engines.registry import ENGINES
 from llmgw.errors import ConfigError, LlmgwError
@@ -101,6 +102,7 @@ class Catalog:
                     error=str(exc),
                 )
                 unreadable.append(row.name)
+        cfg = config.evolve(cfg, models=[await pinned(m) for m in cfg.models])
         return cls(cfg, store, added, unreadable, {r.name: r.definition for r in rows})
 
     def models(self) -> Sequence[ModelConfig]:
@@ -135,6 +137,11 @@ class Catalog:
                 f"{model.name} is declared in server.yaml; change it there and restart "
                 "(a model of the same name cannot be added with ctl)"
             )
+        if localsource.is_local(model.source):
+            # Pinned now, and the pins kept with the definition: a file changed on the disk later is
+            # refused by the nodes, and a restart does not pin the changed file as if it were the model.
+            model = await pinned(model, source)
+            text = await asyncio.to_thread(with_section, ModelConfig, text, source, "sha256", model.sha256)
         replaced = model.name in self._added
         if self._store is not None:
             await stored.put_model(self._store, model.name, text, source)
@@ -228,6 +235,37 @@ def parse_model(text: str, source: str) -> ModelConfig:
     return model
 
 
+async def pinned(model: ModelConfig, where: str = SERVER_YAML) -> ModelConfig:
+    """model with its local source's files pinned, when it has one; ConfigError when they cannot be.
+
+    Hashing reads every byte of the weights: in a thread, minutes for a large model.
+    """
+    path = localsource.local_path(model.source)
+    if path is None:
+        return model
+    pins = await asyncio.to_thread(_pin_checked, model, path, where)
+    return config.evolve(model, sha256=pins)
+
+
+def _pin_checked(model: ModelConfig, path: Path, where: str) -> dict[str, str]:
+    try:
+        pins = localsource.pin(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"{where}: {model.name}'s source {path} cannot be read: {exc.strerror or exc}"
+        ) from None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {model.name}'s source: {exc}") from None
+    problem = localsource.mismatch(model.sha256, pins)
+    if problem is not None:
+        raise ConfigError(f"{where}: {model.name}: {problem}")
+    fmt = weightsformat.format_of(pins)
+    refused = weightsformat.engine_problem(model, fmt) if fmt is not None else None
+    if refused is not None:
+        raise ConfigError(f"{where}: {model.name}: {refused[1]}")
+    return pins
+
+
 def check_declared(cfg: ServerConfig, text: str, source: str) -> None:
     """Hold server.yaml's models to what `ctl model add` holds a model to; ConfigError at the first fault.
 
@@ -288,6 +326,7 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
         if problem is not None:
             raise ConfigError(f"{line('profiles', i, 'args')}: '{key('profiles', i, 'args')}': {problem}")
     _check_source(model, line, key)
+    _check_format(model, line)
     if model.name in model.fallbacks:
         i = model.fallbacks.index(model.name)
         raise ConfigError(f"{line('fallbacks', i)}: {model.name} cannot be its own fallback")
@@ -323,6 +362,21 @@ def _check_endpoints(model: ModelConfig, line: Callable[..., str], key: Callable
             )
 
 
+def _check_format(model: ModelConfig, line: Callable[..., str]) -> None:
+    """Refuse a profile whose engine does not load the weights a source names by its file name.
+
+    A directory's format is known from its files: the mirror's are checked by the admin API, a
+    local one's when it is pinned.
+    """
+    path = localsource.local_path(model.source)
+    name = path.as_posix() if path is not None else urllib.parse.urlsplit(model.source).path
+    fmt = weightsformat.format_of_name(name) if model.source else None
+    refused = weightsformat.engine_problem(model, fmt) if fmt is not None else None
+    if refused is not None:
+        i, why = refused
+        raise ConfigError(f"{line('profiles', i, 'engine')}: {why}")
+
+
 def _check_source(model: ModelConfig, line: Callable[..., str], key: Callable[..., str]) -> None:
     """A source every agent can fetch (agent/weights.py), and pins it can check, or say why not."""
     if model.source.startswith(SOURCE_PREFIX):
@@ -337,12 +391,21 @@ def _check_source(model: ModelConfig, line: Callable[..., str], key: Callable[..
                 "check; remove 'sha256'"
             )
         return
-    if model.source:
+    path = localsource.local_path(model.source)
+    if path is not None:
+        if not path.is_absolute() or ".." in path.parts:
+            raise ConfigError(
+                f"{line('source')}: '{key('source')}' is {model.source!r}; a path on the server "
+                "must be absolute, without '..'"
+            )
+    elif model.source:
         parsed = urllib.parse.urlsplit(model.source)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ConfigError(
-                f"{line('source')}: '{key('source')}' is {model.source!r}; expected the http:// or "
-                "https:// URL of a file, or of a directory ending in '/' (the llmgw mirror serves both)"
+                f"{line('source')}: '{key('source')}' is {model.source!r}; expected a file or directory "
+                "on the server (/srv/models/model.gguf, file:///srv/models/Qwen2.5-0.5B), "
+                "`mirror:ORG/MODEL[@REVISION]` for a model on the mirror, or the http:// or https:// "
+                "URL of a file, or of a directory ending in '/'"
             )
         # ".." would be the weights cache's parent on the node, not a file in it.
         if not model.source.endswith("/") and PurePosixPath(parsed.path).name in ("", ".."):

@@ -459,3 +459,22 @@ class TestFailuresAndRefusals:
     async def test_status_without_refusals_says_nothing_of_them(self, server: tuple[str, Inventory]):
         code, out, _ = await run("--server", server[0], "status")
         assert code == 0 and "refused" not in out
+
+
+def test_model_add_waits_for_a_server_hashing_a_local_source_longer_than_other_commands(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The server hashes every byte of a local source before it answers: minutes, not the 15 s of a status."""
+    import llmgw.cli.ctl as ctl_module
+
+    asked: list[float] = []
+
+    def exchange(*args: object, timeout_s: float = 15.0, **kwargs: object) -> tuple[int, object]:
+        asked.append(timeout_s)
+        return 400, {"error": "stop here"}
+
+    monkeypatch.setattr(ctl_module, "_exchange", exchange)
+    definition = tmp_path / "m.yaml"
+    definition.write_text("name: m\nsource: /srv/m.gguf\nprofiles:\n  - engine: llamacpp\n")
+    CliRunner().invoke(ctl, ["--server", "http://127.0.0.1:1", "model", "add", "-f", str(definition)])
+    assert asked == [ctl_module._MODEL_ADD_S] and ctl_module._MODEL_ADD_S >= 600

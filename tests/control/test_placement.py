@@ -54,6 +54,12 @@ def only(verdicts: list[Verdict]) -> Verdict:
     return verdict
 
 
+# What a person sets so that nodes have llama.cpp: said where no node was asked to install it.
+HOW = (
+    'set server.yaml `engines: {llamacpp: "b11434"}` for every node to install it, '
+    "or agent.yaml `engines.llamacpp.binary` to a build of your own"
+)
+
 REJECTIONS = [
     pytest.param(node("n1", state="unreachable"), profile(), "is unreachable", id="unreachable"),
     pytest.param(node("n1", connected=False), profile(), "is not connected", id="disconnected"),
@@ -62,7 +68,7 @@ REJECTIONS = [
     pytest.param(
         node("n1", engine_versions={"sim": "builtin"}),
         profile(),
-        "does not have llamacpp installed",
+        "does not have llamacpp installed: " + HOW,
         id="engine-missing",
     ),
     pytest.param(
@@ -139,8 +145,8 @@ class TestReasons:
         assert scheduler.place(model(p)) is None
         # A lone node without the engine is summed up as the skeleton always said it.
         said = f"node n1 {reason}"
-        if reason == "does not have llamacpp installed":
-            said = "no node has the llamacpp engine"
+        if reason == "does not have llamacpp installed: " + HOW:
+            said = "no node has the llamacpp engine: " + HOW
         if "(installing: " in reason:
             # Not a rejection but where the model is going: the install and its progress.
             said = "installing llamacpp b10991 on n1: downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB)"
@@ -421,3 +427,33 @@ async def test_a_snapshot_read_in_slices_places_as_one_read_at_once_and_lets_oth
     for _ in range(50):
         got, want = sliced.place(m), whole.place(m)
         assert got is not None and want is not None and got.ranks == want.ranks
+
+
+class TestWhatToSetForAnEngine:
+    """An engine no node was asked to install: the sentence says what to set, for each kind."""
+
+    @pytest.mark.parametrize(
+        ("engine", "how"),
+        [
+            (
+                "vllm",
+                'set server.yaml `engines: {vllm: "0.32.0"}` for every node to install it, '
+                "or agent.yaml `engines.vllm.binary` to a build of your own",
+            ),
+            ("sglang", "install it on the node and set agent.yaml `engines.sglang.binary` to it"),
+        ],
+    )
+    def test_a_fleet_without_the_engine_says_what_to_set_in_explain_and_the_summary(
+        self, engine: str, how: str
+    ):
+        scheduler = Scheduler([node("n1", engine_versions={"sim": "1"})], [])
+        wanted = model(ProfileConfig(name="p", engine=engine))
+        [verdict] = scheduler.explain(wanted)
+        assert verdict.reason == f"does not have {engine} installed: {how}"
+        assert scheduler.why_not(wanted) == f"no node can run it (no node has the {engine} engine: {how})"
+
+    def test_a_node_installing_the_engine_is_not_told_to_set_anything(self):
+        installing = pb.ProvisionStatus(engine="vllm", version="0.32.0", state="installing")
+        scheduler = Scheduler([node("n1", engine_versions={"sim": "1"}, provision=[installing])], [])
+        [verdict] = scheduler.explain(model(ProfileConfig(name="p", engine="vllm")))
+        assert verdict.reason == "does not have vllm installed (installing)"

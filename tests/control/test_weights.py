@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import betterproto
 
-from llmgw.adminapi.weights import collect_weights, plan_collection
+from llmgw.adminapi.weights import collect_weights, plan_collection, wanted_sources
+from llmgw.config import ModelConfig, ProfileConfig
 from llmgw.control.inventory import Inventory
+from llmgw.control.localfiles import key_of
 from llmgw.proto.llmgw import v1 as pb
 
 USED, OPEN, STALE = "http://m/used.gguf", "http://m/open.gguf", "http://m/stale.gguf"
@@ -74,3 +76,16 @@ def test_a_source_with_several_copies_on_a_node_is_planned_once_and_kept_if_any_
     (plan,) = plan_collection(inventory, set())
     assert plan.removing == [STALE]
     assert plan.kept == [f"{OPEN} (an engine on n1 uses it)"]
+
+
+def test_a_local_source_is_kept_by_the_url_the_server_serves_it_at() -> None:
+    """A node reports the URL it fetched from, never the path on the server's disk."""
+    model = ModelConfig(
+        name="tiny", source="/srv/models/tiny.gguf", profiles=[ProfileConfig(engine="llamacpp")]
+    )
+    served = f"http://cp:7444/weights/{key_of(model)}/tiny.gguf"
+    inventory = Inventory(grace_s=10)
+    inventory.attach(pb.Register(node_id="n1", weights=[pb.Weights(source=served), pb.Weights(source=STALE)]))
+    (plan,) = plan_collection(inventory, wanted_sources(inventory, [model]))
+    assert plan.removing == [STALE]
+    assert plan.kept == [f"{served} (a model in the catalog uses it)"]

@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -77,8 +77,9 @@ def dev_llmgw(tmp_path: Path) -> Iterator[RunningLlmgw]:
 
 
 @contextlib.contextmanager
-def launch_dev(tmp_path: Path, model: str = "sim-chat") -> Iterator[RunningLlmgw]:
-    """Start dev mode in tmp_path/.llmgw-dev (its files kept if present); wait until model answers."""
+def launch_dev(tmp_path: Path, model: str = "sim-chat", args: Sequence[str] = ()) -> Iterator[RunningLlmgw]:
+    """Start dev mode in tmp_path/.llmgw-dev (its files kept if present), with args after the others;
+    wait until model answers."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [
@@ -96,6 +97,7 @@ def launch_dev(tmp_path: Path, model: str = "sim-chat") -> Iterator[RunningLlmgw
             # hold the admin listener's default port.
             "--admin-listen",
             "127.0.0.1:0",
+            *args,
         ],
         cwd=tmp_path,
         env=env,

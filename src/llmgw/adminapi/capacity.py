@@ -28,6 +28,7 @@ from llmgw.control.inventory import READY, Inventory, Node
 from llmgw.control.mirror import MIRROR_CLIENT_KEY
 from llmgw.errors import LlmgwError
 from llmgw.hubref import SOURCE_PREFIX
+from llmgw.localsource import is_local
 
 # Reading one model's headers for a planner who waits on the answer.
 SHAPE_TIMEOUT_S = 10.0
@@ -87,8 +88,9 @@ def fleet_capacity(inventory: Inventory) -> list[NodeCapacity]:
 
 
 def _readable(source: str) -> bool:
-    """A source the server reads headers from: never a path, which would be the server's own files."""
-    return source.startswith((SOURCE_PREFIX, "http://", "https://"))
+    """A source the server reads headers from; a path only as a catalog model's source, which the
+    operator named (get_capacity takes no path from its caller)."""
+    return source.startswith((SOURCE_PREFIX, "http://", "https://")) or is_local(source)
 
 
 async def read_model_shape(request: web.Request, source: str) -> tuple[ModelShape | None, str | None]:

@@ -35,13 +35,14 @@ from llmgw.adminapi.projections import (
 )
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Guard, Param, Reply, Route, mount
-from llmgw.adminapi.weights import collect_weights
+from llmgw.adminapi.weights import collect_weights, wanted_sources
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json, read_text
-from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel
+from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel, parse_model
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.config.yamltext import MAX_BYTES as MAX_YAML_BYTES
 from llmgw.control.estimates import Needs
 from llmgw.control.inventory import ADMIN_STATES, Inventory, Node
+from llmgw.control.mirror import MIRROR_CLIENT_KEY, format_problem
 from llmgw.control.nodelogs import ANSWER_TIMEOUT_S, DEFAULT_LINES, MAX_LINES
 from llmgw.control.placement import Backoff
 from llmgw.errors import ConfigError
@@ -191,6 +192,12 @@ async def post_model(request: web.Request) -> web.Response:
     except ValueError as exc:
         return error(400, str(exc))
     try:
+        # Asked before the model is added: a format its engine cannot load would fail every replica.
+        problem = await format_problem(
+            request.config_dict.get(MIRROR_CLIENT_KEY), await asyncio.to_thread(parse_model, text, source)
+        )
+        if problem is not None:
+            return error(400, f"{source}: {problem}")
         model, replaced = await catalog.add(text, source)
     except ConfigError as exc:
         return error(400, str(exc))
@@ -278,7 +285,7 @@ async def post_weights_collect(request: web.Request) -> web.Response:
         return error(415, "send Content-Type: application/json (an empty object {} will do)")
     inventory = request.config_dict[INVENTORY_KEY]
     models = request.config_dict[CATALOG_KEY].models()
-    done = await collect_weights(inventory, {m.source for m in models if m.source})
+    done = await collect_weights(inventory, wanted_sources(inventory, models))
     return reply(views.Collected(nodes=done))
 
 

@@ -15,10 +15,25 @@ import attrs
 import structlog
 
 from llmgw.adminapi.views import Collection
+from llmgw.config import ModelConfig
 from llmgw.control.inventory import Inventory, NodeNotConnected
+from llmgw.control.localfiles import PREFIX, key_of
+from llmgw.localsource import is_local
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
+
+
+def wanted_sources(inventory: Inventory, models: Iterable[ModelConfig]) -> set[str]:
+    """The sources catalog models use, as nodes know them: a local source by the URL this server
+    serves it at (control/localfiles.py), which is the one a node reports, not the path."""
+    models = list(models)
+    wanted = {m.source for m in models if m.source}
+    served = [f"{PREFIX}/{key_of(m)}/" for m in models if is_local(m.source)]
+    if served:
+        for node in inventory.nodes():
+            wanted.update(w.source for w in node.weights if any(s in w.source for s in served))
+    return wanted
 
 
 def plan_collection(inventory: Inventory, wanted: Iterable[str]) -> list[Collection]:

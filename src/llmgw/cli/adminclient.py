@@ -81,10 +81,15 @@ def error_text(body: Any, status: int) -> str:
 
 
 async def call(
-    target: Target, method: str, path: str, body: Any = None, yaml_text: str | None = None
+    target: Target,
+    method: str,
+    path: str,
+    body: Any = None,
+    yaml_text: str | None = None,
+    timeout_s: float = _TIMEOUT_S,
 ) -> tuple[int, Any]:
     headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
-    timeout = aiohttp.ClientTimeout(total=_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     if method != "GET" and body is None:
         # The admin listener takes changes as JSON only (what keeps other sites from making them).
         body = {}
@@ -106,10 +111,15 @@ async def call(
 
 
 def exchange(
-    target: Target, method: str, path: str, body: Any = None, yaml_text: str | None = None
+    target: Target,
+    method: str,
+    path: str,
+    body: Any = None,
+    yaml_text: str | None = None,
+    timeout_s: float = _TIMEOUT_S,
 ) -> tuple[int, Any]:
     try:
-        return asyncio.run(call(target, method, path, body, yaml_text))
+        return asyncio.run(call(target, method, path, body, yaml_text, timeout_s))
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
         fail(f"cannot reach the admin API at {target.url}: {exc or type(exc).__name__}", EXIT_UNREACHABLE)
     except aiohttp.InvalidURL:

@@ -71,6 +71,10 @@ def _cells(values: list[str] | None) -> str:
     return ",".join(values) if values else DASH
 
 
+# How long `model add` waits for the server, which hashes a local source's every byte first.
+_MODEL_ADD_S = 3600.0
+
+
 @click.group()
 @click.option(
     "--config",
@@ -382,7 +386,10 @@ def model_add(ctx: click.Context, path: Path, as_json: bool) -> None:
             text, name = path.read_text(encoding="utf-8"), str(path)
         except (OSError, UnicodeDecodeError) as exc:
             _fail(f"{path} cannot be read: {exc}", EXIT_USAGE)
-    status, data = _exchange(target, "POST", f"/api/v1/models?file={quote(name, safe='')}", yaml_text=text)
+    # A source on the server's disk is hashed before the answer: minutes for a model of tens of GB.
+    status, data = _exchange(
+        target, "POST", f"/api/v1/models?file={quote(name, safe='')}", yaml_text=text, timeout_s=_MODEL_ADD_S
+    )
     if status >= 400:
         _fail(_error_text(data, status), _exit_code(status))
     if target.as_json:

@@ -87,6 +87,22 @@ COMMANDS = {
     show_default=True,
     help="Where --dev keeps its certificates, configuration and store.",
 )
+@click.option(
+    "--engine",
+    "engine_binaries",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="With --dev: the dev node runs this engine binary (`llamacpp=/path/to/llama-server`, "
+    "`vllm=/venv/bin/vllm`), as agent.yaml `engines.NAME.binary` would; repeat for several.",
+)
+@click.option(
+    "--install",
+    "engine_installs",
+    multiple=True,
+    metavar="NAME[=VERSION]",
+    help="With --dev: the dev node installs this engine (`llamacpp`, `vllm=0.32.0`; without a version, "
+    "the one this release was checked against), as server.yaml `engines:` would; repeat for several.",
+)
 @click.option("--listen", help="Override the gateway's host:port (port 0 picks a free one).")
 @click.option("--admin-listen", help="Override the admin listener's host:port (port 0 picks a free one).")
 @click.option(
@@ -119,6 +135,8 @@ def main(
     configs: tuple[Path, ...],
     dev: bool,
     dev_dir: Path,
+    engine_binaries: tuple[str, ...],
+    engine_installs: tuple[str, ...],
     listen: str | None,
     admin_listen: str | None,
     drain_timeout: float | None,
@@ -134,6 +152,13 @@ def main(
     if not roles:
         click.echo(ctx.get_help())
         ctx.exit(2)
+    if (engine_binaries or engine_installs) and not dev:
+        raise click.UsageError(
+            "--engine and --install are for --dev; elsewhere set agent.yaml `engines.NAME.binary` "
+            "or server.yaml `engines: {NAME: VERSION}`"
+        )
+    binaries = _pairs(engine_binaries, "--engine", "NAME=PATH", value_required=True)
+    installs = _pairs(engine_installs, "--install", "NAME[=VERSION]", value_required=False)
     from llmgw.cli.serve import serve
 
     try:
@@ -142,6 +167,8 @@ def main(
             configs=configs,
             dev=dev,
             dev_dir=dev_dir,
+            engine_binaries=binaries,
+            engine_installs=installs,
             listen=listen,
             admin_listen=admin_listen,
             drain_timeout=drain_timeout,
@@ -155,6 +182,18 @@ def main(
         click.echo(f"llmgw: {error}", err=True)
         sys.exit(EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_ERROR)
     sys.exit(code)
+
+
+def _pairs(values: tuple[str, ...], flag: str, form: str, *, value_required: bool) -> dict[str, str]:
+    """ "llamacpp=/bin/llama-server" -> {"llamacpp": "/bin/llama-server"}; a usage error naming the form."""
+    example = "llamacpp=/usr/local/bin/llama-server" if value_required else "vllm=0.32.0"
+    out = {}
+    for value in values:
+        name, _, rest = value.partition("=")
+        if not name.strip() or (value_required and not rest.strip()):
+            raise click.UsageError(f"{flag} {value!r}: write {form}, such as {flag} {example}")
+        out[name.strip()] = rest.strip()
+    return out
 
 
 def _explained(exc: BaseException) -> LlmgwError | None:

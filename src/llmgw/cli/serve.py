@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -18,7 +19,7 @@ from llmgw.errors import ConfigError
 
 # Imported here, before the loop starts, never inside it: importing reads files.
 from llmgw.roles.agent import AgentHandle, agent_role
-from llmgw.roles.dev import DevSetup, prepare_dev
+from llmgw.roles.dev import DevSetup, prepare_dev, with_engines
 from llmgw.roles.mirror import mirror_role
 from llmgw.roles.server import server_role
 from llmgw.tasks import first_to_finish
@@ -57,6 +58,8 @@ def serve(
     dev: bool,
     dev_dir: Path,
     listen: str | None,
+    engine_binaries: Mapping[str, str] | None = None,
+    engine_installs: Mapping[str, str] | None = None,
     admin_listen: str | None = None,
     drain_timeout: float | None = None,
 ) -> int:
@@ -72,7 +75,9 @@ def serve(
             config.check_flag(ServerConfig, key, value, flag)
     setup: DevSetup | None = None
     if dev:
-        setup = prepare_dev(dev_dir.resolve(), roles)
+        setup = with_engines(
+            prepare_dev(dev_dir.resolve(), roles), engine_binaries or {}, engine_installs or {}
+        )
         server_cfg, agent_cfg, mirror_cfg = setup.server, setup.agent, setup.mirror
     else:
         server_cfg, agent_cfg, mirror_cfg = _load_configs(roles, configs)

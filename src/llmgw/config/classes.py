@@ -436,6 +436,15 @@ class ServerConfig:
         "Agent service address (host:port), gRPC over mutual TLS.",
         listen_address("127.0.0.1:7443"),
     )
+    weights_listen: str = _field(
+        "",
+        "Address (host:port) nodes fetch the models whose `source` is a file or directory on this "
+        "machine from, over HTTP, each file checked against the sha256 taken at `llmgw ctl model add`. "
+        "Empty: `agent_listen`'s host, on a free port kept over restarts (in `state_dir`). Nodes are "
+        "sent the host of `control.advertise` when set (else the host name, where it listens on every "
+        "address). See docs/weights.md.",
+        optional_listen_address("0.0.0.0:7444"),
+    )
     state_dir: str = _field("/var/lib/llmgw", "Directory for the store and other state.")
     database: str = _field(
         "",

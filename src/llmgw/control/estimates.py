@@ -31,6 +31,7 @@ from llmgw.config import ModelConfig, ProfileConfig
 from llmgw.control.remoteheaders import fetch_headers
 from llmgw.errors import LlmgwError
 from llmgw.hubref import SOURCE_PREFIX
+from llmgw.localsource import local_path
 
 log = structlog.get_logger(__name__)
 
@@ -128,7 +129,7 @@ class Estimates:
 
 
 async def remote_shape(source: str, resolve: Resolve | None, timeout_s: float) -> ModelShape:
-    """The shape of the model at source (an http(s) URL, or mirror:REPO@REV through resolve).
+    """The shape of the model at source (an http(s) URL, mirror:REPO@REV through resolve, a local path).
 
     Placement's estimates and `GET /api/v1/capacity` both read a model's headers
     here, so `ctl model plan` judges the shape placement does. LlmgwError in words
@@ -142,6 +143,10 @@ async def remote_shape(source: str, resolve: Resolve | None, timeout_s: float) -
 
 
 async def _read_shape(source: str, resolve: Resolve | None) -> ModelShape:
+    path = local_path(source)
+    if path is not None:
+        # A catalog model's files on this machine's disk (llmgw/localsource.py): read where they are.
+        return await asyncio.to_thread(read_shape, path)
     url = source
     if source.startswith(SOURCE_PREFIX):
         if resolve is None:

@@ -21,9 +21,9 @@ import cattrs
 import structlog
 from aiohttp import web
 
-from llmgw import strictjson
+from llmgw import strictjson, weightsformat
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json
-from llmgw.config import MirrorClientConfig
+from llmgw.config import MirrorClientConfig, ModelConfig
 from llmgw.errors import LlmgwError
 from llmgw.hubref import COMMIT_PATTERN, SOURCE_PREFIX, parse_ref
 from llmgw.mirror.admin import Fetch
@@ -118,6 +118,23 @@ class MirrorClient:
             )
         model = found[0]
         return f"{self.files_url}/files/{model.repo}/{model.commit}/", model.pins()
+
+
+async def format_problem(client: MirrorClient | None, model: ModelConfig) -> str | None:
+    """Why a profile of model cannot load the files the mirror holds for its source; None when it can.
+
+    A model the mirror does not hold yet, or a mirror that cannot be asked, is not refused for it:
+    placement says so, and the model is served once the files are there.
+    """
+    if client is None or not model.source.startswith(SOURCE_PREFIX):
+        return None
+    try:
+        _, pins = await client.resolve(model.source)
+    except MirrorError:
+        return None
+    fmt = weightsformat.format_of(pins)
+    refused = weightsformat.engine_problem(model, fmt) if fmt is not None else None
+    return f"{model.name}: {refused[1]}" if refused is not None else None
 
 
 def parse_mirror_source(source: str) -> tuple[str, str]:

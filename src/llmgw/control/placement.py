@@ -29,6 +29,7 @@ import attrs
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.estimates import Need, Needs
 from llmgw.control.inventory import READY, Inventory, Node, Replica
+from llmgw.control.stream.provision import how_to_get
 from llmgw.control.summary import summarize
 from llmgw.control.verdicts import (
     BACKOFF,
@@ -628,6 +629,9 @@ def _not_installed(node: Node, engine: str) -> str:
         return f"does not have {engine} installed ({status.state}: {status.detail})"
     if status is not None and status.state != "ready":
         return f"does not have {engine} installed ({status.state})"
+    if status is None and (how := how_to_get(engine)):
+        # Not asked to install it at all: what a person sets is the one thing to say.
+        return f"does not have {engine} installed: {how}"
     return f"does not have {engine} installed"
 
 

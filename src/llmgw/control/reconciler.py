@@ -23,11 +23,13 @@ from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.estimates import Estimates, Needs
 from llmgw.control.failures import Failure
 from llmgw.control.inventory import DRAINING, READY, Inventory, Node, NodeNotConnected, Replica
+from llmgw.control.localfiles import LocalFiles
 from llmgw.control.metrics import ControlMetrics, reject_reason
 from llmgw.control.mirror import MirrorClient, MirrorError
 from llmgw.control.placement import Backoff, Scheduler
 from llmgw.engines.registry import ENGINES
 from llmgw.hubref import SOURCE_PREFIX
+from llmgw.localsource import is_local
 from llmgw.names import shard_stem
 from llmgw.proto.llmgw import v1 as pb
 
@@ -51,15 +53,18 @@ class Reconciler:
         clock: Callable[[], float] = time.monotonic,
         metrics: ControlMetrics | None = None,
         mirror: MirrorClient | None = None,
+        local_files: LocalFiles | None = None,
     ) -> None:
         """in_flight is the gateway's table of requests in flight by endpoint (its router's);
         metrics counts passes and failed placements (in a registry no one reads when None).
 
-        mirror resolves a model's `mirror:REPO[@REVISION]` source to the mirror's URL and pins.
+        mirror resolves a model's `mirror:REPO[@REVISION]` source to the mirror's URL and pins;
+        local_files, a source on this machine's disk to the URL this server serves it at.
         """
         self._metrics = metrics if metrics is not None else ControlMetrics(CollectorRegistry())
         self._cfg = cfg
         self._mirror = mirror
+        self._local_files = local_files
         self._inventory = inventory
         # The live catalog: server.yaml's models and those added with ctl.
         self._catalog = catalog
@@ -186,6 +191,13 @@ class Reconciler:
                 self._inventory.set_unplaced(model.name, str(exc))
                 log.warning("cannot place a replica", model=model.name, reason=str(exc))
                 return False
+        elif is_local(source):
+            if self._local_files is None:
+                why = f"{source} is on the server's disk, and this server does not serve files to nodes"
+                self._inventory.set_unplaced(model.name, why)
+                return False
+            # The pins taken at `model add` travel with it: a file changed since is refused by the node.
+            source = self._local_files.url(model)
         if self._scheduler is None:
             self._scheduler = await Scheduler.snapshot(
                 self._inventory,

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from llmgw.config import ModelConfig, ProfileConfig
 from llmgw.control.inventory import Node
 from llmgw.control.records import ProvisionStatus
+from llmgw.control.stream.provision import how_to_get
 from llmgw.control.verdicts import BACKOFF, CARDS, ENGINE, FABRIC, GPU_CLASS, LABEL, MEMORY, STATE, Verdict
 
 # The groups a node's verdict falls in, in the order a summary says them: a failure of the model
@@ -175,13 +176,18 @@ def _listed(
         if not group:
             continue
         kind = key.removeprefix(_HARD)
-        plain = all(v.reason == f"does not have {profile.engine} installed" for v in group)
+        # Asked to install it nowhere: the one thing to say is what to set.
+        how = how_to_get(profile.engine)
+        plain = all(
+            v.reason == f"does not have {profile.engine} installed" + (f": {how}" if how else "")
+            for v in group
+        )
         if kind in _EACH_NAMED:
             parts.extend(_named(profile, v, nodes[v.node], now) for v in group[:_NAMED])
             if len(group) > _NAMED:
                 parts.append(f"{len(group) - _NAMED} more nodes {_many(profile, kind)}")
         elif kind == ENGINE and len(group) == total and plain:
-            parts.append(f"no node has the {profile.engine} engine")
+            parts.append(f"no node has the {profile.engine} engine" + (f": {how}" if how else ""))
         elif len(group) == 1:
             parts.append(f"node {group[0].node} {group[0].reason}")
         else:

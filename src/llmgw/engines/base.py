@@ -218,6 +218,9 @@ class Engine(Protocol):
     # The APIs (of APIS) the engine serves itself, at the version llmgw installs or tests; for the
     # others the gateway translates, Messages and Responses onto chat completions.
     native_apis: ClassVar[frozenset[str]] = OPENAI_APIS
+    # The weights it loads, by the formats capacity/shape.py reads ("gguf", "safetensors"); None:
+    # it loads none, so any source will do (`llmgw ctl model add` holds a model's source to these).
+    weights_formats: ClassVar[frozenset[str] | None] = None
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""

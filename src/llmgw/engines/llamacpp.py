@@ -155,6 +155,9 @@ class LlamaCppEngine(Engine):
             return prefix.group(1) in "EF"
         return super().names_failure(line)
 
+    # llama-server loads one GGUF file, never a Hugging Face directory of safetensors.
+    weights_formats: ClassVar[frozenset[str] | None] = frozenset({"gguf"})
+
     # llama-server also reads its key from a file.
     agent_flags: ClassVar[Mapping[str, str]] = {**AGENT_FLAGS, "--api-key-file": SECRET_WHY}
 

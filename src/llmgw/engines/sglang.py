@@ -8,6 +8,8 @@ tensor-parallel size, the number of nodes, its rank and rank 0's address.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from llmgw.engines.base import (
     COUNT_TOKENS,
     MESSAGES,
@@ -28,6 +30,8 @@ class SglangEngine(Engine):
     health_path = "/health"
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ("--is-embedding",)
+    # A Hugging Face directory; a GGUF file too (SGLang's --model-path takes one).
+    weights_formats: ClassVar[frozenset[str] | None] = frozenset({"safetensors", "gguf"})
     # `python3 -m sglang.launch_server`: the two words after the interpreter choose the program.
     help_command = HelpCommand(words=2)
     # /v1/responses and /v1/rerank since 2025; /v1/messages and its count_tokens on every server

@@ -27,6 +27,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Sequence
+from typing import ClassVar
 
 from llmgw.engines.base import (
     APIS,
@@ -83,6 +84,8 @@ class VllmEngine(Engine):
         "vllm:num_requests_running", ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
     )
     embedding_args: tuple[str, ...] = ("--runner", "pooling")
+    # A Hugging Face directory; a GGUF file too (vLLM's GGUF loader takes the path as it is).
+    weights_formats: ClassVar[frozenset[str] | None] = frozenset({"safetensors", "gguf"})
     # Since vLLM 0.10, `vllm serve --help` lists the groups of flags, not the flags.
     help_command = HelpCommand(words=1, help=("--help=all",))
     recipe = WheelRecipe(title="vLLM", choose=choose_wheels)

@@ -7,6 +7,7 @@ them and the next `--dev` run uses them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -15,12 +16,16 @@ from llmgw import config, pki
 from llmgw.catalog import load_server_config
 from llmgw.config import (
     AgentConfig,
+    EngineOptions,
     MirrorConfig,
     ModelConfig,
     ProfileConfig,
     ServerConfig,
     TLSConfig,
 )
+from llmgw.control.stream.provision import BUILT_IN_ENGINES, default_version
+from llmgw.engines.registry import ENGINES
+from llmgw.errors import ConfigError
 
 DEV_NODE = "dev-node"
 DEV_MODEL = "sim-chat"
@@ -48,6 +53,42 @@ def _write_once(path: Path, value: object) -> None:
         path.write_text(config.dump(value), encoding="utf-8")
 
 
+def with_engines(setup: DevSetup, binaries: Mapping[str, str], installs: Mapping[str, str]) -> DevSetup:
+    """setup with engines for this run only: binaries (`--engine NAME=PATH`) for the dev node to run,
+    installs (`--install NAME[=VERSION]`) for it to install; ConfigError naming what is wrong.
+
+    A person trying a real model in dev mode otherwise had to find and edit both files under the
+    dev directory; the files stay as they are, and the next run without the flags is the sim again.
+    """
+    for name in [*binaries, *installs]:
+        if name not in ENGINES or name in BUILT_IN_ENGINES:
+            known = ", ".join(n for n in sorted(ENGINES) if n not in BUILT_IN_ENGINES)
+            raise ConfigError(f"there is no engine called {name!r} to run or install (engines: {known})")
+    for name, binary in binaries.items():
+        if not Path(binary).is_file():
+            raise ConfigError(f"--engine {name}={binary}: no such file")
+    server, agent = setup.server, setup.agent
+    if server is not None and installs:
+        wanted = {}
+        for name, version in installs.items():
+            version = version or default_version(name)
+            if not version:
+                raise ConfigError(
+                    f"--install {name}: nodes cannot install {name} themselves; install it and run "
+                    f"with --engine {name}=PATH"
+                )
+            wanted[name] = version
+        server = config.evolve(server, engines={**server.engines, **wanted})
+    if agent is not None and binaries:
+        engines = dict(agent.engines)
+        for name, binary in binaries.items():
+            engines[name] = config.evolve(
+                engines.get(name, EngineOptions()), binary=str(Path(binary).resolve())
+            )
+        agent = config.evolve(agent, engines=engines)
+    return attrs.evolve(setup, server=server, agent=agent)
+
+
 def prepare_dev(dev_dir: Path, roles: tuple[str, ...]) -> DevSetup:
     """Create what is missing under dev_dir and load the configurations of the given roles."""
     pki_dir = dev_dir / "pki"
@@ -64,7 +105,7 @@ def prepare_dev(dev_dir: Path, roles: tuple[str, ...]) -> DevSetup:
         ),
         models=[ModelConfig(name=DEV_MODEL, replicas=1, profiles=[ProfileConfig(engine="sim")])],
         # Dev mode installs nothing: trying llmgw on a laptop must not download llama.cpp or run
-        # apt-get. Give llamacpp a version in the dev server.yaml to try installing it.
+        # apt-get. `--install llamacpp` (or a version in the dev server.yaml) installs it.
         engines={"llamacpp": ""},
     )
     agent = AgentConfig(

@@ -32,6 +32,7 @@ from llmgw.control.engine_checks import EngineChecks
 from llmgw.control.ha.leadership import Leadership, advertised, plane_name, while_leading
 from llmgw.control.ha.publish import FleetRoutes
 from llmgw.control.inventory import Inventory
+from llmgw.control.localfiles import LocalFiles, serve_local_files
 from llmgw.control.metrics import ControlMetrics
 from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
@@ -198,6 +199,10 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         tasks.keep(_refresh_keys(store, keys), "key-cache-refresh")
         usage, quotas = await _start_accounting(stack, tasks, cfg, store, catalog, journal, recent)
         mirror = await stack.enter_async_context(MirrorClient(cfg.mirror)) if cfg.mirror.api else None
+        # Only where this server places replicas (`control.enabled`): no one else sends nodes its URLs.
+        local_files = (
+            await stack.enter_async_context(serve_local_files(cfg, catalog)) if cfg.control.enabled else None
+        )
         registry = new_registry()
         control_metrics = ControlMetrics(registry, inventory, usage)
         budgets = Snapshot(registry, lambda: budget_families(quotas))
@@ -217,7 +222,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         app[HISTORY_KEY] = history
         # Engines whose node's agent is away serve on while they answer the gateway's own checks.
         tasks.keep(EngineChecks(inventory, cfg.control.engine_check_s).run(), "engine-checks")
-        reconciler = _reconciler(cfg, inventory, catalog, app, control_metrics, mirror)
+        reconciler = _reconciler(cfg, inventory, catalog, app, control_metrics, mirror, local_files)
         # Only the leader places and reconciles (always this server, without PostgreSQL).
         lead = functools.partial(_lead, fleet.routes, reconciler)
         tasks.keep(while_leading(fleet.leadership, lead), "lead")
@@ -413,6 +418,7 @@ def _reconciler(
     app: web.Application,
     control_metrics: ControlMetrics,
     mirror: MirrorClient | None,
+    local_files: LocalFiles | None,
 ) -> Reconciler | None:
     """What places the catalog's models on the fleet, when this server does (`control.enabled`)."""
     if not cfg.control.enabled:
@@ -425,6 +431,7 @@ def _reconciler(
         in_flight=app[ROUTER_KEY].in_flight,
         metrics=control_metrics,
         mirror=mirror,
+        local_files=local_files,
     )
     # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
     app[BACKOFF_KEY] = reconciler.backoff

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from llmgw.config import EngineMirrorConfig
+from llmgw.engines.registry import ENGINES
+from llmgw.engines.wheel_locks import locked_versions
 from llmgw.proto.llmgw import v1 as pb
 
 # The llama.cpp build this release was checked against: the version every node
@@ -24,6 +26,31 @@ DEFAULT_ENGINES: Mapping[str, str] = {"llamacpp": DEFAULT_LLAMACPP_VERSION}
 
 # Ships inside llmgw: never installed, never missing, so never asked for.
 BUILT_IN_ENGINES = frozenset({"sim"})
+
+
+def default_version(engine: str) -> str:
+    """The version of engine a node installs when asked for it without one: llama.cpp's checked
+    build, the newest lock llmgw ships for the others; "" for an engine nodes cannot install."""
+    if engine in BUILT_IN_ENGINES or engine not in ENGINES or ENGINES[engine].recipe is None:
+        return ""
+    return DEFAULT_ENGINES.get(engine) or next(reversed(locked_versions(engine, "cpu")), "")
+
+
+def how_to_get(engine: str) -> str:
+    """What to set so that a node has engine: server.yaml's `engines` for one the agent installs,
+    agent.yaml's `engines.NAME.binary` for a build of one's own (the only way for SGLang); "" for
+    the sim, built into every agent."""
+    if engine in BUILT_IN_ENGINES:
+        return ""
+    own = f"agent.yaml `engines.{engine}.binary`"
+    recipe = ENGINES[engine].recipe if engine in ENGINES else None
+    if recipe is None:
+        return f"install it on the node and set {own} to it"
+    version = default_version(engine) or "VERSION"
+    return (
+        f'set server.yaml `engines: {{{engine}: "{version}"}}` for every node to install it, '
+        f"or {own} to a build of your own"
+    )
 
 
 def wanted_engines(configured: Mapping[str, str]) -> dict[str, str]:
