@@ -1,10 +1,10 @@
-"""The client-facing aiohttp application: /health, /v1/models and the proxied OpenAI routes
-(chat and text completions, embeddings)."""
+"""The client-facing aiohttp application: /health, /v1/models and the proxied routes of every API in
+apis.py (OpenAI's chat and text completions, embeddings and Responses, Anthropic's Messages, rerank,
+transcriptions), each going through the same pipeline."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -14,8 +14,9 @@ from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.gateway import access
 from llmgw.gateway.admission import Admission
+from llmgw.gateway.apis import APIS, Api, ModelKind, paths_for, served_paths
 from llmgw.gateway.auth import Authenticate, KeyCache
-from llmgw.gateway.errors import ApiError, answer, openai_errors
+from llmgw.gateway.errors import ApiError, answer, route_errors
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
 from llmgw.gateway.proxy import UPSTREAM_ERRORS_KEY, client_session, proxy
@@ -56,13 +57,14 @@ def make_gateway_app(
     app = web.Application(
         client_max_size=_MAX_BODY,
         middlewares=[
-            openai_errors,
+            route_errors(served_paths()),
             # /v1/models/ and /admin/ lead where /v1/models and /admin do (they were 404s); before the body is
             # read, which would keep it from redirecting.
             web.normalize_path_middleware(append_slash=False, remove_slash=True),
             decode_bodies(
                 lambda request, status, message: answer(request, status, message, code="invalid_body"),
                 _MAX_BODY,
+                raw_forms=frozenset(path for api in APIS if api.body == "multipart" for path in api.paths),
             ),
         ],
     )
@@ -82,12 +84,19 @@ def make_gateway_app(
         if admission is not None
         else lambda names, key: access.listed(names, key, _NO_PROJECTS)
     )
-    completions = endpoint(
-        compose([metrics.observe, *auth, read_request, _serves("chat", catalog), *admit, router], proxy)
-    )
-    embeddings = endpoint(
-        compose([metrics.observe, *auth, read_request, _serves("embeddings", catalog), *admit, router], proxy)
-    )
+
+    def route(api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """Every API's way through the gateway: the same stages, in the same order."""
+        stages: list[Stage] = [
+            metrics.observe,
+            *auth,
+            read_request,
+            _serves(api.kind, catalog),
+            *admit,
+            router,
+        ]
+        return endpoint(compose(stages, proxy), api)
+
     # Built once per catalog change, not per request: (the catalog's generation, every model's entry).
     listed: list[tuple[int, dict[str, dict[str, object]]]] = []
 
@@ -127,16 +136,14 @@ def make_gateway_app(
     app.router.add_get("/v1/models", endpoint(compose(auth, list_models)))
     # Model names may hold slashes (org/model), so the id is the whole rest of the path.
     app.router.add_get("/v1/models/{id:.+}", endpoint(compose(auth, get_model)))
-    app.router.add_post("/v1/chat/completions", completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
+    for api in APIS:
+        handler = route(api)
+        for path in api.paths:
+            app.router.add_post(path, handler)
     return app
 
 
-_ROUTES = {"chat": "/v1/chat/completions or /v1/completions", "embeddings": "/v1/embeddings"}
-
-
-def _serves(kind: Literal["chat", "embeddings"], catalog: Catalog) -> Stage:
+def _serves(kind: ModelKind, catalog: Catalog) -> Stage:
     """The stage that refuses, with 400 and before anything is counted, a model of the other kind."""
 
     async def check(call: Call, rest: Handler) -> web.StreamResponse:
@@ -147,7 +154,7 @@ def _serves(kind: Literal["chat", "embeddings"], catalog: Catalog) -> Stage:
             instead = f"; the models that serve {kind} are {', '.join(others)}" if others else ""
             raise ApiError(
                 400,
-                f"{call.model} serves {definition.kind}, not {kind}: send it to {_ROUTES[definition.kind]}"
+                f"{call.model} serves {definition.kind}, not {kind}: send it to {paths_for(definition.kind)}"
                 + instead,
                 code="wrong_model_kind",
                 param="model",

@@ -38,7 +38,6 @@ from llmgw.gateway.faults import (
     EngineFailed,
     EngineRefused,
     ends_like_json,
-    error_event,
     looks_like_json,
     not_json,
     scrub,
@@ -67,6 +66,7 @@ _UNACKNOWLEDGED_S = 5.0
 # whatever an engine sends anyway reaches the client unchanged.
 _UPSTREAM_HEADERS = {hdrs.CONTENT_TYPE: "application/json", hdrs.ACCEPT_ENCODING: "identity"}
 _COPIED_HEADERS = (hdrs.CONTENT_TYPE, hdrs.CONTENT_ENCODING, hdrs.CONTENT_LENGTH)
+_ANTHROPIC_HEADERS = (istr("anthropic-version"), istr("anthropic-beta"))
 # Which catalog model served the call: the one asked for, or a fallback of it.
 MODEL_HEADER = istr("x-llmgw-model")
 # Which replica served the call (its id; the engine's address without a control plane): after a retry,
@@ -199,10 +199,20 @@ async def proxy(call: Call) -> web.StreamResponse:
 
 
 def _headers(call: Call) -> dict[istr, str]:
-    # Built fresh: the client's own Authorization (its llmgw key) is never among them.
+    # Built fresh: the client's own Authorization or x-api-key (its llmgw key) is never among them.
+    headers = _UPSTREAM_HEADERS
+    sent = call.request.headers
+    if call.api.body == "multipart":
+        # The form's boundary is in its Content-Type.
+        headers = {**headers, hdrs.CONTENT_TYPE: sent.get(hdrs.CONTENT_TYPE, "")}
+    if call.api.errors == "anthropic":
+        # Which version and betas of the Messages API the client speaks, for an engine that reads them.
+        passed = {name: sent[name] for name in _ANTHROPIC_HEADERS if name in sent}
+        if passed:
+            headers = {**headers, **passed}
     if call.route is None or not call.route.secret:
-        return _UPSTREAM_HEADERS
-    return {**_UPSTREAM_HEADERS, hdrs.AUTHORIZATION: f"Bearer {call.route.secret}"}
+        return headers
+    return {**headers, hdrs.AUTHORIZATION: f"Bearer {call.route.secret}"}
 
 
 async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamResponse:
@@ -219,7 +229,12 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
         tap = _tap(call, upstream)
         headers = _reply_headers(call, upstream, tap)
         chunk = await _first_read(call, upstream, deadlines, first)
-        if tap is None and 200 <= upstream.status < 300 and not looks_like_json(chunk):
+        if (
+            tap is None
+            and call.api.replies_json
+            and 200 <= upstream.status < 300
+            and not looks_like_json(chunk)
+        ):
             _count_upstream_error(call, "reply")
             raise not_json(call, upstream.status, upstream.headers.get(hdrs.CONTENT_TYPE, ""), chunk)
         if upstream.content.at_eof():
@@ -326,7 +341,7 @@ async def _start_of(
 def _tap(call: Call, upstream: aiohttp.ClientResponse) -> StreamTap | None:
     """What checks a stream of events and reads its usage as it passes."""
     events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
-    return StreamTap(call.hide_usage) if events else None
+    return StreamTap(call.hide_usage, call.api.stream) if events else None
 
 
 def _reply_headers(call: Call, upstream: aiohttp.ClientResponse, tap: StreamTap | None) -> dict[istr, str]:
@@ -377,7 +392,7 @@ def _whole_reply(
             raise not_json(call, upstream.status, content_type, exc.event) from None
         call.usage = tap.usage
     else:
-        if 200 <= upstream.status < 300 and not ends_like_json(chunk):
+        if call.api.replies_json and 200 <= upstream.status < 300 and not ends_like_json(chunk):
             _count_upstream_error(call, "reply")
             raise not_json(call, upstream.status, content_type, chunk)
         if call.count_usage:
@@ -451,8 +466,9 @@ async def _broken(call: Call, exc: Exception, tap: StreamTap | None, response: w
         if tap.usage is None:
             # Charged for what the client had (admission.py), not for a reservation it never received.
             call.delivered = tap.events
+            call.delivered_prompt = tap.prompt
         with contextlib.suppress(ConnectionResetError):
-            await response.write(error_event(error))
+            await response.write(call.api.stream.error_event(error))
     if call.request.transport is not None:
         call.request.transport.close()
 
@@ -488,7 +504,7 @@ async def _relay(
         behind = tap.end()
         call.usage = tap.usage
     else:
-        if 200 <= upstream.status < 300 and not ends_like_json(behind):
+        if call.api.replies_json and 200 <= upstream.status < 300 and not ends_like_json(behind):
             raise _NotWhole(behind[-EXCERPT:])
         if tail is not None:
             call.usage = find_usage(tail)
