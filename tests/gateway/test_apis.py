@@ -517,3 +517,25 @@ class TestStreamsCutMidEvent:
         # No usage reported: the prompt as reserved, a token per delta the client had.
         assert (row.requests, row.completion_tokens) == (1, 2)
         assert math.isclose(row.prompt_tokens, len(json.dumps(body)) + TEMPLATE_OVERHEAD, abs_tol=8)
+
+
+class TestModels:
+    async def test_the_anthropic_client_lists_and_retrieves_models_in_its_own_shape(self, rig: Rig) -> None:
+        async with rig.anthropic() as client:
+            page = await client.models.list()
+            one = await client.models.retrieve(RERANK)
+        assert [m.id for m in page.data] == [MODEL, RERANK, WHISPER, BROKEN]
+        assert page.data[0].type == "model" and page.data[0].display_name == MODEL
+        assert (page.first_id, page.last_id, page.has_more) == (MODEL, BROKEN, False)
+        assert (one.id, one.type) == (RERANK, "model")
+
+    async def test_without_anthropic_version_the_list_is_openais(self, rig: Rig) -> None:
+        async with rig.openai() as client:
+            models = await client.models.list()
+        assert [m.object for m in models.data] == ["model"] * 4
+
+    async def test_an_unknown_model_is_a_not_found_error_in_anthropics_shape(self, rig: Rig) -> None:
+        async with rig.anthropic() as client:
+            with pytest.raises(anthropic.NotFoundError) as refused:
+                await client.models.retrieve("nope")
+        assert refused.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
