@@ -14,6 +14,7 @@ import openai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
@@ -23,6 +24,7 @@ from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
 from llmgw.gateway.apis import AUDIO_TOKENS_PER_S, MAX_AUDIO_BODY
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store
@@ -48,6 +50,7 @@ class Rig:
     recorder: UsageRecorder
     key: str
     replicas: FakeReplicas
+    registry: CollectorRegistry
 
     def anthropic(self, **kwargs: str) -> anthropic.AsyncAnthropic:
         options = kwargs or {"api_key": self.key}
@@ -89,10 +92,12 @@ async def rig(store: Store) -> AsyncIterator[Rig]:
     keys, recorder = KeyCache(), UsageRecorder()
     quotas = Quotas(recorder)
     replicas = FakeReplicas(endpoints={name: [f"http://127.0.0.1:{s.port}"] for name, s in servers.items()})
-    app = make_gateway_app(cfg, catalog, replicas, keys, Admission(cfg, catalog, quotas, recorder))
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry, catalog)
+    app = make_gateway_app(cfg, catalog, replicas, keys, Admission(cfg, catalog, quotas, recorder), metrics)
     plaintext, _ = await create_key(store, "k")
     async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as client:
-        rig = Rig(client, store, keys, quotas, recorder, plaintext, replicas)
+        rig = Rig(client, store, keys, quotas, recorder, plaintext, replicas, registry)
         await rig.reload()
         yield rig
     for server in servers.values():
@@ -539,3 +544,23 @@ class TestModels:
             with pytest.raises(anthropic.NotFoundError) as refused:
                 await client.models.retrieve("nope")
         assert refused.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+
+
+async def test_requests_are_counted_by_route(rig: Rig) -> None:
+    async with rig.anthropic() as client:
+        await client.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        await client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    async with rig.openai() as client:
+        await client.responses.create(model=MODEL, input="x")
+        await client.responses.create(model=MODEL, input="y")
+    labels = {"model": MODEL, "served_model": MODEL, "project": "1", "status": "2xx", "code": ""}
+
+    def counted(route: str) -> float | None:
+        return rig.registry.get_sample_value("llmgw_requests_total", {**labels, "route": route})
+
+    assert (counted("messages"), counted("count_tokens"), counted("responses"), counted("chat")) == (
+        1,
+        1,
+        2,
+        None,
+    )
