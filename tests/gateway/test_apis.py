@@ -452,6 +452,10 @@ async def _read_cut(response: aiohttp.ClientResponse) -> bytes:
 
 async def _cut_stream(request: web.Request) -> web.StreamResponse:
     """A stream of two tokens that the engine breaks off in the middle of the third event."""
+    if request.query.get("refuse"):
+        # llama-server's refusal on its /v1/messages: OpenAI's error object.
+        error = {"error": {"code": 400, "message": "the engine says no", "type": "invalid_request_error"}}
+        return web.json_response(error, status=400)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     if request.path == "/v1/messages":
@@ -474,6 +478,17 @@ async def broken(rig: Rig) -> AsyncIterator[Rig]:
     rig.replicas.endpoints[BROKEN] = [f"http://127.0.0.1:{server.port}"]
     yield rig
     await server.close()
+
+
+async def test_an_engines_refusal_in_openais_shape_reaches_anthropics_clients_in_theirs(broken: Rig) -> None:
+    body = {"model": BROKEN, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    async with broken.client.post("/v1/messages?refuse=1", json=body, headers=broken.auth) as response:
+        assert response.status == 400
+        said = await response.json()
+    assert said == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "the engine says no"},
+    }
 
 
 class TestStreamsCutMidEvent:
