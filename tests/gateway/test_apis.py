@@ -3,6 +3,7 @@ engine, with the official anthropic and openai clients where they speak the API.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
+from llmgw.engines.base import OPENAI_APIS
 from llmgw.engines.sim_apis import AUDIO_BYTES_PER_S
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
@@ -27,6 +29,7 @@ from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
+from llmgw.routes import EngineRoute
 from llmgw.store import Store
 from llmgw.store.keys import create_key
 from llmgw.store.usage import UsageDay, usage_by_day
@@ -579,3 +582,69 @@ async def test_requests_are_counted_by_route(rig: Rig) -> None:
         2,
         None,
     )
+
+
+@pytest.fixture
+async def chat_only(rig: Rig) -> AsyncIterator[Rig]:
+    """The rig, its chat model's engine taken to speak OpenAI's APIs only (as an endpoint is)."""
+    (endpoint,) = rig.replicas.endpoints[MODEL]
+    lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    rig.replicas.routes[endpoint] = EngineRoute(
+        node_id="n1", shard_id="s1", secret="", lost=lost, refused=lambda _: None, native_apis=OPENAI_APIS
+    )
+    yield rig
+
+
+class TestTranslated:
+    async def test_a_message_for_an_engine_without_the_messages_api_is_sent_as_chat(
+        self, chat_only: Rig
+    ) -> None:
+        async with chat_only.anthropic() as client:
+            reply = await client.messages.create(
+                model=MODEL,
+                max_tokens=3,
+                system="be brief",
+                messages=[{"role": "user", "content": "one two three four"}],
+            )
+        assert reply.id.startswith("msg_") and not reply.id.startswith("msg_sim_")
+        assert reply.content[0].type == "text" and reply.content[0].text == "one two three"
+        assert reply.stop_reason == "max_tokens"
+        # The engine's chat usage: the system prompt and the turn, as its chat route counts them.
+        assert (reply.usage.input_tokens, reply.usage.output_tokens) == (6, 3)
+        assert _row(await chat_only.usage()) == (MODEL, 1, 6, 3)
+
+    async def test_a_streamed_message_is_built_from_chat_chunks_and_charged_their_usage(
+        self, chat_only: Rig
+    ) -> None:
+        async with (
+            chat_only.anthropic() as client,
+            client.messages.stream(
+                model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hello there world"}]
+            ) as stream,
+        ):
+            text = "".join([t async for t in stream.text_stream])
+            final = await stream.get_final_message()
+        assert text == "hello there world"
+        assert final.stop_reason == "end_turn"
+        assert (final.usage.input_tokens, final.usage.output_tokens) == (3, 3)
+        assert _row(await chat_only.usage()) == (MODEL, 1, 3, 3)
+
+    async def test_a_response_for_an_engine_without_the_responses_api_is_sent_as_chat(
+        self, chat_only: Rig
+    ) -> None:
+        async with chat_only.openai() as client:
+            reply = await client.responses.create(model=MODEL, input="red green blue", max_output_tokens=2)
+            async with client.responses.stream(model=MODEL, input="a b c") as stream:
+                kinds = [event.type async for event in stream]
+                final = await stream.get_final_response()
+        assert reply.output_text == "red green" and not reply.id.startswith("resp_sim_")
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        assert final.output_text == "a b c"
+        rows = await chat_only.usage()
+        assert (rows[0].requests, rows[0].prompt_tokens, rows[0].completion_tokens) == (2, 3 + 3, 2 + 3)
+
+    async def test_what_chat_cannot_say_is_a_400_naming_the_field(self, chat_only: Rig) -> None:
+        async with chat_only.openai() as client:
+            with pytest.raises(openai.BadRequestError, match="previous_response_id") as refused:
+                await client.responses.create(model=MODEL, input="x", previous_response_id="resp_1")
+        assert refused.value.code == "untranslatable"
