@@ -23,11 +23,12 @@ from llmgw.engines.base import OPENAI_APIS
 from llmgw.engines.sim_apis import AUDIO_BYTES_PER_S
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
-from llmgw.gateway.apis import AUDIO_TOKENS_PER_S, MAX_AUDIO_BODY
+from llmgw.gateway.apis import AUDIO_TOKENS_PER_S, MAX_AUDIO_BODY, ModelKind
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.quotas import Quotas
+from llmgw.gateway.translation import apis_served
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.routes import EngineRoute
 from llmgw.store import Store
@@ -648,3 +649,25 @@ class TestTranslated:
             with pytest.raises(openai.BadRequestError, match="previous_response_id") as refused:
                 await client.responses.create(model=MODEL, input="x", previous_response_id="resp_1")
         assert refused.value.code == "untranslatable"
+
+
+@pytest.mark.parametrize(
+    ("kind", "natives", "native", "translated"),
+    [
+        # An endpoint outside the fleet: OpenAI's own APIs, Messages and Responses translated.
+        ("chat", [OPENAI_APIS], ["chat", "completions"], ["messages", "responses"]),
+        # Two profiles' engines: what both serve is native; count_tokens, untranslatable, is neither.
+        (
+            "chat",
+            [OPENAI_APIS | {"messages", "count_tokens"}, OPENAI_APIS],
+            ["chat", "completions"],
+            ["messages", "responses"],
+        ),
+        ("rerank", [OPENAI_APIS | {"rerank"}], ["rerank"], []),
+        ("chat", [], [], []),
+    ],
+)
+def test_a_models_apis_are_its_engines_own_and_the_translated_ones(
+    kind: ModelKind, natives: list[frozenset[str]], native: list[str], translated: list[str]
+) -> None:
+    assert apis_served(kind, natives) == (native, translated)

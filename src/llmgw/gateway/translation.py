@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from llmgw.engines.base import MESSAGES, RESPONSES
+from llmgw.gateway.apis import APIS, ModelKind
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.faults import EngineFailed
 from llmgw.gateway.pipeline import Call
@@ -119,3 +120,16 @@ def translation(call: Call) -> Translation | None:
             param=exc.param,
             code="untranslatable",
         ) from None
+
+
+def apis_served(kind: ModelKind, natives: list[frozenset[str]]) -> tuple[list[str], list[str]]:
+    """(the APIs of kind a model's engines all serve themselves, those the gateway translates for it).
+
+    natives: each of its engines' `native_apis` (an endpoint's: OpenAI's); none known, none listed.
+    """
+    if not natives:
+        return [], []
+    names = [api.name for api in APIS if api.kind == kind]
+    native = [name for name in names if all(name in n for n in natives)]
+    translated = [name for name in names if name in TRANSLATED and name not in native]
+    return native, translated
