@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from llmgw.catalog import Catalog
-from llmgw.config import ModelConfig, PriceConfig, ServerConfig
+from llmgw.config import ModelConfig, PriceConfig, ServerConfig, TimeoutsConfig
 from llmgw.engines.base import OPENAI_APIS
 from llmgw.engines.sim_apis import AUDIO_BYTES_PER_S
 from llmgw.engines.sim_server import make_sim_app
@@ -43,6 +43,8 @@ WHISPER = "sim-whisper"
 # A model whose engine is a test's own (a stream cut in the middle).
 BROKEN = "broken"
 LIMIT = 64
+# A model with no replica, whose fallback is MODEL.
+GONE = "gone"
 
 
 @attrs.define
@@ -88,7 +90,8 @@ async def rig(store: Store) -> AsyncIterator[Rig]:
             ModelConfig(name=MODEL, max_tokens=LIMIT),
             ModelConfig(name=RERANK, kind="rerank"),
             ModelConfig(name=WHISPER, kind="transcription"),
-            ModelConfig(name=BROKEN),
+            ModelConfig(name=BROKEN, timeouts=TimeoutsConfig(first_byte_s=0.5)),
+            ModelConfig(name=GONE, fallbacks=[MODEL]),
         ],
         pricing={MODEL: PriceConfig(prompt_per_1k=1.0, completion_per_1k=2.0)},
     )
@@ -456,6 +459,11 @@ async def _read_cut(response: aiohttp.ClientResponse) -> bytes:
 
 async def _cut_stream(request: web.Request) -> web.StreamResponse:
     """A stream of two tokens that the engine breaks off in the middle of the third event."""
+    if request.query.get("stall"):
+        await asyncio.Event().wait()
+    if request.query.get("huge"):
+        usage = {"input_tokens": 10**12, "output_tokens": 10**9}
+        return web.json_response({"type": "message", "role": "assistant", "content": [], "usage": usage})
     if request.query.get("refuse"):
         # llama-server's refusal on its /v1/messages: OpenAI's error object.
         error = {"error": {"code": 400, "message": "the engine says no", "type": "invalid_request_error"}}
@@ -493,6 +501,33 @@ async def test_an_engines_refusal_in_openais_shape_reaches_anthropics_clients_in
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "the engine says no"},
     }
+
+
+class TestWhatEveryRouteGets:
+    async def test_a_model_without_a_replica_is_served_by_its_fallback(self, rig: Rig) -> None:
+        body = {"model": GONE, "max_tokens": 4, "messages": [{"role": "user", "content": "x y"}]}
+        async with rig.client.post(
+            "/v1/messages", json=body, headers={**rig.auth, "x-request-id": "r-1"}
+        ) as response:
+            assert response.status == 200
+            assert (response.headers["x-llmgw-model"], response.headers["x-request-id"]) == (MODEL, "r-1")
+            assert (await response.json())["content"][0]["text"] == "x y"
+        assert _row(await rig.usage()) == (GONE, 1, 2, 2)
+
+    async def test_usage_an_engine_cannot_have_counted_is_held_to_the_reservation(self, broken: Rig) -> None:
+        body = {"model": BROKEN, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        async with broken.client.post("/v1/messages?huge=1", json=body, headers=broken.auth) as response:
+            assert response.status == 200
+        (row,) = await broken.usage()
+        assert (row.prompt_tokens, row.completion_tokens) == (len(json.dumps(body)) + TEMPLATE_OVERHEAD, 5)
+
+    async def test_an_engine_that_sends_nothing_is_a_504_in_the_routes_shape(self, broken: Rig) -> None:
+        body = {"model": BROKEN, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        async with broken.client.post("/v1/messages?stall=1", json=body, headers=broken.auth) as response:
+            assert response.status == 504
+            said = await response.json()
+        assert said["type"] == "error" and said["error"]["type"] == "api_error"
+        assert "sent nothing for 0.5 s (timeouts.first_byte_s)" in said["error"]["message"]
 
 
 class TestStreamsCutMidEvent:
@@ -548,15 +583,15 @@ class TestModels:
         async with rig.anthropic() as client:
             page = await client.models.list()
             one = await client.models.retrieve(RERANK)
-        assert [m.id for m in page.data] == [MODEL, RERANK, WHISPER, BROKEN]
+        assert [m.id for m in page.data] == [MODEL, RERANK, WHISPER, BROKEN, GONE]
         assert page.data[0].type == "model" and page.data[0].display_name == MODEL
-        assert (page.first_id, page.last_id, page.has_more) == (MODEL, BROKEN, False)
+        assert (page.first_id, page.last_id, page.has_more) == (MODEL, GONE, False)
         assert (one.id, one.type) == (RERANK, "model")
 
     async def test_without_anthropic_version_the_list_is_openais(self, rig: Rig) -> None:
         async with rig.openai() as client:
             models = await client.models.list()
-        assert [m.object for m in models.data] == ["model"] * 4
+        assert [m.object for m in models.data] == ["model"] * 5
 
     async def test_an_unknown_model_is_a_not_found_error_in_anthropics_shape(self, rig: Rig) -> None:
         async with rig.anthropic() as client:
