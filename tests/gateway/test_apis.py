@@ -470,7 +470,15 @@ async def _cut_stream(request: web.Request) -> web.StreamResponse:
         return web.json_response(error, status=400)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    if request.path == "/v1/messages":
+    if request.path == "/v1/chat/completions":
+        choice = {"index": 0, "delta": {"content": "x"}}
+        chunk = (
+            b"data: "
+            + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [choice]}).encode()
+        )
+        chunk += b"\n\n"
+        await response.write(2 * chunk + b'data: {"id":"c","obj')
+    elif request.path == "/v1/messages":
         await response.write(_MESSAGE_START + 2 * _MESSAGE_DELTA + b'event: content_block_delta\ndata: {"ty')
     else:
         created = b'event: response.created\ndata: {"type":"response.created","response":{"usage":null}}\n\n'
@@ -485,6 +493,7 @@ async def broken(rig: Rig) -> AsyncIterator[Rig]:
     app = web.Application()
     app.router.add_post("/v1/messages", _cut_stream)
     app.router.add_post("/v1/responses", _cut_stream)
+    app.router.add_post("/v1/chat/completions", _cut_stream)
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     rig.replicas.endpoints[BROKEN] = [f"http://127.0.0.1:{server.port}"]
@@ -531,6 +540,31 @@ class TestWhatEveryRouteGets:
 
 
 class TestStreamsCutMidEvent:
+    async def test_a_translated_stream_cut_by_its_engine_ends_with_an_error_event_in_the_clients_api(
+        self, broken: Rig
+    ) -> None:
+        (endpoint,) = broken.replicas.endpoints[BROKEN]
+        lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        broken.replicas.routes[endpoint] = EngineRoute(
+            node_id="n1", shard_id="s1", secret="", lost=lost, refused=lambda _: None, native_apis=OPENAI_APIS
+        )
+        body = {
+            "model": BROKEN,
+            "max_tokens": 50,
+            "stream": True,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        async with broken.client.post("/v1/messages", json=body, headers=broken.auth) as response:
+            got = (await _read_cut(response)).decode()
+        assert got.startswith("event: message_start\n")
+        assert got.count("event: content_block_delta") == 2
+        event, data = got.strip().split("\n\n")[-1].split("\n")
+        assert event == "event: error"
+        assert "broke off its reply" in json.loads(data.removeprefix("data: "))["error"]["message"]
+        (row,) = await broken.usage()
+        # No usage from the engine: the prompt as reserved, a token per chat chunk the client had.
+        assert (row.requests, row.completion_tokens) == (1, 2)
+
     async def test_a_messages_stream_ends_with_an_anthropic_error_event_and_charges_what_was_delivered(
         self, broken: Rig
     ) -> None:
