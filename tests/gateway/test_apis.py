@@ -43,6 +43,7 @@ WHISPER = "sim-whisper"
 # A model whose engine is a test's own (a stream cut in the middle).
 BROKEN = "broken"
 LIMIT = 64
+BROKEN_WHISPER = "broken-whisper"
 # A model with no replica, whose fallback is MODEL.
 GONE = "gone"
 
@@ -89,7 +90,8 @@ async def rig(store: Store) -> AsyncIterator[Rig]:
         models=[
             ModelConfig(name=MODEL, max_tokens=LIMIT),
             ModelConfig(name=RERANK, kind="rerank"),
-            ModelConfig(name=WHISPER, kind="transcription"),
+            ModelConfig(name=WHISPER, kind="transcription", max_tokens=448),
+            ModelConfig(name=BROKEN_WHISPER, kind="transcription", max_tokens=448),
             ModelConfig(name=BROKEN, timeouts=TimeoutsConfig(first_byte_s=0.5)),
             ModelConfig(name=GONE, fallbacks=[MODEL]),
         ],
@@ -388,8 +390,8 @@ class TestTranscriptions:
         async with rig.client.post("/v1/audio/transcriptions", data=body, headers=headers) as response:
             assert response.status == 200
             assert await response.text() == "sim heard 3 bytes of audio\n"
-        # No usage in a text reply: charged what it reserved, its bytes over 15 and no text.
-        assert _row(await rig.usage()) == (WHISPER, 1, len(body) // 15 + TEMPLATE_OVERHEAD, 0)
+        # No usage in a text reply: charged what it reserved, its bytes over 15 and the model's max_tokens.
+        assert _row(await rig.usage()) == (WHISPER, 1, len(body) // 15 + TEMPLATE_OVERHEAD, 448)
 
     async def test_a_form_over_the_bound_is_a_413_before_anything_is_counted(self, rig: Rig) -> None:
         body, content_type = _form({"model": WHISPER}, b"\0" * MAX_AUDIO_BODY)
@@ -446,6 +448,12 @@ _MESSAGE_DELTA = _event(
 _RESPONSE_DELTA = _event("response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"})
 
 
+async def _tokens_transcription(request: web.Request) -> web.Response:
+    """A transcription reported in tokens, as OpenAI's gpt-4o-transcribe reports it."""
+    usage = {"type": "tokens", "input_tokens": 30, "output_tokens": 5, "total_tokens": 35}
+    return web.json_response({"text": "hello", "usage": usage})
+
+
 async def _read_cut(response: aiohttp.ClientResponse) -> bytes:
     """What a client reading a stream the gateway cut has: every byte before the cut."""
     got = b""
@@ -494,9 +502,11 @@ async def broken(rig: Rig) -> AsyncIterator[Rig]:
     app.router.add_post("/v1/messages", _cut_stream)
     app.router.add_post("/v1/responses", _cut_stream)
     app.router.add_post("/v1/chat/completions", _cut_stream)
+    app.router.add_post("/v1/audio/transcriptions", _tokens_transcription)
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     rig.replicas.endpoints[BROKEN] = [f"http://127.0.0.1:{server.port}"]
+    rig.replicas.endpoints[BROKEN_WHISPER] = [f"http://127.0.0.1:{server.port}"]
     yield rig
     await server.close()
 
@@ -510,6 +520,15 @@ async def test_an_engines_refusal_in_openais_shape_reaches_anthropics_clients_in
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "the engine says no"},
     }
+
+
+async def test_a_transcription_reported_in_tokens_is_charged_its_input_and_output(broken: Rig) -> None:
+    async with broken.openai() as client:
+        reply = await client.audio.transcriptions.create(
+            model=BROKEN_WHISPER, file=("a.wav", b"\0" * 4000, "audio/wav")
+        )
+    assert reply.text == "hello"
+    assert _row(await broken.usage()) == (BROKEN_WHISPER, 1, 30, 5)
 
 
 class TestWhatEveryRouteGets:
@@ -617,7 +636,7 @@ class TestModels:
         async with rig.anthropic() as client:
             page = await client.models.list()
             one = await client.models.retrieve(RERANK)
-        assert [m.id for m in page.data] == [MODEL, RERANK, WHISPER, BROKEN, GONE]
+        assert [m.id for m in page.data] == [MODEL, RERANK, WHISPER, BROKEN_WHISPER, BROKEN, GONE]
         assert page.data[0].type == "model" and page.data[0].display_name == MODEL
         assert (page.first_id, page.last_id, page.has_more) == (MODEL, GONE, False)
         assert (one.id, one.type) == (RERANK, "model")
@@ -625,7 +644,7 @@ class TestModels:
     async def test_without_anthropic_version_the_list_is_openais(self, rig: Rig) -> None:
         async with rig.openai() as client:
             models = await client.models.list()
-        assert [m.object for m in models.data] == ["model"] * 5
+        assert [m.object for m in models.data] == ["model"] * 6
 
     async def test_an_unknown_model_is_a_not_found_error_in_anthropics_shape(self, rig: Rig) -> None:
         async with rig.anthropic() as client:

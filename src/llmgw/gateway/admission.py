@@ -200,7 +200,10 @@ class Admission:
         # Embeddings, rerank and token counts generate nothing: such a request costs its input alone,
         # and is sent as it came.
         asked = next((n for name in api.limit if (n := _asked(payload, name)) is not None), None)
-        completion = (asked or limit) * (_choices(payload) if api.choices else 1) if api.limit else 0
+        if api.limit:
+            completion = (asked or limit) * (_choices(payload) if api.choices else 1)
+        else:
+            completion = limit if api.unbounded_text else 0
         if completion > limit:
             raise ApiError(
                 400,

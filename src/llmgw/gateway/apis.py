@@ -71,6 +71,9 @@ class Api:
     stream: StreamShape
     # Fields bounding the tokens a request generates, the first present wins; empty: it generates none.
     limit: tuple[str, ...] = ()
+    # It generates text no field of the request bounds (a transcription): the model's max_tokens is
+    # reserved for it.
+    unbounded_text: bool = False
     # Whether `n`/`best_of` multiply what it generates (OpenAI's chat and text completions).
     choices: bool = False
     # Whether the gateway may ask for a stream's usage with `stream_options` (OpenAI's chat and text
@@ -245,6 +248,7 @@ TRANSCRIPTIONS = Api(
     _NO_STREAM,
     body="multipart",
     max_body=MAX_AUDIO_BODY,
+    unbounded_text=True,
     replies_json=False,
 )
 
