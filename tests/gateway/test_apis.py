@@ -325,7 +325,9 @@ class TestResponses:
 
     async def test_a_response_asking_past_the_models_limit_is_refused(self, rig: Rig) -> None:
         async with rig.openai() as client:
-            with pytest.raises(openai.BadRequestError, match=f"allows at most {LIMIT}"):
+            with pytest.raises(
+                openai.BadRequestError, match=rf"allows at most {LIMIT} per request \(max_output_tokens\)"
+            ):
                 await client.responses.create(model=MODEL, input="x", max_output_tokens=LIMIT + 1)
 
 

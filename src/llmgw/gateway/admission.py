@@ -208,7 +208,7 @@ class Admission:
             raise ApiError(
                 400,
                 f"this request asks for up to {completion} completion tokens; {model} allows at most {limit} "
-                "per request (max_tokens times n): ask for fewer",
+                f"per request ({api.limit[-1]}{' times n' if api.choices else ''}): ask for fewer",
                 param=api.limit[-1],
                 code="max_tokens_too_large",
                 refusal=("model", "max_tokens"),
