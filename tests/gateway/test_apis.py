@@ -544,6 +544,29 @@ class TestWhatEveryRouteGets:
             assert (await response.json())["content"][0]["text"] == "x y"
         assert _row(await rig.usage()) == (GONE, 1, 2, 2)
 
+    async def test_a_replica_that_refuses_the_connection_is_retried_on_another(self, rig: Rig) -> None:
+        (live,) = rig.replicas.endpoints[MODEL]
+        dead = "http://127.0.0.1:9"  # the discard port: nothing listens
+        refused: list[str] = []
+        loop = asyncio.get_running_loop()
+        for endpoint in (dead, live):
+            rig.replicas.routes[endpoint] = EngineRoute(
+                node_id=endpoint,
+                shard_id=endpoint,
+                secret="",
+                lost=loop.create_future(),
+                refused=refused.append,
+            )
+        rig.replicas.endpoints[MODEL] = [dead, live]
+        async with rig.anthropic() as client:
+            # Prompts of their own: prefix affinity would send a second alike where the first went.
+            for word in ("first", "second", "third"):
+                reply = await client.messages.create(
+                    model=MODEL, max_tokens=4, messages=[{"role": "user", "content": word}]
+                )
+                assert reply.content[0].text == word
+        assert refused  # the dead one was tried, and left routing
+
     async def test_usage_an_engine_cannot_have_counted_is_held_to_the_reservation(self, broken: Rig) -> None:
         body = {"model": BROKEN, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
         async with broken.client.post("/v1/messages?huge=1", json=body, headers=broken.auth) as response:
