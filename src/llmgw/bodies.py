@@ -26,8 +26,12 @@ import re
 import sys
 import zlib
 from collections.abc import Callable
+from email import errors, policy
+from email.message import EmailMessage
+from email.parser import BytesParser
 from typing import Any
 
+import attrs
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -96,11 +100,12 @@ def _too_long(request: web.Request) -> tuple[int, str] | None:
     return None
 
 
-def decode_bodies(answer: Answer, limit: int) -> Middleware:
+def decode_bodies(answer: Answer, limit: int, raw_forms: frozenset[str] = frozenset()) -> Middleware:
     """A middleware decoding a body's Content-Encoding before any handler runs; read it with read().
 
     limit is the app's body limit, which the decoded body is held to as well. A URL or header past
-    MAX_LINE is refused first.
+    MAX_LINE is refused first. raw_forms: the paths whose multipart forms their handler reads with
+    read_form, bytes and all (an upload passed on).
     """
 
     @web.middleware
@@ -117,7 +122,7 @@ def decode_bodies(answer: Answer, limit: int) -> Middleware:
                 # What is left of the body cannot be told from a next request: the connection ends.
                 response.force_close()
                 return response
-        if request.method == "POST" and request.content_type in _FORMS:
+        if request.method == "POST" and request.content_type in _FORMS and request.path not in raw_forms:
             if request.content_length is not None and request.content_length > MAX_FORM:
                 response = answer(request, 413, f"a form is at most {MAX_FORM:,} bytes here")
                 response.force_close()
@@ -190,6 +195,72 @@ async def read_text(request: web.Request) -> str:
         raise ValueError(
             f"the request body is not {charset} text (byte {exc.start + 1} is not); send it as UTF-8"
         ) from None
+
+
+class BadForm(ValueError):
+    """A body that is not the multipart form a route reads, in a sentence for its sender (status 400, 413)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@attrs.frozen
+class Form:
+    """A multipart form as it came (`raw`, to pass on) and its fields other than files (`fields`)."""
+
+    raw: bytes
+    fields: dict[str, str]
+    # The names of its file fields.
+    files: tuple[str, ...]
+
+
+_MULTIPART = "multipart/form-data"
+_CUT = (errors.StartBoundaryNotFoundDefect, errors.CloseBoundaryNotFoundDefect)
+
+
+async def read_form(request: web.Request, limit: int | None = None) -> Form:
+    """The body as a multipart form; BadForm in words when it is none or is over limit bytes."""
+    too_large = BadForm(f"the request body is more than {limit or 0:,} bytes, the most this route takes", 413)
+    if limit is not None and request.content_length is not None and request.content_length > limit:
+        raise too_large
+    if request.content_type != _MULTIPART:
+        raise BadForm(
+            f"this route takes a {_MULTIPART} form (the file and its fields), not {request.content_type}"
+        )
+    raw = await read(request)
+    if limit is not None and len(raw) > limit:
+        raise too_large
+    content_type = request.headers.get("Content-Type", "")
+    # In a thread past a screenful: an upload runs to megabytes.
+    if len(raw) > 64 * 1024:
+        return await asyncio.to_thread(_parse_form, content_type, raw)
+    return _parse_form(content_type, raw)
+
+
+def _parse_form(content_type: str, raw: bytes) -> Form:
+    head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1", "replace")
+    message = BytesParser(policy=policy.HTTP).parsebytes(head + raw)
+    if not message.is_multipart() or any(isinstance(d, _CUT) for d in message.defects):
+        raise BadForm(f"the {_MULTIPART} body is cut short or has no parts between its boundaries")
+    fields: dict[str, str] = {}
+    files: list[str] = []
+    for part in message.iter_parts():
+        assert isinstance(part, EmailMessage)
+        name = part.get_param("name", header="content-disposition")
+        if not isinstance(name, str):
+            raise BadForm("every part of the form needs a name (Content-Disposition: form-data; name=...)")
+        if part.get_filename() is not None:
+            files.append(name)
+            continue
+        try:
+            value = part.get_payload(decode=True)
+            fields[name] = (
+                value.decode(part.get_content_charset() or "utf-8") if isinstance(value, bytes) else ""
+            )
+        except (LookupError, UnicodeDecodeError):
+            raise BadForm(f"the form's field {name!r} is not UTF-8 text") from None
+    return Form(raw, fields, tuple(files))
 
 
 # Deeper than any request of OpenAI's API (a tool's JSON Schema included) or of the admin API nests;

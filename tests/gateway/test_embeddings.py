@@ -19,7 +19,7 @@ from llmgw.engines.sim_server import EMBEDDING_DIM, embedding, make_sim_app
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
-from llmgw.gateway.pipeline import MAX_EMBEDDING_INPUTS
+from llmgw.gateway.checks import MAX_EMBEDDING_INPUTS
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store
@@ -128,7 +128,8 @@ async def test_a_chat_model_asked_for_embeddings_is_a_400_saying_what_it_serves(
             await client.embeddings.create(model=MODEL, input="hello")
     message = refused.value.body["message"]  # type: ignore[index]
     assert message == (
-        f"{MODEL} serves chat, not embeddings: send it to /v1/chat/completions or /v1/completions; "
+        f"{MODEL} serves chat, not embeddings: send it to /v1/chat/completions, /v1/completions, "
+        "/v1/messages, /v1/messages/count_tokens or /v1/responses; "
         f"the models that serve embeddings are {EMBED}"
     )
     await rig.recorder.flush(rig.store)

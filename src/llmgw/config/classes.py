@@ -261,12 +261,16 @@ class ModelConfig:
         "This model's price (`prompt_per_1k`, `completion_per_1k`); before server.yaml's `pricing` entry "
         "and `default_price`. How a model added with `llmgw ctl model add` carries its price.",
     )
-    kind: Literal["chat", "embeddings"] = _field(
+    kind: Literal["chat", "embeddings", "rerank", "transcription"] = _field(
         "chat",
-        "What the model serves: `chat` (/v1/chat/completions and /v1/completions) or `embeddings` "
-        "(/v1/embeddings). An embeddings model's engine starts in its embedding mode (llama-server "
-        "`--embeddings`, vLLM `--runner pooling`, SGLang `--is-embedding`; the sim engine serves both), and "
-        "a request for the other kind is refused with 400 saying what the model serves.",
+        "What the model serves: `chat` (/v1/chat/completions, /v1/completions, /v1/messages, "
+        "/v1/messages/count_tokens, /v1/responses), `embeddings` (/v1/embeddings), `rerank` (/v1/rerank, "
+        "/rerank, /v1/score) or `transcription` (/v1/audio/transcriptions). An embeddings model's engine "
+        "starts in its embedding mode (llama-server `--embeddings`, vLLM `--runner pooling`, SGLang "
+        "`--is-embedding`; the sim engine serves every kind); a rerank model's llama-server starts with "
+        "`--reranking`, and vLLM, SGLang or a transcription model's engine take what they need from the "
+        "profile's `args`. A request for another kind "
+        "is refused with 400 saying what the model serves. See docs/gateway.md.",
     )
     max_tokens: int = _field(
         4096,
@@ -345,8 +349,8 @@ class MonitoringConfig:
 class LogConfig:
     requests: bool = _field(
         False,
-        "Log one line per request to /v1/chat/completions and /v1/completions: its x-request-id, key "
-        "prefix, project, model, served model, node, status, tokens, latency and time to first byte. "
+        "Log one line per request to the gateway's proxied routes (every API): its x-request-id, route, "
+        "key prefix, project, model, served model, node, status, tokens, latency and time to first byte. "
         "See docs/monitoring.md.",
     )
 

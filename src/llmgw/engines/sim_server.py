@@ -54,12 +54,11 @@ import itertools
 import json
 import math
 import os
-import re
 import signal
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -67,9 +66,22 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw import __version__, strictjson
+from llmgw.engines import sim_apis
+from llmgw.engines.sim_text import (
+    DEFAULT_MAX_TOKENS,
+    BadRequest,
+    Request,
+    dead,
+    error_response,
+    escaped,
+    requested_max,
+    text_of,
+    tokens,
+)
 from llmgw.engines.sim_words import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
 
-DEFAULT_MAX_TOKENS = 16
+__all__ = ["DEFAULT_MAX_TOKENS", "EMBEDDING_DIM", "embedding", "main", "make_sim_app"]
+
 EMBEDDING_DIM = 64
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -80,129 +92,33 @@ _CHAT_TOKEN = '{"index":0,"delta":{"content":"%s"},"logprobs":null,"finish_reaso
 _CHAT_FINISH = '{"index":0,"delta":{},"logprobs":null,"finish_reason":"%s"'
 _TEXT_TOKEN = '{"index":0,"text":"%s","logprobs":null,"finish_reason":null'
 _TEXT_FINISH = '{"index":0,"text":"","logprobs":null,"finish_reason":"%s"'
-# A run of ASCII that is not whitespace, or one character outside ASCII: the gateway's prompt
-# reservation must hold for prompts a byte-count-over-four estimate undercounts (one-letter words,
-# CJK, emoji), so the sim counts them the way a real tokenizer roughly does.
-# Each match keeps the whitespace before it, so that the echo puts a space only where the prompt had one.
-_TOKEN = re.compile(r"\s*(?:[^\s\x80-\U0010ffff]+|\S)")
 
 
-def _tokens(text: str) -> list[str]:
-    """The text's tokens, each with one space before it where the text had whitespace (none first)."""
-    pieces = [" " + t.lstrip() if t[0].isspace() else t for t in _TOKEN.findall(text)]
-    if pieces:
-        pieces[0] = pieces[0].lstrip()
-    return pieces
-
-
-class _BadRequest(Exception):
-    """A request the sim refuses, with OpenAI's error fields."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-
-def _dead() -> _BadRequest:
-    """What a dead serving loop answers, in vLLM's words for it."""
-    return _BadRequest(500, "EngineCore encountered an issue; the engine is dead (the sim was sent SIGUSR1)")
-
-
-def _error_response(error: _BadRequest) -> web.Response:
-    kind = "invalid_request_error" if error.status < 500 else "server_error"
-    body = {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}}
-    return web.Response(status=error.status, body=strictjson.dumps(body), content_type="application/json")
-
-
-def _text_of(content: Any) -> str:
-    """The text of a message's content: a string, or the text parts of a list of parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(
-            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
-        )
-    return ""
-
-
-def _escaped(words: list[str]) -> list[str]:
-    """Each word escaped for the inside of a JSON string, with one json.dumps for all of them.
-
-    Inside a JSON string every quote is escaped, so '", "' can only be the separator json.dumps
-    puts between list items.
-    """
-    if not words:
-        return []
-    return strictjson.dumps(words)[2:-2].split('", "')
-
-
-def _max_tokens(body: dict[str, Any], names: tuple[str, ...]) -> int:
-    for name in names:
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise _BadRequest(400, f"{name} must be a positive whole number, not {value!r}", param=name)
-        return value
-    return DEFAULT_MAX_TOKENS
-
-
-class _Request:
-    """What one completion request asks for, parsed once."""
-
-    __slots__ = ("include_usage", "prompt_tokens", "reply", "stream", "truncated")
-
-    def __init__(self, prompt_tokens: int, prompt_words: list[str], max_tokens: int, body: dict[str, Any]):
-        self.prompt_tokens = prompt_tokens
-        self.reply = prompt_words[:max_tokens]
-        self.truncated = len(prompt_words) > max_tokens
-        self.stream = body.get("stream") is True
-        options = body.get("stream_options")
-        self.include_usage = (
-            self.stream and isinstance(options, dict) and options.get("include_usage") is True
-        )
-
-    @property
-    def finish_reason(self) -> str:
-        return "length" if self.truncated else "stop"
-
-    def usage(self) -> dict[str, int]:
-        completion = len(self.reply)
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
-        }
-
-
-def _parse_chat(body: dict[str, Any]) -> _Request:
+def _parse_chat(body: dict[str, Any]) -> Request:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _BadRequest(400, "messages must be a non-empty list of messages", param="messages")
+        raise BadRequest(400, "messages must be a non-empty list of messages", param="messages")
     prompt_tokens = 0
     last: list[str] = []
     for message in messages:
         if not isinstance(message, dict):
-            raise _BadRequest(400, "every message must be an object with role and content", param="messages")
-        last = _tokens(_text_of(message.get("content")))
+            raise BadRequest(400, "every message must be an object with role and content", param="messages")
+        last = tokens(text_of(message.get("content")))
         prompt_tokens += len(last)
-    return _Request(prompt_tokens, last, _max_tokens(body, ("max_completion_tokens", "max_tokens")), body)
+    return Request(prompt_tokens, last, requested_max(body, ("max_completion_tokens", "max_tokens")), body)
 
 
-def _parse_completion(body: dict[str, Any]) -> _Request:
+def _parse_completion(body: dict[str, Any]) -> Request:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        words = _tokens(prompt)
+        words = tokens(prompt)
         prompt_tokens = len(words)
     elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        words = _tokens(prompt[-1]) if prompt else []
-        prompt_tokens = sum(len(_tokens(p)) for p in prompt)
+        words = tokens(prompt[-1]) if prompt else []
+        prompt_tokens = sum(len(tokens(p)) for p in prompt)
     else:
-        raise _BadRequest(400, "prompt must be a string or a list of strings", param="prompt")
-    return _Request(prompt_tokens, words, _max_tokens(body, ("max_tokens",)), body)
+        raise BadRequest(400, "prompt must be a string or a list of strings", param="prompt")
+    return Request(prompt_tokens, words, requested_max(body, ("max_tokens",)), body)
 
 
 def embedding(item: str | list[int]) -> list[float]:
@@ -215,10 +131,10 @@ def embedding(item: str | list[int]) -> list[float]:
 
 
 def _inputs(body: dict[str, Any]) -> list[str | list[int]]:
-    """The request's inputs, one per vector; a _BadRequest for anything else."""
+    """The request's inputs, one per vector; a BadRequest for anything else."""
     value: Any = body.get("input")
 
-    def tokens(item: Any) -> bool:
+    def token_ids(item: Any) -> bool:
         return (
             isinstance(item, list)
             and bool(item)
@@ -227,11 +143,11 @@ def _inputs(body: dict[str, Any]) -> list[str | list[int]]:
 
     if isinstance(value, str) and value:
         return [value]
-    if tokens(value):
+    if token_ids(value):
         return [value]
-    if isinstance(value, list) and value and all((isinstance(v, str) and v) or tokens(v) for v in value):
+    if isinstance(value, list) and value and all((isinstance(v, str) and v) or token_ids(v) for v in value):
         return list(value)
-    raise _BadRequest(
+    raise BadRequest(
         400,
         "input must be a non-empty string, a list of them, a list of token ids or a list of such lists",
         param="input",
@@ -261,6 +177,7 @@ class _SimServer:
         # Bound once: looking a label up per request is work the benchmark would measure.
         self.chat_requests = requests.labels("chat")
         self.completion_requests = requests.labels("completions")
+        self.requests = requests
         self.prompt_tokens = Counter(
             "llmgw_sim_prompt_tokens", "Prompt tokens received.", registry=self.registry
         )
@@ -288,7 +205,7 @@ class _SimServer:
 
     async def health(self, request: web.Request) -> web.Response:
         if self.dead:
-            return _error_response(_dead())
+            return error_response(dead())
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
     async def models(self, request: web.Request) -> web.Response:
@@ -302,12 +219,12 @@ class _SimServer:
         try:
             body = json.loads(await request.read())
         except ValueError as e:
-            raise _BadRequest(400, f"the request body is not valid JSON: {e}") from None
+            raise BadRequest(400, f"the request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
-            raise _BadRequest(400, "the request body must be a JSON object")
+            raise BadRequest(400, "the request body must be a JSON object")
         model = body.get("model")
         if model is not None and model != self.model:
-            raise _BadRequest(
+            raise BadRequest(
                 404,
                 f"The model `{model}` does not exist; this engine serves `{self.model}`.",
                 param="model",
@@ -341,8 +258,8 @@ class _SimServer:
                 "usage": parsed.usage(),
             }
             return web.Response(body=strictjson.dumps(reply), content_type="application/json")
-        except _BadRequest as e:
-            return _error_response(e)
+        except BadRequest as e:
+            return error_response(e)
         finally:
             self.in_flight.dec()
 
@@ -372,8 +289,8 @@ class _SimServer:
                 "usage": parsed.usage(),
             }
             return web.Response(body=strictjson.dumps(reply), content_type="application/json")
-        except _BadRequest as e:
-            return _error_response(e)
+        except BadRequest as e:
+            return error_response(e)
         finally:
             self.in_flight.dec()
 
@@ -383,10 +300,10 @@ class _SimServer:
             inputs = _inputs(body)
             encoding = body.get("encoding_format", "float")
             if encoding not in ("float", "base64"):
-                raise _BadRequest(400, "encoding_format must be float or base64", param="encoding_format")
-        except _BadRequest as e:
-            return _error_response(e)
-        count = sum(len(_tokens(i)) if isinstance(i, str) else len(i) for i in inputs)
+                raise BadRequest(400, "encoding_format must be float or base64", param="encoding_format")
+        except BadRequest as e:
+            return error_response(e)
+        count = sum(len(tokens(i)) if isinstance(i, str) else len(i) for i in inputs)
         self.prompt_tokens.inc(count)
         data = []
         for index, item in enumerate(inputs):
@@ -403,20 +320,93 @@ class _SimServer:
         }
         return web.Response(body=strictjson.dumps(reply), content_type="application/json")
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._generated(
+            request, "messages", sim_apis.parse_messages, sim_apis.message_reply, sim_apis.message_events
+        )
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generated(
+            request, "responses", sim_apis.parse_responses, sim_apis.response_reply, sim_apis.response_events
+        )
+
+    async def _generated(
+        self,
+        request: web.Request,
+        endpoint: str,
+        parse: Callable[[dict[str, Any]], sim_apis.Turns],
+        reply: Callable[[sim_apis.Turns, Iterator[int], str], dict[str, Any]],
+        events: Callable[[sim_apis.Turns, Iterator[int], str], Iterator[str]],
+    ) -> web.StreamResponse:
+        """A Messages or Responses request, answered or streamed as the chat route does."""
+        self.requests.labels(endpoint).inc()
+        self.in_flight.inc()
+        try:
+            turns = parse(await self._body(request))
+            await self._serving_loop()
+            self._count(turns)
+            if turns.stream:
+                return await self._stream(request, events(turns, self.ids, self.model), len(turns.reply))
+            await self._generate_delay(turns)
+            body = strictjson.dumps(reply(turns, self.ids, self.model))
+            return web.Response(body=body, content_type="application/json")
+        except BadRequest as e:
+            return sim_apis.anthropic_error(e) if endpoint == "messages" else error_response(e)
+        finally:
+            self.in_flight.dec()
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        try:
+            turns = sim_apis.parse_messages(await self._body(request), counting=True)
+        except BadRequest as e:
+            return sim_apis.anthropic_error(e)
+        return strictjson.response({"input_tokens": turns.prompt_tokens})
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            answer = sim_apis.score_reply if request.path == "/v1/score" else sim_apis.rerank_reply
+            reply = answer(body, self.ids, self.model)
+        except BadRequest as e:
+            return error_response(e)
+        self.prompt_tokens.inc(reply["usage"]["prompt_tokens"])
+        return strictjson.response(reply)
+
+    async def transcriptions(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        upload, model = form.get("file"), str(form.get("model", ""))
+        try:
+            if model != self.model:
+                raise BadRequest(
+                    404,
+                    f"The model `{model}` does not exist; this engine serves `{self.model}`.",
+                    param="model",
+                    code="model_not_found",
+                )
+            if not isinstance(upload, web.FileField):
+                raise BadRequest(400, "file: an audio file is required", param="file")
+            # Past a megabyte aiohttp spools the upload to a file on disk.
+            audio = await asyncio.to_thread(upload.file.read)
+            response_format = form.get("response_format", "json")
+            body, content_type = sim_apis.transcription_reply(audio, str(response_format))
+        except BadRequest as e:
+            return error_response(e)
+        return web.Response(body=body, content_type=content_type)
+
     async def _serving_loop(self) -> None:
         """Raise the 500 of a dead serving loop, or never return while generation hangs."""
         if self.dead:
-            raise _dead()
+            raise dead()
         if self.stuck.is_set():
             # Forever: only the agent's SIGKILL ends this request.
             await asyncio.Event().wait()
 
-    def _count(self, parsed: _Request) -> None:
+    def _count(self, parsed: Request | sim_apis.Turns) -> None:
         self.prompt_tokens.inc(parsed.prompt_tokens)
         if not self.delayed:
             self.completion_tokens.inc(len(parsed.reply))
 
-    async def _generate_delay(self, parsed: _Request) -> None:
+    async def _generate_delay(self, parsed: Request | sim_apis.Turns) -> None:
         # Token by token, each counted as it is produced, as a real engine's counter moves: a long
         # answer at a slow pace is progress, not a stall.
         if not self.delayed:
@@ -435,22 +425,22 @@ class _SimServer:
             f'"model":{self.model_json},"choices":['
         )
 
-    def _chat_chunks(self, parsed: _Request) -> Iterator[str]:
+    def _chat_chunks(self, parsed: Request) -> Iterator[str]:
         head = self._frame("chatcmpl", "chat.completion.chunk")
         return self._chunks(parsed, head, _CHAT_ROLE, _CHAT_TOKEN, _CHAT_FINISH)
 
-    def _completion_chunks(self, parsed: _Request) -> Iterator[str]:
+    def _completion_chunks(self, parsed: Request) -> Iterator[str]:
         head = self._frame("cmpl", "text_completion")
         return self._chunks(parsed, head, "", _TEXT_TOKEN, _TEXT_FINISH)
 
     @staticmethod
-    def _chunks(parsed: _Request, head: str, role: str, token: str, finish: str) -> Iterator[str]:
+    def _chunks(parsed: Request, head: str, role: str, token: str, finish: str) -> Iterator[str]:
         # No `"usage":null` on the other chunks, as vLLM and llama-server send them: asked for usage
         # or not, a stream differs only by its last chunk, the one the gateway hides when it asked.
         end = "}]}\n\n"
         # The role event (chat only) goes out with the first token, as one write.
         pending = head + role + end if role else ""
-        for word in _escaped(parsed.reply):
+        for word in escaped(parsed.reply):
             yield pending + head + token % word + end
             pending = ""
         tail = pending + head + finish % parsed.finish_reason + end
@@ -486,8 +476,8 @@ def _require_secret(secret: str) -> Middleware:
         # /health stays open, as llama-server leaves it: the agent's readiness check carries no secret.
         given = request.headers.get("Authorization", "").encode()
         if request.path != "/health" and not hmac.compare_digest(given, expected):
-            return _error_response(
-                _BadRequest(401, "this engine serves only callers holding its secret", code="invalid_api_key")
+            return error_response(
+                BadRequest(401, "this engine serves only callers holding its secret", code="invalid_api_key")
             )
         return await handler(request)
 
@@ -512,6 +502,12 @@ def make_sim_app(
     app.router.add_post("/v1/chat/completions", sim.chat)
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/embeddings", sim.embeddings)
+    app.router.add_post("/v1/messages", sim.messages)
+    app.router.add_post("/v1/messages/count_tokens", sim.count_tokens)
+    app.router.add_post("/v1/responses", sim.responses)
+    for path in ("/v1/rerank", "/rerank", "/v1/score"):
+        app.router.add_post(path, sim.rerank)
+    app.router.add_post("/v1/audio/transcriptions", sim.transcriptions)
     app.router.add_get("/metrics", sim.metrics)
     app[_SIM] = sim
     return app

@@ -38,7 +38,6 @@ from llmgw.store.scopes import Hierarchy
 # the assistant's header). An estimate below the truth would let concurrent
 # requests through a budget together; settlement corrects the excess.
 TEMPLATE_OVERHEAD = 128
-_MAX_NAMES = ("max_completion_tokens", "max_tokens")
 _DEFAULT_MAX_TOKENS = ModelConfig().max_tokens
 
 log = structlog.get_logger(__name__)
@@ -47,12 +46,13 @@ log = structlog.get_logger(__name__)
 def _ask_the_engine(call: Call, max_tokens: int | None) -> None:
     """Rewrite the request so the engine stops where the reservation does and reports its usage."""
     payload = call.payload
+    api = call.api
     changes: dict[str, Any] = {}
     if max_tokens is not None:
         # The engine's own default may be far longer (to the end of its context): it must stop
-        # where the reservation does.
-        changes["max_tokens"] = max_tokens
-    if payload.get("stream") is True and not _wants_usage(payload):
+        # where the reservation does. In the API's own name for it (max_tokens, max_output_tokens).
+        changes[api.limit[-1]] = max_tokens
+    if api.stream_options and payload.get("stream") is True and not _wants_usage(payload):
         # Most clients stream without asking for usage; the engine's count is the only true one.
         options = payload.get("stream_options")
         changes["stream_options"] = {
@@ -73,9 +73,11 @@ def _used(call: Call, status: int, prompt: int, completion: int) -> tuple[int, i
     if status >= 400 and status != 499:
         return (0, 0)
     if call.delivered is not None:
-        # The engine broke off a stream without reporting usage: the prompt it was sent (as
-        # reserved) and a token for each event the client had, never more than was reserved.
-        return (prompt, min(call.delivered, completion))
+        # The engine broke off a stream without reporting usage: the prompt it was sent (as the
+        # stream reported it, else as reserved) and a token for each event of generated text the
+        # client had, never more than was reserved.
+        sent = prompt if call.delivered_prompt is None else min(max(call.delivered_prompt, 0), prompt)
+        return (sent, min(call.delivered, completion))
     # A reply that reports no usage (a client that left before the engine reported it) is
     # charged what was reserved, so that leaving early saves nothing.
     return (prompt, completion)
@@ -143,7 +145,6 @@ class Admission:
         self._catalog = catalog
         self._generation = (-1, -1)
         self._terms_of: dict[str, tuple[PriceConfig | None, int]] = {}
-        self._embeddings: frozenset[str] = frozenset()
 
     def _reload(self) -> None:
         generation = (self._catalog.generation, self._quotas.prices_generation)
@@ -151,7 +152,6 @@ class Admission:
             models = self._catalog.models()
             stored = self._quotas.prices
             self._terms_of = {m.name: (price_of(self._cfg, m.name, m, stored), m.max_tokens) for m in models}
-            self._embeddings = frozenset(m.name for m in models if m.kind == "embeddings")
             self._generation = generation
 
     def _terms(self, model: str) -> tuple[PriceConfig | None, int]:
@@ -195,23 +195,28 @@ class Admission:
         started = time.perf_counter()
         admitted_at = time.time()
         price, limit = self._terms(model)
+        api = call.api
         payload = call.payload
-        # An embeddings model generates nothing: its request costs its input alone, and is sent as it came.
-        embeddings = model in self._embeddings
-        asked = None if embeddings else _asked(payload, _MAX_NAMES[0]) or _asked(payload, _MAX_NAMES[1])
-        completion = 0 if embeddings else (asked or limit) * _choices(payload)
+        # Embeddings, rerank and token counts generate nothing: such a request costs its input alone,
+        # and is sent as it came.
+        asked = next((n for name in api.limit if (n := _asked(payload, name)) is not None), None)
+        if api.limit:
+            completion = (asked or limit) * (_choices(payload) if api.choices else 1)
+        else:
+            completion = limit if api.unbounded_text else 0
         if completion > limit:
             raise ApiError(
                 400,
                 f"this request asks for up to {completion} completion tokens; {model} allows at most {limit} "
-                "per request (max_tokens times n): ask for fewer",
-                param="max_tokens",
+                f"per request ({api.limit[-1]}{' times n' if api.choices else ''}): ask for fewer",
+                param=api.limit[-1],
                 code="max_tokens_too_large",
                 refusal=("model", "max_tokens"),
             )
-        prompt = len(call.body) + TEMPLATE_OVERHEAD
+        # A token count costs nothing: it still counts as a request against rpm.
+        prompt = api.reserved_prompt(len(call.body), TEMPLATE_OVERHEAD) if api.metered else 0
         ticket = await self._admit(key, model, prompt + completion, cost(price, prompt, completion))
-        _ask_the_engine(call, limit if asked is None and not embeddings else None)
+        _ask_the_engine(call, limit if asked is None and api.limit else None)
         call.count_usage = True
         charged = False
 

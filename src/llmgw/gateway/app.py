@@ -1,10 +1,10 @@
-"""The client-facing aiohttp application: /health, /v1/models and the proxied OpenAI routes
-(chat and text completions, embeddings)."""
+"""The client-facing aiohttp application: /health, /v1/models and the proxied routes of every API in
+apis.py (OpenAI's chat and text completions, embeddings and Responses, Anthropic's Messages, rerank,
+transcriptions), each going through the same pipeline."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -15,10 +15,11 @@ from llmgw.catalog import CATALOG_KEY, Catalog
 from llmgw.config import ServerConfig
 from llmgw.gateway import access
 from llmgw.gateway.admission import Admission
+from llmgw.gateway.apis import APIS, Api, ModelKind, paths_for, served_paths
 from llmgw.gateway.auth import Authenticate, KeyCache
-from llmgw.gateway.errors import ApiError, answer, openai_errors
+from llmgw.gateway.errors import ApiError, answer, route_errors
 from llmgw.gateway.metrics import GatewayMetrics
-from llmgw.gateway.pipeline import Call, Handler, Stage, bounded_inputs, compose, endpoint, read_request
+from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
 from llmgw.gateway.proxy import UPSTREAM_ERRORS_KEY, client_session, proxy
 from llmgw.gateway.router import ReplicaTable, Router
 from llmgw.slashes import plain_paths
@@ -40,6 +41,49 @@ def _model_entry(name: str) -> dict[str, object]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
 
 
+# Anthropic's clients send it on every request: /v1/models then answers in their shape.
+_ANTHROPIC_VERSION = "anthropic-version"
+
+
+def _anthropic(request: web.Request) -> bool:
+    return _ANTHROPIC_VERSION in request.headers
+
+
+def _anthropic_entry(name: str) -> dict[str, object]:
+    """A model as Anthropic's /v1/models lists it (its clients read id and display_name)."""
+    return {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+
+
+def _models_endpoint(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """/v1/models, answering and refusing in Anthropic's shape to Anthropic's clients, else OpenAI's."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(Call(request))
+        except ApiError as err:
+            return err.response("anthropic" if _anthropic(request) else "openai")
+
+    return handle
+
+
+def _guarded_app() -> web.Application:
+    """The gateway's application with the shared guards every route goes through, before any handler."""
+    return web.Application(
+        client_max_size=MAX_BODY,
+        middlewares=[
+            route_errors(served_paths()),
+            # /v1/models/ and /admin/ lead where /v1/models and /admin do (they were 404s); before the body is
+            # read, which would keep it from redirecting.
+            plain_paths,
+            decode_bodies(
+                lambda request, status, message: answer(request, status, message, code="invalid_body"),
+                MAX_BODY,
+                raw_forms=frozenset(path for api in APIS if api.body == "multipart" for path in api.paths),
+            ),
+        ],
+    )
+
+
 def make_gateway_app(
     cfg: ServerConfig,
     catalog: Catalog,
@@ -56,19 +100,7 @@ def make_gateway_app(
     """
     if metrics is None:
         metrics = GatewayMetrics(CollectorRegistry(), catalog)
-    app = web.Application(
-        client_max_size=MAX_BODY,
-        middlewares=[
-            openai_errors,
-            # /v1/models/ and /admin/ lead where /v1/models and /admin do (they were 404s); before the body is
-            # read, which would keep it from redirecting.
-            plain_paths,
-            decode_bodies(
-                lambda request, status, message: answer(request, status, message, code="invalid_body"),
-                MAX_BODY,
-            ),
-        ],
-    )
+    app = _guarded_app()
     router = Router(catalog, replicas, cfg.router, metrics.in_flight)
     app[ROUTER_KEY] = router
     app[CATALOG_KEY] = catalog
@@ -85,23 +117,19 @@ def make_gateway_app(
         if admission is not None
         else lambda names, key: access.listed(names, key, _NO_PROJECTS)
     )
-    completions = endpoint(
-        compose([metrics.observe, *auth, read_request, _serves("chat", catalog), *admit, router], proxy)
-    )
-    embeddings = endpoint(
-        compose(
-            [
-                metrics.observe,
-                *auth,
-                read_request,
-                bounded_inputs,
-                _serves("embeddings", catalog),
-                *admit,
-                router,
-            ],
-            proxy,
-        )
-    )
+
+    def route(api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """Every API's way through the gateway: the same stages, in the same order."""
+        stages: list[Stage] = [
+            metrics.observe,
+            *auth,
+            read_request,
+            _serves(api.kind, catalog),
+            *admit,
+            router,
+        ]
+        return endpoint(compose(stages, proxy), api)
+
     # Built once per catalog change, not per request: (the catalog's generation, every model's entry).
     listed: list[tuple[int, dict[str, dict[str, object]]]] = []
 
@@ -116,6 +144,16 @@ def make_gateway_app(
         names = list(by_name)
         # Only what the key may call (its list, within its project's): a listed model is never a 403.
         shown = names if call.key is None else allowed_for(names, call.key)
+        if _anthropic(call.request):
+            data = [_anthropic_entry(name) for name in shown]
+            return strictjson.response(
+                {
+                    "data": data,
+                    "has_more": False,
+                    "first_id": shown[0] if shown else None,
+                    "last_id": shown[-1] if shown else None,
+                }
+            )
         return strictjson.response({"object": "list", "data": [by_name[name] for name in shown]})
 
     async def get_model(call: Call) -> web.StreamResponse:
@@ -132,25 +170,37 @@ def make_gateway_app(
             )
         if call.key is not None:
             access.check(call.key, admission.hierarchy if admission is not None else _NO_PROJECTS, name)
-        return strictjson.response(entry)
+        return strictjson.response(_anthropic_entry(name) if _anthropic(call.request) else entry)
 
-    async def health(request: web.Request) -> web.StreamResponse:
-        return strictjson.response({"status": "ok"})
-
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", endpoint(compose(auth, list_models)))
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", _models_endpoint(compose(auth, list_models)))
     # Model names may hold slashes (org/model), so the id is the whole rest of the path.
-    app.router.add_get("/v1/models/{id:.+}", endpoint(compose(auth, get_model)))
-    app.router.add_post("/v1/chat/completions", completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/v1/models/{id:.+}", _models_endpoint(compose(auth, get_model)))
+    app.router.add_route("*", "/v1/responses/{id}", _stored_response)
+    app.router.add_route("*", "/v1/responses/{id}/{what}", _stored_response)
+    for api in APIS:
+        handler = route(api)
+        for path in api.paths:
+            app.router.add_post(path, handler)
     return app
 
 
-_ROUTES = {"chat": "/v1/chat/completions or /v1/completions", "embeddings": "/v1/embeddings"}
+async def _health(request: web.Request) -> web.StreamResponse:
+    return strictjson.response({"status": "ok"})
 
 
-def _serves(kind: Literal["chat", "embeddings"], catalog: Catalog) -> Stage:
+async def _stored_response(request: web.Request) -> web.StreamResponse:
+    """A stored response asked for by its id: the gateway cannot tell which engine holds one."""
+    return ApiError(
+        404,
+        f"the gateway keeps no responses, and a request for {request.path} names no model to find the engine "
+        "that may: send the whole conversation in `input` (POST /v1/responses) in place of "
+        "previous_response_id",
+        code="stored_responses_not_kept",
+    ).response()
+
+
+def _serves(kind: ModelKind, catalog: Catalog) -> Stage:
     """The stage that refuses, with 400 and before anything is counted, a model of the other kind."""
 
     async def check(call: Call, rest: Handler) -> web.StreamResponse:
@@ -161,7 +211,7 @@ def _serves(kind: Literal["chat", "embeddings"], catalog: Catalog) -> Stage:
             instead = f"; the models that serve {kind} are {', '.join(others)}" if others else ""
             raise ApiError(
                 400,
-                f"{call.model} serves {definition.kind}, not {kind}: send it to {_ROUTES[definition.kind]}"
+                f"{call.model} serves {definition.kind}, not {kind}: send it to {paths_for(definition.kind)}"
                 + instead,
                 code="wrong_model_kind",
                 param="model",

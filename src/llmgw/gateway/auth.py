@@ -21,6 +21,8 @@ from llmgw.gateway.pipeline import Call, Handler
 from llmgw.store import Store
 from llmgw.store.keys import KEY_PREFIX, KeyRecord, list_keys
 
+# Where Anthropic's clients put the key.
+API_KEY_HEADER = "x-api-key"
 # A key's sha256 hex digest → its record in the store, or None.
 Lookup = Callable[[str], Awaitable[KeyRecord | None]]
 
@@ -77,7 +79,7 @@ class KeyCache:
         """The live key an Authorization header carries, or a 401 saying what is wrong with it."""
         if not authorization:
             raise _unauthorized(
-                "this gateway needs an API key: send 'Authorization: Bearer <key>' "
+                "this gateway needs an API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>' "
                 "(an administrator creates one with `llmgw keys create NAME`)"
             )
         scheme, _, token = authorization.strip().partition(" ")
@@ -116,7 +118,12 @@ class Authenticate:
         self._keys = keys
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
-        authorization = call.request.headers.get("Authorization")
+        headers = call.request.headers
+        authorization = headers.get("Authorization")
+        if authorization is None and (api_key := headers.get(API_KEY_HEADER)):
+            # Anthropic's clients send the key as x-api-key (Claude Code with ANTHROPIC_API_KEY); with
+            # ANTHROPIC_AUTH_TOKEN, as a Bearer token like OpenAI's.
+            authorization = f"Bearer {api_key.strip()}"
         try:
             call.key = self._keys.authenticate(authorization)
         except ApiError:

@@ -123,12 +123,6 @@ def ends_like_json(last: bytes | bytearray) -> bool:
     return end in (b"}", b"]")
 
 
-def error_event(error: ApiError) -> bytes:
-    """The server-sent event that ends a stream under way with error, in OpenAI's shape."""
-    body = {"error": {"message": error.message, "type": error.type, "code": error.code, "param": None}}
-    return b"data: " + strictjson.dumps(body).encode() + b"\n\n"
-
-
 def stream_failed(call: Call, what: str, data: bytes = b"") -> ApiError:
     """The error that ends a stream the engine broke (cut, malformed), logged with what it sent."""
     _log(call, f"the engine broke a stream under way: {what}", 200, "text/event-stream", data)

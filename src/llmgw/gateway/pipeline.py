@@ -11,16 +11,20 @@ before calling the rest and settling in a `finally` after it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from aiohttp import web
 
 from llmgw import bodies
 from llmgw.config import TimeoutsConfig
+from llmgw.gateway.apis import CHAT, Api
 from llmgw.gateway.errors import ApiError
 from llmgw.routes import EngineRoute
 from llmgw.store.keys import KeyRecord
+
+if TYPE_CHECKING:
+    from llmgw.gateway.translation import Translation
 
 
 @attrs.define
@@ -28,11 +32,15 @@ class Call:
     """What the stages learn about one request as it goes through them."""
 
     request: web.Request
+    # The API the request was sent to (apis.py): how its body is read, reserved, counted and refused.
+    api: Api = CHAT
     key: KeyRecord | None = None
     body: bytes = b""
     payload: dict[str, Any] = attrs.field(factory=dict)
     model: str = ""
     endpoint: str = ""
+    # The form's fields other than its files, for a multipart API (the body is forwarded as it came).
+    form: dict[str, str] = attrs.field(factory=dict, repr=False)
     # Set by admission: the proxy then reads the engine's reported usage,
     # (prompt_tokens, completion_tokens), into `usage` as the reply passes.
     count_usage: bool = False
@@ -58,6 +66,14 @@ class Call:
     # Set by the proxy when the engine failed in the middle of a stream that reported no usage: the
     # completion events the client had by then, what admission charges for in place of the reservation.
     delivered: int | None = None
+    # Set by the proxy for a request whose engine does not speak its API (translation.py): the chat
+    # completions path it goes to instead; "" for the request's own path.
+    upstream_path: str = ""
+    # Set by the proxy with upstream_path: how the chat completion is said back in the request's API.
+    translation: Translation | None = attrs.field(default=None, repr=False)
+    # Set by the proxy with `delivered`: the prompt tokens the stream had reported before it broke
+    # (Anthropic's message_start says them first), charged in place of the reserved prompt.
+    delivered_prompt: int | None = None
 
 
 Handler = Callable[[Call], Awaitable[web.StreamResponse]]
@@ -79,22 +95,25 @@ def _bind(stage: Stage, rest: Handler) -> Handler:
     return run
 
 
-def endpoint(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """An aiohttp handler running a composed chain, turning its refusals into OpenAI errors."""
+def endpoint(handler: Handler, api: Api = CHAT) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """An aiohttp handler running a composed chain for api, turning its refusals into api's errors."""
+    shape = api.errors
 
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
-            return await handler(Call(request))
+            return await handler(Call(request, api))
         except ApiError as err:
-            return err.response()
+            return err.response(shape)
 
     return handle
 
 
 async def read_request(call: Call, rest: Handler) -> web.StreamResponse:
     """Read the body once and find the model; the proxy forwards these same bytes."""
+    if call.api.body == "multipart":
+        return await _read_form(call, rest)
     try:
-        payload = await bodies.read_json(call.request)
+        payload = await bodies.read_json(call.request, call.api.max_body or None)
     except bodies.BadJson as exc:
         raise ApiError(
             exc.status, str(exc), code="invalid_json" if exc.status == 400 else "request_too_large"
@@ -109,27 +128,26 @@ async def read_request(call: Call, rest: Handler) -> web.StreamResponse:
         raise ApiError(
             400, "the request does not name a model: set 'model'", code="missing_model", param="model"
         )
+    if call.api.check is not None:
+        call.api.check(payload)
     call.body = body
     call.payload = payload
     call.model = model
     return await rest(call)
 
 
-# Inputs one /v1/embeddings request may hold: OpenAI's own limit. One request of 200,000 held its
-# engine for minutes, every other request to that replica waiting, until the agent killed it.
-MAX_EMBEDDING_INPUTS = 2048
-
-
-async def bounded_inputs(call: Call, rest: Handler) -> web.StreamResponse:
-    """Refuse, before anything is counted, an embeddings request of more than MAX_EMBEDDING_INPUTS inputs."""
-    inputs = call.payload.get("input")
-    # A list of token ids is one input; a list of strings, or of such lists, is one input each.
-    if isinstance(inputs, list) and len(inputs) > MAX_EMBEDDING_INPUTS and not isinstance(inputs[0], int):
+async def _read_form(call: Call, rest: Handler) -> web.StreamResponse:
+    """A multipart form (an audio upload): its fields read, its bytes kept as they came."""
+    try:
+        form = await bodies.read_form(call.request, call.api.max_body or None)
+    except bodies.BadForm as exc:
+        raise ApiError(exc.status, str(exc), code="invalid_body") from None
+    model = form.fields.get("model", "")
+    if not model:
         raise ApiError(
-            400,
-            f"input holds {len(inputs):,} inputs; a request may hold at most {MAX_EMBEDDING_INPUTS:,}: "
-            "send them in several requests",
-            code="too_many_inputs",
-            param="input",
+            400, "the form does not name a model: add a 'model' field", code="missing_model", param="model"
         )
+    call.body = form.raw
+    call.form = form.fields
+    call.model = model
     return await rest(call)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -31,14 +32,14 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp import hdrs, web
 from multidict import istr
 
+from llmgw.gateway.apis import CHAT
 from llmgw.gateway.deadlines import Deadlines, EngineTimedOut
-from llmgw.gateway.errors import ApiError
+from llmgw.gateway.errors import ApiError, in_shape
 from llmgw.gateway.faults import (
     EXCERPT,
     EngineFailed,
     EngineRefused,
     ends_like_json,
-    error_event,
     looks_like_json,
     not_json,
     scrub,
@@ -48,8 +49,10 @@ from llmgw.gateway.faults import (
 )
 from llmgw.gateway.pipeline import Call
 from llmgw.gateway.streams import MalformedStream, StreamTap
+from llmgw.gateway.translation import CHAT_PATH, TRANSLATED, Translation
 from llmgw.gateway.upstream import REFUSAL_BODY, is_endpoint, refusal, url_of
 from llmgw.gateway.usage import STREAM_TAIL, find_usage
+from llmgw.translate.chat import TranslationError
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +70,7 @@ _UNACKNOWLEDGED_S = 5.0
 # whatever an engine sends anyway reaches the client unchanged.
 _UPSTREAM_HEADERS = {hdrs.CONTENT_TYPE: "application/json", hdrs.ACCEPT_ENCODING: "identity"}
 _COPIED_HEADERS = (hdrs.CONTENT_TYPE, hdrs.CONTENT_ENCODING, hdrs.CONTENT_LENGTH)
+_ANTHROPIC_HEADERS = (istr("anthropic-version"), istr("anthropic-beta"))
 # Which catalog model served the call: the one asked for, or a fallback of it.
 MODEL_HEADER = istr("x-llmgw-model")
 # Which replica served the call (its id; the engine's address without a control plane): after a retry,
@@ -199,29 +203,52 @@ async def proxy(call: Call) -> web.StreamResponse:
 
 
 def _headers(call: Call) -> dict[istr, str]:
-    # Built fresh: the client's own Authorization (its llmgw key) is never among them.
+    # Built fresh: the client's own Authorization or x-api-key (its llmgw key) is never among them.
+    headers = _UPSTREAM_HEADERS
+    sent = call.request.headers
+    if call.api.body == "multipart":
+        # The form's boundary is in its Content-Type.
+        headers = {**headers, hdrs.CONTENT_TYPE: sent.get(hdrs.CONTENT_TYPE, "")}
+    if call.api.errors == "anthropic":
+        # Which version and betas of the Messages API the client speaks, for an engine that reads them.
+        passed = {name: sent[name] for name in _ANTHROPIC_HEADERS if name in sent}
+        if passed:
+            headers = {**headers, **passed}
     if call.route is None or not call.route.secret:
-        return _UPSTREAM_HEADERS
-    return {**_UPSTREAM_HEADERS, hdrs.AUTHORIZATION: f"Bearer {call.route.secret}"}
+        return headers
+    return {**headers, hdrs.AUTHORIZATION: f"Bearer {call.route.secret}"}
 
 
 async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamResponse:
     """Send the request, stream the reply; started gets the client's response once it is under way."""
     deadlines = Deadlines(call.timeouts)
+    # Per try: a fallback's engine may speak the API its first choice did not.
+    call.translation = translated = _translation(call)
+    call.upstream_path = CHAT_PATH if translated is not None else ""
+    if translated is not None:
+        call.body = translated.body
     # One deadline for the status line and the first bytes: a stalled engine sends neither.
     first = deadlines.first_byte()
     upstream = await _send(call, deadlines, first)
     async with upstream:
         if upstream.status >= 500:
             raise await _server_error(call, upstream, deadlines, first)
-        if upstream.status >= 400 and is_endpoint(call):
+        if upstream.status >= 400 and (is_endpoint(call) or call.api.errors != "openai"):
             return await _refused(call, upstream, deadlines, first)
         tap = _tap(call, upstream)
         headers = _reply_headers(call, upstream, tap)
         chunk = await _first_read(call, upstream, deadlines, first)
-        if tap is None and 200 <= upstream.status < 300 and not looks_like_json(chunk):
+        if (
+            tap is None
+            and call.api.replies_json
+            and 200 <= upstream.status < 300
+            and not looks_like_json(chunk)
+        ):
             _count_upstream_error(call, "reply")
             raise not_json(call, upstream.status, upstream.headers.get(hdrs.CONTENT_TYPE, ""), chunk)
+        if translated is not None and tap is None and not upstream.content.at_eof():
+            # A chat completion is said back whole: it is read whole first.
+            chunk += await _rest(call, upstream, deadlines)
         if upstream.content.at_eof():
             return _whole_reply(call, upstream, chunk, tap, headers)
         return await _stream_reply(call, upstream, chunk, tap, headers, deadlines, started)
@@ -261,6 +288,33 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
     raise error from None
 
 
+def _translation(call: Call) -> Translation | None:
+    """The call's translation when its route's engine lacks its API; None to send it as it came.
+
+    A route that does not say what its engine speaks (a gateway without a control plane, a table an
+    older leader published) is sent the API as it came.
+    """
+    route = call.route
+    name = call.api.name
+    if route is None or route.native_apis is None or name not in TRANSLATED or name in route.native_apis:
+        return None
+    try:
+        payload = json.loads(call.body)
+    except ValueError:
+        payload = call.payload
+    try:
+        return Translation(name, payload, call.model)
+    except TranslationError as exc:
+        served = call.served_model or call.model
+        raise ApiError(
+            400,
+            f"{exc.message} ({served}'s engine does not serve {call.api.paths[0]} itself, and the gateway "
+            "says the request as chat completions)",
+            param=exc.param,
+            code="untranslatable",
+        ) from None
+
+
 def _stalled(call: Call, error: EngineTimedOut) -> EngineTimedOut:
     """error, once the engine that took too long has left the routing table."""
     _count_upstream_error(call, "timeout")
@@ -291,12 +345,17 @@ async def _server_error(
 async def _refused(
     call: Call, upstream: aiohttp.ClientResponse, deadlines: Deadlines, first: tuple[float, str]
 ) -> web.Response:
-    """An endpoint's 4xx: an error naming it (upstream.py), or the client's own passed on, without the key."""
+    """An endpoint's 4xx: an error naming it (upstream.py), or the client's own passed on, without the key.
+
+    On a route whose errors are not OpenAI's (the Messages API), a replica's 4xx too: llama-server
+    refuses a Messages request with OpenAI's error object, which Anthropic's clients cannot read.
+    """
     body = await _start_of(call, upstream, deadlines, first, REFUSAL_BODY)
-    error = refusal(call, upstream.status, upstream.headers, body)
+    error = refusal(call, upstream.status, upstream.headers, body) if is_endpoint(call) else None
     if error is not None:
         _count_upstream_error(call, "status")
         raise error
+    body = in_shape(call.api.errors, upstream.status, body)
     headers = {name: upstream.headers[name] for name in (hdrs.CONTENT_TYPE,) if name in upstream.headers}
     headers[MODEL_HEADER] = call.served_model or call.model
     if call.request_id:
@@ -306,6 +365,20 @@ async def _refused(
     return web.Response(
         body=scrub(call, body), status=upstream.status, reason=upstream.reason, headers=headers
     )
+
+
+async def _rest(call: Call, upstream: aiohttp.ClientResponse, deadlines: Deadlines) -> bytes:
+    """The rest of a reply, each read bounded by the model's timeouts."""
+    body = bytearray()
+    try:
+        while chunk := await deadlines.read(call, upstream, deadlines.next_byte()):
+            body += chunk
+    except EngineTimedOut as exc:
+        raise _stalled(call, exc) from None
+    except aiohttp.ClientError as exc:
+        _count_upstream_error(call, "reply")
+        raise _did_not_answer(call, exc) from None
+    return bytes(body)
 
 
 async def _start_of(
@@ -324,9 +397,11 @@ async def _start_of(
 
 
 def _tap(call: Call, upstream: aiohttp.ClientResponse) -> StreamTap | None:
-    """What checks a stream of events and reads its usage as it passes."""
+    """What checks a stream of events and reads its usage as it passes (a translated one's as chat's)."""
     events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
-    return StreamTap(call.hide_usage) if events else None
+    if not events:
+        return None
+    return StreamTap(call.hide_usage, CHAT.stream if call.translation is not None else call.api.stream)
 
 
 def _reply_headers(call: Call, upstream: aiohttp.ClientResponse, tap: StreamTap | None) -> dict[istr, str]:
@@ -335,8 +410,9 @@ def _reply_headers(call: Call, upstream: aiohttp.ClientResponse, tap: StreamTap 
     headers[REPLICA_HEADER] = call.route.shard_id if call.route is not None else _where(call)
     if call.request_id:
         headers[REQUEST_ID_HEADER] = call.request_id
-    if tap is not None:
-        # Its length is the engine's, with the chunk the client did not ask for or an error event.
+    if tap is not None or call.translation is not None:
+        # Its length is the engine's, with the chunk the client did not ask for or an error event, or
+        # of the reply before it was translated.
         headers.pop(hdrs.CONTENT_LENGTH, None)
     return headers
 
@@ -369,6 +445,7 @@ def _whole_reply(
     headers on their own first.
     """
     content_type = upstream.headers.get(hdrs.CONTENT_TYPE, "")
+    translated = call.translation
     if tap is not None:
         try:
             chunk = tap.feed(chunk) + tap.end()
@@ -376,12 +453,17 @@ def _whole_reply(
             _count_upstream_error(call, "reply")
             raise not_json(call, upstream.status, content_type, exc.event) from None
         call.usage = tap.usage
+        if translated is not None:
+            chunk = translated.events(chunk) + translated.finish()
+            call.usage = translated.usage or tap.usage
     else:
-        if 200 <= upstream.status < 300 and not ends_like_json(chunk):
+        if call.api.replies_json and 200 <= upstream.status < 300 and not ends_like_json(chunk):
             _count_upstream_error(call, "reply")
             raise not_json(call, upstream.status, content_type, chunk)
         if call.count_usage:
             call.usage = find_usage(chunk)
+        if translated is not None and 200 <= upstream.status < 300:
+            chunk = translated.reply(chunk)
     if call.done is not None:
         # Before the response exists: aiohttp sends it only once this handler has returned.
         call.done(upstream.status)
@@ -445,14 +527,20 @@ async def _broken(call: Call, exc: Exception, tap: StreamTap | None, response: w
     else:
         error = stream_failed(call, f"the connection failed ({str(exc) or type(exc).__name__})")
     if tap is not None:
+        translated = call.translation
         if isinstance(exc, MalformedStream) and exc.passed:
+            passed = translated.events(exc.passed) if translated is not None else exc.passed
             with contextlib.suppress(ConnectionResetError):
-                await response.write(exc.passed)
+                await response.write(passed)
         if tap.usage is None:
             # Charged for what the client had (admission.py), not for a reservation it never received.
             call.delivered = tap.events
+            call.delivered_prompt = tap.prompt
+        event = (
+            translated.error_event(error) if translated is not None else call.api.stream.error_event(error)
+        )
         with contextlib.suppress(ConnectionResetError):
-            await response.write(error_event(error))
+            await response.write(event)
     if call.request.transport is not None:
         call.request.transport.close()
 
@@ -471,9 +559,13 @@ async def _relay(
     # few KB are kept to find the usage in.
     tail = bytearray() if call.count_usage and tap is None else None
     behind = b""
+    translated = call.translation
     while chunk:
         if tap is not None:
-            if ready := tap.feed(chunk):
+            ready = tap.feed(chunk)
+            if translated is not None and ready:
+                ready = translated.events(ready)
+            if ready:
                 await response.write(ready)
         else:
             if behind:
@@ -487,8 +579,11 @@ async def _relay(
     if tap is not None:
         behind = tap.end()
         call.usage = tap.usage
+        if translated is not None:
+            behind = translated.events(behind) + translated.finish()
+            call.usage = translated.usage or tap.usage
     else:
-        if 200 <= upstream.status < 300 and not ends_like_json(behind):
+        if call.api.replies_json and 200 <= upstream.status < 300 and not ends_like_json(behind):
             raise _NotWhole(behind[-EXCERPT:])
         if tail is not None:
             call.usage = find_usage(tail)

@@ -12,6 +12,11 @@ client gets each token when the engine sends it, and keeps back three things:
   the client would have had them, so its bytes are the engine's own.
 - For the same reason, while hiding, the finish chunk waits for the next event.
 
+The APIs whose streams are typed events (Anthropic's Messages, OpenAI's
+Responses) end with their own last event (`message_stop`,
+`response.completed`), held back the same way, and report usage in events of
+their own (apis.StreamShape says which); nothing of theirs is hidden.
+
 An event that is not one (a line that is no field of an event, data that is
 neither a JSON object nor `[DONE]`) is a MalformedStream: the proxy ends the
 stream with an error event rather than pass on what no client can parse.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 
+from llmgw.gateway.apis import StreamShape
 from llmgw.gateway.usage import find_usage
 
 _END = b"\n\n"
@@ -66,17 +72,22 @@ def _first_bad(ready: bytes) -> int:
 class StreamTap:
     """Feed it the engine's bytes as they come; write what it returns; at the end, write end()."""
 
-    __slots__ = ("_finish", "_held", "_hide", "_partial", "events", "usage")
+    __slots__ = ("_end", "_finish", "_held", "_hide", "_partial", "_shape", "events", "prompt", "usage")
 
-    def __init__(self, hide_usage: bool) -> None:
+    def __init__(self, hide_usage: bool, shape: StreamShape) -> None:
         self._hide = hide_usage
+        self._shape = shape
+        self._end = shape.end
         self._partial = b""  # the start of an event not yet complete
         self._held = b""  # from `data: [DONE]` on
         self._finish = b""  # while hiding: the finish event, waiting for the usage chunk's timings
         # The last usage the engine reported: (prompt_tokens, completion_tokens).
         self.usage: tuple[int, int] | None = None
-        # How many events have gone to the client: what it was given, when the engine never says.
+        # How many events of generated text have gone to the client: what it was given, when the engine
+        # never says.
         self.events = 0
+        # The prompt tokens the stream reported before its last word on usage (Anthropic's message_start).
+        self.prompt: int | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         """What of the reply the client may have now: the whole events before the end."""
@@ -97,16 +108,42 @@ class StreamTap:
 
     def _passed(self, ready: bytes) -> bytes:
         """What the client may have of ready, whole events that they are."""
-        if (found := find_usage(ready)) is not None:
-            self.usage = found
+        shape = self._shape
+        if shape.usage is None:
+            if (found := find_usage(ready)) is not None:
+                self.usage = found
+        elif b'"usage"' in ready:
+            self._typed_usage(ready)
         out = self._hidden(ready) if self._hide else self._to_done(ready)
-        self.events += out.count(_END)
+        self.events += out.count(shape.delta) if shape.delta else out.count(_END)
         return out
 
+    def _typed_usage(self, ready: bytes) -> None:
+        """Usage from the typed events that mention it (a few per stream, each parsed)."""
+        assert self._shape.usage is not None
+        for event in ready.split(_END)[:-1]:
+            if b'"usage"' not in event:
+                continue
+            data = b"\n".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
+            try:
+                value = json.loads(data)
+            except ValueError:
+                continue
+            if not isinstance(value, dict):
+                continue
+            prompt, completion, final = self._shape.usage(value)
+            if prompt is not None:
+                self.prompt = prompt
+            if final and completion is not None and self.prompt is not None:
+                self.usage = (self.prompt, completion)
+
     def _to_done(self, ready: bytes) -> bytes:
-        done = ready.find(_DONE)
+        # At an event's start only: the words may be in generated text too.
+        done = 0 if ready.startswith(self._end) else ready.find(_END + self._end)
         if done < 0:
             return ready
+        if done:
+            done += len(_END)
         self._held = ready[done:]
         return ready[:done]
 

@@ -19,6 +19,7 @@ import structlog
 
 from llmgw.backoff import ExponentialBackoff
 from llmgw.errors import StoreError
+from llmgw.gateway.apis import reply_usage
 from llmgw.gateway.journal import Journal
 from llmgw.store.base import NotCommitted
 from llmgw.store.db import Store
@@ -41,7 +42,9 @@ _RETRY = ExponentialBackoff(base_s=1.0, cap_s=15.0, jitter=0.2)
 
 
 def find_usage(data: bytes | bytearray) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) of the last non-null "usage" in a reply or a stream's tail.
+    """(prompt, completion) tokens of the last non-null "usage" in a reply or a stream's tail.
+
+    In whichever API's names it is given (apis.reply_usage).
 
     Searched from the end, so a stream whose every chunk says `"usage":null`
     costs one search. An escaped "usage" inside generated text reads
@@ -57,13 +60,8 @@ def find_usage(data: bytes | bytearray) -> tuple[int, int] | None:
             value, _ = _DECODER.raw_decode(text[1:].lstrip())
         except ValueError:
             continue
-        if isinstance(value, dict):
-            prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
-            if isinstance(prompt, int) and completion is None and "total_tokens" in value:
-                # An embeddings reply: prompt and total tokens only, nothing generated.
-                completion = 0
-            if isinstance(prompt, int) and isinstance(completion, int):
-                return prompt, completion
+        if isinstance(value, dict) and (found := reply_usage(value)) is not None:
+            return found
     return None
 
 
