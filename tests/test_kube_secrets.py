@@ -1,4 +1,4 @@
-"""`llmgw cert kubernetes-secrets`: the Secrets deploy/kubernetes mounts, issued from the authority."""
+"""`llmgw cert kubernetes-secrets`: the Secrets the Helm chart mounts, issued from the authority."""
 
 from __future__ import annotations
 

@@ -149,7 +149,7 @@ def issue_agent(node: str, ca_dir: Path, out: Path | None, group: str | None) ->
 def kubernetes_secrets(
     nodes: tuple[str, ...], namespace: str, hosts: tuple[str, ...], ca_dir: Path, out_file: Path | None
 ) -> None:
-    """Write the Secrets of deploy/kubernetes: the server's certificate and every node's.
+    """Write the Secrets the Helm chart (deploy/helm/llmgw) mounts: the server's certificate and every node's.
 
     Issues what --dir lacks (the server's certificate for the agent service's names, each
     --node's), keeps what it has, and never puts the authority's key in a Secret.
