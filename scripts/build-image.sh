@@ -81,6 +81,8 @@ if [ ! -s "$rootfs" ]; then
   say "building the root file system of $image (Debian $suite, mmdebstrap)"
   # Documentation, manual pages and locales are a third of a minimal Debian and nobody
   # reads them in a container; apt's lists would only go stale in the image.
+  # /etc/llmgw is the llmgw user's: the chart's server writes its server.yaml there at start,
+  # into an empty volume that a container engine gives the image's owner of the directory.
   # The hooks' $1 (the root being built) is mmdebstrap's to expand, not this shell's.
   # shellcheck disable=SC2016
   mmdebstrap --variant=minbase --mode=root --format=tar \
@@ -96,7 +98,7 @@ if [ ! -s "$rootfs" ]; then
     --customize-hook='chroot "$1" sh -c "/opt/llmgw/bin/python -m compileall -q -j 0 /opt/llmgw/lib >/dev/null"' \
     --customize-hook='ln -sfn /opt/llmgw/bin/llmgw "$1/usr/local/bin/llmgw"' \
     --customize-hook='chroot "$1" useradd --system --uid 999 --user-group --home-dir /var/lib/llmgw --shell /usr/sbin/nologin llmgw' \
-    --customize-hook='mkdir -p "$1/var/lib/llmgw" "$1/etc/llmgw" && chroot "$1" chown llmgw:llmgw /var/lib/llmgw' \
+    --customize-hook='mkdir -p "$1/var/lib/llmgw" "$1/etc/llmgw" && chroot "$1" chown llmgw:llmgw /var/lib/llmgw /etc/llmgw' \
     --customize-hook='rm -rf "$1/tmp/build" "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*' \
     "$suite" "$rootfs.part" "$mirror" >&2
   mv "$rootfs.part" "$rootfs"

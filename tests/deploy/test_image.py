@@ -70,7 +70,7 @@ def _agent_yaml(path: Path) -> Path:
 
 
 class TestTheImage:
-    def test_it_runs_llmgw_as_the_non_root_user_with_its_state_under_var_lib_llmgw(
+    def test_it_runs_llmgw_as_the_non_root_user_owning_its_state_and_config_directories(
         self, podman: Podman, image: str
     ) -> None:
         config = json.loads(podman("image", "inspect", image))[0]["Config"]
@@ -81,9 +81,16 @@ class TestTheImage:
             config["Labels"]
         )
         who = podman(
-            "run", "--rm", "--entrypoint", "/bin/sh", image, "-c", "id -u; stat -c %U /var/lib/llmgw"
+            "run",
+            "--rm",
+            "--entrypoint",
+            "/bin/sh",
+            image,
+            "-c",
+            "id -u; stat -c %U /var/lib/llmgw /etc/llmgw",
         )
-        assert who.split() == [str(IMAGE_UID), "llmgw"]
+        # /etc/llmgw too: the chart's server writes server.yaml there, into an empty volume.
+        assert who.split() == [str(IMAGE_UID), "llmgw", "llmgw"]
 
     def test_it_is_smaller_than_250_mb_and_holds_no_pip_to_reach_a_network_with(
         self, podman: Podman, image: str

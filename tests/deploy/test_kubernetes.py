@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from ruamel.yaml import YAML
 
 from llmgw.cli.cert import cert
+from llmgw.kube_secrets import AGENT_SECRET, SERVER_SECRET
 
 from .chart import template
 from .podman import Podman, first_chat, http, wait_until
@@ -101,14 +102,19 @@ def for_podman(docs: list[dict[str, Any]], label: str, tmp: Path, port: int) -> 
 
 
 def _create_secret(podman: Podman, doc: dict[str, Any], path: Path) -> None:
-    """A Secret as podman 4.3's kube play reads it: a podman secret holding the manifest.
+    """A Secret as podman 4.3's kube play reads it: a podman secret, in one of two shapes.
 
-    It writes each `data` value into the volume as it finds it, without decoding the base64,
-    so the values go in decoded.
+    A Secret mounted as a volume (the certificates) is the manifest, each `data` value
+    decoded, since kube play writes it into the volume without decoding the base64. One
+    read into the environment (the admin token's) is only its `data`, a JSON map of base64
+    values: kube play reads that one so, and refuses the manifest ("not valid JSON").
     """
-    plain = copy.deepcopy(doc)
-    plain["data"] = {k: base64.b64decode(v).decode() for k, v in doc["data"].items()}
-    path.write_text(json.dumps(plain))
+    if doc["metadata"]["name"] in (SERVER_SECRET, AGENT_SECRET):
+        plain = copy.deepcopy(doc)
+        plain["data"] = {k: base64.b64decode(v).decode() for k, v in doc["data"].items()}
+        path.write_text(json.dumps(plain))
+    else:
+        path.write_text(json.dumps(doc["data"]))
     name = doc["metadata"]["name"]
     podman("secret", "create", name, str(path))
     podman.secrets.append(name)
@@ -161,6 +167,14 @@ def _status_inside(podman: Podman, container: str, url: str) -> str:
     return podman("exec", container, "/opt/llmgw/bin/python", "-c", ask, url, check=False).strip()
 
 
+def _exec(podman: Podman, container: str, *args: str) -> str:
+    """What args print in container; failing with its logs when it is not running."""
+    done = podman("exec", container, *args, check=False)
+    state = podman("inspect", "--format", "{{.State.Running}}", container, check=False).strip()
+    assert state == "true", f"{container} exited:\n{podman.logs(container)[-3000:]}"
+    return done
+
+
 # The image fixture builds the image when this test is the session's first to need it.
 @pytest.mark.slow
 @pytest.mark.timeout(900)
@@ -173,7 +187,7 @@ class TestPodmanKubePlay:
         started = time.monotonic()
         port, played = _play(podman, image, tmp_path, admin_token)
         # As docs/kubernetes.md has them run with kubectl exec: server.yaml where they look unasked.
-        key = podman("exec", SERVER, "llmgw", "keys", "create", "first").strip()
+        key = _exec(podman, SERVER, "llmgw", "keys", "create", "first").strip()
         gateway = f"http://127.0.0.1:{port}"
         body = first_chat(podman, gateway, key, [SERVER, "llmgw-agent-pod-0-agent"])
         print(f"\nkube play to first answered chat: {time.monotonic() - started:.1f} s")
