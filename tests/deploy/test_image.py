@@ -103,10 +103,27 @@ class TestTheImage:
             == "True"
         )
 
-    def test_a_server_and_an_agent_in_containers_serve_a_chat_with_the_sim_engine(
-        self, podman: Podman, image: str, tmp_path: Path
+    def test_the_containerfile_gives_the_image_the_settings_make_image_gives_it(
+        self, podman: Podman, image: str, containerfile_image: str
     ) -> None:
-        """Certificates name the server by its name on the network; the gateway is published on loopback."""
+        """The Containerfile and build-image.sh's `podman import --change` list say them twice."""
+
+        def config(name: str) -> dict[str, Any]:
+            found: dict[str, Any] = json.loads(podman("image", "inspect", name))[0]["Config"]
+            found["Labels"].pop("io.buildah.version", None)
+            return found
+
+        assert config(containerfile_image) == config(image)
+
+    @pytest.mark.parametrize("built_by", ["image", "containerfile_image"])
+    def test_a_server_and_an_agent_in_containers_serve_a_chat_with_the_sim_engine(
+        self, podman: Podman, built_by: str, request: pytest.FixtureRequest, tmp_path: Path
+    ) -> None:
+        """Certificates name the server by its name on the network; the gateway is published on loopback.
+
+        In the image `make image` builds and in the one `buildah bud` builds from the Containerfile.
+        """
+        image = request.getfixturevalue(built_by)
         pki = certificates(tmp_path / "pki", [SERVER], [NODE])
         admin_token = secrets.token_urlsafe(16)
         server_yaml = _server_yaml(tmp_path / "server.yaml", admin_token)
