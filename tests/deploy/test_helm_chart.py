@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from ruamel.yaml import YAML
 
 from llmgw.cli.cert import cert
 
-from .chart import CHART, NAMESPACE, POSTGRESQL, SQLITE, STORES, find, helm, refusal, template
+from .chart import CHART, NAMESPACE, POSTGRESQL, REPO, SQLITE, STORES, find, helm, refusal, template
 
 # Kinds the Prometheus operator's CRDs add: kubernetes-validate has no schema for them.
 _OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor"}
@@ -159,12 +161,19 @@ class TestWhatIsRendered:
                     assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
 
     def test_the_image_is_what_make_image_builds_unless_another_is_named(self) -> None:
-        for values, image in (
-            ({}, "localhost/llmgw:latest"),
-            ({"image.tag": "0.2.0"}, "localhost/llmgw:0.2.0"),
-        ):
+        cases = [({}, "localhost/llmgw:latest"), ({"image.tag": "0.2.0"}, "localhost/llmgw:0.2.0")]
+        for values, image in cases:
             for _, spec in _pod_specs(template({**SQLITE, **values})):
                 assert spec["containers"][0]["image"] == image
+
+    def test_the_agents_may_keep_their_image_while_the_servers_are_upgraded_first(self) -> None:
+        docs = template({**SQLITE, "image.tag": "0.2.0", "agent.imageTag": "0.1.0"})
+        images = {name: spec["containers"][0]["image"] for name, spec in _pod_specs(docs)}
+        assert images == {
+            "llmgw-server": "localhost/llmgw:0.2.0",
+            "llmgw-mirror": "localhost/llmgw:0.2.0",
+            "llmgw-agent": "localhost/llmgw:0.1.0",
+        }
 
     def test_the_admin_listener_stays_on_the_pods_loopback_and_no_service_exposes_it(self) -> None:
         docs = template(SQLITE)
@@ -252,3 +261,27 @@ class TestWhatIsRendered:
         assert ingress["spec"]["tls"] == [{"hosts": ["ai.example.org"], "secretName": "llmgw-ingress-tls"}]
         backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
         assert backend == {"name": "llmgw", "port": {"name": "gateway"}}
+
+
+def _leaves(schema: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    """Every value's dotted path: objects with properties of their own are walked, not listed."""
+    properties = schema.get("properties")
+    if properties and not prefix.endswith(".config"):
+        for key, sub in properties.items():
+            yield from _leaves(sub, f"{prefix}.{key}" if prefix else key)
+    else:
+        yield prefix
+
+
+def test_every_value_the_schema_holds_is_in_values_yaml_and_described_in_the_docs() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = YAML(typ="safe").load((CHART / "values.yaml").read_text())
+    table = (REPO / "docs" / "kubernetes.md").read_text().split("## 10. Every value", 1)[1]
+    documented = set(re.findall(r"^\| `([^`]+)` \|", table, re.MULTILINE))
+    paths = {path for path in _leaves(schema) if path != "global"}  # global: helm's own
+    assert documented == paths
+    for path in paths:
+        node = values
+        for part in path.split("."):
+            assert part in node, f"{path} is in the schema but not in values.yaml"
+            node = node[part]
