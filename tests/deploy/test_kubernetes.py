@@ -7,7 +7,6 @@ import copy
 import functools
 import io
 import json
-import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -33,21 +32,15 @@ def _load(text: str) -> list[dict[str, Any]]:
     return [doc for doc in YAML(typ="safe").load_all(text) if doc]
 
 
-def _secrets(ca_dir: Path, admin_token: str) -> list[dict[str, Any]]:
-    """The Secrets `llmgw cert kubernetes-secrets` writes, and the admin token's."""
+def _secrets(ca_dir: Path) -> tuple[list[dict[str, Any]], str]:
+    """The Secrets `llmgw cert kubernetes-secrets --admin-token` writes, and the admin token."""
     runner = CliRunner()
     done = runner.invoke(cert, ["init-ca", "--dir", str(ca_dir)], catch_exceptions=False)
     assert done.exit_code == 0, done.output
     args = ["kubernetes-secrets", "--dir", str(ca_dir), "--node", NODE, "--host", "llmgw-server-pod-0"]
-    done = runner.invoke(cert, args, catch_exceptions=False)
+    done = runner.invoke(cert, [*args, "--admin-token"], catch_exceptions=False)
     assert done.exit_code == 0, done.output
-    token = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "llmgw-admin-token"},
-        "data": {"token": base64.b64encode(admin_token.encode()).decode()},
-    }
-    return [*_load(done.stdout), token]
+    return _load(done.stdout), (ca_dir / "kubernetes-admin-token").read_text().strip()
 
 
 def _free_port() -> int:
@@ -120,9 +113,12 @@ def _create_secret(podman: Podman, doc: dict[str, Any], path: Path) -> None:
     podman.secrets.append(name)
 
 
-def _play(podman: Podman, image: str, tmp_path: Path, admin_token: str) -> tuple[int, list[dict[str, Any]]]:
-    """`podman kube play` of the chart rendered with the podman values (and the Secrets)."""
-    secrets_ = _secrets(tmp_path / "pki", admin_token)
+def _play(podman: Podman, image: str, tmp_path: Path) -> tuple[int, list[dict[str, Any]], str]:
+    """`podman kube play` of the chart rendered with the podman values (and the Secrets).
+
+    The gateway's port on 127.0.0.1, what was played, and the admin token.
+    """
+    secrets_, admin_token = _secrets(tmp_path / "pki")
     for doc in secrets_:
         _create_secret(podman, doc, tmp_path / f"{doc['metadata']['name']}.json")
     repository, tag = image.rsplit(":", 1)
@@ -138,7 +134,7 @@ def _play(podman: Podman, image: str, tmp_path: Path, admin_token: str) -> tuple
     with play.open("w") as f:
         YAML(typ="safe").dump_all(played, f)
     podman("kube", "play", "--network", podman.network, str(play), timeout_s=300)
-    return port, played
+    return port, played, admin_token
 
 
 def _probes(docs: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
@@ -183,9 +179,8 @@ class TestPodmanKubePlay:
         self, podman: Podman, image: str, tmp_path: Path
     ) -> None:
         """The Secrets `llmgw cert kubernetes-secrets` writes, then what `helm template` renders."""
-        admin_token = secrets.token_urlsafe(16)
         started = time.monotonic()
-        port, played = _play(podman, image, tmp_path, admin_token)
+        port, played, admin_token = _play(podman, image, tmp_path)
         # As docs/kubernetes.md has them run with kubectl exec: server.yaml where they look unasked.
         key = _exec(podman, SERVER, "llmgw", "keys", "create", "first").strip()
         gateway = f"http://127.0.0.1:{port}"
