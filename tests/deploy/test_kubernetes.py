@@ -9,7 +9,7 @@ import io
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,9 @@ from ruamel.yaml import YAML
 
 from llmgw.cli.cert import cert
 from llmgw.kube_secrets import AGENT_SECRET, SERVER_SECRET
+from tests.postgres import running_cluster
 
-from .chart import template
+from .chart import find, template
 from .podman import Podman, first_chat, http, wait_until
 
 NODE = "node-1"
@@ -32,22 +33,30 @@ def _load(text: str) -> list[dict[str, Any]]:
     return [doc for doc in YAML(typ="safe").load_all(text) if doc]
 
 
-def _secrets(ca_dir: Path) -> tuple[list[dict[str, Any]], str]:
-    """The Secrets `llmgw cert kubernetes-secrets --admin-token` writes, and the admin token."""
+def _secrets(ca_dir: Path, servers: tuple[str, ...] = ("llmgw-server",)) -> tuple[list[dict[str, Any]], str]:
+    """The Secrets `llmgw cert kubernetes-secrets --admin-token` writes, and the admin token.
+
+    The server's certificate carries the names of the servers' pods, which agents dial here.
+    """
     runner = CliRunner()
     done = runner.invoke(cert, ["init-ca", "--dir", str(ca_dir)], catch_exceptions=False)
     assert done.exit_code == 0, done.output
-    args = ["kubernetes-secrets", "--dir", str(ca_dir), "--node", NODE, "--host", "llmgw-server-pod-0"]
-    done = runner.invoke(cert, [*args, "--admin-token"], catch_exceptions=False)
+    args = ["kubernetes-secrets", "--dir", str(ca_dir), "--node", NODE, "--admin-token"]
+    args += [arg for server in servers for arg in ("--host", f"{server}-pod-0")]
+    done = runner.invoke(cert, args, catch_exceptions=False)
     assert done.exit_code == 0, done.output
     return _load(done.stdout), (ca_dir / "kubernetes-admin-token").read_text().strip()
 
 
-def _free_port() -> int:
+def _free_port(taken: tuple[int, ...] = ()) -> int:
+    """A port free on 127.0.0.1 now, and not one of taken (which may be free until kube play binds it)."""
     # kube play publishes a hostPort it is given, not one it chooses.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            return port
 
 
 def _edit_config(doc: dict[str, Any], key: str, **changes: Any) -> None:
@@ -113,28 +122,43 @@ def _create_secret(podman: Podman, doc: dict[str, Any], path: Path) -> None:
     podman.secrets.append(name)
 
 
-def _play(podman: Podman, image: str, tmp_path: Path) -> tuple[int, list[dict[str, Any]], str]:
+def _play(
+    podman: Podman, image: str, tmp_path: Path, values: dict[str, str] | None = None
+) -> tuple[int, list[dict[str, Any]], str]:
     """`podman kube play` of the chart rendered with the podman values (and the Secrets).
 
     The gateway's port on 127.0.0.1, what was played, and the admin token.
     """
     secrets_, admin_token = _secrets(tmp_path / "pki")
+    port, played = _play_rendered(podman, image, tmp_path, secrets_, values or {})
+    return port, played, admin_token
+
+
+def _play_rendered(
+    podman: Podman,
+    image: str,
+    tmp_path: Path,
+    secrets_: list[dict[str, Any]],
+    values: dict[str, str],
+    then: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda docs: docs,
+    taken: tuple[int, ...] = (),
+) -> tuple[int, list[dict[str, Any]]]:
     for doc in secrets_:
         _create_secret(podman, doc, tmp_path / f"{doc['metadata']['name']}.json")
     repository, tag = image.rsplit(":", 1)
-    docs = template({"image.repository": repository, "image.tag": tag}, files=[VALUES])
+    docs = template({"image.repository": repository, "image.tag": tag, **values}, files=[VALUES])
     docs = [d for d in docs if d["kind"] not in ("ServiceMonitor", "PodMonitor")]
     podman.volumes += [
         d["metadata"]["name"] for d in docs if d["kind"] in ("ConfigMap", "PersistentVolumeClaim")
     ]
     podman.volumes += [d["metadata"]["name"] for d in secrets_]
-    port = _free_port()
-    played = for_podman(docs, podman.label, tmp_path, port)
+    port = _free_port(taken)
+    played = then(for_podman(docs, podman.label, tmp_path, port))
     play = tmp_path / "play.yaml"
     with play.open("w") as f:
         YAML(typ="safe").dump_all(played, f)
     podman("kube", "play", "--network", podman.network, str(play), timeout_s=300)
-    return port, played, admin_token
+    return port, played
 
 
 def _probes(docs: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
@@ -199,3 +223,89 @@ class TestPodmanKubePlay:
             wait_until(answered, 60, f"{url} to answer in {container}")
         # The mirror's pod by its name, standing in for its Service.
         assert _status_inside(podman, SERVER, "http://llmgw-mirror-pod-0:8081/health") == "200"
+
+
+# The podman network of the PostgreSQL test: the servers' pods reach the cluster on its
+# gateway's address, which the throwaway cluster's pg_hba.conf trusts (198.18.0.0/15).
+PG_SUBNET = "198.19.251.0/24"
+PG_GATEWAY = "198.19.251.1"
+SERVER_B = "llmgw-server-b"
+
+
+def _a_second_server(port: int) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """kube play makes one pod of a Deployment of two: the second server is a copy by another name.
+
+    Its gateway on port; the agent lists both pods, as a cluster's agent lists the one Service.
+    """
+
+    def add(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        server = find(docs, "Deployment", "llmgw-server")
+        # kube play starts the one pod as many times, each binding the same host port.
+        server["spec"]["replicas"] = 1
+        second = copy.deepcopy(server)
+        second["metadata"]["name"] = SERVER_B
+        # Only the gateway's port: kube play publishes the others on the host too, where the
+        # first server holds them already.
+        container = second["spec"]["template"]["spec"]["containers"][0]
+        container["ports"] = [{**p, "hostPort": port} for p in container["ports"] if p["name"] == "gateway"]
+        agent = find(docs, "ConfigMap", "llmgw-agent")
+        _edit_config(agent, "agent.yaml", servers=["llmgw-server-pod-0:7443", f"{SERVER_B}-pod-0:7443"])
+        return [*docs, second]
+
+    return add
+
+
+def _leads(podman: Podman, container: str) -> bool:
+    return ", the leader" in podman("exec", container, "llmgw", "ctl", "status", check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+class TestPodmanKubePlayOnPostgreSQL:
+    def test_two_servers_on_postgresql_serve_a_chat_and_the_standby_takes_over_when_the_leader_goes(
+        self, podman: Podman, image: str, tmp_path: Path
+    ) -> None:
+        """The chart's PostgreSQL values: the URL from its Secret, two servers, one leading."""
+        # A network of a subnet the test names, in place of the fixture's.
+        podman("network", "rm", "-f", podman.network)
+        podman.network += "-pg"
+        podman("network", "create", "--subnet", PG_SUBNET, "--gateway", PG_GATEWAY, podman.network)
+        # Every address: the network's gateway address exists only once its first pod starts.
+        with running_cluster(listen=("0.0.0.0",)) as cluster:
+            url = cluster.fresh_database().replace("@0.0.0.0:", f"@{PG_GATEWAY}:")
+            secrets_, _ = _secrets(tmp_path / "pki", ("llmgw-server", SERVER_B))
+            secrets_.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": "llmgw-postgres"},
+                    "data": {"url": base64.b64encode(url.encode()).decode()},
+                }
+            )
+            values = {
+                "database.type": "postgresql",
+                "server.replicas": "2",
+                "database.url.secretName": "llmgw-postgres",
+            }
+            port_b = _free_port()
+            port, _ = _play_rendered(
+                podman, image, tmp_path, secrets_, values, _a_second_server(port_b), (port_b,)
+            )
+            servers = [SERVER, f"{SERVER_B}-pod-0-server"]
+            key = _exec(podman, SERVER, "llmgw", "keys", "create", "first").strip()
+            agent = "llmgw-agent-pod-0-agent"
+            first_chat(podman, f"http://127.0.0.1:{port}", key, [*servers, agent])
+            # The other server's gateway serves too, from the same store and routing table.
+            first_chat(podman, f"http://127.0.0.1:{port_b}", key, [*servers, agent])
+            leader = wait_until(lambda: next((s for s in servers if _leads(podman, s)), None), 30, "a leader")
+            standby = next(s for s in servers if s != leader)
+            gateway = f"http://127.0.0.1:{port if standby == SERVER else port_b}"
+
+            podman("pod", "rm", "-f", "-t", "0", leader.removesuffix("-server"))
+            wait_until(lambda: _leads(podman, standby), 60, f"{standby} to take the leadership")
+            wait_until(
+                lambda: NODE in podman("exec", standby, "llmgw", "ctl", "nodes", check=False),
+                60,
+                f"the agent to register with {standby}",
+            )
+            first_chat(podman, gateway, key, [standby, agent])
