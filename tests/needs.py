@@ -26,6 +26,10 @@ INSTALL = "`make test` installs it, or run scripts/install-test-deps.sh as root"
 # Where scripts/build-llama-server.sh keeps the build the tests run, and the build they run.
 BUILD_CACHE = Path(os.environ.get("LLMGW_BUILD_CACHE", Path.home() / ".cache" / "llmgw" / "llama-server"))
 LLAMA_BUILD = BUILD_CACHE / "11434"
+# Where scripts/install-helm.sh puts the helm the chart's tests render with (its helm_version).
+HELM_VERSION = "v4.1.4"
+HELM_CACHE = Path(os.environ.get("LLMGW_HELM_CACHE", Path.home() / ".cache" / "llmgw" / "helm"))
+HELM = HELM_CACHE / HELM_VERSION / "helm"
 
 
 class NotRoot(pytest.skip.Exception):
@@ -58,6 +62,20 @@ def llama_server() -> Path:
             pytrace=False,
         )
     return LLAMA_BUILD
+
+
+def helm() -> str:
+    """The helm of scripts/install-helm.sh; the test fails, saying how to install it, without it.
+
+    Not Debian's (it has none) nor whatever helm is on PATH: the chart is held to the version pinned.
+    """
+    if not HELM.is_file():
+        pytest.fail(
+            f"helm {HELM_VERSION} is not installed at {HELM}: `make test` installs it, "
+            "or run `make helm` (scripts/install-helm.sh)",
+            pytrace=False,
+        )
+    return str(HELM)
 
 
 def root(what: str) -> None:

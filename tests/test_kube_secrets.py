@@ -1,4 +1,4 @@
-"""`llmgw cert kubernetes-secrets`: the Secrets deploy/kubernetes mounts, issued from the authority."""
+"""`llmgw cert kubernetes-secrets`: the Secrets the Helm chart mounts, issued from the authority."""
 
 from __future__ import annotations
 
@@ -64,3 +64,26 @@ def test_without_an_authority_it_says_how_to_make_one(tmp_path: Path) -> None:
     done = CliRunner().invoke(cert, ["kubernetes-secrets", "--dir", str(tmp_path), "--node", "gpu-01"])
     assert done.exit_code == 1
     assert f"llmgw cert init-ca --dir {tmp_path}" in done.output
+
+
+def test_an_admin_token_secret_is_written_when_asked_and_the_same_on_every_run(tmp_path: Path) -> None:
+    """A new token on a second run (a node added) would lock out whoever uses the first."""
+    pki.init_ca(tmp_path)
+    assert set(_secrets(secret_manifests(SecretsRequest(tmp_path, "llmgw", ["gpu-01"])))) == {
+        "llmgw-server-tls",
+        "llmgw-agent-tls",
+    }
+    first = _secrets(secret_manifests(SecretsRequest(tmp_path, "llmgw", ["gpu-01"], admin_token=True)))
+    token = first["llmgw-admin-token"]["token"]
+    assert token.startswith(b"llmgw-admin-")
+    assert stat.S_IMODE((tmp_path / "kubernetes-admin-token").stat().st_mode) == 0o600
+    request = SecretsRequest(tmp_path, "llmgw", ["gpu-01", "gpu-02"], admin_token=True)
+    assert _secrets(secret_manifests(request))["llmgw-admin-token"]["token"] == token
+
+
+def test_the_command_writes_the_admin_token_secret_with_admin_token(tmp_path: Path) -> None:
+    pki.init_ca(tmp_path)
+    args = ["kubernetes-secrets", "--dir", str(tmp_path), "--node", "gpu-01", "--admin-token"]
+    done = CliRunner().invoke(cert, args)
+    assert done.exit_code == 0, done.output
+    assert "llmgw-admin-token" in _secrets(done.stdout)

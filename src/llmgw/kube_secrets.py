@@ -3,7 +3,8 @@
 Two Secrets, so that each pod mounts only what it needs: the server's certificate and key,
 and every node's certificate and key in the one Secret the agent's DaemonSet mounts (each
 agent picks its own by its node's name). The authority's key never goes in: it stays where
-the authority is, and a node added later is a second run of the command.
+the authority is, and a node added later is a second run of the command. Asked, a third:
+an admin token, which the Helm chart's server reads (`adminToken.secretName`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,17 @@ import attrs
 from ruamel.yaml import YAML
 
 from llmgw import pki
+from llmgw.adminapi.auth import new_token
 
 SERVER_SECRET = "llmgw-server-tls"
 AGENT_SECRET = "llmgw-agent-tls"
 # Its files in the authority's directory: not server.pem, which a control plane outside the
 # cluster may already have there for other names.
 SERVER_CERT = "kubernetes-server"
+ADMIN_TOKEN_SECRET = "llmgw-admin-token"
+# Kept beside the certificates, so that a second run (a node added) writes the same token
+# rather than a new one that would lock out whoever uses the first.
+ADMIN_TOKEN_FILE = "kubernetes-admin-token"
 # The agent service's own Service: the names an agent in the cluster dials.
 AGENT_SERVICE = "llmgw-agents"
 
@@ -36,6 +42,8 @@ class SecretsRequest:
     nodes: Sequence[str]
     # Extra names of the agent service beyond the Service's own (a LoadBalancer's, for nodes outside).
     server_hosts: Sequence[str] = ()
+    # Whether to write the admin token's Secret too.
+    admin_token: bool = False
 
 
 def service_names(namespace: str) -> list[str]:
@@ -83,14 +91,24 @@ def secret_manifests(request: SecretsRequest) -> str:
             pki.issue_agent(ca_dir, node, ca_dir)
         agents[f"{node}.pem"] = (ca_dir / f"{node}.pem").read_bytes()
         agents[f"{node}-key.pem"] = (ca_dir / f"{node}-key.pem").read_bytes()
+    documents = [
+        _secret(SERVER_SECRET, request.namespace, server),
+        _secret(AGENT_SECRET, request.namespace, agents),
+    ]
+    if request.admin_token:
+        documents.append(_secret(ADMIN_TOKEN_SECRET, request.namespace, {"token": admin_token(ca_dir)}))
     out = io.StringIO()
     yaml = YAML()
     yaml.explicit_start = True
-    yaml.dump_all(
-        [
-            _secret(SERVER_SECRET, request.namespace, server),
-            _secret(AGENT_SECRET, request.namespace, agents),
-        ],
-        out,
-    )
+    yaml.dump_all(documents, out)
     return out.getvalue()
+
+
+def admin_token(ca_dir: Path) -> bytes:
+    """The admin token kept in ca_dir, made on the first call; readable by its owner alone."""
+    path = ca_dir / ADMIN_TOKEN_FILE
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(new_token() + "\n")
+    return path.read_text().strip().encode()

@@ -70,7 +70,7 @@ def _agent_yaml(path: Path) -> Path:
 
 
 class TestTheImage:
-    def test_it_runs_llmgw_as_the_non_root_user_with_its_state_under_var_lib_llmgw(
+    def test_it_runs_llmgw_as_the_non_root_user_owning_its_state_and_config_directories(
         self, podman: Podman, image: str
     ) -> None:
         config = json.loads(podman("image", "inspect", image))[0]["Config"]
@@ -81,9 +81,16 @@ class TestTheImage:
             config["Labels"]
         )
         who = podman(
-            "run", "--rm", "--entrypoint", "/bin/sh", image, "-c", "id -u; stat -c %U /var/lib/llmgw"
+            "run",
+            "--rm",
+            "--entrypoint",
+            "/bin/sh",
+            image,
+            "-c",
+            "id -u; stat -c %U /var/lib/llmgw /etc/llmgw",
         )
-        assert who.split() == [str(IMAGE_UID), "llmgw"]
+        # /etc/llmgw too: the chart's server writes server.yaml there, into an empty volume.
+        assert who.split() == [str(IMAGE_UID), "llmgw", "llmgw"]
 
     def test_it_is_smaller_than_250_mb_and_holds_no_pip_to_reach_a_network_with(
         self, podman: Podman, image: str
@@ -96,10 +103,27 @@ class TestTheImage:
             == "True"
         )
 
-    def test_a_server_and_an_agent_in_containers_serve_a_chat_with_the_sim_engine(
-        self, podman: Podman, image: str, tmp_path: Path
+    def test_the_containerfile_gives_the_image_the_settings_make_image_gives_it(
+        self, podman: Podman, image: str, containerfile_image: str
     ) -> None:
-        """Certificates name the server by its name on the network; the gateway is published on loopback."""
+        """The Containerfile and build-image.sh's `podman import --change` list say them twice."""
+
+        def config(name: str) -> dict[str, Any]:
+            found: dict[str, Any] = json.loads(podman("image", "inspect", name))[0]["Config"]
+            found["Labels"].pop("io.buildah.version", None)
+            return found
+
+        assert config(containerfile_image) == config(image)
+
+    @pytest.mark.parametrize("built_by", ["image", "containerfile_image"])
+    def test_a_server_and_an_agent_in_containers_serve_a_chat_with_the_sim_engine(
+        self, podman: Podman, built_by: str, request: pytest.FixtureRequest, tmp_path: Path
+    ) -> None:
+        """Certificates name the server by its name on the network; the gateway is published on loopback.
+
+        In the image `make image` builds and in the one `buildah bud` builds from the Containerfile.
+        """
+        image = request.getfixturevalue(built_by)
         pki = certificates(tmp_path / "pki", [SERVER], [NODE])
         admin_token = secrets.token_urlsafe(16)
         server_yaml = _server_yaml(tmp_path / "server.yaml", admin_token)

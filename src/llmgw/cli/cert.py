@@ -138,6 +138,12 @@ def issue_agent(node: str, ca_dir: Path, out: Path | None, group: str | None) ->
     multiple=True,
     help="Another name or address of the agent service, for nodes outside the cluster; repeat for each.",
 )
+@click.option(
+    "--admin-token",
+    is_flag=True,
+    help="Also write the Secret llmgw-admin-token: an admin token (kept in --dir as kubernetes-admin-token, "
+    "the same on every run) for the chart's adminToken.secretName.",
+)
 @_dir_option
 @click.option(
     "--out",
@@ -147,16 +153,24 @@ def issue_agent(node: str, ca_dir: Path, out: Path | None, group: str | None) ->
     help="File to write the manifests to; defaults to standard output.",
 )
 def kubernetes_secrets(
-    nodes: tuple[str, ...], namespace: str, hosts: tuple[str, ...], ca_dir: Path, out_file: Path | None
+    nodes: tuple[str, ...],
+    namespace: str,
+    hosts: tuple[str, ...],
+    admin_token: bool,
+    ca_dir: Path,
+    out_file: Path | None,
 ) -> None:
-    """Write the Secrets of deploy/kubernetes: the server's certificate and every node's.
+    """Write the Secrets the Helm chart (deploy/helm/llmgw) mounts: the server's certificate and every node's.
 
     Issues what --dir lacks (the server's certificate for the agent service's names, each
-    --node's), keeps what it has, and never puts the authority's key in a Secret.
+    --node's), keeps what it has, and never puts the authority's key in a Secret. With
+    --admin-token, an admin token's Secret too.
     """
     from llmgw.kube_secrets import SecretsRequest, secret_manifests
 
-    request = SecretsRequest(ca_dir=ca_dir, namespace=namespace, nodes=nodes, server_hosts=hosts)
+    request = SecretsRequest(
+        ca_dir=ca_dir, namespace=namespace, nodes=nodes, server_hosts=hosts, admin_token=admin_token
+    )
     try:
         manifests = secret_manifests(request)
     except FileNotFoundError:

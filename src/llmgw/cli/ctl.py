@@ -13,7 +13,6 @@ usage; 3 the server cannot be reached; 4 no such node, model or log source;
 
 from __future__ import annotations
 
-import secrets
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import click
 
 from llmgw.adminapi import views
 from llmgw.adminapi.auth import hash_token
+from llmgw.adminapi.auth import new_token as make_token
 from llmgw.adminapi.present import (
     DASH,
     ago,
@@ -552,7 +552,7 @@ _MIRROR_CONVERTER = cattrs.Converter()
 @ctl.command("new-token")
 def new_token() -> None:
     """Make an admin token: the token on stdout, the line for server.yaml on stderr."""
-    token = f"llmgw-admin-{secrets.token_urlsafe(32)}"
+    token = make_token()
     click.echo(token)
     click.echo(
         "add its digest to server.yaml and restart the server; only the digest is kept there:\n"
