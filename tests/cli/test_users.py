@@ -11,8 +11,9 @@ from click.testing import CliRunner
 from llmgw.cli.exit import EXIT_CONFIG
 from llmgw.cli.main import main
 from llmgw.store import open_store
+from llmgw.store.keys import create_key, find_key, hash_key
 from llmgw.store.scopes import create_project
-from llmgw.store.users import authenticate
+from llmgw.store.users import authenticate, link_key
 
 
 @pytest.fixture
@@ -88,6 +89,31 @@ class TestUsersCommand:
         code, out, _ = _run("disable", "1", "--config", str(config))
         assert code == 0 and "disabled user" in out and "signed out everywhere" in out
         assert not _signs_in(tmp_path, "ann@example.com", "password1")
+
+    @pytest.mark.parametrize("setting", ["keep", "revoke"])
+    def test_disabling_keeps_or_revokes_the_accounts_keys_as_the_setting_says(
+        self, config: Path, tmp_path: Path, setting: str
+    ) -> None:
+        config.write_text(config.read_text() + f"auth:\n  disabled_user_keys: {setting}\n")
+        _run("create", "ann@example.com", "--password", "password1", "--config", str(config))
+        _run("approve", "1", "--project", "1", "--config", str(config))
+
+        async def make_key() -> str:
+            async with open_store(tmp_path / "state" / "llmgw.db") as store:
+                plaintext, record = await create_key(store, "laptop", project_id=1)
+                await link_key(store, record.id, 1)
+                return plaintext
+
+        async def key_works(plaintext: str) -> bool:
+            async with open_store(tmp_path / "state" / "llmgw.db") as store:
+                found = await find_key(store, hash_key(plaintext))
+                return found is not None and found.revoked_at is None
+
+        plaintext = asyncio.run(make_key())
+        code, out, _ = _run("disable", "1", "--config", str(config))
+        assert code == 0
+        assert ("1 of its keys revoked" in out) == (setting == "revoke")
+        assert asyncio.run(key_works(plaintext)) == (setting == "keep")
 
     def test_list_shows_every_account_with_status_role_and_project(self, config: Path) -> None:
         _run("create", "root@example.com", "--config", str(config))

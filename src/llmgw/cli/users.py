@@ -11,7 +11,8 @@ from pathlib import Path
 import click
 
 from llmgw.cli.params import Id
-from llmgw.cli.store_command import server_config_option, with_store
+from llmgw.cli.store_command import server_config_option, with_config, with_store
+from llmgw.config import ServerConfig
 from llmgw.store import Store
 from llmgw.store.scopes import Hierarchy, Scope, load_hierarchy
 from llmgw.store.sessions import end_user_sessions
@@ -23,6 +24,7 @@ from llmgw.store.users import (
     generate_password,
     list_users,
     promote_user,
+    revoke_user_keys,
 )
 
 _config_option = server_config_option("accounts")
@@ -96,14 +98,17 @@ def promote(user_id: int, config_path: Path) -> None:
 @click.argument("user_id", metavar="ID", type=Id())
 @_config_option
 def disable(user_id: int, config_path: Path) -> None:
-    """Stop account ID signing in, and end its sessions now; its keys are not revoked."""
+    """Stop account ID signing in, end its sessions; auth.disabled_user_keys: revoke revokes its keys."""
 
-    async def run(store: Store) -> str:
+    async def run(cfg: ServerConfig, store: Store) -> str:
         user = await disable_user(store, user_id)
         await end_user_sessions(store, user_id)
-        return _describe(user, await load_hierarchy(store)) + "; signed out everywhere"
+        said = _describe(user, await load_hierarchy(store)) + "; signed out everywhere"
+        if cfg.auth.disabled_user_keys == "revoke":
+            said += f"; {await revoke_user_keys(store, user_id)} of its keys revoked"
+        return said
 
-    click.echo(with_store(config_path, run))
+    click.echo(with_config(config_path, run))
 
 
 @users.command("list")

@@ -233,6 +233,16 @@ async def disable_user(store: Store, user_id: int) -> User:
     return await _update(store, user_id, "status = 'disabled'", ())
 
 
+async def revoke_user_keys(store: Store, user_id: int) -> int:
+    """Revoke every live key user_id made on their profile (auth.disabled_user_keys: revoke); how many."""
+    async with store.transaction() as db:
+        return await db.execute(
+            "UPDATE api_keys SET revoked_at = ? WHERE revoked_at IS NULL"
+            " AND id IN (SELECT key_id FROM user_keys WHERE user_id = ?)",
+            (_now().isoformat(), user_id),
+        )
+
+
 async def set_password(store: Store, user_id: int, password: str) -> User:
     check_password(password)
     return await _update(store, user_id, "password_hash = ?", (await hash_password(password),))
@@ -256,6 +266,12 @@ async def authenticate(store: Store, email: str, password: str) -> User | None:
 
 # A hash of nothing in particular with the real parameters, for the timing above.
 _DUMMY_HASH = f"scrypt${_N}${_R}${_P}${_b64(b'0' * _SALT_BYTES)}${_b64(b'0' * _HASH_BYTES)}"
+
+
+async def has_password(store: Store, user_id: int) -> bool:
+    """Whether the account can sign in with a password (one signed in through a provider has none)."""
+    row = await store.fetch_one("SELECT password_hash FROM users WHERE id = ?", (user_id,))
+    return row is not None and row[0] is not None
 
 
 async def link_key(store: Store, key_id: int, user_id: int) -> None:
