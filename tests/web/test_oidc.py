@@ -6,11 +6,13 @@ import html
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import attrs
 import pytest
 from aiohttp.test_utils import TestServer
+from playwright.async_api import async_playwright
 from yarl import URL
 
 from llmgw.catalog import Catalog
@@ -25,6 +27,7 @@ from llmgw.store.users import get_user_by_email
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
 from llmgw.web.oidc import JWKS_REFRESH_S, OidcError, Provider, read_secret
+from tests import needs
 from tests.web.conftest import PASSWORD, Site, _NoReplicas, csrf_of
 from tests.web.oidc_idp import (
     CLIENT_ID,
@@ -35,6 +38,9 @@ from tests.web.oidc_idp import (
     running_idp,
     sign_in_at_provider,
 )
+
+if TYPE_CHECKING:
+    from playwright.async_api import Page
 
 SECRET_ENV = "LLMGW_TEST_OIDC_SECRET"
 
@@ -331,3 +337,39 @@ async def test_disabling_a_provider_account_keeps_or_revokes_its_keys_as_the_set
     async with _browser(sso) as again:
         response = await sign_in_at_provider(again, "ada")
         assert response.status == 403 and "is disabled" in await _page_error(response)
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Page]:
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=needs.program("chromium", "chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"],
+        )
+        try:
+            yield await (await browser.new_context()).new_page()
+        finally:
+            await browser.close()
+
+
+async def test_chromium_signs_in_through_the_provider_and_out_of_both(sso: Sso, chromium: Page) -> None:
+    p = chromium
+    errors: list[str] = []
+    p.on("pageerror", lambda error: errors.append(str(error)))
+    await p.goto(f"{sso.site.url}/admin/users")
+    await p.click("text=Sign in with your organisation")
+    await p.wait_for_url(f"{sso.idp.issuer}/interaction/**")
+    await p.fill("input[name=login]", "root")
+    await p.fill("input[name=password]", "anything")
+    await p.click("button[type=submit]")
+    # The provider's consent page, then back to the page that asked.
+    await p.click("button[type=submit]")
+    await p.wait_for_url(f"{sso.site.url}/admin/users")
+    assert "root@example.com" in await p.content()
+    cookies = {c["name"]: c for c in await p.context.cookies(sso.site.url)}
+    assert cookies["llmgw_session"]["httpOnly"] is True and "llmgw_oidc" not in cookies
+    await p.click("button >> text=Log out")
+    await p.wait_for_url(f"{sso.idp.issuer}/session/end**")
+    await p.click("button[type=submit] >> nth=0")
+    await p.wait_for_url(f"{sso.site.url}/login")
+    assert errors == []
