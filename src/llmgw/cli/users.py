@@ -114,7 +114,7 @@ def disable(user_id: int, config_path: Path) -> None:
 @users.command("list")
 @_config_option
 def list_(config_path: Path) -> None:
-    """List every account: id, email, status, role, project, when it was created."""
+    """List every account: id, email, status, role, source, creation, provider groups, project."""
 
     async def run(store: Store) -> tuple[list[User], Hierarchy]:
         return await list_users(store), await load_hierarchy(store)
@@ -124,10 +124,17 @@ def list_(config_path: Path) -> None:
         click.echo("no accounts yet; create one with `llmgw users create EMAIL --password P`", err=True)
         return
     width = max(len(u.email) for u in found)
-    click.echo(f"{'ID':>4} {'EMAIL':<{width}} {'STATUS':<8} {'ROLE':<5} {'CREATED (UTC)':<16} PROJECT")
+    # Groups joined by commas, each with its spaces kept out, so that the column stays one word.
+    groups = {u.id: ",".join(g.replace(" ", "_") for g in u.groups) or "-" for u in found}
+    group_width = max(6, *(len(g) for g in groups.values()))
+    click.echo(
+        f"{'ID':>4} {'EMAIL':<{width}} {'STATUS':<8} {'ROLE':<5} {'SOURCE':<6} {'CREATED (UTC)':<16} "
+        f"{'GROUPS':<{group_width}} PROJECT"
+    )
     for u in found:
         project = hierarchy.name(Scope("project", u.project_id)) if u.project_id is not None else "-"
         role = "admin" if u.is_admin else "user"
         click.echo(
-            f"{u.id:>4} {u.email:<{width}} {u.status:<8} {role:<5} {u.created_at:%Y-%m-%d %H:%M} {project}"
+            f"{u.id:>4} {u.email:<{width}} {u.status:<8} {role:<5} {u.source:<6} "
+            f"{u.created_at:%Y-%m-%d %H:%M} {groups[u.id]:<{group_width}} {project}"
         )

@@ -49,6 +49,10 @@ class User:
     is_admin: bool
     project_id: int | None
     created_at: datetime
+    # How the account signs in: "local" (a password here) or "oidc" (made by the identity provider).
+    source: str = "local"
+    # The provider's groups at the account's last sign-in through it.
+    groups: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -119,6 +123,8 @@ def _user(row: Row) -> User:
         is_admin=bool(row["is_admin"]),
         project_id=row["project_id"],
         created_at=datetime.fromisoformat(row["created_at"]),
+        source=row["source"],
+        groups=tuple(group for group in row["provider_groups"].split("\n") if group),
     )
 
 

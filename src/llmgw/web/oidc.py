@@ -388,17 +388,22 @@ async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User
         raise OidcError(f"the provider has not verified the email {email}; verify it there first")
     granted = await grants(store, cfg, claims)
     user = await get_user_by_email(store, email)
+    made = False
     if user is None:
         try:
             user = await create_user(store, email, None, status=cfg.new_users)
+            made = True
         except AccountError as exc:
             if (user := await get_user_by_email(store, email)) is None:
                 raise OidcError(str(exc)) from None
     async with store.transaction() as db:
         await db.execute(
-            "UPDATE users SET is_admin = ?, project_id = ? WHERE id = ?",
-            (int(granted.is_admin), granted.project_id, user.id),
+            "UPDATE users SET is_admin = ?, project_id = ?, provider_groups = ? WHERE id = ?",
+            (int(granted.is_admin), granted.project_id, "\n".join(granted.groups), user.id),
         )
+        if made:
+            # Made by the provider: `llmgw users list` says so (a local account it signs in stays local).
+            await db.execute("UPDATE users SET source = 'oidc' WHERE id = ?", (user.id,))
     log.info(
         "oidc sign-in",
         email=email,
@@ -406,4 +411,10 @@ async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User
         admin=granted.is_admin,
         project=granted.project_id,
     )
-    return attrs.evolve(user, is_admin=granted.is_admin, project_id=granted.project_id)
+    return attrs.evolve(
+        user,
+        is_admin=granted.is_admin,
+        project_id=granted.project_id,
+        groups=granted.groups,
+        source="oidc" if made else user.source,
+    )
