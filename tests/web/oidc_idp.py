@@ -124,7 +124,10 @@ class Idp:
         self._process = None
 
     async def rotate(self, kid: str) -> None:
-        """Restart signing with a new key only: tokens from now on name a key not published before."""
+        """Restart signing with a new key only: tokens from now on name a key not published before.
+
+        With the kid of the key it signs with now, the new key is a stranger under a known name.
+        """
         await self.stop()
         self.keys = [new_key(kid)]
         await self.start()
@@ -169,7 +172,13 @@ async def sign_in_at_provider(
 
     Returns the last response: the page signing in led to (or the refusal).
     """
-    response = await client.get(start)
+    return await through_provider(client, await client.get(start), login)
+
+
+async def through_provider(
+    client: aiohttp.ClientSession, response: aiohttp.ClientResponse, login: str
+) -> aiohttp.ClientResponse:
+    """From the provider's login page (response), post its login and consent forms and come back."""
     if "/interaction/" not in response.url.path:
         return response
     response = await _post_form(client, response, login=login, password="anything")

@@ -26,7 +26,7 @@ from llmgw.store.scopes import create_org, create_project, create_team
 from llmgw.store.users import get_user_by_email
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
-from llmgw.web.oidc import JWKS_REFRESH_S, OidcError, Provider, read_secret
+from llmgw.web.oidc import FLOW_COOKIE, JWKS_REFRESH_S, Flow, OidcError, Provider, read_secret
 from tests import needs
 from tests.web.conftest import PASSWORD, Site, _NoReplicas, csrf_of
 from tests.web.oidc_idp import (
@@ -37,6 +37,7 @@ from tests.web.oidc_idp import (
     free_port,
     running_idp,
     sign_in_at_provider,
+    through_provider,
 )
 
 if TYPE_CHECKING:
@@ -373,3 +374,30 @@ async def test_chromium_signs_in_through_the_provider_and_out_of_both(sso: Sso, 
     await p.click("button[type=submit] >> nth=0")
     await p.wait_for_url(f"{sso.site.url}/login")
     assert errors == []
+
+
+async def test_a_nonce_other_than_the_one_sent_is_refused_in_words(
+    sso: Sso, client: aiohttp.ClientSession
+) -> None:
+    started = await client.get("/login/oidc", allow_redirects=False)
+    # The browser's record of the sign-in now names another nonce than the one the provider was sent.
+    flow = Flow.from_cookie(started.cookies[FLOW_COOKIE].value)
+    assert flow is not None
+    forged = attrs.evolve(flow, nonce="another-nonce").cookie()
+    client.cookie_jar.update_cookies({FLOW_COOKIE: forged}, URL(sso.site.url))
+    response = await through_provider(client, await client.get(started.headers["Location"]), "ada")
+    assert response.status == 401
+    assert "nonce is not the one this sign-in sent" in await _page_error(response)
+
+
+async def test_an_id_token_signed_by_a_key_the_provider_does_not_publish_under_its_name_is_refused(
+    sso: Sso,
+) -> None:
+    async with _browser(sso) as first:
+        assert (await sign_in_at_provider(first, "ada")).url.path == "/profile"
+    # Another key under the name ("first") of the key this server fetched: its tokens do not verify.
+    await sso.idp.rotate("first")
+    async with _browser(sso) as second:
+        response = await sign_in_at_provider(second, "ada")
+        assert response.status == 401
+        assert "not signed by any of the provider's keys" in await _page_error(response)
