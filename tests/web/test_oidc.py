@@ -135,6 +135,33 @@ async def test_a_person_in_a_mapped_group_signs_in_with_code_flow_and_pkce_into_
     assert "research" in await response.text()
     user = await get_user_by_email(sso.site.store, "ada@example.com")
     assert user is not None and user.active and not user.is_admin and user.project_id == sso.research
+    # No password here, so none to change.
+    profile = await response.text()
+    assert "Change password" not in profile and "has no password here" in profile
+
+
+async def test_the_provider_is_sent_the_redirect_uri_the_docs_say_to_register(
+    sso: Sso, client: aiohttp.ClientSession
+) -> None:
+    started = await client.get("/login/oidc", allow_redirects=False)
+    query = URL(started.headers["Location"]).query
+    assert query["redirect_uri"] == f"{sso.site.url}/login/oidc/callback"
+    assert query["code_challenge_method"] == "S256" and query["response_type"] == "code"
+    docs = (Path(__file__).parents[2] / "docs" / "accounts.md").read_text()
+    assert "**redirect URI** `BASE_URL/login/oidc/callback`" in docs
+
+
+async def test_a_server_with_a_provider_and_no_client_secret_does_not_start(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    cfg = ServerConfig(auth=AuthConfig(oidc=_oidc("http://127.0.0.1:1", "http://127.0.0.1:2")))
+    app = make_gateway_app(cfg, Catalog(cfg), _NoReplicas(), KeyCache())
+    mount_pages(app, WebContext(cfg=cfg, store=store))
+    server = TestServer(app, host="127.0.0.1", port=0)
+    with pytest.raises(OidcError, match="has no client secret"):
+        await server.start_server()
+    await server.close()
 
 
 async def _page_error(response: aiohttp.ClientResponse) -> str:

@@ -274,6 +274,8 @@ async def _profile(request: web.Request, status: int = 200, **extra: object) -> 
         "usage": await _own_usage(request, keys),
         "usage_days": USAGE_DAYS,
         "min_password": MIN_PASSWORD,
+        # An account the identity provider made has no password to change.
+        "has_password": await has_password(ctx.store, user.id),
         "new_key": None,
         "new_key_name": None,
         "flash": None,
