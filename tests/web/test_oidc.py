@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import attrs
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from playwright.async_api import async_playwright
 from yarl import URL
@@ -26,7 +27,7 @@ from llmgw.store.scopes import create_org, create_project, create_team
 from llmgw.store.users import get_user_by_email
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
-from llmgw.web.oidc import FLOW_COOKIE, JWKS_REFRESH_S, Flow, OidcError, Provider, read_secret
+from llmgw.web.oidc import FLOW_COOKIE, JWKS_REFRESH_S, MAX_ANSWER, Flow, OidcError, Provider, read_secret
 from tests import needs
 from tests.web.conftest import PASSWORD, Site, _NoReplicas, csrf_of
 from tests.web.oidc_idp import (
@@ -428,3 +429,20 @@ async def test_an_id_token_signed_by_a_key_the_provider_does_not_publish_under_i
         response = await sign_in_at_provider(second, "ada")
         assert response.status == 401
         assert "not signed by any of the provider's keys" in await _page_error(response)
+
+
+async def test_an_answer_longer_than_any_providers_is_not_read_to_its_end() -> None:
+    async def endless(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=b'{"issuer": "' + b"x" * (MAX_ANSWER + 10) + b'"}')
+
+    app = web.Application()
+    app.router.add_get("/.well-known/openid-configuration", endless)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        issuer = str(server.make_url("")).rstrip("/")
+        provider = Provider(_oidc(issuer, "http://127.0.0.1:2"), "secret")
+        with pytest.raises(OidcError, match=r"discovery document .* is not JSON \(or over 1 MiB\)"):
+            await provider.metadata()
+    finally:
+        await server.close()

@@ -49,6 +49,8 @@ FLOW_TTL_S = 600
 # The signature algorithms an ID token may use: asymmetric only, so that the client secret is
 # never also a signing key (and "none" is never accepted).
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+# The most of a provider's answer (discovery, keys, token) that is read: a real one is a few KiB.
+MAX_ANSWER = 1024 * 1024
 # The provider's keys are fetched again at most this often for a token naming a key not yet seen.
 JWKS_REFRESH_S = 30.0
 
@@ -80,6 +82,14 @@ def read_secret(cfg: OidcConfig) -> str:
             "to where the provider's secret for this client is kept"
         )
     return secret
+
+
+async def _json_of(response: aiohttp.ClientResponse) -> Any:
+    """The provider's answer as JSON, read up to MAX_ANSWER bytes: ValueError when longer or not JSON."""
+    body = await response.content.read(MAX_ANSWER + 1)
+    if len(body) > MAX_ANSWER:
+        raise ValueError("longer than any answer of a provider")
+    return json.loads(body)
 
 
 def _b64(data: bytes) -> str:
@@ -202,14 +212,14 @@ class Provider:
                     raise OidcError(
                         f"the identity provider answered {response.status} for its {what} ({url})"
                     )
-                data = await response.json(content_type=None)
+                data = await _json_of(response)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise OidcError(
                 f"the identity provider at {self.issuer} did not answer for its {what} "
                 f"({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})"
             ) from None
         except ValueError:
-            raise OidcError(f"the identity provider's {what} ({url}) is not JSON") from None
+            raise OidcError(f"the identity provider's {what} ({url}) is not JSON (or over 1 MiB)") from None
         if not isinstance(data, dict):
             raise OidcError(f"the identity provider's {what} ({url}) is not a JSON object")
         return data
@@ -284,7 +294,7 @@ class Provider:
                     headers={"Accept": "application/json", "Authorization": self._basic()},
                 ) as response,
             ):
-                body = await response.json(content_type=None)
+                body = await _json_of(response)
                 status = response.status
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise OidcError(

@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import time
 
+import structlog
 from aiohttp import web
 
 from llmgw.store.sessions import create_session
-from llmgw.web.account import _local, _pre_session_page, _see_other
+from llmgw.web.account import _local, _pre_session_page, _see_other, client_address
 from llmgw.web.context import WEB_KEY
 from llmgw.web.oidc import FLOW_COOKIE, FLOW_TTL_S, Flow, OidcError, sign_in
 from llmgw.web.sessions import CSRF_COOKIE, SESSION_COOKIE, clear_cookie, set_cookie
+
+log = structlog.get_logger(__name__)
 
 
 async def refused(
     request: web.Request, reason: str, status: int, target: str = "/profile"
 ) -> web.StreamResponse:
-    """The sign-in page saying why the provider's sign-in did not work."""
+    """The sign-in page saying why the provider's sign-in did not work; logged for the administrators."""
+    log.warning(
+        "sign-in through the identity provider refused", reason=reason, address=client_address(request)
+    )
     response = await _pre_session_page(
         request,
         "login.html",
