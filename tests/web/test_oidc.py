@@ -186,7 +186,9 @@ async def test_an_administrators_group_makes_an_administrator_and_leaving_it_unm
     assert response.url.path == "/profile"
     user = await get_user_by_email(sso.site.store, "root@example.com")
     assert user is not None and user.is_admin and user.project_id == sso.research
-    assert (await client.get("/admin/users")).status == 200
+    users_page = await client.get("/admin/users")
+    assert users_page.status == 200
+    assert '<span class="muted">oidc: llm-admins, ml-team</span>' in await users_page.text()
     # Taken out of both groups' grants but one: at the next sign-in the role goes.
     sso.idp.set_user("root", "root@example.com", ["ml-team"])
     await client.post("/logout", data={"csrf": csrf_of(await (await client.get("/profile")).text())})
