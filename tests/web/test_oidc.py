@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -448,3 +449,14 @@ async def test_an_answer_longer_than_any_providers_is_not_read_to_its_end() -> N
             await provider.metadata()
     finally:
         await server.close()
+
+
+async def test_the_providers_token_judged_after_its_expiry_and_the_skew_is_refused(
+    sso: Sso, client: aiohttp.ClientSession
+) -> None:
+    assert sso.site.ctx.oidc is not None
+    # oidc-provider's ID tokens last an hour: judged two hours on, this one has expired.
+    sso.site.ctx.oidc.clock = lambda: time.time() + 7200
+    response = await sign_in_at_provider(client, "ada")
+    assert response.status == 401
+    assert re.search(r"the ID token expired \d+ s ago; sign in again", await _page_error(response))
