@@ -61,6 +61,7 @@ def _oidc(issuer: str, site_url: str, **changes: object) -> OidcConfig:
         client_id=CLIENT_ID,
         client_secret_env=SECRET_ENV,
         base_url=site_url,
+        scopes=["openid", "email", "groups"],
         groups={"llm-admins": "admin", "ml-team": "project:research"},
     )
     return attrs.evolve(base, **changes)

@@ -93,7 +93,11 @@ class OidcConfig:
         "to register at the provider is this followed by `/login/oidc/callback`.",
         http_url(empty_ok=True),
     )
-    scopes: list[str] = _field(["openid", "email", "profile", "groups"], "The scopes asked for.")
+    scopes: list[str] = _field(
+        ["openid", "email", "profile"],
+        "The scopes asked for; add the one that puts the groups claim in the ID token where the "
+        "provider needs one (Okta: `groups`).",
+    )
     email_claim: str = _field("email", "The ID token claim that names the person (their email).")
     groups_claim: str = _field("groups", "The ID token claim listing the person's groups (or roles).")
     groups: dict[str, str] = _field(
