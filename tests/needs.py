@@ -78,6 +78,18 @@ def helm() -> str:
     return str(HELM)
 
 
+# Where scripts/install-test-deps.sh installs the npm packages the tests run (oidc-provider).
+NPM_CACHE = Path(os.environ.get("LLMGW_NPM_CACHE", Path.home() / ".cache" / "llmgw" / "npm"))
+
+
+def npm_package(name: str) -> Path:
+    """The directory of npm package `name` in NPM_CACHE; the test fails without it, naming the command."""
+    path = NPM_CACHE / "node_modules" / name
+    if not (path / "package.json").is_file():
+        pytest.fail(f"the npm package {name} is not in {NPM_CACHE}: {INSTALL}", pytrace=False)
+    return path
+
+
 def root(what: str) -> None:
     """Skip, the allowed way, when this user is not root: `what` is what the test does that needs it."""
     if os.geteuid() != 0:

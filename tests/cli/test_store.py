@@ -15,6 +15,7 @@ from llmgw.config.database import PostgresUrl
 from llmgw.store import open_store
 from llmgw.store.migrations import MIGRATIONS, Migration
 from llmgw.store.pending import Pending
+from llmgw.store.schema_changes import change
 
 LATEST = len(MIGRATIONS)
 
@@ -56,7 +57,7 @@ class TestCheck:
         assert code == EXIT_PENDING
         assert f"is at schema version {LATEST - 1}: 1 migration pending, to {LATEST}" in out
         assert f"  {LATEST}  expand    {MIGRATIONS[-1].does}" in out
-        assert "- creates table deleted_projects" in out
+        assert f"- {change(MIGRATIONS[-1].statements[-1]).does}" in out
         assert "safe to apply while the previous release still runs" in out
         # Nothing was applied: the check again says the same.
         assert _run("--check", "--config", str(config))[0] == EXIT_PENDING

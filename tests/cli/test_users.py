@@ -10,9 +10,12 @@ from click.testing import CliRunner
 
 from llmgw.cli.exit import EXIT_CONFIG
 from llmgw.cli.main import main
+from llmgw.config.classes import OidcConfig
 from llmgw.store import open_store
+from llmgw.store.keys import create_key, find_key, hash_key
 from llmgw.store.scopes import create_project
-from llmgw.store.users import authenticate
+from llmgw.store.users import authenticate, link_key
+from llmgw.web.oidc import sign_in
 
 
 @pytest.fixture
@@ -89,6 +92,31 @@ class TestUsersCommand:
         assert code == 0 and "disabled user" in out and "signed out everywhere" in out
         assert not _signs_in(tmp_path, "ann@example.com", "password1")
 
+    @pytest.mark.parametrize("setting", ["keep", "revoke"])
+    def test_disabling_keeps_or_revokes_the_accounts_keys_as_the_setting_says(
+        self, config: Path, tmp_path: Path, setting: str
+    ) -> None:
+        config.write_text(config.read_text() + f"auth:\n  disabled_user_keys: {setting}\n")
+        _run("create", "ann@example.com", "--password", "password1", "--config", str(config))
+        _run("approve", "1", "--project", "1", "--config", str(config))
+
+        async def make_key() -> str:
+            async with open_store(tmp_path / "state" / "llmgw.db") as store:
+                plaintext, record = await create_key(store, "laptop", project_id=1)
+                await link_key(store, record.id, 1)
+                return plaintext
+
+        async def key_works(plaintext: str) -> bool:
+            async with open_store(tmp_path / "state" / "llmgw.db") as store:
+                found = await find_key(store, hash_key(plaintext))
+                return found is not None and found.revoked_at is None
+
+        plaintext = asyncio.run(make_key())
+        code, out, _ = _run("disable", "1", "--config", str(config))
+        assert code == 0
+        assert ("1 of its keys revoked" in out) == (setting == "revoke")
+        assert asyncio.run(key_works(plaintext)) == (setting == "keep")
+
     def test_list_shows_every_account_with_status_role_and_project(self, config: Path) -> None:
         _run("create", "root@example.com", "--config", str(config))
         _run("promote", "1", "--config", str(config))
@@ -100,11 +128,13 @@ class TestUsersCommand:
             "EMAIL",
             "STATUS",
             "ROLE",
+            "SOURCE",
             "CREATED",
             "(UTC)",
+            "GROUPS",
             "PROJECT",
         ]
-        assert lines[1].split()[:4] == ["1", "root@example.com", "active", "admin"]
+        assert lines[1].split()[:5] == ["1", "root@example.com", "active", "admin", "local"]
         assert lines[2].split()[:4] == ["2", "new@example.com", "pending", "user"] and lines[2].endswith(" -")
 
     def test_an_unknown_user_or_a_taken_email_fails_in_a_sentence(self, config: Path) -> None:
@@ -133,3 +163,23 @@ class TestUsersCommand:
         bad.write_text("stat_dir: /tmp\n")
         code, _, err = _run("list", "--config", str(bad))
         assert code == EXIT_CONFIG and "did you mean 'state_dir'" in err
+
+
+def test_list_shows_an_account_the_provider_made_with_its_source_and_groups(
+    config: Path, tmp_path: Path
+) -> None:
+    _run("create", "root@example.com", "--config", str(config))
+
+    async def provider_signs_in() -> None:
+        async with open_store(tmp_path / "state" / "llmgw.db") as store:
+            cfg = OidcConfig(groups={"llm-admins": "admin", "ml team": "project:default"})
+            claims = {"email": "ada@example.com", "groups": ["ml team", "llm-admins", "other"]}
+            await sign_in(store, cfg, claims)
+
+    asyncio.run(provider_signs_in())
+    code, out, _ = _run("list", "--config", str(config))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].split()[4] == "local" and lines[1].split()[7] == "-"
+    assert lines[2].split()[:5] == ["2", "ada@example.com", "active", "admin", "oidc"]
+    assert lines[2].split()[7] == "ml_team,llm-admins,other"

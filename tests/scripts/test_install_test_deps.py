@@ -19,7 +19,7 @@ PROGRAMS = [
     *("cmake", "make", "cc", "c++", "chromium", "curl", "ip", "shellcheck", "sshd", "ssh"),
     *("prometheus", "promtool"),
     *("podman", "runc", "catatonit", "buildah", "mmdebstrap", "iptables"),
-    *("npm", "unzip"),
+    *("node", "npm", "unzip", "mkdir", "grep"),
 ]
 
 
@@ -27,6 +27,7 @@ PROGRAMS = [
 class Machine:
     bin: Path
     calls: Path
+    npm_cache: Path
 
     def lacks(self, *programs: str) -> None:
         for program in programs:
@@ -36,7 +37,7 @@ class Machine:
         _stand_in(self.bin / "id", f"echo {uid}")
         return subprocess.run(
             [shutil.which("bash") or "/bin/bash", str(SCRIPT)],
-            env={"PATH": str(self.bin), "PYTHON": sys.executable},
+            env={"PATH": str(self.bin), "PYTHON": sys.executable, "LLMGW_NPM_CACHE": str(self.npm_cache)},
             capture_output=True,
             text=True,
             check=False,
@@ -60,7 +61,16 @@ def machine(tmp_path: Path) -> Machine:
         _stand_in(bin / program, "exit 0")
     calls = tmp_path / "apt-get.calls"
     _stand_in(bin / "apt-get", f'echo "$DEBIAN_FRONTEND $*" >> {calls}')
-    return Machine(bin, calls)
+    _stand_in(bin / "npm", f'echo "npm $*" >> {calls}')
+    # The real grep and mkdir: the script reads the installed oidc-provider's version with them.
+    for real in ("grep", "mkdir"):
+        (bin / real).unlink()
+        (bin / real).symlink_to(shutil.which(real) or f"/bin/{real}")
+    npm_cache = tmp_path / "npm"
+    package = npm_cache / "node_modules" / "oidc-provider"
+    package.mkdir(parents=True)
+    (package / "package.json").write_text('{\n  "name": "oidc-provider",\n  "version": "9.13.3"\n}\n')
+    return Machine(bin, calls, npm_cache)
 
 
 @pytest.mark.parametrize("uid", [0, 1000])
@@ -130,3 +140,26 @@ def test_a_machine_without_apt_get_is_told_which_packages_to_find(machine: Machi
         "install-test-deps: this machine has no apt-get to install what the tests need;"
     )
     assert done.stderr.endswith(": cmake\n")
+
+
+@pytest.mark.parametrize("found", ["none", "another version"])
+def test_the_oidc_provider_the_sign_in_tests_run_is_installed_at_its_pinned_version(
+    machine: Machine, found: str
+) -> None:
+    package = machine.npm_cache / "node_modules" / "oidc-provider" / "package.json"
+    if found == "none":
+        package.unlink()
+    else:
+        package.write_text('{"version": "8.0.0"}')
+    done = machine.run_as(1000)
+    assert done.returncode == 0, done.stderr
+    assert machine.apt_get_calls() == [
+        f"npm install --prefix {machine.npm_cache} --no-audit --no-fund --silent oidc-provider@9.13.3"
+    ]
+
+
+def test_a_machine_without_node_gets_debians_nodejs_and_npm(machine: Machine) -> None:
+    machine.lacks("node")
+    done = machine.run_as(0)
+    assert done.returncode == 0, done.stderr
+    assert "nodejs npm" in machine.apt_get_calls()[-1]

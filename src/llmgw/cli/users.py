@@ -11,7 +11,8 @@ from pathlib import Path
 import click
 
 from llmgw.cli.params import Id
-from llmgw.cli.store_command import server_config_option, with_store
+from llmgw.cli.store_command import server_config_option, with_config, with_store
+from llmgw.config import ServerConfig
 from llmgw.store import Store
 from llmgw.store.scopes import Hierarchy, Scope, load_hierarchy
 from llmgw.store.sessions import end_user_sessions
@@ -23,6 +24,7 @@ from llmgw.store.users import (
     generate_password,
     list_users,
     promote_user,
+    revoke_user_keys,
 )
 
 _config_option = server_config_option("accounts")
@@ -96,20 +98,23 @@ def promote(user_id: int, config_path: Path) -> None:
 @click.argument("user_id", metavar="ID", type=Id())
 @_config_option
 def disable(user_id: int, config_path: Path) -> None:
-    """Stop account ID signing in, and end its sessions now; its keys are not revoked."""
+    """Stop account ID signing in, end its sessions; auth.disabled_user_keys: revoke revokes its keys."""
 
-    async def run(store: Store) -> str:
+    async def run(cfg: ServerConfig, store: Store) -> str:
         user = await disable_user(store, user_id)
         await end_user_sessions(store, user_id)
-        return _describe(user, await load_hierarchy(store)) + "; signed out everywhere"
+        said = _describe(user, await load_hierarchy(store)) + "; signed out everywhere"
+        if cfg.auth.disabled_user_keys == "revoke":
+            said += f"; {await revoke_user_keys(store, user_id)} of its keys revoked"
+        return said
 
-    click.echo(with_store(config_path, run))
+    click.echo(with_config(config_path, run))
 
 
 @users.command("list")
 @_config_option
 def list_(config_path: Path) -> None:
-    """List every account: id, email, status, role, project, when it was created."""
+    """List every account: id, email, status, role, source, creation, provider groups, project."""
 
     async def run(store: Store) -> tuple[list[User], Hierarchy]:
         return await list_users(store), await load_hierarchy(store)
@@ -119,10 +124,17 @@ def list_(config_path: Path) -> None:
         click.echo("no accounts yet; create one with `llmgw users create EMAIL --password P`", err=True)
         return
     width = max(len(u.email) for u in found)
-    click.echo(f"{'ID':>4} {'EMAIL':<{width}} {'STATUS':<8} {'ROLE':<5} {'CREATED (UTC)':<16} PROJECT")
+    # Groups joined by commas, each with its spaces kept out, so that the column stays one word.
+    groups = {u.id: ",".join(g.replace(" ", "_") for g in u.groups) or "-" for u in found}
+    group_width = max(6, *(len(g) for g in groups.values()))
+    click.echo(
+        f"{'ID':>4} {'EMAIL':<{width}} {'STATUS':<8} {'ROLE':<5} {'SOURCE':<6} {'CREATED (UTC)':<16} "
+        f"{'GROUPS':<{group_width}} PROJECT"
+    )
     for u in found:
         project = hierarchy.name(Scope("project", u.project_id)) if u.project_id is not None else "-"
         role = "admin" if u.is_admin else "user"
         click.echo(
-            f"{u.id:>4} {u.email:<{width}} {u.status:<8} {role:<5} {u.created_at:%Y-%m-%d %H:%M} {project}"
+            f"{u.id:>4} {u.email:<{width}} {u.status:<8} {role:<5} {u.source:<6} "
+            f"{u.created_at:%Y-%m-%d %H:%M} {groups[u.id]:<{group_width}} {project}"
         )

@@ -73,6 +73,55 @@ class TLSConfig:
 
 
 @attrs.frozen
+class OidcConfig:
+    issuer: str = _field(
+        "",
+        "The identity provider's issuer URL (its `/.well-known/openid-configuration` is read from it). "
+        "Empty: no sign-in through a provider. See docs/accounts.md, OpenID Connect.",
+        http_url(empty_ok=True),
+    )
+    client_id: str = _field("", "The client id the provider gave llmgw.")
+    client_secret_file: str = _field(
+        "", "A file holding the client secret (read at start; never shown, logged or returned)."
+    )
+    client_secret_env: str = _field(
+        "", "An environment variable holding the client secret, when client_secret_file is empty."
+    )
+    base_url: str = _field(
+        "",
+        "The address people reach the pages at, such as `https://llm.example.com`: the redirect URI "
+        "to register at the provider is this followed by `/login/oidc/callback`.",
+        http_url(empty_ok=True),
+    )
+    scopes: list[str] = _field(
+        ["openid", "email", "profile"],
+        "The scopes asked for; add the one that puts the groups claim in the ID token where the "
+        "provider needs one (Okta: `groups`).",
+    )
+    email_claim: str = _field("email", "The ID token claim that names the person (their email).")
+    groups_claim: str = _field("groups", "The ID token claim listing the person's groups (or roles).")
+    groups: dict[str, str] = _field(
+        {},
+        "What each of the provider's groups gives: `admin` (llmgw's administrator role) or "
+        "`project:PROJECT` (membership of that project, by name or id, and so of its team and "
+        "organisation). Applied at every sign-in; a person in none of these groups is refused.",
+    )
+    new_users: Literal["active", "pending"] = _field(
+        "active", "Whether a person signing in for the first time is active at once or waits for approval."
+    )
+    local_accounts: bool = _field(
+        True, "Whether email and password sign-in still works next to the provider (break-glass)."
+    )
+    button: str = _field("Sign in with your organisation", "The sign-in button's label.")
+    clock_skew_s: float = _field(
+        60.0, "How far the provider's clock may be from this one when checking expiry.", seconds(0, high=600)
+    )
+    timeout_s: float = _field(
+        10.0, "How long to wait for the provider's answers.", seconds(0, above=True, high=120)
+    )
+
+
+@attrs.frozen
 class AuthConfig:
     enabled: bool = _field(True, "Require `Authorization: Bearer <key>` on /v1/*.")
     default_rpm: int = _field(
@@ -91,6 +140,12 @@ class AuthConfig:
         "How long a sign-in to the pages lasts (the session cookie's lifetime), in seconds.",
         seconds(0, above=True),
     )
+    disabled_user_keys: Literal["keep", "revoke"] = _field(
+        "keep",
+        "What disabling an account does to the API keys its owner made on the profile page: "
+        "`keep` them working, or `revoke` them.",
+    )
+    oidc: OidcConfig = _field(OidcConfig(), "Sign-in to the pages through an OpenID Connect provider.")
 
 
 @attrs.frozen

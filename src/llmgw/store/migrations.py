@@ -318,6 +318,15 @@ MIGRATIONS: Sequence[Migration] = (
         """,
         ),
     ),
+    # 13: how an account signs in (`local`: a password here; `oidc`: through the identity provider, which
+    # made it) and the provider's groups at its last sign-in, for `llmgw users list` and the users page.
+    Migration(
+        "adds columns users.source and users.provider_groups: how an account signs in, and its groups",
+        (
+            "ALTER TABLE users ADD COLUMN source TEXT NOT NULL DEFAULT 'local'",
+            "ALTER TABLE users ADD COLUMN provider_groups TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
 )
 
 

@@ -49,6 +49,10 @@ class User:
     is_admin: bool
     project_id: int | None
     created_at: datetime
+    # How the account signs in: "local" (a password here) or "oidc" (made by the identity provider).
+    source: str = "local"
+    # The provider's groups at the account's last sign-in through it.
+    groups: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -119,6 +123,8 @@ def _user(row: Row) -> User:
         is_admin=bool(row["is_admin"]),
         project_id=row["project_id"],
         created_at=datetime.fromisoformat(row["created_at"]),
+        source=row["source"],
+        groups=tuple(group for group in row["provider_groups"].split("\n") if group),
     )
 
 
@@ -233,6 +239,16 @@ async def disable_user(store: Store, user_id: int) -> User:
     return await _update(store, user_id, "status = 'disabled'", ())
 
 
+async def revoke_user_keys(store: Store, user_id: int) -> int:
+    """Revoke every live key user_id made on their profile (auth.disabled_user_keys: revoke); how many."""
+    async with store.transaction() as db:
+        return await db.execute(
+            "UPDATE api_keys SET revoked_at = ? WHERE revoked_at IS NULL"
+            " AND id IN (SELECT key_id FROM user_keys WHERE user_id = ?)",
+            (_now().isoformat(), user_id),
+        )
+
+
 async def set_password(store: Store, user_id: int, password: str) -> User:
     check_password(password)
     return await _update(store, user_id, "password_hash = ?", (await hash_password(password),))
@@ -256,6 +272,12 @@ async def authenticate(store: Store, email: str, password: str) -> User | None:
 
 # A hash of nothing in particular with the real parameters, for the timing above.
 _DUMMY_HASH = f"scrypt${_N}${_R}${_P}${_b64(b'0' * _SALT_BYTES)}${_b64(b'0' * _HASH_BYTES)}"
+
+
+async def has_password(store: Store, user_id: int) -> bool:
+    """Whether the account can sign in with a password (one signed in through a provider has none)."""
+    row = await store.fetch_one("SELECT password_hash FROM users WHERE id = ?", (user_id,))
+    return row is not None and row[0] is not None
 
 
 async def link_key(store: Store, key_id: int, user_id: int) -> None:

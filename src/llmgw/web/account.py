@@ -21,6 +21,7 @@ from llmgw.store.users import (
     User,
     authenticate,
     create_user,
+    has_password,
     link_key,
     set_password,
     user_key_ids,
@@ -113,6 +114,15 @@ async def login(request: web.Request) -> web.StreamResponse:
             request, "login.html", status=403, next=target, email=email, error=_STALE_FORM
         )
     ctx = request.config_dict[WEB_KEY]
+    if ctx.cfg.auth.oidc.issuer and not ctx.cfg.auth.oidc.local_accounts:
+        return await _pre_session_page(
+            request,
+            "login.html",
+            status=403,
+            next=target,
+            email=email,
+            error="This server signs people in through the identity provider only; use the button above.",
+        )
     try:
         with ctx.logins.attempt(email, client_address(request)) as attempt:
             user = await authenticate(ctx.store, email, form.get("password", ""))
@@ -156,8 +166,15 @@ async def login(request: web.Request) -> web.StreamResponse:
 @require_login
 async def logout(request: web.Request) -> web.StreamResponse:
     ctx = request.config_dict[WEB_KEY]
+    user = await current_user(request)
     await end_session(ctx.store, request.cookies[SESSION_COOKIE])
     response = _see_other("/login")
+    # Signed in through the provider (no password here): end the provider's session too where it
+    # offers RP-initiated logout, or the next "sign in" would go straight through.
+    if ctx.oidc is not None and user is not None and not await has_password(ctx.store, user.id):
+        provider_logout = await ctx.oidc.logout_url(ctx.cfg.auth.oidc.base_url.rstrip("/") + "/login")
+        if provider_logout is not None:
+            response = _see_other(provider_logout)
     clear_cookie(response, request, SESSION_COOKIE)
     return response
 
@@ -259,6 +276,8 @@ async def _profile(request: web.Request, status: int = 200, **extra: object) -> 
         "usage": await _own_usage(request, keys),
         "usage_days": USAGE_DAYS,
         "min_password": MIN_PASSWORD,
+        # An account the identity provider made has no password to change.
+        "has_password": await has_password(ctx.store, user.id),
         "new_key": None,
         "new_key_name": None,
         "flash": None,

@@ -32,7 +32,15 @@ from llmgw.store.quotas import (
 from llmgw.store.scopes import Scope, ScopeError, load_hierarchy
 from llmgw.store.sessions import end_user_sessions
 from llmgw.store.usage import USAGE_BY, usage_by_day
-from llmgw.store.users import AccountError, approve_user, disable_user, get_user, list_users, promote_user
+from llmgw.store.users import (
+    AccountError,
+    approve_user,
+    disable_user,
+    get_user,
+    list_users,
+    promote_user,
+    revoke_user_keys,
+)
 from llmgw.tenancy import operations as tenancy
 from llmgw.web.chart import Series, colour, stacked_bars
 from llmgw.web.context import WEB_KEY
@@ -135,6 +143,8 @@ async def user_action(request: web.Request) -> web.StreamResponse:
                 )
             await disable_user(ctx.store, user_id)
             await end_user_sessions(ctx.store, user_id)
+            if ctx.cfg.auth.disabled_user_keys == "revoke":
+                await revoke_user_keys(ctx.store, user_id)
     except AccountError as exc:
         return await _users_page(request, 400, _sentence(str(exc)), "error")
     # Post, redirect, get: reloading the page must not repeat the action.

@@ -8,12 +8,15 @@ rest of its tables (web/client_port.py).
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from llmgw.adminapi.routes import Handler, Param, Route
 from llmgw.names import ID_PATTERN
-from llmgw.web import account, admin, projects
+from llmgw.web import account, admin, oidc_pages, projects
 from llmgw.web.context import WEB_KEY, WebContext
+from llmgw.web.oidc import Provider, read_secret
 from llmgw.web.pages import mount_table
 from llmgw.web.render import load_templates
 
@@ -47,6 +50,10 @@ SIGN_IN: tuple[Route, ...] = (
     _page("GET", "/login", account.login_page, "The sign-in form."),
     _page("POST", "/login", account.login, "Sign in."),
     _page("POST", "/logout", account.logout, "Sign out."),
+    _page("GET", "/login/oidc", oidc_pages.start, "Sign in through the identity provider."),
+    _page(
+        "GET", "/login/oidc/callback", oidc_pages.callback, "Where the identity provider sends people back."
+    ),
     STYLESHEET,
 )
 
@@ -99,6 +106,10 @@ def provide(app: web.Application, ctx: WebContext) -> None:
 
     async def load(app: web.Application) -> None:
         await load_templates(ctx)
+        oidc = ctx.cfg.auth.oidc
+        if oidc.issuer and ctx.oidc is None:
+            # Read here, in a thread, and kept only in memory: server.yaml names where it is.
+            ctx.oidc = Provider(oidc, await asyncio.to_thread(read_secret, oidc))
 
     app.on_startup.append(load)
 

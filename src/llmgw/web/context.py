@@ -12,6 +12,7 @@ from llmgw.config import ServerConfig
 from llmgw.store import Store
 from llmgw.store.scopes import Scope
 from llmgw.web.logins import LoginThrottle
+from llmgw.web.oidc import Provider
 
 
 @attrs.define
@@ -26,6 +27,8 @@ class WebContext:
     css: bytes = b""
     # Failed sign-ins per email and per address; tests give it a clock they move by hand.
     logins: LoginThrottle = attrs.field(factory=LoginThrottle)
+    # The identity provider auth.oidc names, set up when the app starts (its secret is read then).
+    oidc: Provider | None = None
 
 
 WEB_KEY = web.AppKey("llmgw.web", WebContext)

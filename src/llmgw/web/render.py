@@ -60,6 +60,9 @@ async def render(request: web.Request, template: str, status: int = 200, **conte
         csrf_field=csrf_field,
         admin_links=request.config_dict.get(ADMIN_LINKS_KEY, ()),
         signup_open=ctx.cfg.auth.signup_open,
+        # The provider's button, and whether the email and password form is still offered.
+        oidc_button=ctx.cfg.auth.oidc.button if ctx.cfg.auth.oidc.issuer else "",
+        local_accounts=ctx.cfg.auth.oidc.local_accounts or not ctx.cfg.auth.oidc.issuer,
         accounts=request.config_dict.get(ACCOUNTS_KEY, True),
         path=request.path,
         **context,
