@@ -30,6 +30,9 @@ command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 # run scripts/onboard-node.sh across them.
 command -v sshd >/dev/null 2>&1 || need+=(openssh-server)
 command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+# Node.js and npm: scripts/install-test-clients.sh installs the command-line agents the client
+# tests drive through the gateway (Claude Code, Codex CLI) from the npm registry.
+command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
 # Prometheus and promtool: a test scrapes a running server and agent with a real Prometheus,
 # others check the metrics pages with `promtool check metrics`.
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)

@@ -128,7 +128,7 @@ async def test_a_chat_model_asked_for_embeddings_is_a_400_saying_what_it_serves(
     message = refused.value.body["message"]  # type: ignore[index]
     assert message == (
         f"{MODEL} serves chat, not embeddings: send it to /v1/chat/completions, /v1/completions, "
-            "/v1/messages, /v1/messages/count_tokens or /v1/responses; "
+        "/v1/messages, /v1/messages/count_tokens or /v1/responses; "
         f"the models that serve embeddings are {EMBED}"
     )
     await rig.recorder.flush(rig.store)
