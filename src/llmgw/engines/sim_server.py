@@ -58,7 +58,7 @@ import signal
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -66,6 +66,7 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw import __version__
+from llmgw.engines import sim_apis
 from llmgw.engines.sim_text import (
     DEFAULT_MAX_TOKENS,
     BadRequest,
@@ -176,6 +177,7 @@ class _SimServer:
         # Bound once: looking a label up per request is work the benchmark would measure.
         self.chat_requests = requests.labels("chat")
         self.completion_requests = requests.labels("completions")
+        self.requests = requests
         self.prompt_tokens = Counter(
             "llmgw_sim_prompt_tokens", "Prompt tokens received.", registry=self.registry
         )
@@ -318,6 +320,79 @@ class _SimServer:
         }
         return web.Response(body=json.dumps(reply), content_type="application/json")
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._generated(
+            request, "messages", sim_apis.parse_messages, sim_apis.message_reply, sim_apis.message_events
+        )
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generated(
+            request, "responses", sim_apis.parse_responses, sim_apis.response_reply, sim_apis.response_events
+        )
+
+    async def _generated(
+        self,
+        request: web.Request,
+        endpoint: str,
+        parse: Callable[[dict[str, Any]], sim_apis.Turns],
+        reply: Callable[[sim_apis.Turns, Iterator[int], str], dict[str, Any]],
+        events: Callable[[sim_apis.Turns, Iterator[int], str], Iterator[str]],
+    ) -> web.StreamResponse:
+        """A Messages or Responses request, answered or streamed as the chat route does."""
+        self.requests.labels(endpoint).inc()
+        self.in_flight.inc()
+        try:
+            turns = parse(await self._body(request))
+            await self._serving_loop()
+            self._count(turns)
+            if turns.stream:
+                return await self._stream(request, events(turns, self.ids, self.model), len(turns.reply))
+            await self._generate_delay(turns)
+            body = json.dumps(reply(turns, self.ids, self.model))
+            return web.Response(body=body, content_type="application/json")
+        except BadRequest as e:
+            return sim_apis.anthropic_error(e) if endpoint == "messages" else error_response(e)
+        finally:
+            self.in_flight.dec()
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        try:
+            turns = sim_apis.parse_messages(await self._body(request), counting=True)
+        except BadRequest as e:
+            return sim_apis.anthropic_error(e)
+        return web.json_response({"input_tokens": turns.prompt_tokens})
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            answer = sim_apis.score_reply if request.path == "/v1/score" else sim_apis.rerank_reply
+            reply = answer(body, self.ids, self.model)
+        except BadRequest as e:
+            return error_response(e)
+        self.prompt_tokens.inc(reply["usage"]["prompt_tokens"])
+        return web.json_response(reply)
+
+    async def transcriptions(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        upload, model = form.get("file"), str(form.get("model", ""))
+        try:
+            if model != self.model:
+                raise BadRequest(
+                    404,
+                    f"The model `{model}` does not exist; this engine serves `{self.model}`.",
+                    param="model",
+                    code="model_not_found",
+                )
+            if not isinstance(upload, web.FileField):
+                raise BadRequest(400, "file: an audio file is required", param="file")
+            # Past a megabyte aiohttp spools the upload to a file on disk.
+            audio = await asyncio.to_thread(upload.file.read)
+            response_format = form.get("response_format", "json")
+            body, content_type = sim_apis.transcription_reply(audio, str(response_format))
+        except BadRequest as e:
+            return error_response(e)
+        return web.Response(body=body, content_type=content_type)
+
     async def _serving_loop(self) -> None:
         """Raise the 500 of a dead serving loop, or never return while generation hangs."""
         if self.dead:
@@ -326,12 +401,12 @@ class _SimServer:
             # Forever: only the agent's SIGKILL ends this request.
             await asyncio.Event().wait()
 
-    def _count(self, parsed: Request) -> None:
+    def _count(self, parsed: Request | sim_apis.Turns) -> None:
         self.prompt_tokens.inc(parsed.prompt_tokens)
         if not self.delayed:
             self.completion_tokens.inc(len(parsed.reply))
 
-    async def _generate_delay(self, parsed: Request) -> None:
+    async def _generate_delay(self, parsed: Request | sim_apis.Turns) -> None:
         # Token by token, each counted as it is produced, as a real engine's counter moves: a long
         # answer at a slow pace is progress, not a stall.
         if not self.delayed:
@@ -427,6 +502,12 @@ def make_sim_app(
     app.router.add_post("/v1/chat/completions", sim.chat)
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/embeddings", sim.embeddings)
+    app.router.add_post("/v1/messages", sim.messages)
+    app.router.add_post("/v1/messages/count_tokens", sim.count_tokens)
+    app.router.add_post("/v1/responses", sim.responses)
+    for path in ("/v1/rerank", "/rerank", "/v1/score"):
+        app.router.add_post(path, sim.rerank)
+    app.router.add_post("/v1/audio/transcriptions", sim.transcriptions)
     app.router.add_get("/metrics", sim.metrics)
     app[_SIM] = sim
     return app
