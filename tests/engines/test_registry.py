@@ -8,7 +8,18 @@ import sys
 import pytest
 
 from llmgw import __version__
-from llmgw.engines.base import LaunchSpec
+from llmgw.engines.base import (
+    APIS,
+    CHAT,
+    COMPLETIONS,
+    COUNT_TOKENS,
+    EMBEDDINGS,
+    MESSAGES,
+    RERANK,
+    RESPONSES,
+    TRANSCRIPTIONS,
+    LaunchSpec,
+)
 from llmgw.engines.registry import ENGINES, get_engine
 from llmgw.engines.sim import SimEngine
 from llmgw.errors import LlmgwError
@@ -59,3 +70,22 @@ async def test_the_sim_probe_command_prints_its_version() -> None:
     stdout, _ = await process.communicate()
     assert process.returncode == 0
     assert stdout.decode().strip() == f"llmgw-sim {__version__}"
+
+
+def test_every_engine_serves_chat_completions_and_names_only_known_apis() -> None:
+    """Translation lands on chat completions: an engine without them could serve nothing translated."""
+    for engine in ENGINES.values():
+        assert {CHAT, COMPLETIONS, EMBEDDINGS} <= engine.native_apis <= APIS, engine.name
+
+
+def test_the_sim_serves_every_api_so_dev_mode_and_the_tests_reach_them_all() -> None:
+    assert SimEngine().native_apis == APIS
+
+
+@pytest.mark.parametrize("name", ["llamacpp", "vllm"])
+def test_the_engines_llmgw_installs_speak_messages_and_responses_natively(name: str) -> None:
+    assert {MESSAGES, COUNT_TOKENS, RESPONSES, RERANK, TRANSCRIPTIONS} <= get_engine(name).native_apis
+
+
+def test_sglang_serves_every_api_but_transcriptions() -> None:
+    assert APIS - get_engine("sglang").native_apis == {TRANSCRIPTIONS}

@@ -14,6 +14,7 @@ import openai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, PriceConfig, ServerConfig
@@ -23,6 +24,7 @@ from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
 from llmgw.gateway.apis import AUDIO_TOKENS_PER_S, MAX_AUDIO_BODY
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store
@@ -48,6 +50,7 @@ class Rig:
     recorder: UsageRecorder
     key: str
     replicas: FakeReplicas
+    registry: CollectorRegistry
 
     def anthropic(self, **kwargs: str) -> anthropic.AsyncAnthropic:
         options = kwargs or {"api_key": self.key}
@@ -89,10 +92,12 @@ async def rig(store: Store) -> AsyncIterator[Rig]:
     keys, recorder = KeyCache(), UsageRecorder()
     quotas = Quotas(recorder)
     replicas = FakeReplicas(endpoints={name: [f"http://127.0.0.1:{s.port}"] for name, s in servers.items()})
-    app = make_gateway_app(cfg, catalog, replicas, keys, Admission(cfg, catalog, quotas, recorder))
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry, catalog)
+    app = make_gateway_app(cfg, catalog, replicas, keys, Admission(cfg, catalog, quotas, recorder), metrics)
     plaintext, _ = await create_key(store, "k")
     async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as client:
-        rig = Rig(client, store, keys, quotas, recorder, plaintext, replicas)
+        rig = Rig(client, store, keys, quotas, recorder, plaintext, replicas, registry)
         await rig.reload()
         yield rig
     for server in servers.values():
@@ -447,6 +452,10 @@ async def _read_cut(response: aiohttp.ClientResponse) -> bytes:
 
 async def _cut_stream(request: web.Request) -> web.StreamResponse:
     """A stream of two tokens that the engine breaks off in the middle of the third event."""
+    if request.query.get("refuse"):
+        # llama-server's refusal on its /v1/messages: OpenAI's error object.
+        error = {"error": {"code": 400, "message": "the engine says no", "type": "invalid_request_error"}}
+        return web.json_response(error, status=400)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     if request.path == "/v1/messages":
@@ -469,6 +478,17 @@ async def broken(rig: Rig) -> AsyncIterator[Rig]:
     rig.replicas.endpoints[BROKEN] = [f"http://127.0.0.1:{server.port}"]
     yield rig
     await server.close()
+
+
+async def test_an_engines_refusal_in_openais_shape_reaches_anthropics_clients_in_theirs(broken: Rig) -> None:
+    body = {"model": BROKEN, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    async with broken.client.post("/v1/messages?refuse=1", json=body, headers=broken.auth) as response:
+        assert response.status == 400
+        said = await response.json()
+    assert said == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "the engine says no"},
+    }
 
 
 class TestStreamsCutMidEvent:
@@ -517,3 +537,45 @@ class TestStreamsCutMidEvent:
         # No usage reported: the prompt as reserved, a token per delta the client had.
         assert (row.requests, row.completion_tokens) == (1, 2)
         assert math.isclose(row.prompt_tokens, len(json.dumps(body)) + TEMPLATE_OVERHEAD, abs_tol=8)
+
+
+class TestModels:
+    async def test_the_anthropic_client_lists_and_retrieves_models_in_its_own_shape(self, rig: Rig) -> None:
+        async with rig.anthropic() as client:
+            page = await client.models.list()
+            one = await client.models.retrieve(RERANK)
+        assert [m.id for m in page.data] == [MODEL, RERANK, WHISPER, BROKEN]
+        assert page.data[0].type == "model" and page.data[0].display_name == MODEL
+        assert (page.first_id, page.last_id, page.has_more) == (MODEL, BROKEN, False)
+        assert (one.id, one.type) == (RERANK, "model")
+
+    async def test_without_anthropic_version_the_list_is_openais(self, rig: Rig) -> None:
+        async with rig.openai() as client:
+            models = await client.models.list()
+        assert [m.object for m in models.data] == ["model"] * 4
+
+    async def test_an_unknown_model_is_a_not_found_error_in_anthropics_shape(self, rig: Rig) -> None:
+        async with rig.anthropic() as client:
+            with pytest.raises(anthropic.NotFoundError) as refused:
+                await client.models.retrieve("nope")
+        assert refused.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+
+
+async def test_requests_are_counted_by_route(rig: Rig) -> None:
+    async with rig.anthropic() as client:
+        await client.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        await client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    async with rig.openai() as client:
+        await client.responses.create(model=MODEL, input="x")
+        await client.responses.create(model=MODEL, input="y")
+    labels = {"model": MODEL, "served_model": MODEL, "project": "1", "status": "2xx", "code": ""}
+
+    def counted(route: str) -> float | None:
+        return rig.registry.get_sample_value("llmgw_requests_total", {**labels, "route": route})
+
+    assert (counted("messages"), counted("count_tokens"), counted("responses"), counted("chat")) == (
+        1,
+        1,
+        2,
+        None,
+    )

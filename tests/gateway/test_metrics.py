@@ -123,9 +123,23 @@ class TestRequestsCounted:
         for _ in range(3):
             assert (await gw.chat())[0] == 200
         assert (await gw.chat(key="llmgw-not-a-key"))[0] == 401
-        ok = {"model": MODEL, "served_model": MODEL, "project": gw.project, "status": "2xx", "code": ""}
+        ok = {
+            "model": MODEL,
+            "served_model": MODEL,
+            "project": gw.project,
+            "status": "2xx",
+            "code": "",
+            "route": "chat",
+        }
         assert gw.value("llmgw_requests_total", **ok) == 3
-        refused = {"model": "", "served_model": "", "project": "", "status": "4xx", "code": "invalid_api_key"}
+        refused = {
+            "model": "",
+            "served_model": "",
+            "project": "",
+            "status": "4xx",
+            "code": "invalid_api_key",
+            "route": "chat",
+        }
         assert gw.value("llmgw_requests_total", **refused) == 1
 
     async def test_concurrent_requests_are_counted_exactly_and_leave_nothing_in_flight(
@@ -134,7 +148,14 @@ class TestRequestsCounted:
         gw = await rig()
         statuses = await asyncio.gather(*(gw.chat({**BODY, "stream": i % 2 == 0}) for i in range(100)))
         assert [s for s, _, _ in statuses] == [200] * 100
-        ok = {"model": MODEL, "served_model": MODEL, "project": gw.project, "status": "2xx", "code": ""}
+        ok = {
+            "model": MODEL,
+            "served_model": MODEL,
+            "project": gw.project,
+            "status": "2xx",
+            "code": "",
+            "route": "chat",
+        }
         assert gw.value("llmgw_requests_total", **ok) == 100
         assert gw.value("llmgw_request_duration_seconds_count", model=MODEL) == 100
         assert gw.value("llmgw_requests_in_flight", model=MODEL) == 0
@@ -155,7 +176,7 @@ class TestRequestsCounted:
             if "model" in sample.labels
         }
         assert not any(v.startswith("client-chosen") for v in values)
-        unknown = {"model": "", "served_model": "", "project": gw.project, "status": "4xx"}
+        unknown = {"model": "", "served_model": "", "project": gw.project, "status": "4xx", "route": "chat"}
         assert gw.value("llmgw_requests_total", **unknown, code="model_not_found") == 5
 
     async def test_tokens_and_cost_are_counted_from_the_engines_own_usage(self, rig: RigFactory) -> None:
@@ -228,7 +249,13 @@ class TestRequestsCounted:
         status, _, _ = await gw.chat()
         assert status == 502
         assert gw.value("llmgw_upstream_errors_total", node="node-7", stage="connect") == 1
-        labels = {"model": MODEL, "served_model": MODEL, "project": gw.project, "status": "5xx"}
+        labels = {
+            "model": MODEL,
+            "served_model": MODEL,
+            "project": gw.project,
+            "status": "5xx",
+            "route": "chat",
+        }
         assert gw.value("llmgw_requests_total", **labels, code="engine_unavailable") == 1
 
 

@@ -11,6 +11,9 @@ itself: the supervisor owns every process.
 
 Engines subclass `Engine` to take its defaults: the output reading and the
 help command most engines share, and no recipe.
+
+Each engine also says which client APIs it serves itself (`native_apis`): the gateway sends a
+request for any other API to the engine's chat completions, translated (llmgw/translate/).
 """
 
 from __future__ import annotations
@@ -175,6 +178,25 @@ _LAST_WORDS_LINES = 20
 _LAST_WORDS_CHARS = 300
 
 
+# The client APIs, by the names engines declare them in `native_apis` and `ctl models` shows:
+# OpenAI's chat completions, completions, embeddings, Responses (/v1/responses) and transcriptions
+# (/v1/audio/transcriptions); Anthropic's Messages (/v1/messages) and its count_tokens
+# (/v1/messages/count_tokens); rerank (/v1/rerank, Jina's and Cohere's shape).
+CHAT = "chat"
+COMPLETIONS = "completions"
+EMBEDDINGS = "embeddings"
+MESSAGES = "messages"
+COUNT_TOKENS = "count_tokens"
+RESPONSES = "responses"
+RERANK = "rerank"
+TRANSCRIPTIONS = "transcriptions"
+APIS: frozenset[str] = frozenset(
+    {CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, COUNT_TOKENS, RESPONSES, RERANK, TRANSCRIPTIONS}
+)
+# What every engine llmgw runs serves: the OpenAI-compatible server each of them is.
+OPENAI_APIS: frozenset[str] = frozenset({CHAT, COMPLETIONS, EMBEDDINGS})
+
+
 class Engine(Protocol):
     """An engine kind: pure functions of a LaunchSpec and of its output, no processes."""
 
@@ -193,6 +215,9 @@ class Engine(Protocol):
     # Flags the agent sets on the command line or through the environment, with why a profile's
     # args may not (profile_args_problem).
     agent_flags: ClassVar[Mapping[str, str]] = AGENT_FLAGS
+    # The APIs (of APIS) the engine serves itself, at the version llmgw installs or tests; for the
+    # others the gateway translates, Messages and Responses onto chat completions.
+    native_apis: ClassVar[frozenset[str]] = OPENAI_APIS
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""

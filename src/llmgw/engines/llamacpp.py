@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from llmgw.engines.base import (
     AGENT_FLAGS,
+    APIS,
     SECRET_WHY,
     Build,
     Engine,
@@ -92,6 +93,9 @@ class LlamaCppEngine(Engine):
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ("--embeddings",)
     recipe = Recipe(repo="ggml-org/llama.cpp", choose=choose_build)
+    # The suite's build (b11434) serves them all: /v1/messages and its count_tokens, /v1/responses,
+    # /v1/rerank (with --reranking) and /v1/audio/transcriptions (with an audio model).
+    native_apis = APIS
     # n_decode_total moves at every batch, prompt or generation; tokens_predicted_total only as a
     # request ends, so alone it would make a long answer look stalled.
     progress = ProgressMetrics(

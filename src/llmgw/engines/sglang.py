@@ -8,7 +8,16 @@ tensor-parallel size, the number of nodes, its rank and rank 0's address.
 
 from __future__ import annotations
 
-from llmgw.engines.base import Engine, HelpCommand, LaunchSpec
+from llmgw.engines.base import (
+    COUNT_TOKENS,
+    MESSAGES,
+    OPENAI_APIS,
+    RERANK,
+    RESPONSES,
+    Engine,
+    HelpCommand,
+    LaunchSpec,
+)
 from llmgw.errors import LlmgwError
 
 
@@ -21,6 +30,9 @@ class SglangEngine(Engine):
     embedding_args: tuple[str, ...] = ("--is-embedding",)
     # `python3 -m sglang.launch_server`: the two words after the interpreter choose the program.
     help_command = HelpCommand(words=2)
+    # /v1/responses and /v1/rerank since 2025; /v1/messages and its count_tokens on every server
+    # since February 2026 (sgl-project/sglang#18630). It has no transcriptions.
+    native_apis = OPENAI_APIS | {RESPONSES, RERANK, MESSAGES, COUNT_TOKENS}
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The launch_server argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""

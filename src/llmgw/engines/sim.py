@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import ClassVar
 
-from llmgw.engines.base import HOST_WHY, PORT_WHY, Engine, HelpCommand, LaunchSpec
+from llmgw.engines.base import APIS, HOST_WHY, PORT_WHY, Engine, HelpCommand, LaunchSpec
 from llmgw.engines.progress import ProgressMetrics
 from llmgw.engines.sim_words import API_KEY_ENV, COMPLETION_TOKENS_METRIC, IN_FLIGHT_METRIC
 
@@ -28,6 +28,8 @@ class SimEngine(Engine):
     progress = ProgressMetrics(IN_FLIGHT_METRIC, (COMPLETION_TOKENS_METRIC,))
     # Its secret comes only through the environment; it has no flag for one.
     agent_flags: ClassVar[Mapping[str, str]] = {"--host": HOST_WHY, "--port": PORT_WHY}
+    # Every API, so that dev mode and the tests serve them all without a real engine.
+    native_apis = APIS
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The sim's argv for spec; spec.args (e.g. --ttft-ms 50) come last."""

@@ -28,7 +28,16 @@ import posixpath
 import re
 from collections.abc import Sequence
 
-from llmgw.engines.base import Engine, HelpCommand, LaunchSpec, Machine, UnsupportedError, WheelRecipe, Wheels
+from llmgw.engines.base import (
+    APIS,
+    Engine,
+    HelpCommand,
+    LaunchSpec,
+    Machine,
+    UnsupportedError,
+    WheelRecipe,
+    Wheels,
+)
 from llmgw.engines.progress import ProgressMetrics
 from llmgw.engines.wheel_locks import find_lock, locked_versions
 from llmgw.errors import LlmgwError
@@ -77,6 +86,10 @@ class VllmEngine(Engine):
     # Since vLLM 0.10, `vllm serve --help` lists the groups of flags, not the flags.
     help_command = HelpCommand(words=1, help=("--help=all",))
     recipe = WheelRecipe(title="vLLM", choose=choose_wheels)
+    # 0.32 serves them all: /v1/responses, /v1/rerank (and /v1/score), /v1/audio/transcriptions, and
+    # /v1/messages with its count_tokens, which vllm/entrypoints/generate/api_router.py registers on
+    # every server of a generating model.
+    native_apis = APIS
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The server's argv for spec; a LlmgwError when a multi-node spec lacks its rank 0."""

@@ -38,6 +38,31 @@ def _model_entry(name: str) -> dict[str, object]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
 
 
+# Anthropic's clients send it on every request: /v1/models then answers in their shape.
+_ANTHROPIC_VERSION = "anthropic-version"
+
+
+def _anthropic(request: web.Request) -> bool:
+    return _ANTHROPIC_VERSION in request.headers
+
+
+def _anthropic_entry(name: str) -> dict[str, object]:
+    """A model as Anthropic's /v1/models lists it (its clients read id and display_name)."""
+    return {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+
+
+def _models_endpoint(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """/v1/models, answering and refusing in Anthropic's shape to Anthropic's clients, else OpenAI's."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(Call(request))
+        except ApiError as err:
+            return err.response("anthropic" if _anthropic(request) else "openai")
+
+    return handle
+
+
 def make_gateway_app(
     cfg: ServerConfig,
     catalog: Catalog,
@@ -111,6 +136,16 @@ def make_gateway_app(
         names = list(by_name)
         # Only what the key may call (its list, within its project's): a listed model is never a 403.
         shown = names if call.key is None else allowed_for(names, call.key)
+        if _anthropic(call.request):
+            data = [_anthropic_entry(name) for name in shown]
+            return web.json_response(
+                {
+                    "data": data,
+                    "has_more": False,
+                    "first_id": shown[0] if shown else None,
+                    "last_id": shown[-1] if shown else None,
+                }
+            )
         return web.json_response({"object": "list", "data": [by_name[name] for name in shown]})
 
     async def get_model(call: Call) -> web.StreamResponse:
@@ -127,15 +162,15 @@ def make_gateway_app(
             )
         if call.key is not None:
             access.check(call.key, admission.hierarchy if admission is not None else _NO_PROJECTS, name)
-        return web.json_response(entry)
+        return web.json_response(_anthropic_entry(name) if _anthropic(call.request) else entry)
 
     async def health(request: web.Request) -> web.StreamResponse:
         return web.json_response({"status": "ok"})
 
     app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", endpoint(compose(auth, list_models)))
+    app.router.add_get("/v1/models", _models_endpoint(compose(auth, list_models)))
     # Model names may hold slashes (org/model), so the id is the whole rest of the path.
-    app.router.add_get("/v1/models/{id:.+}", endpoint(compose(auth, get_model)))
+    app.router.add_get("/v1/models/{id:.+}", _models_endpoint(compose(auth, get_model)))
     for api in APIS:
         handler = route(api)
         for path in api.paths:

@@ -80,6 +80,21 @@ def shape_of(path: str) -> ErrorShape:
     return "anthropic" if path.startswith(ANTHROPIC_PREFIX) else "openai"
 
 
+def in_shape(shape: ErrorShape, status: int, body: bytes) -> bytes:
+    """An engine's refusal in shape: OpenAI's error object said again in Anthropic's; else as it came."""
+    if shape == "openai":
+        return body
+    try:
+        said = json.loads(body)
+    except ValueError:
+        return body
+    error = said.get("error") if isinstance(said, dict) and said.get("type") != "error" else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str):
+        return body
+    return json.dumps(ApiError(status, message).body(shape)).encode()
+
+
 # `llmgw ctl` and the OpenAPI document expect the admin API's own shape ({"error": "..."}).
 _ADMIN_API = "/admin/api/"
 

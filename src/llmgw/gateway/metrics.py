@@ -96,8 +96,8 @@ class GatewayMetrics(Collector):
             ["node", "stage"],
             registry=registry,
         )
-        # (model, served model, project, status class, code) -> requests.
-        self._requests: dict[tuple[str, str, str, str, str], int] = {}
+        # (model, served model, project, status class, code, route) -> requests.
+        self._requests: dict[tuple[str, str, str, str, str, str], int] = {}
         self._timings: dict[str, _Timings] = {}
         # (model, project) -> [prompt tokens, completion tokens].
         self._tokens: dict[tuple[str, str], list[int]] = {}
@@ -141,6 +141,7 @@ class GatewayMetrics(Collector):
                 call.first_byte - started if call.first_byte else None,
                 call.usage,
                 call.cost,
+                route=call.api.name,
             )
             if self._log_requests:
                 self._log(call, status, started, ended)
@@ -156,11 +157,14 @@ class GatewayMetrics(Collector):
         first_byte_s: float | None = None,
         usage: tuple[int, int] | None = None,
         cost: float = 0.0,
+        *,
+        route: str = "chat",
     ) -> None:
-        """Count one finished request (model and served as the client and router named them)."""
+        """Count one finished request (model and served as the client and router named them; route, the
+        API it went to, apis.py's name for it)."""
         model = self._model(model)
         # served was chosen by the router among the catalog's models: already a bounded value.
-        key = (model, served, project, _STATUS_CLASSES.get(status // 100, "5xx"), code)
+        key = (model, served, project, _STATUS_CLASSES.get(status // 100, "5xx"), code, route)
         requests = self._requests
         requests[key] = requests.get(key, 0) + 1
         timings = self._timings.get(model)
@@ -188,8 +192,9 @@ class GatewayMetrics(Collector):
         requests = CounterMetricFamily(
             "llmgw_requests",
             "Requests the gateway answered, by model asked for, model that served it, project, "
-            "status class and error code.",
-            labels=["model", "served_model", "project", "status", "code"],
+            "status class, error code and route (the API: chat, completions, embeddings, messages, "
+            "count_tokens, responses, rerank, transcriptions).",
+            labels=["model", "served_model", "project", "status", "code", "route"],
         )
         for labels, n in list(self._requests.items()):
             requests.add_metric(list(labels), n)

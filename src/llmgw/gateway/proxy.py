@@ -32,7 +32,7 @@ from aiohttp import hdrs, web
 from multidict import istr
 
 from llmgw.gateway.deadlines import Deadlines, EngineTimedOut
-from llmgw.gateway.errors import ApiError
+from llmgw.gateway.errors import ApiError, in_shape
 from llmgw.gateway.faults import (
     EXCERPT,
     EngineFailed,
@@ -224,7 +224,7 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
     async with upstream:
         if upstream.status >= 500:
             raise await _server_error(call, upstream, deadlines, first)
-        if upstream.status >= 400 and is_endpoint(call):
+        if upstream.status >= 400 and (is_endpoint(call) or call.api.errors != "openai"):
             return await _refused(call, upstream, deadlines, first)
         tap = _tap(call, upstream)
         headers = _reply_headers(call, upstream, tap)
@@ -306,12 +306,17 @@ async def _server_error(
 async def _refused(
     call: Call, upstream: aiohttp.ClientResponse, deadlines: Deadlines, first: tuple[float, str]
 ) -> web.Response:
-    """An endpoint's 4xx: an error naming it (upstream.py), or the client's own passed on, without the key."""
+    """An endpoint's 4xx: an error naming it (upstream.py), or the client's own passed on, without the key.
+
+    On a route whose errors are not OpenAI's (the Messages API), a replica's 4xx too: llama-server
+    refuses a Messages request with OpenAI's error object, which Anthropic's clients cannot read.
+    """
     body = await _start_of(call, upstream, deadlines, first, REFUSAL_BODY)
-    error = refusal(call, upstream.status, upstream.headers, body)
+    error = refusal(call, upstream.status, upstream.headers, body) if is_endpoint(call) else None
     if error is not None:
         _count_upstream_error(call, "status")
         raise error
+    body = in_shape(call.api.errors, upstream.status, body)
     headers = {name: upstream.headers[name] for name in (hdrs.CONTENT_TYPE,) if name in upstream.headers}
     headers[MODEL_HEADER] = call.served_model or call.model
     if call.request_id:

@@ -1,0 +1,185 @@
+"""What both translations read of chat completions: the refusal, a stream's events, its tool calls, its usage.
+
+The Messages and Responses translations turn a request into a chat completions request, and the
+engine's chat reply or chat chunks back into their own API's shape. What they share is here: how a
+chunk's data is read, how a tool call's pieces, split over chunks, are put back together, and what
+the engine said it used.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+import attrs
+
+# A chat stream's last event: `data: [DONE]`.
+DONE = "[DONE]"
+
+JsonObject = dict[str, Any]
+
+
+class TranslationError(Exception):
+    """A request that cannot be said in chat completions' terms: the gateway answers it with a 400.
+
+    The message is for the person who wrote the request ("content block 2 of message 1 is a
+    `document`, which ..."); param names the field, as OpenAI's and Anthropic's errors do.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class UpstreamError(Exception):
+    """The engine's stream said something other than a chat chunk: an error event, or not JSON."""
+
+
+def new_id(prefix: str) -> str:
+    """An identifier in the style of the API it belongs to: `msg_…`, `resp_…`, `toolu_…`."""
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def read_event(data: bytes | str | JsonObject) -> JsonObject | None:
+    """A chat stream event's data as a chunk; None for `[DONE]`; UpstreamError for anything else.
+
+    An engine that fails mid-stream sends `data: {"error": {...}}` (llama-server, vLLM); that is
+    the engine's failure told in its words, not a chunk.
+    """
+    if isinstance(data, dict):
+        chunk = data
+    else:
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        text = text.strip()
+        if text == DONE:
+            return None
+        try:
+            chunk = json.loads(text)
+        except ValueError:
+            raise UpstreamError(f"the engine sent an event that is not JSON: {text[:120]!r}") from None
+    if not isinstance(chunk, dict):
+        raise UpstreamError("the engine sent an event that is not a JSON object")
+    error = chunk.get("error")
+    if error is not None:
+        said = error.get("message") if isinstance(error, dict) else error
+        raise UpstreamError(f"the engine failed mid-stream: {said}")
+    return chunk
+
+
+@attrs.define
+class ChatUsage:
+    """What the engine counted, in chat completions' terms; None where it has not said."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    # Of the prompt, the tokens the engine found in its prefix cache (prompt_tokens_details.cached_tokens).
+    cached_tokens: int = 0
+
+    def read(self, usage: object) -> None:
+        """Take a chat `usage` object's counts, where it gives them."""
+        if not isinstance(usage, dict):
+            return
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            self.prompt_tokens = prompt
+        if isinstance(completion, int):
+            self.completion_tokens = completion
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int) and cached > 0:
+            self.cached_tokens = min(cached, self.prompt_tokens or 0)
+
+
+def reasoning_of(message: JsonObject) -> str:
+    """The reasoning a chat message or delta carries: llama-server and SGLang say `reasoning_content`,
+    vLLM's newer builds `reasoning`."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def matched_stop(choice: JsonObject, stops: list[str]) -> str | None:
+    """The stop sequence that ended the choice, where the engine says which.
+
+    vLLM names it in the choice's `stop_reason`, SGLang in `matched_stop`; llama-server does not say,
+    and a reply that ended on a stop sequence then reads as an ordinary end of turn.
+    """
+    for key in ("stop_reason", "matched_stop"):
+        value = choice.get(key)
+        if isinstance(value, str) and value in stops:
+            return value
+    return None
+
+
+def parse_arguments(arguments: str) -> JsonObject:
+    """A tool call's arguments as the object both APIs carry.
+
+    Arguments that are not a JSON object (a small model's broken JSON) are kept whole under
+    `arguments` rather than dropped: the client's tool then says what is wrong with them, and the
+    model sees it on the next turn, where an empty object would run the tool with nothing.
+    """
+    if not arguments.strip():
+        return {}
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+@attrs.define
+class ToolCallPiece:
+    """What one chunk's tool call delta added: the call's place, and the new parts of it."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+def tool_call_pieces(delta: JsonObject) -> list[ToolCallPiece]:
+    """The tool call fragments of one chunk's delta, in the order the engine sent them."""
+    calls = delta.get("tool_calls")
+    if not isinstance(calls, list):
+        return []
+    pieces = []
+    for position, call in enumerate(calls):
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        assert isinstance(function, dict)
+        index = call.get("index")
+        pieces.append(
+            ToolCallPiece(
+                index=index if isinstance(index, int) else position,
+                id=str(call.get("id") or ""),
+                name=str(function.get("name") or ""),
+                arguments=str(function.get("arguments") or ""),
+            )
+        )
+    return pieces
+
+
+def first_choice(chat: JsonObject) -> JsonObject:
+    """The reply's one choice: the translations ask for one (no `n`); none is the engine's fault."""
+    choices = chat.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    raise UpstreamError("the engine's reply has no choices")
+
+
+def text_of(content: object) -> str:
+    """A chat message's content as text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text") or "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""

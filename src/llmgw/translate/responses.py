@@ -1,0 +1,558 @@
+"""OpenAI's Responses API said in chat completions' terms, for an engine that does not speak it.
+
+`request_to_chat` turns a `POST /v1/responses` body into a chat completions body; `reply_from_chat`
+turns the engine's chat completion into a `response` object; `ResponsesStream` turns the engine's
+chat chunks into the Responses stream's typed events (`response.created` … `response.completed`),
+each with its `type` and `sequence_number`.
+
+A translated engine keeps no responses: `previous_response_id`, `conversation`, `store: true` and
+`background` are refused in words, and the client sends the whole conversation in `input` (as
+Codex and the Agents SDK do with `store: false`). What has no chat equivalent and changes what the
+model sees (a file, a built-in tool such as web search) is refused too; what only tunes OpenAI's
+own service (`include`, `truncation`, `service_tier`, `prompt_cache_key`) is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from llmgw.translate.chat import (
+    ChatUsage,
+    JsonObject,
+    TranslationError,
+    UpstreamError,
+    first_choice,
+    new_id,
+    read_event,
+    reasoning_of,
+    text_of,
+    tool_call_pieces,
+)
+
+# The request's fields chat takes under the same name.
+_PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "chat_template_kwargs")
+
+# Why each refused field cannot be served by a translated engine.
+_KEEPS_NOTHING = (
+    "this model's engine does not speak the Responses API and keeps no responses; "
+    "send the whole conversation in `input` (with `store: false`)"
+)
+_REFUSED = {
+    "previous_response_id": _KEEPS_NOTHING,
+    "conversation": _KEEPS_NOTHING,
+    "prompt": "this model's engine cannot read OpenAI's stored prompt templates; send the prompt in `input`",
+}
+
+
+def request_to_chat(payload: JsonObject) -> JsonObject:
+    """A Responses request as a chat completions request; TranslationError for what chat cannot say."""
+    for field, why in _REFUSED.items():
+        if payload.get(field):
+            raise TranslationError(f"{field}: {why}", field)
+    if payload.get("store") is True:
+        raise TranslationError(f"store: {_KEEPS_NOTHING}", "store")
+    if payload.get("background"):
+        raise TranslationError(
+            "background: this model's engine answers only while the client waits", "background"
+        )
+    chat: JsonObject = {"model": payload.get("model"), "messages": _messages(payload)}
+    if payload.get("max_output_tokens") is not None:
+        chat["max_tokens"] = payload["max_output_tokens"]
+    for key in _PASSED:
+        if payload.get(key) is not None:
+            chat[key] = payload[key]
+    tools = payload.get("tools")
+    if tools:
+        chat["tools"] = [_tool(tool, i) for i, tool in enumerate(_listed(tools, "tools"))]
+    if payload.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(payload["tool_choice"])
+    response_format = _response_format(payload.get("text"))
+    if response_format is not None:
+        chat["response_format"] = response_format
+    reasoning = payload.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort"):
+        chat["reasoning_effort"] = reasoning["effort"]
+    if payload.get("stream"):
+        chat["stream"] = True
+        # response.completed's usage needs the engine's, which it sends only when asked.
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+def reply_from_chat(chat: JsonObject, model: str, *, request: JsonObject | None = None) -> JsonObject:
+    """A chat completion as a `response`, named for model; request's settings are echoed as OpenAI does."""
+    choice = first_choice(chat)
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    assert isinstance(message, dict)
+    output: list[JsonObject] = []
+    reasoning = reasoning_of(message)
+    if reasoning:
+        output.append(_reasoning_item(new_id("rs"), reasoning, "completed"))
+    text = text_of(message.get("content"))
+    if text:
+        output.append(_message_item(new_id("msg"), text, "completed"))
+    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+    assert isinstance(calls, list)
+    for call in calls:
+        function = call.get("function") or {}
+        output.append(
+            _call_item(
+                new_id("fc"),
+                str(call.get("id") or new_id("call")),
+                str(function.get("name") or ""),
+                str(function.get("arguments") or ""),
+                "completed",
+            )
+        )
+    usage = ChatUsage()
+    usage.read(chat.get("usage"))
+    response = _response(new_id("resp"), model, request or {}, int(time.time()))
+    response.update(_ending(choice.get("finish_reason")), output=output, usage=_usage(usage))
+    return response
+
+
+def _ending(finish_reason: object) -> JsonObject:
+    """The response's status for a chat finish_reason: cut at the token limit or by a filter is incomplete."""
+    if finish_reason == "length":
+        return {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+    if finish_reason == "content_filter":
+        return {"status": "incomplete", "incomplete_details": {"reason": "content_filter"}}
+    return {"status": "completed", "incomplete_details": None}
+
+
+def _usage(usage: ChatUsage) -> JsonObject:
+    prompt, completion = usage.prompt_tokens or 0, usage.completion_tokens or 0
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def _response(response_id: str, model: str, request: JsonObject, created: int) -> JsonObject:
+    """A response's fields that do not depend on the output: the request's settings, as OpenAI echoes them."""
+    text = request.get("text") if isinstance(request.get("text"), dict) else None
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.get("instructions"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": request.get("parallel_tool_calls", True),
+        "previous_response_id": None,
+        "reasoning": request.get("reasoning"),
+        "store": False,
+        "temperature": request.get("temperature"),
+        "text": text or {"format": {"type": "text"}},
+        "tool_choice": request.get("tool_choice", "auto"),
+        "tools": request.get("tools") or [],
+        "top_p": request.get("top_p"),
+        "truncation": "disabled",
+        "usage": None,
+        "user": request.get("user"),
+        "metadata": request.get("metadata") or {},
+    }
+
+
+def _message_item(item_id: str, text: str, status: str) -> JsonObject:
+    content = [_text_part(text)] if status == "completed" else []
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _text_part(text: str) -> JsonObject:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> JsonObject:
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> JsonObject:
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
+def _listed(value: object, param: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TranslationError(f"{param}: must be a list", param)
+    return value
+
+
+def _messages(payload: JsonObject) -> list[JsonObject]:
+    """The chat messages: instructions first, then input's items in order."""
+    out: list[JsonObject] = []
+    instructions = payload.get("instructions")
+    if instructions:
+        out.append({"role": "system", "content": str(instructions)})
+    items = payload.get("input")
+    if isinstance(items, str):
+        out.append({"role": "user", "content": items})
+        return out
+    # Past reasoning waits for the assistant message it came before.
+    reasoning: list[str] = []
+    for i, item in enumerate(_listed(items, "input")):
+        if not isinstance(item, dict):
+            raise TranslationError(f"input.{i}: each input item must be an object", "input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            out.append(_message(item, i))
+        elif kind == "function_call":
+            _add_call(out, item)
+        elif kind == "function_call_output":
+            out.append(_call_output(item, i))
+        elif kind == "reasoning":
+            reasoning.extend(_reasoning_texts(item))
+            continue
+        else:
+            raise TranslationError(
+                f"input.{i}: this model's engine does not speak the Responses API, and a {kind!r} item "
+                "has no equivalent in the chat completions it is translated to",
+                "input",
+            )
+        if reasoning and out[-1]["role"] == "assistant":
+            out[-1]["reasoning_content"] = "".join(reasoning)
+            reasoning = []
+    return out
+
+
+def _message(item: JsonObject, i: int) -> JsonObject:
+    """A message item: its role (developer is the system prompt to a chat template) and its content."""
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise TranslationError(
+            f"input.{i}.role: must be user, assistant, system or developer, not {role!r}", "input"
+        )
+    content = item.get("content")
+    role = "system" if role == "developer" else role
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    parts = [
+        _part(part, f"input.{i}.content.{j}") for j, part in enumerate(_listed(content, f"input.{i}.content"))
+    ]
+    if role != "user" or all(part["type"] == "text" for part in parts):
+        if any(part["type"] != "text" for part in parts):
+            raise TranslationError(f"input.{i}.content: only a user's message may hold images", "input")
+        return {"role": role, "content": "".join(part["text"] for part in parts)}
+    return {"role": role, "content": parts}
+
+
+def _part(part: object, where: str) -> JsonObject:
+    """A content part: text of any kind as text, an image as chat's image_url part."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if not isinstance(part, dict):
+        raise TranslationError(f"{where}: a content part must be an object with a type", "input")
+    if kind in ("input_text", "output_text", "text"):
+        return {"type": "text", "text": str(part.get("text") or "")}
+    if kind == "refusal":
+        return {"type": "text", "text": str(part.get("refusal") or "")}
+    if kind == "input_image":
+        url = part.get("image_url")
+        if not url:
+            raise TranslationError(
+                f"{where}: an image must be given by its image_url (a URL or a data: URL); "
+                "files uploaded to OpenAI do not reach this model",
+                "input",
+            )
+        image: JsonObject = {"url": url}
+        if part.get("detail") in ("low", "high"):
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    raise TranslationError(
+        f"{where}: this model's engine does not speak the Responses API, and a {kind!r} part has no "
+        "equivalent in the chat completions it is translated to",
+        "input",
+    )
+
+
+def _add_call(out: list[JsonObject], item: JsonObject) -> None:
+    """A function_call item joins the assistant message before it, as chat holds a turn's calls together."""
+    call = {
+        "id": str(item.get("call_id") or ""),
+        "type": "function",
+        "function": {"name": str(item.get("name") or ""), "arguments": str(item.get("arguments") or "")},
+    }
+    if not out or out[-1]["role"] != "assistant":
+        out.append({"role": "assistant", "content": ""})
+    out[-1].setdefault("tool_calls", []).append(call)
+
+
+def _call_output(item: JsonObject, i: int) -> JsonObject:
+    output = item.get("output")
+    if isinstance(output, list):
+        parts = [_part(part, f"input.{i}.output.{j}") for j, part in enumerate(output)]
+        if any(part["type"] != "text" for part in parts):
+            return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": parts}
+        output = "".join(part["text"] for part in parts)
+    return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": str(output or "")}
+
+
+def _reasoning_texts(item: JsonObject) -> list[str]:
+    """A reasoning item's text; an encrypted one (OpenAI's own) carries none an engine can read."""
+    texts = [str(part.get("text") or "") for part in item.get("content") or [] if isinstance(part, dict)]
+    return texts or [
+        str(part.get("text") or "") for part in item.get("summary") or [] if isinstance(part, dict)
+    ]
+
+
+def _tool(tool: object, i: int) -> JsonObject:
+    """A function tool (its schema flat on the tool) as chat's; a built-in tool runs at OpenAI: refused."""
+    if not isinstance(tool, dict):
+        raise TranslationError(f"tools.{i}: a tool must be an object with a type", "tools")
+    if tool.get("type") != "function" or not tool.get("name"):
+        raise TranslationError(
+            f"tools.{i}: a {tool.get('type')!r} tool runs on OpenAI's side, which this model's engine "
+            "cannot; give it as a tool of type function",
+            "tools",
+        )
+    function: JsonObject = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
+    for key in ("description", "strict"):
+        if tool.get(key) is not None:
+            function[key] = tool[key]
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: object) -> object:
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise TranslationError(
+        "tool_choice: a translated engine takes auto, none, required or a function by name", "tool_choice"
+    )
+
+
+def _response_format(text: object) -> JsonObject | None:
+    """text.format as chat's response_format: a JSON schema (its fields flat in Responses, nested in chat)."""
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+        return None
+    if fmt["type"] == "json_object":
+        return {"type": "json_object"}
+    if fmt["type"] == "json_schema":
+        schema = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise TranslationError(
+        f"text.format: the type must be text, json_object or json_schema, not {fmt['type']!r}", "text"
+    )
+
+
+class ResponsesStream:
+    """Turns an engine's chat chunks into the Responses stream's typed events, one event's data at a time.
+
+    `feed` takes each chat event's data (`[DONE]` included) and returns the bytes to send; `finish`
+    closes a stream the engine ended without `[DONE]`; `error_event` is `response.failed` for a
+    stream cut by a failure. `prompt_tokens` and `completion_tokens` are what the engine counted.
+    """
+
+    def __init__(self, model: str, *, request: JsonObject | None = None) -> None:
+        self.id = new_id("resp")
+        self._response = _response(self.id, model, request or {}, int(time.time()))
+        self._usage = ChatUsage()
+        self._sequence = 0
+        self._started = False
+        self._done = False
+        # Each output item: its JSON as it will be when done, and the text or arguments gathered so far.
+        self._items: list[JsonObject] = []
+        self._open: int | None = None
+        # A chat tool call's index -> its output index.
+        self._calls: dict[int, int] = {}
+        self._pending: dict[int, tuple[str, str, str]] = {}
+        self._finish_reason: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self._usage.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return self._usage.completion_tokens
+
+    @property
+    def finished(self) -> bool:
+        """Whether the stream has said its last event (completed, incomplete or failed)."""
+        return self._done
+
+    def feed(self, data: bytes | str | JsonObject) -> bytes:
+        """The Responses events one chat event's data makes; `[DONE]` ends the response."""
+        if self._done:
+            return b""
+        try:
+            chunk = read_event(data)
+        except UpstreamError as e:
+            return self.error_event(str(e))
+        out = self._start()
+        if chunk is None:
+            return out + self._end()
+        self._usage.read(chunk.get("usage"))
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return out
+        choice = choices[0]
+        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        assert isinstance(delta, dict)
+        reasoning = reasoning_of(delta)
+        if reasoning:
+            out += self._into("reasoning") + self._text_delta("response.reasoning_text.delta", reasoning)
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            out += self._into("message") + self._text_delta("response.output_text.delta", text)
+        for piece in tool_call_pieces(delta):
+            out += self._call_piece(piece.index, piece.id, piece.name, piece.arguments)
+        if choice.get("finish_reason"):
+            self._finish_reason = str(choice["finish_reason"])
+        return out
+
+    def finish(self) -> bytes:
+        """The end of a stream the engine closed without `[DONE]`: complete if the engine said why it
+        finished, failed if it did not."""
+        if self._done:
+            return b""
+        if self._finish_reason is None:
+            return self._start() + self.error_event("the engine's stream ended before the reply was complete")
+        return self._start() + self._end()
+
+    def error_event(self, message: str, code: str = "server_error") -> bytes:
+        """`response.failed`, with what was output so far and the error; it ends the stream."""
+        out = self._start()
+        self._done = True
+        response = {
+            **self._response,
+            "status": "failed",
+            "output": self._output(),
+            "usage": _usage(self._usage),
+        }
+        response["error"] = {"code": code, "message": message}
+        return out + self._event("response.failed", {"response": response})
+
+    def _output(self) -> list[JsonObject]:
+        return [item for item in self._items if item["status"] == "completed"]
+
+    def _event(self, kind: str, fields: JsonObject) -> bytes:
+        data = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+    def _start(self) -> bytes:
+        if self._started:
+            return b""
+        self._started = True
+        return self._event("response.created", {"response": self._response}) + self._event(
+            "response.in_progress", {"response": self._response}
+        )
+
+    def _end(self) -> bytes:
+        self._done = True
+        out = self._close()
+        for call in sorted(self._pending):
+            call_id, _, arguments = self._pending.pop(call)
+            out += self._call_piece(call, call_id, "", arguments, force=True) + self._close()
+        ending = _ending(self._finish_reason)
+        response = {**self._response, **ending, "output": self._output(), "usage": _usage(self._usage)}
+        kind = "response.completed" if ending["status"] == "completed" else "response.incomplete"
+        return out + self._event(kind, {"response": response})
+
+    def _into(self, kind: str) -> bytes:
+        """Opens an output item of kind (message or reasoning) unless it is the open one."""
+        if self._open is not None and self._items[self._open]["type"] == kind:
+            return b""
+        out = self._close()
+        item_id = new_id("msg" if kind == "message" else "rs")
+        item = (
+            _message_item(item_id, "", "in_progress")
+            if kind == "message"
+            else _reasoning_item(item_id, "", "in_progress")
+        )
+        out += self._add(item)
+        if kind == "message":
+            part = {
+                "item_id": item_id,
+                "output_index": self._open,
+                "content_index": 0,
+                "part": _text_part(""),
+            }
+            out += self._event("response.content_part.added", part)
+        return out
+
+    def _add(self, item: JsonObject) -> bytes:
+        self._open = len(self._items)
+        self._items.append({**item, "_text": ""})
+        return self._event("response.output_item.added", {"output_index": self._open, "item": item})
+
+    def _text_delta(self, kind: str, text: str) -> bytes:
+        assert self._open is not None
+        item = self._items[self._open]
+        item["_text"] += text
+        fields: JsonObject = {
+            "item_id": item["id"],
+            "output_index": self._open,
+            "content_index": 0,
+            "delta": text,
+        }
+        if kind == "response.output_text.delta":
+            fields["logprobs"] = []
+        return self._event(kind, fields)
+
+    def _close(self) -> bytes:
+        """Ends the open item: its text's done events, then output_item.done with the item whole."""
+        if self._open is None:
+            return b""
+        index, self._open = self._open, None
+        item = self._items[index]
+        text = item.pop("_text")
+        where = {"item_id": item["id"], "output_index": index}
+        out = b""
+        if item["type"] == "message":
+            out += self._event(
+                "response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []}
+            )
+            out += self._event(
+                "response.content_part.done", {**where, "content_index": 0, "part": _text_part(text)}
+            )
+            item.update(_message_item(item["id"], text, "completed"))
+        elif item["type"] == "reasoning":
+            out += self._event("response.reasoning_text.done", {**where, "content_index": 0, "text": text})
+            item.update(_reasoning_item(item["id"], text, "completed"))
+        else:
+            out += self._event("response.function_call_arguments.done", {**where, "arguments": text})
+            item.update(arguments=text, status="completed")
+        return out + self._event("response.output_item.done", {"output_index": index, "item": item})
+
+    def _call_piece(
+        self, call: int, call_id: str, name: str, arguments: str, *, force: bool = False
+    ) -> bytes:
+        """One piece of tool call `call`: its item is added once its name is known, its arguments follow."""
+        if call in self._calls:
+            index = self._calls[call]
+            item = self._items[index]
+            # A piece of a call already done (engines send calls one after another) has nowhere to go.
+            if not arguments or "_text" not in item:
+                return b""
+            item["_text"] += arguments
+            delta = {"item_id": item["id"], "output_index": index, "delta": arguments}
+            return self._event("response.function_call_arguments.delta", delta)
+        held_id, held_name, held_arguments = self._pending.pop(call, ("", "", ""))
+        call_id, name, arguments = call_id or held_id, held_name + name, held_arguments + arguments
+        if not name and not force:
+            self._pending[call] = (call_id, name, arguments)
+            return b""
+        out = self._close()
+        out += self._add(_call_item(new_id("fc"), call_id or new_id("call"), name, "", "in_progress"))
+        assert self._open is not None
+        self._calls[call] = self._open
+        return out + self._call_piece(call, "", "", arguments)

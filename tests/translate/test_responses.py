@@ -1,0 +1,408 @@
+"""OpenAI's Responses API onto chat completions and back, judged by the openai SDK's own types."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from llmgw.translate import TranslationError
+from llmgw.translate.responses import ResponsesStream, reply_from_chat, request_to_chat
+
+from . import chunks
+from .chunks import DONE, chunk, usage
+from .sdk import checked_response, checked_response_stream, response_events
+
+PNG_URL = "data:image/png;base64,iVBORw0KGgo="
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "strict": True,
+}
+
+
+def completion(message: dict[str, Any], finish: str = "stop") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "tiny",
+        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 18, "completion_tokens": 8, "total_tokens": 26},
+    }
+
+
+def streamed(events: list[bytes], request: dict[str, Any] | None = None) -> tuple[bytes, ResponsesStream]:
+    stream = ResponsesStream("tiny", request=request)
+    body = b"".join(stream.feed(e) for e in events)
+    return body + stream.finish(), stream
+
+
+def validated(body: bytes) -> list[dict[str, Any]]:
+    """Every event, validated by the SDK's types and numbered from 0 in order."""
+    return response_events(body)
+
+
+class TestRequest:
+    def test_a_string_input_with_instructions_becomes_system_and_user_messages(self) -> None:
+        chat = request_to_chat(
+            {
+                "model": "tiny",
+                "instructions": "Be brief.",
+                "input": "hi",
+                "max_output_tokens": 64,
+                "temperature": 0.2,
+                "top_p": 0.9,
+                "metadata": {"k": "v"},
+                "truncation": "auto",
+                "include": ["reasoning.encrypted_content"],
+            }
+        )
+        assert chat == {
+            "model": "tiny",
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+            "max_tokens": 64,
+            "temperature": 0.2,
+            "top_p": 0.9,
+        }
+
+    def test_a_streamed_request_asks_the_engine_for_its_usage(self) -> None:
+        chat = request_to_chat({"model": "m", "input": "hi", "stream": True})
+        assert (chat["stream"], chat["stream_options"]) == (True, {"include_usage": True})
+
+    def test_items_with_text_images_calls_and_their_outputs_become_chat_messages(self) -> None:
+        items = [
+            {"role": "developer", "content": "Use tools."},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Weather here?"},
+                    {"type": "input_image", "image_url": PNG_URL, "detail": "low"},
+                ],
+            },
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": "Call it."}],
+            },
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Let me look.", "annotations": []}],
+            },
+            {
+                "type": "function_call",
+                "call_id": "call_1",
+                "name": "get_weather",
+                "arguments": '{"city": "Paris"}',
+            },
+            {
+                "type": "function_call",
+                "call_id": "call_2",
+                "name": "get_weather",
+                "arguments": '{"city": "Rome"}',
+            },
+            {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
+            {
+                "type": "function_call_output",
+                "call_id": "call_2",
+                "output": [{"type": "input_text", "text": "21C"}],
+            },
+        ]
+        chat = request_to_chat({"model": "m", "input": items, "tools": [WEATHER], "tool_choice": "required"})
+        assert chat["messages"] == [
+            {"role": "system", "content": "Use tools."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Weather here?"},
+                    {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "low"}},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": "Let me look.",
+                "reasoning_content": "Call it.",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    },
+                    {
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                    },
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "21C"},
+        ]
+        assert chat["tools"] == [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": WEATHER["parameters"],
+                    "description": "The weather in a city",
+                    "strict": True,
+                },
+            }
+        ]
+        assert chat["tool_choice"] == "required"
+
+    def test_a_function_call_with_no_message_before_it_is_an_assistant_turn_of_its_own(self) -> None:
+        items = [
+            {"role": "user", "content": "Weather?"},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        ]
+        messages = request_to_chat({"model": "m", "input": items})["messages"]
+        assert messages[1] == {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        }
+
+    def test_a_function_named_in_tool_choice_is_chats_function_choice(self) -> None:
+        chat = request_to_chat({"model": "m", "input": "x", "tool_choice": {"type": "function", "name": "f"}})
+        assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+
+    def test_a_json_schema_format_becomes_response_format(self) -> None:
+        fmt = {"type": "json_schema", "name": "city", "schema": {"type": "object"}, "strict": True}
+        chat = request_to_chat({"model": "m", "input": "x", "text": {"format": fmt}})
+        assert chat["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "city", "schema": {"type": "object"}, "strict": True},
+        }
+        assert "response_format" not in request_to_chat(
+            {"model": "m", "input": "x", "text": {"format": {"type": "text"}}}
+        )
+
+    def test_reasoning_effort_is_passed_on(self) -> None:
+        assert (
+            request_to_chat({"model": "m", "input": "x", "reasoning": {"effort": "low"}})["reasoning_effort"]
+            == "low"
+        )
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [
+            ("previous_response_id", "resp_1"),
+            ("store", True),
+            ("conversation", "conv_1"),
+            ("background", True),
+        ],
+    )
+    def test_what_needs_a_stored_response_is_refused_in_words(self, field: str, value: object) -> None:
+        with pytest.raises(TranslationError) as caught:
+            request_to_chat({"model": "m", "input": "x", field: value})
+        assert caught.value.param == field
+        assert caught.value.message.startswith(f"{field}: ")
+        if field != "background":
+            assert "keeps no responses" in caught.value.message
+
+    def test_store_false_is_what_a_translated_engine_does_anyway(self) -> None:
+        assert request_to_chat({"model": "m", "input": "x", "store": False})["messages"] == [
+            {"role": "user", "content": "x"}
+        ]
+
+    def test_a_built_in_tool_is_refused(self) -> None:
+        with pytest.raises(TranslationError, match=r"'web_search' tool runs on OpenAI's side") as caught:
+            request_to_chat({"model": "m", "input": "x", "tools": [WEATHER, {"type": "web_search"}]})
+        assert caught.value.param == "tools"
+
+    def test_an_unknown_item_is_refused_naming_where_it_is(self) -> None:
+        with pytest.raises(TranslationError, match=r"input\.1: .*'item_reference' item"):
+            request_to_chat(
+                {
+                    "model": "m",
+                    "input": [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "m"}],
+                }
+            )
+
+    def test_a_file_is_refused(self) -> None:
+        content = [{"type": "input_file", "file_id": "file-1"}]
+        with pytest.raises(TranslationError, match=r"input\.0\.content\.0: .*'input_file' part"):
+            request_to_chat({"model": "m", "input": [{"role": "user", "content": content}]})
+
+    def test_an_image_uploaded_to_openai_is_refused(self) -> None:
+        content = [{"type": "input_image", "file_id": "file-1", "detail": "auto"}]
+        with pytest.raises(TranslationError, match="files uploaded to OpenAI"):
+            request_to_chat({"model": "m", "input": [{"role": "user", "content": content}]})
+
+
+class TestReply:
+    def test_a_plain_answer_is_a_completed_response_with_one_message(self) -> None:
+        request = {
+            "model": "tiny",
+            "input": "hi",
+            "instructions": "Be brief.",
+            "max_output_tokens": 64,
+            "metadata": {"k": "v"},
+        }
+        response = checked_response(
+            reply_from_chat(completion({"content": "Hi there."}), "tiny", request=request)
+        )
+        assert response.id.startswith("resp_")
+        assert response.status == "completed"
+        assert response.output_text == "Hi there."
+        assert (response.instructions, response.max_output_tokens, response.metadata) == (
+            "Be brief.",
+            64,
+            {"k": "v"},
+        )
+        assert response.usage is not None
+        assert (response.usage.input_tokens, response.usage.output_tokens, response.usage.total_tokens) == (
+            18,
+            8,
+            26,
+        )
+
+    def test_tool_calls_become_function_call_items(self) -> None:
+        calls = [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+            }
+        ]
+        response = checked_response(
+            reply_from_chat(
+                completion({"content": None, "tool_calls": calls}, "tool_calls"),
+                "tiny",
+                request={"tools": [WEATHER]},
+            )
+        )
+        [item] = response.output
+        assert item.type == "function_call"
+        assert (item.call_id, item.name, json.loads(item.arguments)) == (
+            "call_1",
+            "get_weather",
+            {"city": "Paris"},
+        )
+        assert item.id is not None and item.id.startswith("fc_")
+        assert response.tools[0].type == "function"
+
+    def test_a_reply_cut_at_the_token_limit_is_incomplete(self) -> None:
+        response = checked_response(reply_from_chat(completion({"content": "Hi"}, "length"), "tiny"))
+        assert response.status == "incomplete"
+        assert (
+            response.incomplete_details is not None
+            and response.incomplete_details.reason == "max_output_tokens"
+        )
+
+    def test_the_engines_reasoning_is_a_reasoning_item_before_the_message(self) -> None:
+        response = checked_response(
+            reply_from_chat(completion({"content": "Hi", "reasoning_content": "Greet."}), "tiny")
+        )
+        assert [item.type for item in response.output] == ["reasoning", "message"]
+        reasoning = response.output[0]
+        assert reasoning.type == "reasoning" and reasoning.content is not None
+        assert reasoning.content[0].text == "Greet."
+
+    def test_cached_prompt_tokens_are_counted_in_the_input_and_its_details(self) -> None:
+        chat = completion({"content": "Hi"})
+        chat["usage"]["prompt_tokens_details"] = {"cached_tokens": 10}
+        usage = checked_response(reply_from_chat(chat, "tiny")).usage
+        assert usage is not None
+        assert (usage.input_tokens, usage.input_tokens_details.cached_tokens) == (18, 10)
+
+
+class TestStream:
+    def test_a_plain_answer_streams_the_typed_events_in_order(self) -> None:
+        body, stream = streamed(chunks.TEXT)
+        events = validated(body)
+        assert [e["type"] for e in events] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+        response, _ = checked_response_stream(body)
+        assert response.output_text == "Hi there."
+        assert response.usage is not None and (response.usage.input_tokens, response.usage.output_tokens) == (
+            18,
+            8,
+        )
+        assert (stream.prompt_tokens, stream.completion_tokens, stream.finished) == (18, 8, True)
+
+    def test_tool_calls_split_over_chunks_stream_their_arguments(self) -> None:
+        body, _ = streamed(chunks.TOOLS)
+        events = validated(body)
+        deltas = [
+            e["delta"]
+            for e in events
+            if e["type"] == "response.function_call_arguments.delta" and e["output_index"] == 1
+        ]
+        assert deltas == ['{"ci', 'ty": "Par', 'is"}']
+        done = [e["arguments"] for e in events if e["type"] == "response.function_call_arguments.done"]
+        assert [json.loads(d) for d in done] == [{"city": "Paris"}, {"zone": "CET"}]
+        response, _ = checked_response_stream(body)
+        assert [item.type for item in response.output] == ["message", "function_call", "function_call"]
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert [(c.call_id, c.name) for c in calls] == [("call_a", "get_weather"), ("call_b", "get_time")]
+
+    def test_reasoning_streams_as_a_reasoning_item(self) -> None:
+        body, _ = streamed(chunks.REASONING)
+        events = validated(body)
+        assert "response.reasoning_text.delta" in [e["type"] for e in events]
+        response, _ = checked_response_stream(body)
+        assert [item.type for item in response.output] == ["reasoning", "message"]
+        assert response.output_text == "Hello!"
+
+    def test_the_request_is_echoed_in_the_created_and_completed_responses(self) -> None:
+        request = {"model": "tiny", "input": "hi", "instructions": "Be brief.", "tools": [WEATHER]}
+        events = validated(streamed(chunks.TEXT, request)[0])
+        for event in (events[0], events[-1]):
+            assert event["response"]["instructions"] == "Be brief."
+            assert event["response"]["tools"] == [WEATHER]
+        assert events[0]["response"]["status"] == "in_progress"
+
+    def test_a_stream_cut_at_the_token_limit_ends_incomplete(self) -> None:
+        body, _ = streamed([chunk({"content": "Hi"}), chunk(finish="length"), usage(3, 1), DONE])
+        last = validated(body)[-1]
+        assert last["type"] == "response.incomplete"
+        assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+        assert last["response"]["usage"]["output_tokens"] == 1
+
+    def test_a_stream_ending_without_done_after_its_finish_completes(self) -> None:
+        body, _ = streamed(chunks.TEXT[:-1])
+        assert validated(body)[-1]["type"] == "response.completed"
+        assert checked_response_stream(body)[0].output_text == "Hi there."
+
+    def test_a_stream_cut_before_its_finish_fails_with_what_was_said(self) -> None:
+        body, stream = streamed(chunks.TEXT[:3])
+        last = validated(body)[-1]
+        assert last["type"] == "response.failed"
+        assert last["response"]["status"] == "failed"
+        assert last["response"]["error"] == {
+            "code": "server_error",
+            "message": "the engine's stream ended before the reply was complete",
+        }
+        assert stream.finished
+
+    def test_an_engines_error_event_mid_stream_fails_the_response(self) -> None:
+        failure = json.dumps({"error": {"message": "KV cache is full"}}).encode()
+        body, _ = streamed([*chunks.TEXT[:2], failure, chunk({"content": "late"})])
+        last = validated(body)[-1]
+        assert last["type"] == "response.failed"
+        assert last["response"]["error"]["message"] == "the engine failed mid-stream: KV cache is full"
+
+    def test_the_gateways_own_failure_before_any_chunk_still_starts_the_response(self) -> None:
+        stream = ResponsesStream("tiny")
+        events = validated(stream.error_event("the engine stalled"))
+        assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
+        assert stream.feed(chunks.TEXT[1]) == b""
