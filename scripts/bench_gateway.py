@@ -5,7 +5,10 @@ Starts `llmgw --role=server --role=agent --dev` in its own directory with the
 sim engine at zero delay, finds the engine's own port, and drives both with a
 load generator running in this process (llmgw and the engine run in theirs).
 Prints requests per second, p50 and p99 for concurrency 1 and 64, streamed and
-not, and the ratios. A measurement, not a test: nothing here asserts a time.
+not, and the ratios, for each API asked for (`--route chat messages responses`:
+the same short prompt and 16 tokens to /v1/chat/completions, /v1/messages or
+/v1/responses, which the sim speaks natively). A measurement, not a test:
+nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ from llmgw.store.quotas import set_budget, set_limits
 from llmgw.store.scopes import DEFAULT_ORG_ID, DEFAULT_PROJECT_ID, DEFAULT_TEAM_ID, Scope
 
 BODY = {"model": DEV_MODEL, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
+# Each API's path and request: the same prompt and limit.
+ROUTES = {
+    "chat": ("/v1/chat/completions", BODY),
+    "messages": ("/v1/messages", BODY),
+    "responses": ("/v1/responses", {"model": DEV_MODEL, "input": "Say hello", "max_output_tokens": 16}),
+}
 # Limits and budgets the full path checks on every request, high enough never to refuse one.
 _NEVER = 10**12
 
@@ -137,10 +146,13 @@ async def _wait_ready(url: str, key: str) -> None:
     raise SystemExit(f"{url} never answered 200")
 
 
-async def _load(url: str, key: str, concurrency: int, stream: bool, seconds: float) -> dict[str, float]:
-    body = json.dumps(
-        {**BODY, "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {})}
-    )
+async def _load(
+    url: str, key: str, concurrency: int, stream: bool, seconds: float, route: str = "chat"
+) -> dict[str, float]:
+    path, request = ROUTES[route]
+    # Chat streams report usage when asked; the other APIs' always do.
+    usage = {"stream_options": {"include_usage": True}} if stream and route == "chat" else {}
+    body = json.dumps({**request, "stream": stream, **usage})
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
@@ -148,7 +160,7 @@ async def _load(url: str, key: str, concurrency: int, stream: bool, seconds: flo
 
         async def one() -> None:
             start = time.perf_counter()
-            async with session.post(f"{url}/v1/chat/completions", data=body, headers=headers) as reply:
+            async with session.post(f"{url}{path}", data=body, headers=headers) as reply:
                 await reply.read()
                 if reply.status != 200:
                     raise SystemExit(f"{url} answered {reply.status}")
@@ -175,14 +187,16 @@ async def _load(url: str, key: str, concurrency: int, stream: bool, seconds: flo
     }
 
 
-def _measure(url: str, key: str, concurrency: int, stream: bool, seconds: float) -> dict[str, float]:
+def _measure(
+    url: str, key: str, concurrency: int, stream: bool, seconds: float, route: str = "chat"
+) -> dict[str, float]:
     # The load generator gets a process of its own, so it never shares a core
     # queue with the gateway it measures.
     code = (
         "import asyncio, json, sys; sys.path.insert(0, sys.argv[1]);"
         "from bench_gateway import _load;"
         "print(json.dumps(asyncio.run(_load(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == '1',"
-        " float(sys.argv[6])))))"
+        " float(sys.argv[6]), sys.argv[7]))))"
     )
     out = subprocess.run(
         [
@@ -195,6 +209,7 @@ def _measure(url: str, key: str, concurrency: int, stream: bool, seconds: float)
             str(concurrency),
             "1" if stream else "0",
             str(seconds),
+            route,
         ],
         check=True,
         capture_output=True,
@@ -207,6 +222,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="how long each measurement runs")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument(
+        "--route",
+        choices=sorted(ROUTES),
+        nargs="+",
+        default=["chat"],
+        help="the APIs to measure (default chat)",
+    )
+    parser.add_argument(
+        "--stream",
+        choices=["no", "yes", "both"],
+        default="both",
+        help="streamed requests, plain ones or both",
+    )
     parser.add_argument(
         "--auth",
         choices=["off", "on", "both"],
@@ -221,23 +249,26 @@ def main() -> None:
     )
     args = parser.parse_args()
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.auth]
+    streams = {"no": [False], "yes": [True], "both": [False, True]}[args.stream]
     rows = []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
         for auth in modes:
             with running_llmgw(Path(tmp) / f"auth-{auth}", auth, args.database) as (url, key, direct, secret):
                 asyncio.run(_wait_ready(url, key))
-                for concurrency in args.concurrency:
-                    for stream in (False, True):
-                        d = _measure(direct, secret, concurrency, stream, args.seconds)
-                        g = _measure(url, key, concurrency, stream, args.seconds)
-                        rows.append((auth, concurrency, stream, d, g))
+                for route in args.route:
+                    for concurrency in args.concurrency:
+                        for stream in streams:
+                            d = _measure(direct, secret, concurrency, stream, args.seconds, route)
+                            g = _measure(url, key, concurrency, stream, args.seconds, route)
+                            rows.append((auth, route, concurrency, stream, d, g))
     print(
-        f"{'path':<10} {'conc':>4} {'stream':>6} | {'direct rps':>10} {'p50':>7} {'p99':>7} | "
+        f"{'path':<10} {'route':<9} {'conc':>4} {'stream':>6} | {'direct rps':>10} {'p50':>7} {'p99':>7} | "
         f"{'gateway rps':>11} {'p50':>7} {'p99':>7} | {'added p50':>9} {'rps ratio':>9}"
     )
-    for auth, concurrency, stream, d, g in rows:
+    for auth, route, concurrency, stream, d, g in rows:
         print(
-            f"{'full' if auth else 'auth off':<10} {concurrency:>4} {'yes' if stream else 'no':>6} | "
+            f"{'full' if auth else 'auth off':<10} {route:<9} {concurrency:>4} "
+            f"{'yes' if stream else 'no':>6} | "
             f"{d['rps']:>10.0f} {d['p50_ms']:>6.2f}m {d['p99_ms']:>6.2f}m | "
             f"{g['rps']:>11.0f} {g['p50_ms']:>6.2f}m {g['p99_ms']:>6.2f}m | "
             f"{g['p50_ms'] - d['p50_ms']:>8.3f}m {g['rps'] / d['rps']:>9.2f}"

@@ -40,6 +40,10 @@ class EngineRoute:
     # the request's path after /v1 is joined to, and the name it knows the model by. Both empty for a replica.
     url: str = ""
     upstream_model: str = ""
+    # The client APIs its engine serves itself (engines/<kind>.py `native_apis`; an endpoint: OpenAI's
+    # chat, completions and embeddings); the gateway translates Messages and Responses for one that
+    # lacks them. None: not known here, and every API is sent as it came.
+    native_apis: frozenset[str] | None = None
 
 
 class Routes:

@@ -236,6 +236,20 @@ class TestTables:
         golden("ctl_logs.stdout.txt", out)
         golden("ctl_logs.stderr.txt", err)
 
+    async def test_models_lists_the_apis_each_model_serves(self, server: tuple[str, Inventory]):
+        code, out, _ = await run("--server", server[0], "models")
+        assert code == 0
+        header, row = out.splitlines()[:2]
+        assert "APIS" in header
+        # The sim speaks every API of a chat model itself: nothing is translated.
+        assert row.split()[3] == "chat,completions,messages,count_tokens,responses"
+        code, out, _ = await run("--server", server[0], "models", "--json")
+        (model,) = json.loads(out)
+        assert (model["native_apis"], model["translated_apis"]) == (
+            ["chat", "completions", "messages", "count_tokens", "responses"],
+            [],
+        )
+
     async def test_every_command_speaks_json_when_asked(self, server: tuple[str, Inventory]):
         for command in (["status"], ["nodes"], ["models"], ["replicas"], ["explain", "sim-chat"]):
             code, out, _ = await run("--server", server[0], *command, "--json")

@@ -20,6 +20,7 @@ from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Link
 from llmgw.control.reconciler import Reconciler
+from llmgw.engines.sim import SimEngine
 from llmgw.proto.llmgw import v1 as pb
 
 SECRET = "s3cret-of-replica-one"
@@ -93,6 +94,8 @@ class TestSecrets:
         route = inventory.route(ENDPOINT)
         assert route is not None
         assert (route.node_id, route.shard_id, route.secret) == ("n1", start.shard_id, start.engine_secret)
+        # And which APIs its engine speaks itself, for the gateway to translate the others.
+        assert route.native_apis == SimEngine.native_apis
 
     async def test_a_restarted_control_plane_learns_the_secret_from_the_nodes_register(self) -> None:
         inventory = Inventory(grace_s=15)

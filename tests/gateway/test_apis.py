@@ -3,6 +3,7 @@ engine, with the official anthropic and openai clients where they speak the API.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
@@ -17,16 +18,19 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from llmgw.catalog import Catalog
-from llmgw.config import ModelConfig, PriceConfig, ServerConfig
+from llmgw.config import ModelConfig, PriceConfig, ServerConfig, TimeoutsConfig
+from llmgw.engines.base import OPENAI_APIS
 from llmgw.engines.sim_apis import AUDIO_BYTES_PER_S
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
-from llmgw.gateway.apis import AUDIO_TOKENS_PER_S, MAX_AUDIO_BODY
+from llmgw.gateway.apis import AUDIO_TOKENS_PER_S, MAX_AUDIO_BODY, ModelKind
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.quotas import Quotas
+from llmgw.gateway.translation import apis_served
 from llmgw.gateway.usage import UsageRecorder
+from llmgw.routes import EngineRoute
 from llmgw.store import Store
 from llmgw.store.keys import create_key
 from llmgw.store.usage import UsageDay, usage_by_day
@@ -39,6 +43,9 @@ WHISPER = "sim-whisper"
 # A model whose engine is a test's own (a stream cut in the middle).
 BROKEN = "broken"
 LIMIT = 64
+BROKEN_WHISPER = "broken-whisper"
+# A model with no replica, whose fallback is MODEL.
+GONE = "gone"
 
 
 @attrs.define
@@ -83,8 +90,10 @@ async def rig(store: Store) -> AsyncIterator[Rig]:
         models=[
             ModelConfig(name=MODEL, max_tokens=LIMIT),
             ModelConfig(name=RERANK, kind="rerank"),
-            ModelConfig(name=WHISPER, kind="transcription"),
-            ModelConfig(name=BROKEN),
+            ModelConfig(name=WHISPER, kind="transcription", max_tokens=448),
+            ModelConfig(name=BROKEN_WHISPER, kind="transcription", max_tokens=448),
+            ModelConfig(name=BROKEN, timeouts=TimeoutsConfig(first_byte_s=0.5)),
+            ModelConfig(name=GONE, fallbacks=[MODEL]),
         ],
         pricing={MODEL: PriceConfig(prompt_per_1k=1.0, completion_per_1k=2.0)},
     )
@@ -316,7 +325,9 @@ class TestResponses:
 
     async def test_a_response_asking_past_the_models_limit_is_refused(self, rig: Rig) -> None:
         async with rig.openai() as client:
-            with pytest.raises(openai.BadRequestError, match=f"allows at most {LIMIT}"):
+            with pytest.raises(
+                openai.BadRequestError, match=rf"allows at most {LIMIT} per request \(max_output_tokens\)"
+            ):
                 await client.responses.create(model=MODEL, input="x", max_output_tokens=LIMIT + 1)
 
 
@@ -381,8 +392,8 @@ class TestTranscriptions:
         async with rig.client.post("/v1/audio/transcriptions", data=body, headers=headers) as response:
             assert response.status == 200
             assert await response.text() == "sim heard 3 bytes of audio\n"
-        # No usage in a text reply: charged what it reserved, its bytes over 15 and no text.
-        assert _row(await rig.usage()) == (WHISPER, 1, len(body) // 15 + TEMPLATE_OVERHEAD, 0)
+        # No usage in a text reply: charged what it reserved, its bytes over 15 and the model's max_tokens.
+        assert _row(await rig.usage()) == (WHISPER, 1, len(body) // 15 + TEMPLATE_OVERHEAD, 448)
 
     async def test_a_form_over_the_bound_is_a_413_before_anything_is_counted(self, rig: Rig) -> None:
         body, content_type = _form({"model": WHISPER}, b"\0" * MAX_AUDIO_BODY)
@@ -439,6 +450,12 @@ _MESSAGE_DELTA = _event(
 _RESPONSE_DELTA = _event("response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"})
 
 
+async def _tokens_transcription(request: web.Request) -> web.Response:
+    """A transcription reported in tokens, as OpenAI's gpt-4o-transcribe reports it."""
+    usage = {"type": "tokens", "input_tokens": 30, "output_tokens": 5, "total_tokens": 35}
+    return web.json_response({"text": "hello", "usage": usage})
+
+
 async def _read_cut(response: aiohttp.ClientResponse) -> bytes:
     """What a client reading a stream the gateway cut has: every byte before the cut."""
     got = b""
@@ -452,13 +469,26 @@ async def _read_cut(response: aiohttp.ClientResponse) -> bytes:
 
 async def _cut_stream(request: web.Request) -> web.StreamResponse:
     """A stream of two tokens that the engine breaks off in the middle of the third event."""
+    if request.query.get("stall"):
+        await asyncio.Event().wait()
+    if request.query.get("huge"):
+        usage = {"input_tokens": 10**12, "output_tokens": 10**9}
+        return web.json_response({"type": "message", "role": "assistant", "content": [], "usage": usage})
     if request.query.get("refuse"):
         # llama-server's refusal on its /v1/messages: OpenAI's error object.
         error = {"error": {"code": 400, "message": "the engine says no", "type": "invalid_request_error"}}
         return web.json_response(error, status=400)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    if request.path == "/v1/messages":
+    if request.path == "/v1/chat/completions":
+        choice = {"index": 0, "delta": {"content": "x"}}
+        chunk = (
+            b"data: "
+            + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [choice]}).encode()
+        )
+        chunk += b"\n\n"
+        await response.write(2 * chunk + b'data: {"id":"c","obj')
+    elif request.path == "/v1/messages":
         await response.write(_MESSAGE_START + 2 * _MESSAGE_DELTA + b'event: content_block_delta\ndata: {"ty')
     else:
         created = b'event: response.created\ndata: {"type":"response.created","response":{"usage":null}}\n\n'
@@ -473,9 +503,12 @@ async def broken(rig: Rig) -> AsyncIterator[Rig]:
     app = web.Application()
     app.router.add_post("/v1/messages", _cut_stream)
     app.router.add_post("/v1/responses", _cut_stream)
+    app.router.add_post("/v1/chat/completions", _cut_stream)
+    app.router.add_post("/v1/audio/transcriptions", _tokens_transcription)
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     rig.replicas.endpoints[BROKEN] = [f"http://127.0.0.1:{server.port}"]
+    rig.replicas.endpoints[BROKEN_WHISPER] = [f"http://127.0.0.1:{server.port}"]
     yield rig
     await server.close()
 
@@ -491,7 +524,91 @@ async def test_an_engines_refusal_in_openais_shape_reaches_anthropics_clients_in
     }
 
 
+async def test_a_transcription_reported_in_tokens_is_charged_its_input_and_output(broken: Rig) -> None:
+    async with broken.openai() as client:
+        reply = await client.audio.transcriptions.create(
+            model=BROKEN_WHISPER, file=("a.wav", b"\0" * 4000, "audio/wav")
+        )
+    assert reply.text == "hello"
+    assert _row(await broken.usage()) == (BROKEN_WHISPER, 1, 30, 5)
+
+
+class TestWhatEveryRouteGets:
+    async def test_a_model_without_a_replica_is_served_by_its_fallback(self, rig: Rig) -> None:
+        body = {"model": GONE, "max_tokens": 4, "messages": [{"role": "user", "content": "x y"}]}
+        async with rig.client.post(
+            "/v1/messages", json=body, headers={**rig.auth, "x-request-id": "r-1"}
+        ) as response:
+            assert response.status == 200
+            assert (response.headers["x-llmgw-model"], response.headers["x-request-id"]) == (MODEL, "r-1")
+            assert (await response.json())["content"][0]["text"] == "x y"
+        assert _row(await rig.usage()) == (GONE, 1, 2, 2)
+
+    async def test_a_replica_that_refuses_the_connection_is_retried_on_another(self, rig: Rig) -> None:
+        (live,) = rig.replicas.endpoints[MODEL]
+        dead = "http://127.0.0.1:9"  # the discard port: nothing listens
+        refused: list[str] = []
+        loop = asyncio.get_running_loop()
+        for endpoint in (dead, live):
+            rig.replicas.routes[endpoint] = EngineRoute(
+                node_id=endpoint,
+                shard_id=endpoint,
+                secret="",
+                lost=loop.create_future(),
+                refused=refused.append,
+            )
+        rig.replicas.endpoints[MODEL] = [dead, live]
+        async with rig.anthropic() as client:
+            # Prompts of their own: prefix affinity would send a second alike where the first went.
+            for word in ("first", "second", "third"):
+                reply = await client.messages.create(
+                    model=MODEL, max_tokens=4, messages=[{"role": "user", "content": word}]
+                )
+                assert reply.content[0].text == word
+        assert refused  # the dead one was tried, and left routing
+
+    async def test_usage_an_engine_cannot_have_counted_is_held_to_the_reservation(self, broken: Rig) -> None:
+        body = {"model": BROKEN, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        async with broken.client.post("/v1/messages?huge=1", json=body, headers=broken.auth) as response:
+            assert response.status == 200
+        (row,) = await broken.usage()
+        assert (row.prompt_tokens, row.completion_tokens) == (len(json.dumps(body)) + TEMPLATE_OVERHEAD, 5)
+
+    async def test_an_engine_that_sends_nothing_is_a_504_in_the_routes_shape(self, broken: Rig) -> None:
+        body = {"model": BROKEN, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        async with broken.client.post("/v1/messages?stall=1", json=body, headers=broken.auth) as response:
+            assert response.status == 504
+            said = await response.json()
+        assert said["type"] == "error" and said["error"]["type"] == "api_error"
+        assert "sent nothing for 0.5 s (timeouts.first_byte_s)" in said["error"]["message"]
+
+
 class TestStreamsCutMidEvent:
+    async def test_a_translated_stream_cut_by_its_engine_ends_with_an_error_event_in_the_clients_api(
+        self, broken: Rig
+    ) -> None:
+        (endpoint,) = broken.replicas.endpoints[BROKEN]
+        lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        broken.replicas.routes[endpoint] = EngineRoute(
+            node_id="n1", shard_id="s1", secret="", lost=lost, refused=lambda _: None, native_apis=OPENAI_APIS
+        )
+        body = {
+            "model": BROKEN,
+            "max_tokens": 50,
+            "stream": True,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        async with broken.client.post("/v1/messages", json=body, headers=broken.auth) as response:
+            got = (await _read_cut(response)).decode()
+        assert got.startswith("event: message_start\n")
+        assert got.count("event: content_block_delta") == 2
+        event, data = got.strip().split("\n\n")[-1].split("\n")
+        assert event == "event: error"
+        assert "broke off its reply" in json.loads(data.removeprefix("data: "))["error"]["message"]
+        (row,) = await broken.usage()
+        # No usage from the engine: the prompt as reserved, a token per chat chunk the client had.
+        assert (row.requests, row.completion_tokens) == (1, 2)
+
     async def test_a_messages_stream_ends_with_an_anthropic_error_event_and_charges_what_was_delivered(
         self, broken: Rig
     ) -> None:
@@ -544,15 +661,15 @@ class TestModels:
         async with rig.anthropic() as client:
             page = await client.models.list()
             one = await client.models.retrieve(RERANK)
-        assert [m.id for m in page.data] == [MODEL, RERANK, WHISPER, BROKEN]
+        assert [m.id for m in page.data] == [MODEL, RERANK, WHISPER, BROKEN_WHISPER, BROKEN, GONE]
         assert page.data[0].type == "model" and page.data[0].display_name == MODEL
-        assert (page.first_id, page.last_id, page.has_more) == (MODEL, BROKEN, False)
+        assert (page.first_id, page.last_id, page.has_more) == (MODEL, GONE, False)
         assert (one.id, one.type) == (RERANK, "model")
 
     async def test_without_anthropic_version_the_list_is_openais(self, rig: Rig) -> None:
         async with rig.openai() as client:
             models = await client.models.list()
-        assert [m.object for m in models.data] == ["model"] * 4
+        assert [m.object for m in models.data] == ["model"] * 6
 
     async def test_an_unknown_model_is_a_not_found_error_in_anthropics_shape(self, rig: Rig) -> None:
         async with rig.anthropic() as client:
@@ -579,3 +696,91 @@ async def test_requests_are_counted_by_route(rig: Rig) -> None:
         2,
         None,
     )
+
+
+@pytest.fixture
+async def chat_only(rig: Rig) -> AsyncIterator[Rig]:
+    """The rig, its chat model's engine taken to speak OpenAI's APIs only (as an endpoint is)."""
+    (endpoint,) = rig.replicas.endpoints[MODEL]
+    lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    rig.replicas.routes[endpoint] = EngineRoute(
+        node_id="n1", shard_id="s1", secret="", lost=lost, refused=lambda _: None, native_apis=OPENAI_APIS
+    )
+    yield rig
+
+
+class TestTranslated:
+    async def test_a_message_for_an_engine_without_the_messages_api_is_sent_as_chat(
+        self, chat_only: Rig
+    ) -> None:
+        async with chat_only.anthropic() as client:
+            reply = await client.messages.create(
+                model=MODEL,
+                max_tokens=3,
+                system="be brief",
+                messages=[{"role": "user", "content": "one two three four"}],
+            )
+        assert reply.id.startswith("msg_") and not reply.id.startswith("msg_sim_")
+        assert reply.content[0].type == "text" and reply.content[0].text == "one two three"
+        assert reply.stop_reason == "max_tokens"
+        # The engine's chat usage: the system prompt and the turn, as its chat route counts them.
+        assert (reply.usage.input_tokens, reply.usage.output_tokens) == (6, 3)
+        assert _row(await chat_only.usage()) == (MODEL, 1, 6, 3)
+
+    async def test_a_streamed_message_is_built_from_chat_chunks_and_charged_their_usage(
+        self, chat_only: Rig
+    ) -> None:
+        async with (
+            chat_only.anthropic() as client,
+            client.messages.stream(
+                model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hello there world"}]
+            ) as stream,
+        ):
+            text = "".join([t async for t in stream.text_stream])
+            final = await stream.get_final_message()
+        assert text == "hello there world"
+        assert final.stop_reason == "end_turn"
+        assert (final.usage.input_tokens, final.usage.output_tokens) == (3, 3)
+        assert _row(await chat_only.usage()) == (MODEL, 1, 3, 3)
+
+    async def test_a_response_for_an_engine_without_the_responses_api_is_sent_as_chat(
+        self, chat_only: Rig
+    ) -> None:
+        async with chat_only.openai() as client:
+            reply = await client.responses.create(model=MODEL, input="red green blue", max_output_tokens=2)
+            async with client.responses.stream(model=MODEL, input="a b c") as stream:
+                kinds = [event.type async for event in stream]
+                final = await stream.get_final_response()
+        assert reply.output_text == "red green" and not reply.id.startswith("resp_sim_")
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        assert final.output_text == "a b c"
+        rows = await chat_only.usage()
+        assert (rows[0].requests, rows[0].prompt_tokens, rows[0].completion_tokens) == (2, 3 + 3, 2 + 3)
+
+    async def test_what_chat_cannot_say_is_a_400_naming_the_field(self, chat_only: Rig) -> None:
+        async with chat_only.openai() as client:
+            with pytest.raises(openai.BadRequestError, match="previous_response_id") as refused:
+                await client.responses.create(model=MODEL, input="x", previous_response_id="resp_1")
+        assert refused.value.code == "untranslatable"
+
+
+@pytest.mark.parametrize(
+    ("kind", "natives", "native", "translated"),
+    [
+        # An endpoint outside the fleet: OpenAI's own APIs, Messages and Responses translated.
+        ("chat", [OPENAI_APIS], ["chat", "completions"], ["messages", "responses"]),
+        # Two profiles' engines: what both serve is native; count_tokens, untranslatable, is neither.
+        (
+            "chat",
+            [OPENAI_APIS | {"messages", "count_tokens"}, OPENAI_APIS],
+            ["chat", "completions"],
+            ["messages", "responses"],
+        ),
+        ("rerank", [OPENAI_APIS | {"rerank"}], ["rerank"], []),
+        ("chat", [], [], []),
+    ],
+)
+def test_a_models_apis_are_its_engines_own_and_the_translated_ones(
+    kind: ModelKind, natives: list[frozenset[str]], native: list[str], translated: list[str]
+) -> None:
+    assert apis_served(kind, natives) == (native, translated)

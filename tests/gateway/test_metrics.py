@@ -339,7 +339,12 @@ class TestRequestLog:
         assert line["request_id"] == "abc"
         assert line["key"] == gw.key[: len(line["key"])] and len(line["key"]) < len(gw.key)
         assert line["project"] == int(gw.project)
-        assert (line["model"], line["served_model"], line["status"]) == (MODEL, MODEL, 200)
+        assert (line["model"], line["served_model"], line["status"], line["route"]) == (
+            MODEL,
+            MODEL,
+            200,
+            "chat",
+        )
         assert line["prompt_tokens"] > 0 and line["completion_tokens"] > 0
         assert 0 < line["ttfb_ms"] <= line["latency_ms"]
         # The key's secret never reaches the log.

@@ -71,10 +71,39 @@ class TestRequest:
         chat = request_to_chat({"model": "m", "max_tokens": 1, "system": "Be brief.", "messages": []})
         assert chat["messages"] == [{"role": "system", "content": "Be brief."}]
 
+    def test_system_blocks_are_joined_by_a_blank_line(self) -> None:
+        system = [{"type": "text", "text": "You are terse."}, {"type": "text", "text": "Answer in French."}]
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "system": system, "messages": []})
+        assert chat["messages"] == [{"role": "system", "content": "You are terse.\n\nAnswer in French."}]
+
+    def test_claude_codes_billing_line_which_changes_every_request_is_left_out(self) -> None:
+        """It would make every turn's prompt differ from its first line, and no prefix cache would hold."""
+        header = "x-anthropic-billing-header: cc_version=2.1.197.e51; cc_entrypoint=cli; cch=a5145;"
+        system = [{"type": "text", "text": header}, {"type": "text", "text": "You are Claude Code."}]
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "system": system, "messages": []})
+        assert chat["messages"] == [{"role": "system", "content": "You are Claude Code."}]
+        chat = request_to_chat(
+            {"model": "m", "max_tokens": 1, "system": f"{header}\nYou are terse.", "messages": []}
+        )
+        assert chat["messages"] == [{"role": "system", "content": "You are terse."}]
+
     def test_a_streamed_request_asks_the_engine_for_its_usage(self) -> None:
         chat = request_to_chat({"model": "m", "max_tokens": 1, "stream": True, "messages": []})
         assert chat["stream"] is True
         assert chat["stream_options"] == {"include_usage": True}
+
+    def test_a_json_schema_in_output_config_becomes_response_format(self) -> None:
+        config = {"format": {"type": "json_schema", "schema": {"type": "object"}}, "effort": "low"}
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "messages": [], "output_config": config})
+        assert chat["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": {"type": "object"}},
+        }
+        assert chat["reasoning_effort"] == "low"
+        chat = request_to_chat(
+            {"model": "m", "max_tokens": 1, "messages": [], "output_config": {"effort": "max"}}
+        )
+        assert "reasoning_effort" not in chat
 
     def test_a_request_without_max_tokens_is_refused(self) -> None:
         with pytest.raises(TranslationError) as caught:
@@ -451,7 +480,100 @@ class TestStream:
         events = [chunk({"content": "Hi"}), chunk(finish="length"), usage(3, 1), DONE]
         assert checked_message_stream(streamed(events)[0]).stop_reason == "max_tokens"
 
+    def test_an_engine_counting_in_every_chunk_has_the_prompt_said_in_message_start(self) -> None:
+        first = json.loads(chunks.TEXT[1])
+        first["usage"] = {"prompt_tokens": 18, "completion_tokens": 1, "total_tokens": 19}
+        body, _ = streamed([json.dumps(first).encode(), *chunks.TEXT[2:]])
+        assert sse_events(body)[0][1]["message"]["usage"]["input_tokens"] == 18
+
     def test_chunks_given_as_objects_read_as_their_bytes_do(self) -> None:
         stream = MessagesStream("tiny")
         body = b"".join(stream.feed(e if e == DONE else json.loads(e)) for e in chunks.TEXT)
         assert checked_message_stream(body).content[0].type == "text"
+
+
+class TestOddInput:
+    @pytest.mark.parametrize("value", [0, "64", 2.5, False])
+    def test_a_max_tokens_that_is_not_a_positive_whole_number_is_refused(self, value: object) -> None:
+        with pytest.raises(
+            TranslationError, match="max_tokens: must be a whole number of at least 1"
+        ) as caught:
+            request_to_chat({"model": "m", "max_tokens": value, "messages": []})
+        assert caught.value.param == "max_tokens"
+
+    @pytest.mark.parametrize("value", [1, "END", [1]])
+    def test_stop_sequences_that_are_not_a_list_of_strings_are_refused(self, value: object) -> None:
+        with pytest.raises(TranslationError, match="stop_sequences: must be a list of strings"):
+            request_to_chat({"model": "m", "max_tokens": 1, "messages": [], "stop_sequences": value})
+
+    def test_tool_arguments_an_engine_sends_as_an_object_are_the_input(self) -> None:
+        calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]
+        message = checked_message(reply_from_chat(completion({"tool_calls": calls}, "tool_calls"), "tiny"))
+        assert message.content[0].type == "tool_use" and message.content[0].input == {"a": 1}
+
+
+def test_a_claude_code_turn_translates_with_only_what_the_model_reads() -> None:
+    """Shaped as Claude Code 2.1 sends a turn: cache_control everywhere, its billing line, thinking,
+    context management and an effort the engines do not take, tools of its own."""
+    cache = {"type": "ephemeral"}
+    body = {
+        "model": "tiny",
+        "max_tokens": 32000,
+        "stream": True,
+        "metadata": {"user_id": "user_abc_account__session_1"},
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "xhigh"},
+        "system": [
+            {
+                "type": "text",
+                "text": "x-anthropic-billing-header: cc_version=2.1.197.e51; cc_entrypoint=cli; cch=a5145;",
+            },
+            {"type": "text", "text": "You are Claude Code.", "cache_control": cache},
+            {"type": "text", "text": "Use the tools.", "cache_control": cache},
+        ],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>Today is Monday.</system-reminder>"},
+                    {"type": "text", "text": "say hi", "cache_control": cache},
+                ],
+            }
+        ],
+        "tools": [
+            {
+                "name": "Bash",
+                "description": "Runs a command",
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"command": {"type": "string"}},
+                    "required": ["command"],
+                    "additionalProperties": False,
+                    "$schema": "http://json-schema.org/draft-07/schema#",
+                },
+                "cache_control": cache,
+            }
+        ],
+    }
+    chat = request_to_chat(body)
+    assert chat == {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "You are Claude Code.\n\nUse the tools."},
+            {"role": "user", "content": "<system-reminder>Today is Monday.</system-reminder>say hi"},
+        ],
+        "max_tokens": 32000,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "Bash",
+                    "parameters": body["tools"][0]["input_schema"],
+                    "description": "Runs a command",
+                },
+            }
+        ],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }

@@ -180,6 +180,10 @@ class TestRequest:
             "type": "json_schema",
             "json_schema": {"name": "city", "schema": {"type": "object"}, "strict": True},
         }
+        nameless = request_to_chat(
+            {"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}
+        )
+        assert nameless["response_format"]["json_schema"] == {"name": "output", "schema": {}}
         assert "response_format" not in request_to_chat(
             {"model": "m", "input": "x", "text": {"format": {"type": "text"}}}
         )
@@ -306,12 +310,14 @@ class TestReply:
         assert reasoning.type == "reasoning" and reasoning.content is not None
         assert reasoning.content[0].text == "Greet."
 
-    def test_cached_prompt_tokens_are_counted_in_the_input_and_its_details(self) -> None:
+    def test_cached_and_reasoning_tokens_are_counted_in_their_totals_and_details(self) -> None:
         chat = completion({"content": "Hi"})
         chat["usage"]["prompt_tokens_details"] = {"cached_tokens": 10}
+        chat["usage"]["completion_tokens_details"] = {"reasoning_tokens": 5}
         usage = checked_response(reply_from_chat(chat, "tiny")).usage
         assert usage is not None
         assert (usage.input_tokens, usage.input_tokens_details.cached_tokens) == (18, 10)
+        assert (usage.output_tokens, usage.output_tokens_details.reasoning_tokens) == (8, 5)
 
 
 class TestStream:
@@ -406,3 +412,117 @@ class TestStream:
         events = validated(stream.error_event("the engine stalled"))
         assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
         assert stream.feed(chunks.TEXT[1]) == b""
+
+
+class TestOddInput:
+    def test_reasoning_with_content_of_another_shape_is_skipped(self) -> None:
+        items = [
+            {"type": "reasoning", "content": 5, "summary": [{"type": "summary_text", "text": "Think."}]},
+            {"role": "assistant", "content": "Hi"},
+        ]
+        assert request_to_chat({"model": "m", "input": items})["messages"] == [
+            {"role": "assistant", "content": "Hi", "reasoning_content": "Think."}
+        ]
+
+    def test_a_tool_output_sent_as_an_object_reaches_the_model_as_its_json(self) -> None:
+        items = [{"type": "function_call_output", "call_id": "c", "output": {"temp": 18}}]
+        assert request_to_chat({"model": "m", "input": items})["messages"] == [
+            {"role": "tool", "tool_call_id": "c", "content": '{"temp": 18}'}
+        ]
+
+    @pytest.mark.parametrize("value", [0, -1, "64", 1.5, True])
+    def test_a_token_limit_that_is_not_a_positive_whole_number_is_refused(self, value: object) -> None:
+        with pytest.raises(
+            TranslationError, match="max_output_tokens: must be a whole number of at least 1"
+        ) as caught:
+            request_to_chat({"model": "m", "input": "x", "max_output_tokens": value})
+        assert caught.value.param == "max_output_tokens"
+
+    def test_instructions_that_are_not_text_are_refused(self) -> None:
+        with pytest.raises(TranslationError, match="instructions: must be a string"):
+            request_to_chat({"model": "m", "input": "x", "instructions": [{"role": "system"}]})
+
+
+def test_a_codex_turn_translates_with_only_what_the_model_reads() -> None:
+    """Shaped as Codex CLI sends a turn with store off: developer and user messages, its shell tool,
+    a past reasoning item with its summary, a call and its output."""
+    shell = {
+        "type": "function",
+        "name": "shell",
+        "description": "Runs a command",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+        },
+    }
+    body = {
+        "model": "tiny",
+        "instructions": "You are Codex.",
+        "input": [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "<permissions>ask</permissions>"}],
+            },
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+            {
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": "Run ls."}],
+                "encrypted_content": "gAAA",
+            },
+            {
+                "type": "function_call",
+                "name": "shell",
+                "arguments": '{"command":["ls"]}',
+                "call_id": "call_1",
+            },
+            {"type": "function_call_output", "call_id": "call_1", "output": "README.md"},
+        ],
+        "tools": [shell],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0199-session",
+        "text": {"verbosity": "medium"},
+    }
+    chat = request_to_chat(body)
+    assert chat == {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "You are Codex.\n\n<permissions>ask</permissions>"},
+            {"role": "user", "content": "list files"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "Run ls.",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "shell", "arguments": '{"command":["ls"]}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "README.md"},
+        ],
+        "parallel_tool_calls": False,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "shell",
+                    "parameters": shell["parameters"],
+                    "description": "Runs a command",
+                    "strict": False,
+                },
+            }
+        ],
+        "tool_choice": "auto",
+        "reasoning_effort": "medium",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }

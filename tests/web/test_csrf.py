@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestServer
 from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
 from llmgw.control.inventory import Inventory
+from llmgw.gateway.apis import APIS
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.store import Store
@@ -36,7 +37,8 @@ from .conftest import PASSWORD, login
 
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 # Routes that read no cookie: a client's API key is the credential, which a page elsewhere does not have.
-_KEY_ONLY = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+# Every API the gateway serves (gateway/apis.py).
+_KEY_ONLY = frozenset(path for api in APIS for path in api.paths)
 
 # Forms of the pages, by route: each a change the store would show, had the token been right.
 _FORMS: dict[str, list[tuple[str, dict[str, str]]]] = {

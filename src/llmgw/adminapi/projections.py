@@ -22,7 +22,10 @@ from llmgw.adminapi import views
 from llmgw.config import ModelConfig
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES, NoAnswer, NodeLog
+from llmgw.engines.base import OPENAI_APIS
+from llmgw.engines.registry import ENGINES
 from llmgw.gateway.endpoints import ENDPOINT_ENGINE, Endpoints
+from llmgw.gateway.translation import apis_served
 
 
 def node_state(node: Node) -> views.NodeState:
@@ -275,6 +278,7 @@ def model_view(
         listed = endpoints_view(endpoints, model.name)
         ready = sum(1 for r in listed if r.state == "ready")
         why = None if ready or endpoints is None else endpoints.why_no_ready(model.name)
+        native, translated = apis_served(model.kind, [OPENAI_APIS])
         return views.Model(
             name=model.name,
             wanted=len(model.endpoints),
@@ -283,17 +287,23 @@ def model_view(
             replicas=listed,
             why_not_ready=why,
             unpriced=unpriced,
+            native_apis=native,
+            translated_apis=translated,
         )
+    engines = list(dict.fromkeys(p.engine for p in model.profiles))
+    native, translated = apis_served(model.kind, [ENGINES[e].native_apis for e in engines if e in ENGINES])
     return views.Model(
         name=model.name,
         wanted=model.replicas,
         # Ready and on a reachable node: what the gateway would route to.
         ready=len(inventory.ready_endpoints(model.name)),
-        engines=list(dict.fromkeys(p.engine for p in model.profiles)),
+        engines=engines,
         replicas=replicas_view(inventory, model.name),
         why_not_ready=why_not_ready(inventory, model.name),
         unpriced=unpriced,
         failures=failures_view(inventory, model.name),
+        native_apis=native,
+        translated_apis=translated,
     )
 
 

@@ -306,6 +306,18 @@ class Model:
         factory=list,
         metadata={"doc": "Its replicas that failed lately, newest first: the last few per node."},
     )
+    native_apis: list[str] = attrs.field(
+        factory=list,
+        metadata={
+            "doc": "The client APIs of its kind that its engines (every one of its profiles' engines) serve "
+            "themselves: chat, completions, embeddings, messages, count_tokens, responses, rerank, "
+            "transcriptions. An endpoint outside the fleet is taken to serve OpenAI's only."
+        },
+    )
+    translated_apis: list[str] = attrs.field(
+        factory=list,
+        metadata={"doc": "The client APIs of its kind the gateway says to its engines as chat completions."},
+    )
 
 
 @attrs.frozen

@@ -183,6 +183,11 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
             click.echo(note)
 
 
+def _apis(model: views.Model) -> str:
+    """The APIs a model serves: its engines' own, then those the gateway translates, marked so."""
+    return _cells([*model.native_apis, *(f"{name} (translated)" for name in model.translated_apis)])
+
+
 @ctl.command()
 @json_option
 @click.pass_context
@@ -198,8 +203,8 @@ def models(ctx: click.Context, as_json: bool) -> None:
         return
     listed = _read(data, list[views.Model])
     echo_table(
-        ["MODEL", "READY", "ENGINES", "WHY NOT READY"],
-        [[m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), model_note(m)] for m in listed],
+        ["MODEL", "READY", "ENGINES", "APIS", "WHY NOT READY"],
+        [[m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), _apis(m), model_note(m)] for m in listed],
     )
     # Beneath the table, as `ctl nodes` puts its notes: a budget that never binds is no error
     # anywhere else an operator looks.

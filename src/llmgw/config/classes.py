@@ -323,8 +323,8 @@ class MonitoringConfig:
 class LogConfig:
     requests: bool = _field(
         False,
-        "Log one line per request to /v1/chat/completions and /v1/completions: its x-request-id, key "
-        "prefix, project, model, served model, node, status, tokens, latency and time to first byte. "
+        "Log one line per request to the gateway's proxied routes (every API): its x-request-id, route, "
+        "key prefix, project, model, served model, node, status, tokens, latency and time to first byte. "
         "See docs/monitoring.md.",
     )
 

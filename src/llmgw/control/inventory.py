@@ -34,6 +34,7 @@ from llmgw.control.records import (
 )
 from llmgw.control.stream.refusals import Refusals
 from llmgw.control.stream.wire import records, registration
+from llmgw.engines.registry import ENGINES
 from llmgw.errors import LlmgwError
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.routes import EngineRoute, Routes
@@ -572,12 +573,14 @@ class Inventory:
         if replica is None:
             return None
         shard_id = replica.shard_id
+        engine = ENGINES.get(replica.engine)
         return EngineRoute(
             node_id=replica.node_id,
             shard_id=shard_id,
             secret=self._routing.secret(shard_id),
             lost=self._routing.lost(shard_id),
             refused=lambda reason: self.engine_refused(shard_id, reason),
+            native_apis=engine.native_apis if engine is not None else None,
         )
 
     def endpoint_replica(self, endpoint: str) -> Replica | None:

@@ -200,12 +200,15 @@ class Admission:
         # Embeddings, rerank and token counts generate nothing: such a request costs its input alone,
         # and is sent as it came.
         asked = next((n for name in api.limit if (n := _asked(payload, name)) is not None), None)
-        completion = (asked or limit) * (_choices(payload) if api.choices else 1) if api.limit else 0
+        if api.limit:
+            completion = (asked or limit) * (_choices(payload) if api.choices else 1)
+        else:
+            completion = limit if api.unbounded_text else 0
         if completion > limit:
             raise ApiError(
                 400,
                 f"this request asks for up to {completion} completion tokens; {model} allows at most {limit} "
-                "per request (max_tokens times n): ask for fewer",
+                f"per request ({api.limit[-1]}{' times n' if api.choices else ''}): ask for fewer",
                 param=api.limit[-1],
                 code="max_tokens_too_large",
                 refusal=("model", "max_tokens"),

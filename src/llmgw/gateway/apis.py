@@ -71,6 +71,9 @@ class Api:
     stream: StreamShape
     # Fields bounding the tokens a request generates, the first present wins; empty: it generates none.
     limit: tuple[str, ...] = ()
+    # It generates text no field of the request bounds (a transcription): the model's max_tokens is
+    # reserved for it.
+    unbounded_text: bool = False
     # Whether `n`/`best_of` multiply what it generates (OpenAI's chat and text completions).
     choices: bool = False
     # Whether the gateway may ask for a stream's usage with `stream_options` (OpenAI's chat and text
@@ -86,8 +89,6 @@ class Api:
     max_body: int = 0
     # Refuses a body that is not this API's own (checks.py), before anything is reserved.
     check: checks.Check | None = None
-    # What is said when the engine does not keep what a request refers to (a stored response).
-    note: str = ""
 
     def reserved_prompt(self, body_bytes: int, overhead: int) -> int:
         """The most prompt tokens a body of body_bytes can hold (admission.py explains the bound)."""
@@ -238,11 +239,6 @@ RESPONSES = Api(
     "chat",
     _RESPONSES_STREAM,
     limit=("max_output_tokens",),
-    note=(
-        "previous_response_id and stored responses work only where the model's engine keeps responses "
-        "(vLLM does, with its response store on); llama-server keeps none, and the gateway keeps none "
-        "of its own: send the whole conversation in `input` instead"
-    ),
 )
 RERANK = Api("rerank", ("/v1/rerank", "/rerank", "/v1/score"), "rerank", _NO_STREAM)
 TRANSCRIPTIONS = Api(
@@ -252,6 +248,7 @@ TRANSCRIPTIONS = Api(
     _NO_STREAM,
     body="multipart",
     max_body=MAX_AUDIO_BODY,
+    unbounded_text=True,
     replies_json=False,
 )
 

@@ -39,6 +39,7 @@ from aiohttp import hdrs, web
 
 from llmgw.catalog import Catalog
 from llmgw.config import EndpointConfig, ModelConfig
+from llmgw.engines.base import OPENAI_APIS
 from llmgw.gateway.router import ReplicaTable
 from llmgw.routes import EngineRoute
 
@@ -197,6 +198,8 @@ class Endpoints:
             refused=lambda reason: self.failed(endpoint, reason),
             url=found.url,
             upstream_model=found.upstream_model,
+            # Any OpenAI-compatible server: Messages and Responses are said to it as chat completions.
+            native_apis=OPENAI_APIS,
         )
 
     def failed(self, endpoint_id: str, reason: str) -> None:

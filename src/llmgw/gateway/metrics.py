@@ -253,6 +253,7 @@ class GatewayMetrics(Collector):
         log.info(
             "request",
             request_id=call.request_id,
+            route=call.api.name,
             key=key.prefix if key is not None else "",
             project=key.project_id if key is not None else None,
             model=call.model,

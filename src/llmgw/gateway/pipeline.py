@@ -11,7 +11,7 @@ before calling the rest and settling in a `finally` after it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from aiohttp import web
@@ -22,6 +22,9 @@ from llmgw.gateway.apis import CHAT, Api
 from llmgw.gateway.errors import ApiError
 from llmgw.routes import EngineRoute
 from llmgw.store.keys import KeyRecord
+
+if TYPE_CHECKING:
+    from llmgw.gateway.translation import Translation
 
 
 @attrs.define
@@ -63,6 +66,11 @@ class Call:
     # Set by the proxy when the engine failed in the middle of a stream that reported no usage: the
     # completion events the client had by then, what admission charges for in place of the reservation.
     delivered: int | None = None
+    # Set by the proxy for a request whose engine does not speak its API (translation.py): the chat
+    # completions path it goes to instead; "" for the request's own path.
+    upstream_path: str = ""
+    # Set by the proxy with upstream_path: how the chat completion is said back in the request's API.
+    translation: Translation | None = attrs.field(default=None, repr=False)
     # Set by the proxy with `delivered`: the prompt tokens the stream had reported before it broke
     # (Anthropic's message_start says them first), charged in place of the reserved prompt.
     delivered_prompt: int | None = None

@@ -31,6 +31,7 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp import hdrs, web
 from multidict import istr
 
+from llmgw.gateway.apis import CHAT
 from llmgw.gateway.deadlines import Deadlines, EngineTimedOut
 from llmgw.gateway.errors import ApiError, in_shape
 from llmgw.gateway.faults import (
@@ -47,6 +48,7 @@ from llmgw.gateway.faults import (
 )
 from llmgw.gateway.pipeline import Call
 from llmgw.gateway.streams import MalformedStream, StreamTap
+from llmgw.gateway.translation import CHAT_PATH, translation
 from llmgw.gateway.upstream import REFUSAL_BODY, is_endpoint, refusal, url_of
 from llmgw.gateway.usage import STREAM_TAIL, find_usage
 
@@ -218,6 +220,11 @@ def _headers(call: Call) -> dict[istr, str]:
 async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamResponse:
     """Send the request, stream the reply; started gets the client's response once it is under way."""
     deadlines = Deadlines(call.timeouts)
+    # Per try: a fallback's engine may speak the API its first choice did not.
+    call.translation = translated = translation(call)
+    call.upstream_path = CHAT_PATH if translated is not None else ""
+    if translated is not None:
+        call.body = translated.body
     # One deadline for the status line and the first bytes: a stalled engine sends neither.
     first = deadlines.first_byte()
     upstream = await _send(call, deadlines, first)
@@ -237,6 +244,9 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
         ):
             _count_upstream_error(call, "reply")
             raise not_json(call, upstream.status, upstream.headers.get(hdrs.CONTENT_TYPE, ""), chunk)
+        if translated is not None and tap is None and not upstream.content.at_eof():
+            # A chat completion is said back whole: it is read whole first.
+            chunk += await _rest(call, upstream, deadlines)
         if upstream.content.at_eof():
             return _whole_reply(call, upstream, chunk, tap, headers)
         return await _stream_reply(call, upstream, chunk, tap, headers, deadlines, started)
@@ -328,6 +338,20 @@ async def _refused(
     )
 
 
+async def _rest(call: Call, upstream: aiohttp.ClientResponse, deadlines: Deadlines) -> bytes:
+    """The rest of a reply, each read bounded by the model's timeouts."""
+    body = bytearray()
+    try:
+        while chunk := await deadlines.read(call, upstream, deadlines.next_byte()):
+            body += chunk
+    except EngineTimedOut as exc:
+        raise _stalled(call, exc) from None
+    except aiohttp.ClientError as exc:
+        _count_upstream_error(call, "reply")
+        raise _did_not_answer(call, exc) from None
+    return bytes(body)
+
+
 async def _start_of(
     call: Call, upstream: aiohttp.ClientResponse, deadlines: Deadlines, first: tuple[float, str], limit: int
 ) -> bytes:
@@ -344,9 +368,11 @@ async def _start_of(
 
 
 def _tap(call: Call, upstream: aiohttp.ClientResponse) -> StreamTap | None:
-    """What checks a stream of events and reads its usage as it passes."""
+    """What checks a stream of events and reads its usage as it passes (a translated one's as chat's)."""
     events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
-    return StreamTap(call.hide_usage, call.api.stream) if events else None
+    if not events:
+        return None
+    return StreamTap(call.hide_usage, CHAT.stream if call.translation is not None else call.api.stream)
 
 
 def _reply_headers(call: Call, upstream: aiohttp.ClientResponse, tap: StreamTap | None) -> dict[istr, str]:
@@ -355,8 +381,9 @@ def _reply_headers(call: Call, upstream: aiohttp.ClientResponse, tap: StreamTap 
     headers[REPLICA_HEADER] = call.route.shard_id if call.route is not None else _where(call)
     if call.request_id:
         headers[REQUEST_ID_HEADER] = call.request_id
-    if tap is not None:
-        # Its length is the engine's, with the chunk the client did not ask for or an error event.
+    if tap is not None or call.translation is not None:
+        # Its length is the engine's, with the chunk the client did not ask for or an error event, or
+        # of the reply before it was translated.
         headers.pop(hdrs.CONTENT_LENGTH, None)
     return headers
 
@@ -389,6 +416,7 @@ def _whole_reply(
     headers on their own first.
     """
     content_type = upstream.headers.get(hdrs.CONTENT_TYPE, "")
+    translated = call.translation
     if tap is not None:
         try:
             chunk = tap.feed(chunk) + tap.end()
@@ -396,12 +424,17 @@ def _whole_reply(
             _count_upstream_error(call, "reply")
             raise not_json(call, upstream.status, content_type, exc.event) from None
         call.usage = tap.usage
+        if translated is not None:
+            chunk = translated.events(chunk) + translated.finish()
+            call.usage = translated.usage or tap.usage
     else:
         if call.api.replies_json and 200 <= upstream.status < 300 and not ends_like_json(chunk):
             _count_upstream_error(call, "reply")
             raise not_json(call, upstream.status, content_type, chunk)
         if call.count_usage:
             call.usage = find_usage(chunk)
+        if translated is not None and 200 <= upstream.status < 300:
+            chunk = translated.reply(chunk)
     if call.done is not None:
         # Before the response exists: aiohttp sends it only once this handler has returned.
         call.done(upstream.status)
@@ -465,15 +498,20 @@ async def _broken(call: Call, exc: Exception, tap: StreamTap | None, response: w
     else:
         error = stream_failed(call, f"the connection failed ({str(exc) or type(exc).__name__})")
     if tap is not None:
+        translated = call.translation
         if isinstance(exc, MalformedStream) and exc.passed:
+            passed = translated.events(exc.passed) if translated is not None else exc.passed
             with contextlib.suppress(ConnectionResetError):
-                await response.write(exc.passed)
+                await response.write(passed)
         if tap.usage is None:
             # Charged for what the client had (admission.py), not for a reservation it never received.
             call.delivered = tap.events
             call.delivered_prompt = tap.prompt
+        event = (
+            translated.error_event(error) if translated is not None else call.api.stream.error_event(error)
+        )
         with contextlib.suppress(ConnectionResetError):
-            await response.write(call.api.stream.error_event(error))
+            await response.write(event)
     if call.request.transport is not None:
         call.request.transport.close()
 
@@ -492,9 +530,13 @@ async def _relay(
     # few KB are kept to find the usage in.
     tail = bytearray() if call.count_usage and tap is None else None
     behind = b""
+    translated = call.translation
     while chunk:
         if tap is not None:
-            if ready := tap.feed(chunk):
+            ready = tap.feed(chunk)
+            if translated is not None and ready:
+                ready = translated.events(ready)
+            if ready:
                 await response.write(ready)
         else:
             if behind:
@@ -508,6 +550,9 @@ async def _relay(
     if tap is not None:
         behind = tap.end()
         call.usage = tap.usage
+        if translated is not None:
+            behind = translated.events(behind) + translated.finish()
+            call.usage = translated.usage or tap.usage
     else:
         if call.api.replies_json and 200 <= upstream.status < 300 and not ends_like_json(behind):
             raise _NotWhole(behind[-EXCERPT:])

@@ -36,7 +36,7 @@ def url_of(call: Call) -> str:
     """Where the request goes: the replica's address and the request's path, or the endpoint's base URL and
     the path after /v1 (an endpoint's base URL names its own version prefix, `/v1` or another)."""
     route = call.route
-    path = call.request.path_qs
+    path = call.upstream_path or call.request.path_qs
     if route is not None and route.url:
         return route.url + (path[3:] if path.startswith("/v1/") else path)
     return call.endpoint + path

@@ -37,6 +37,15 @@ class UpstreamError(Exception):
     """The engine's stream said something other than a chat chunk: an error event, or not JSON."""
 
 
+def positive(value: object, param: str) -> int:
+    """A token limit: a whole number of at least 1, or a TranslationError naming param."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TranslationError(
+            f"{param}: must be a whole number of at least 1, not {json.dumps(value)}", param
+        )
+    return value
+
+
 def new_id(prefix: str) -> str:
     """An identifier in the style of the API it belongs to: `msg_…`, `resp_…`, `toolu_…`."""
     return f"{prefix}_{secrets.token_hex(12)}"
@@ -76,6 +85,8 @@ class ChatUsage:
     completion_tokens: int | None = None
     # Of the prompt, the tokens the engine found in its prefix cache (prompt_tokens_details.cached_tokens).
     cached_tokens: int = 0
+    # Of the completion, the tokens of the model's reasoning (completion_tokens_details.reasoning_tokens).
+    reasoning_tokens: int = 0
 
     def read(self, usage: object) -> None:
         """Take a chat `usage` object's counts, where it gives them."""
@@ -90,6 +101,10 @@ class ChatUsage:
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if isinstance(cached, int) and cached > 0:
             self.cached_tokens = min(cached, self.prompt_tokens or 0)
+        details = usage.get("completion_tokens_details")
+        reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        if isinstance(reasoning, int) and reasoning > 0:
+            self.reasoning_tokens = min(reasoning, self.completion_tokens or 0)
 
 
 def reasoning_of(message: JsonObject) -> str:
@@ -141,27 +156,39 @@ class ToolCallPiece:
     arguments: str
 
 
-def tool_call_pieces(delta: JsonObject) -> list[ToolCallPiece]:
-    """The tool call fragments of one chunk's delta, in the order the engine sent them."""
-    calls = delta.get("tool_calls")
+def tool_call_pieces(message: JsonObject) -> list[ToolCallPiece]:
+    """The tool calls of a reply's message, or the fragments of them in a chunk's delta, in order."""
+    calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return []
     pieces = []
     for position, call in enumerate(calls):
         if not isinstance(call, dict):
             continue
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
-        assert isinstance(function, dict)
-        index = call.get("index")
+        function = object_at(call, "function")
+        index, arguments = call.get("index"), function.get("arguments")
+        if arguments is not None and not isinstance(arguments, str):
+            # An engine that sends the arguments as an object rather than as their JSON.
+            arguments = json.dumps(arguments)
         pieces.append(
             ToolCallPiece(
                 index=index if isinstance(index, int) else position,
-                id=str(call.get("id") or ""),
-                name=str(function.get("name") or ""),
-                arguments=str(function.get("arguments") or ""),
+                id=_text(call.get("id")),
+                name=_text(function.get("name")),
+                arguments=arguments or "",
             )
         )
     return pieces
+
+
+def object_at(value: JsonObject, key: str) -> JsonObject:
+    """value[key] when it is an object; an empty one when the engine sent something else or nothing."""
+    found = value.get(key)
+    return found if isinstance(found, dict) else {}
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def first_choice(chat: JsonObject) -> JsonObject:

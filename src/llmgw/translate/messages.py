@@ -28,7 +28,9 @@ from llmgw.translate.chat import (
     first_choice,
     matched_stop,
     new_id,
+    object_at,
     parse_arguments,
+    positive,
     read_event,
     reasoning_of,
     text_of,
@@ -57,17 +59,21 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     if payload.get("mcp_servers"):
         raise TranslationError("mcp_servers: this model's engine cannot reach MCP servers", "mcp_servers")
     chat: JsonObject = {"model": payload.get("model"), "messages": _messages(payload)}
-    chat["max_tokens"] = payload["max_tokens"]
+    chat["max_tokens"] = positive(payload["max_tokens"], "max_tokens")
     for key in _PASSED:
         if key in payload:
             chat[key] = payload[key]
-    if payload.get("stop_sequences"):
-        chat["stop"] = list(payload["stop_sequences"])
+    stops = payload.get("stop_sequences")
+    if stops:
+        if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+            raise TranslationError("stop_sequences: must be a list of strings", "stop_sequences")
+        chat["stop"] = stops
     tools = payload.get("tools")
     if tools:
         chat["tools"] = [_tool(tool, i) for i, tool in enumerate(_listed(tools, "tools"))]
     if payload.get("tool_choice") is not None:
         chat.update(_tool_choice(payload["tool_choice"]))
+    chat.update(_output_config(payload.get("output_config")))
     if payload.get("stream"):
         chat["stream"] = True
         # The usage comes in the last chunk only when asked for: message_delta's output_tokens need it.
@@ -105,8 +111,7 @@ def reply_from_chat(chat: JsonObject, model: str, *, stop_sequences: Sequence[st
     `stop_sequence`.
     """
     choice = first_choice(chat)
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    assert isinstance(message, dict)
+    message = object_at(choice, "message")
     content: list[JsonObject] = []
     reasoning = reasoning_of(message)
     if reasoning:
@@ -114,16 +119,14 @@ def reply_from_chat(chat: JsonObject, model: str, *, stop_sequences: Sequence[st
     text = text_of(message.get("content"))
     if text:
         content.append({"type": "text", "text": text})
-    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
-    assert isinstance(calls, list)
+    calls = tool_call_pieces(message)
     for call in calls:
-        function = call.get("function") or {}
         content.append(
             {
                 "type": "tool_use",
-                "id": call.get("id") or new_id("toolu"),
-                "name": function.get("name") or "",
-                "input": parse_arguments(function.get("arguments") or ""),
+                "id": call.id or new_id("toolu"),
+                "name": call.name,
+                "input": parse_arguments(call.arguments),
             }
         )
     stop = matched_stop(choice, list(stop_sequences))
@@ -172,9 +175,9 @@ def _listed(value: object, param: str) -> list[Any]:
 def _messages(payload: JsonObject) -> list[JsonObject]:
     """The chat messages: the system prompt first, then each turn, its tool results as `tool` messages."""
     out: list[JsonObject] = []
-    system = payload.get("system")
+    system = _system_text(payload["system"]) if payload.get("system") else ""
     if system:
-        out.append({"role": "system", "content": _system_text(system)})
+        out.append({"role": "system", "content": system})
     for i, message in enumerate(_listed(payload.get("messages"), "messages")):
         if not isinstance(message, dict):
             raise TranslationError(
@@ -196,9 +199,9 @@ def _messages(payload: JsonObject) -> list[JsonObject]:
 
 
 def _system_text(system: object) -> str:
-    """The system prompt's text: a string, or its text blocks one after the other."""
+    """The system prompt's text: a string, or its text blocks joined, less Claude Code's billing line."""
     if isinstance(system, str):
-        return system
+        return _without_billing_header(system)
     parts = []
     for j, block in enumerate(_listed(system, "system")):
         if not isinstance(block, dict) or block.get("type") != "text":
@@ -206,8 +209,24 @@ def _system_text(system: object) -> str:
             raise TranslationError(
                 f"system.{j}: a system prompt holds text blocks only, not {kind!r}", "system"
             )
-        parts.append(str(block.get("text") or ""))
+        text = _without_billing_header(str(block.get("text") or ""))
+        if text:
+            parts.append(text)
     return "\n\n".join(parts)
+
+
+# Claude Code's first system block: "x-anthropic-billing-header: cc_version=…; cch=a5145;", a hash
+# that changes with every request. Anthropic reads it for its billing; to an engine it is a
+# different prompt prefix each turn, so its prefix cache never got past it and every turn of a
+# 3,000-token prompt was computed again.
+_BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _without_billing_header(text: str) -> str:
+    if _BILLING_HEADER not in text:
+        return text
+    kept = [line for line in text.split("\n") if not line.startswith(_BILLING_HEADER)]
+    return "\n".join(kept).strip("\n")
 
 
 def _assistant(content: object, i: int) -> list[JsonObject]:
@@ -344,6 +363,36 @@ def _tool(tool: object, i: int) -> JsonObject:
     return {"type": "function", "function": function}
 
 
+def _output_config(config: object) -> JsonObject:
+    """output_config's JSON schema as chat's response_format, and its effort where chat takes it.
+
+    Chat completions take low, medium and high everywhere (vLLM refuses another); xhigh and max
+    are left to the engine's default.
+    """
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise TranslationError("output_config: must be an object", "output_config")
+    out: JsonObject = {}
+    fmt = config.get("format")
+    if fmt is not None:
+        if (
+            not isinstance(fmt, dict)
+            or fmt.get("type") != "json_schema"
+            or not isinstance(fmt.get("schema"), dict)
+        ):
+            raise TranslationError(
+                "output_config.format: must be a json_schema with its schema", "output_config"
+            )
+        out["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": fmt["schema"]},
+        }
+    if config.get("effort") in ("low", "medium", "high"):
+        out["reasoning_effort"] = config["effort"]
+    return out
+
+
 def _tool_choice(choice: object) -> JsonObject:
     """Messages' tool_choice as chat's, with `disable_parallel_tool_use` as parallel_tool_calls."""
     if not isinstance(choice, dict):
@@ -416,16 +465,18 @@ class MessagesStream:
             chunk = read_event(data)
         except UpstreamError as e:
             return self.error_event(str(e))
+        if chunk is not None:
+            # Before message_start: an engine that counts in every chunk (vLLM's continuous usage
+            # stats) gives the prompt's tokens from the first, and message_start can say them.
+            self._usage.read(chunk.get("usage"))
         out = self._start()
         if chunk is None:
             return out + self._end()
-        self._usage.read(chunk.get("usage"))
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return out
         choice = choices[0]
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-        assert isinstance(delta, dict)
+        delta = object_at(choice, "delta")
         reasoning = reasoning_of(delta)
         if reasoning:
             out += self._into("thinking") + self._delta({"type": "thinking_delta", "thinking": reasoning})

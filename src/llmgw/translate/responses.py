@@ -25,6 +25,8 @@ from llmgw.translate.chat import (
     UpstreamError,
     first_choice,
     new_id,
+    object_at,
+    positive,
     read_event,
     reasoning_of,
     text_of,
@@ -33,6 +35,10 @@ from llmgw.translate.chat import (
 
 # The request's fields chat takes under the same name.
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "chat_template_kwargs")
+
+# The reasoning efforts chat completions take everywhere: vLLM refuses a request with another
+# (`minimal`, `xhigh`), where the Responses API takes it; those are left to the engine's default.
+_EFFORTS = ("low", "medium", "high")
 
 # Why each refused field cannot be served by a translated engine.
 _KEEPS_NOTHING = (
@@ -59,7 +65,7 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
         )
     chat: JsonObject = {"model": payload.get("model"), "messages": _messages(payload)}
     if payload.get("max_output_tokens") is not None:
-        chat["max_tokens"] = payload["max_output_tokens"]
+        chat["max_tokens"] = positive(payload["max_output_tokens"], "max_output_tokens")
     for key in _PASSED:
         if payload.get(key) is not None:
             chat[key] = payload[key]
@@ -72,7 +78,7 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     if response_format is not None:
         chat["response_format"] = response_format
     reasoning = payload.get("reasoning")
-    if isinstance(reasoning, dict) and reasoning.get("effort"):
+    if isinstance(reasoning, dict) and reasoning.get("effort") in _EFFORTS:
         chat["reasoning_effort"] = reasoning["effort"]
     if payload.get("stream"):
         chat["stream"] = True
@@ -84,8 +90,7 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
 def reply_from_chat(chat: JsonObject, model: str, *, request: JsonObject | None = None) -> JsonObject:
     """A chat completion as a `response`, named for model; request's settings are echoed as OpenAI does."""
     choice = first_choice(chat)
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    assert isinstance(message, dict)
+    message = object_at(choice, "message")
     output: list[JsonObject] = []
     reasoning = reasoning_of(message)
     if reasoning:
@@ -93,18 +98,9 @@ def reply_from_chat(chat: JsonObject, model: str, *, request: JsonObject | None 
     text = text_of(message.get("content"))
     if text:
         output.append(_message_item(new_id("msg"), text, "completed"))
-    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
-    assert isinstance(calls, list)
-    for call in calls:
-        function = call.get("function") or {}
+    for call in tool_call_pieces(message):
         output.append(
-            _call_item(
-                new_id("fc"),
-                str(call.get("id") or new_id("call")),
-                str(function.get("name") or ""),
-                str(function.get("arguments") or ""),
-                "completed",
-            )
+            _call_item(new_id("fc"), call.id or new_id("call"), call.name, call.arguments, "completed")
         )
     usage = ChatUsage()
     usage.read(chat.get("usage"))
@@ -128,7 +124,7 @@ def _usage(usage: ChatUsage) -> JsonObject:
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": prompt + completion,
     }
 
@@ -199,7 +195,9 @@ def _messages(payload: JsonObject) -> list[JsonObject]:
     out: list[JsonObject] = []
     instructions = payload.get("instructions")
     if instructions:
-        out.append({"role": "system", "content": str(instructions)})
+        if not isinstance(instructions, str):
+            raise TranslationError("instructions: must be a string", "instructions")
+        out.append({"role": "system", "content": instructions})
     items = payload.get("input")
     if isinstance(items, str):
         out.append({"role": "user", "content": items})
@@ -228,7 +226,20 @@ def _messages(payload: JsonObject) -> list[JsonObject]:
         if reasoning and out[-1]["role"] == "assistant":
             out[-1]["reasoning_content"] = "".join(reasoning)
             reasoning = []
-    return out
+    return _one_system_prompt(out)
+
+
+def _one_system_prompt(messages: list[JsonObject]) -> list[JsonObject]:
+    """The instructions and the developer messages after them as one system message: many models'
+    templates refuse a second system message at the start (Qwen's: "System message must be at the
+    beginning"), and Codex sends its instructions, then a developer message or two."""
+    leading = 0
+    while leading < len(messages) and messages[leading]["role"] == "system":
+        leading += 1
+    if leading < 2:
+        return messages
+    system = "\n\n".join(str(m["content"]) for m in messages[:leading])
+    return [{"role": "system", "content": system}, *messages[leading:]]
 
 
 def _message(item: JsonObject, i: int) -> JsonObject:
@@ -299,15 +310,24 @@ def _call_output(item: JsonObject, i: int) -> JsonObject:
         if any(part["type"] != "text" for part in parts):
             return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": parts}
         output = "".join(part["text"] for part in parts)
-    return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": str(output or "")}
+    if output is not None and not isinstance(output, str):
+        # A client that sends its tool's result as an object rather than as its JSON.
+        output = json.dumps(output)
+    return {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": output or ""}
 
 
 def _reasoning_texts(item: JsonObject) -> list[str]:
-    """A reasoning item's text; an encrypted one (OpenAI's own) carries none an engine can read."""
-    texts = [str(part.get("text") or "") for part in item.get("content") or [] if isinstance(part, dict)]
-    return texts or [
-        str(part.get("text") or "") for part in item.get("summary") or [] if isinstance(part, dict)
-    ]
+    """A reasoning item's text, or its summary's; an encrypted one (OpenAI's own) has none an engine reads."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        texts = (
+            [str(p.get("text") or "") for p in parts if isinstance(p, dict)]
+            if isinstance(parts, list)
+            else []
+        )
+        if texts:
+            return texts
+    return []
 
 
 def _tool(tool: object, i: int) -> JsonObject:
@@ -345,7 +365,11 @@ def _response_format(text: object) -> JsonObject | None:
     if fmt["type"] == "json_object":
         return {"type": "json_object"}
     if fmt["type"] == "json_schema":
-        schema = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
+        # OpenAI's chat completions require a name, which the Responses API does not.
+        schema = {
+            "name": "output",
+            **{k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt},
+        }
         return {"type": "json_schema", "json_schema": schema}
     raise TranslationError(
         f"text.format: the type must be text, json_object or json_schema, not {fmt['type']!r}", "text"
@@ -404,8 +428,7 @@ class ResponsesStream:
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return out
         choice = choices[0]
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-        assert isinstance(delta, dict)
+        delta = object_at(choice, "delta")
         reasoning = reasoning_of(delta)
         if reasoning:
             out += self._into("reasoning") + self._text_delta("response.reasoning_text.delta", reasoning)

@@ -15,6 +15,7 @@ from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.ha.leadership import Leadership, while_leading
 from llmgw.control.ha.publish import FleetRoutes, Published, RoutingTable
 from llmgw.control.inventory import Inventory
+from llmgw.engines.registry import ENGINES
 from llmgw.proto.llmgw import v1 as pb
 
 from ...waiting import eventually
@@ -211,6 +212,12 @@ class TestSteppingDown:
                 await asyncio.gather(leading, return_exceptions=True)
 
 
+def test_a_table_published_before_engines_were_named_still_reads() -> None:
+    old = '{"ready":{"m":[{"endpoint":"http://e","node_id":"n","secret":"k","shard_id":"s"}]},"unreachable":[],"why":{}}'
+    (replica,) = RoutingTable.from_text(old).ready["m"]
+    assert replica.engine == ""
+
+
 class TestTakeover:
     async def test_a_server_that_has_just_taken_the_lead_serves_the_last_table_before_settling_starts(
         self,
@@ -218,12 +225,14 @@ class TestTakeover:
         """Between taking the lock and starting its takeover, the new leader's inventory is empty."""
         leadership = Leadership("postgresql://llmgw@127.0.0.1/none", "cp2", "127.0.0.1:7444")
         routes = FleetRoutes(Inventory(grace_s=5.0), leadership, Catalog(CFG), 5.0)
-        replica = Published("http://127.0.0.1:9109", "n1", "s1", "k")
+        replica = Published("http://127.0.0.1:9109", "n1", "s1", "k", "sglang")
         routes._apply(RoutingTable(ready={MODEL: [replica]}), 1)
         leadership._step_up()
         assert routes.ready_endpoints(MODEL) == ("http://127.0.0.1:9109",)
         route = routes.route("http://127.0.0.1:9109")
         assert route is not None and route.secret == "k"
+        # Which APIs its engine speaks itself goes with it: the gateway translates the others.
+        assert route.native_apis == ENGINES["sglang"].native_apis
         assert routes.table().ready == {MODEL: [replica]}
 
     async def test_a_new_leader_routes_by_the_last_table_until_its_nodes_reconnect_and_only_then_places(

@@ -32,6 +32,7 @@ import structlog
 from llmgw.catalog import Catalog
 from llmgw.control.ha.leadership import Leadership
 from llmgw.control.inventory import Inventory
+from llmgw.engines.registry import ENGINES
 from llmgw.routes import EngineRoute
 
 log = structlog.get_logger(__name__)
@@ -59,6 +60,9 @@ class Published:
     node_id: str
     shard_id: str
     secret: str = attrs.field(repr=False)
+    # Its engine (registry.py's name), so that a standby's gateway knows which APIs it speaks itself;
+    # "" in a table an older leader published: every API is then sent as it came.
+    engine: str = ""
 
 
 @attrs.frozen
@@ -93,7 +97,9 @@ def inventory_table(inventory: Inventory, models: Sequence[str]) -> RoutingTable
             replica = inventory.endpoint_replica(endpoint)
             if replica is not None:
                 secret = inventory.engine_secret(replica.shard_id)
-                published.append(Published(endpoint, replica.node_id, replica.shard_id, secret))
+                published.append(
+                    Published(endpoint, replica.node_id, replica.shard_id, secret, replica.engine)
+                )
         if published:
             ready[model] = published
         else:
@@ -172,12 +178,14 @@ class FleetRoutes:
         published = self._current()[1].get(endpoint)
         if published is None:
             return None
+        engine = ENGINES.get(published.engine)
         return EngineRoute(
             node_id=published.node_id,
             shard_id=published.shard_id,
             secret=published.secret,
             lost=self._lost_signal(published),
             refused=lambda reason: self._refuse(endpoint, reason),
+            native_apis=engine.native_apis if engine is not None else None,
         )
 
     def _current(self) -> tuple[dict[str, tuple[str, ...]], dict[str, Published]]:
