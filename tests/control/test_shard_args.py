@@ -26,6 +26,17 @@ def test_an_embeddings_models_engine_is_told_to_serve_embeddings_before_the_prof
     assert shard_args(ModelConfig(name="e", kind="embeddings", profiles=[profile]), profile) == expected
 
 
+@pytest.mark.parametrize(
+    ("engine", "expected"),
+    [("llamacpp", ["--reranking", "--threads", "2"]), ("sim", ["--threads", "2"])],
+)
+def test_a_rerank_models_engine_is_told_to_serve_rerank_before_the_profiles_args(
+    engine: str, expected: list[str]
+) -> None:
+    profile = ProfileConfig(engine=engine, args=["--threads", "2"])
+    assert shard_args(ModelConfig(name="r", kind="rerank", profiles=[profile]), profile) == expected
+
+
 def test_a_chat_models_engine_gets_the_profiles_args_alone() -> None:
     profile = ProfileConfig(engine="llamacpp", args=["--threads", "2"])
     assert shard_args(ModelConfig(name="c", profiles=[profile]), profile) == ["--threads", "2"]

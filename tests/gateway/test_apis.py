@@ -330,6 +330,13 @@ class TestResponses:
             ):
                 await client.responses.create(model=MODEL, input="x", max_output_tokens=LIMIT + 1)
 
+    async def test_a_stored_response_asked_for_by_id_is_a_404_saying_none_is_kept(self, rig: Rig) -> None:
+        async with rig.openai() as client:
+            with pytest.raises(openai.NotFoundError, match="the gateway keeps no responses"):
+                await client.responses.retrieve("resp_123")
+            with pytest.raises(openai.NotFoundError, match="send the whole conversation in `input`"):
+                await client.responses.delete("resp_123")
+
 
 class TestRerank:
     @pytest.mark.parametrize("path", ["/v1/rerank", "/rerank"])

@@ -167,6 +167,12 @@ CONVERSATIONS = {
             {"role": "user", "content": [{"type": "text", "text": "How are you?"}]},
         ],
     },
+    "a prefilled reply": {
+        "messages": [
+            {"role": "user", "content": "Hello there"},
+            {"role": "assistant", "content": "Sure, here"},
+        ]
+    },
     "a tool round trip": {
         "tools": [WEATHER],
         "messages": [

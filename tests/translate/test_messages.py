@@ -105,6 +105,27 @@ class TestRequest:
         )
         assert "reasoning_effort" not in chat
 
+    def test_a_prefilled_reply_is_continued_rather_than_started_again(self) -> None:
+        turns = [{"role": "user", "content": "JSON please"}, {"role": "assistant", "content": "{"}]
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "messages": turns})
+        assert (chat["continue_final_message"], chat["add_generation_prompt"]) == (True, False)
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "messages": turns[:1]})
+        assert "continue_final_message" not in chat and "add_generation_prompt" not in chat
+
+    def test_thinking_turned_off_asks_the_template_not_to_think(self) -> None:
+        off = {"type": "disabled"}
+        chat = request_to_chat({"model": "m", "max_tokens": 1, "messages": [], "thinking": off})
+        assert chat["chat_template_kwargs"] == {"enable_thinking": False}
+        mine = {"enable_thinking": True, "x": 1}
+        chat = request_to_chat(
+            {"model": "m", "max_tokens": 1, "messages": [], "thinking": off, "chat_template_kwargs": mine}
+        )
+        assert chat["chat_template_kwargs"] == mine
+        on = {"type": "enabled", "budget_tokens": 2048}
+        assert "chat_template_kwargs" not in request_to_chat(
+            {"model": "m", "max_tokens": 1, "messages": [], "thinking": on}
+        )
+
     def test_a_request_without_max_tokens_is_refused(self) -> None:
         with pytest.raises(TranslationError) as caught:
             request_to_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
@@ -293,6 +314,9 @@ class TestRequest:
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
         }
         assert count_tokens_reply({"count": 12, "tokens": [1] * 12}) == {"input_tokens": 12}
+        prefilled = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}]
+        body = count_tokens_request({"model": "m", "messages": prefilled})
+        assert (body["add_generation_prompt"], body["continue_final_message"]) == (False, True)
         assert count_tokens_reply({"tokens": [1, 2, 3]}) == {"input_tokens": 3}
 
 
@@ -419,10 +443,31 @@ class TestStream:
         [block] = message.content
         assert block.type == "tool_use" and (block.id, block.name, block.input) == ("call_x", "f", {"a": 1})
 
+    def test_a_tool_call_whose_name_never_comes_still_reaches_the_client(self) -> None:
+        events = [
+            chunk({"tool_calls": [chunks.call(0, id="call_x", arguments='{"a": 1}')]}),
+            chunk(finish="tool_calls"),
+            DONE,
+        ]
+        message = checked_message_stream(streamed(events)[0])
+        [block] = message.content
+        assert block.type == "tool_use" and (block.id, block.name, block.input) == ("call_x", "", {"a": 1})
+        assert message.stop_reason == "tool_use"
+
     def test_reasoning_streams_as_a_thinking_block(self) -> None:
         message = checked_message_stream(streamed(chunks.REASONING)[0])
         assert [b.type for b in message.content] == ["thinking", "text"]
         assert message.content[0].type == "thinking" and message.content[0].thinking == "The user greets me."
+
+    def test_reasoning_named_as_vllm_names_it_streams_as_a_thinking_block_too(self) -> None:
+        events = [
+            chunk({"role": "assistant", "reasoning": "Hmm."}),
+            chunk({"content": "Hi"}),
+            chunk(finish="stop"),
+            DONE,
+        ]
+        message = checked_message_stream(streamed(events)[0])
+        assert message.content[0].type == "thinking" and message.content[0].thinking == "Hmm."
 
     def test_a_stream_ending_without_done_after_its_finish_ends_the_message(self) -> None:
         body, stream = streamed(chunks.TEXT[:-1])

@@ -194,6 +194,16 @@ class TestRequest:
             == "low"
         )
 
+    def test_an_effort_chat_completions_do_not_take_is_left_to_the_engine(self) -> None:
+        assert "reasoning_effort" not in request_to_chat(
+            {"model": "m", "input": "x", "reasoning": {"effort": "xhigh"}}
+        )
+
+    def test_no_reasoning_effort_asks_the_template_not_to_think(self) -> None:
+        chat = request_to_chat({"model": "m", "input": "x", "reasoning": {"effort": "none"}})
+        assert chat["chat_template_kwargs"] == {"enable_thinking": False}
+        assert "reasoning_effort" not in chat
+
     @pytest.mark.parametrize(
         ("field", "value"),
         [
@@ -394,6 +404,8 @@ class TestStream:
         last = validated(body)[-1]
         assert last["type"] == "response.failed"
         assert last["response"]["status"] == "failed"
+        # The engine said no usage: unknown, not a reply that cost nothing.
+        assert last["response"]["usage"] is None
         assert last["response"]["error"] == {
             "code": "server_error",
             "message": "the engine's stream ended before the reply was complete",

@@ -37,8 +37,11 @@ from .conftest import PASSWORD, login
 
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 # Routes that read no cookie: a client's API key is the credential, which a page elsewhere does not have.
-# Every API the gateway serves (gateway/apis.py).
-_KEY_ONLY = frozenset(path for api in APIS for path in api.paths)
+# Every API the gateway serves (gateway/apis.py), and the stored-response paths, which only say the
+# gateway keeps none.
+_KEY_ONLY = frozenset(
+    [*(path for api in APIS for path in api.paths), "/v1/responses/{id}", "/v1/responses/{id}/{what}"]
+)
 
 # Forms of the pages, by route: each a change the store would show, had the token been right.
 _FORMS: dict[str, list[tuple[str, dict[str, str]]]] = {

@@ -246,8 +246,9 @@ class ModelConfig:
         "/v1/messages/count_tokens, /v1/responses), `embeddings` (/v1/embeddings), `rerank` (/v1/rerank, "
         "/rerank, /v1/score) or `transcription` (/v1/audio/transcriptions). An embeddings model's engine "
         "starts in its embedding mode (llama-server `--embeddings`, vLLM `--runner pooling`, SGLang "
-        "`--is-embedding`; the sim engine serves every kind); a rerank or transcription model's profile "
-        "names its engine's own flags in `args` (llama-server `--reranking`). A request for another kind "
+        "`--is-embedding`; the sim engine serves every kind); a rerank model's llama-server starts with "
+        "`--reranking`, and vLLM, SGLang or a transcription model's engine take what they need from the "
+        "profile's `args`. A request for another kind "
         "is refused with 400 saying what the model serves. See docs/gateway.md.",
     )
     max_tokens: int = _field(

@@ -346,11 +346,14 @@ def master_address(node: Node) -> str:
 
 
 def shard_args(model: ModelConfig, profile: ProfileConfig) -> list[str]:
-    """The profile's arguments, after those that make its engine serve embeddings when the model does."""
+    """The profile's arguments, after those that make its engine serve embeddings or rerank when the
+    model does."""
     engine = ENGINES.get(profile.engine)
-    if model.kind != "embeddings" or engine is None or not engine.embedding_args:
+    if engine is None:
         return list(profile.args)
-    if engine.embedding_args[0] in profile.args:
-        # The profile says it itself (`--runner pooling --convert embed`): twice would be refused.
+    mode = {"embeddings": engine.embedding_args, "rerank": engine.rerank_args}.get(model.kind, ())
+    if not mode or mode[0] in profile.args:
+        # None needed, or the profile says it itself (`--runner pooling --convert embed`): twice
+        # would be refused.
         return list(profile.args)
-    return [*engine.embedding_args, *profile.args]
+    return [*mode, *profile.args]

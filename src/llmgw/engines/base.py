@@ -206,6 +206,9 @@ class Engine(Protocol):
     # Arguments that make the engine serve /v1/embeddings (a model of kind `embeddings`), before the
     # profile's own.
     embedding_args: tuple[str, ...]
+    # Arguments that make the engine serve /v1/rerank (a model of kind `rerank`), before the profile's
+    # own; empty: it needs none, or the profile's args say it.
+    rerank_args: ClassVar[tuple[str, ...]] = ()
     # What engine-check runs to read the flags this binary takes.
     help_command: ClassVar[HelpCommand] = HelpCommand()
     # How the agent installs it; None for an engine installed by hand and named in agent.yaml.

@@ -92,6 +92,8 @@ class LlamaCppEngine(Engine):
     health_path = "/health"
     metrics_path = "/metrics"
     embedding_args: tuple[str, ...] = ("--embeddings",)
+    # Without it, /v1/rerank answers 501 "This server does not support reranking".
+    rerank_args: ClassVar[tuple[str, ...]] = ("--reranking",)
     recipe = Recipe(repo="ggml-org/llama.cpp", choose=choose_build)
     # The suite's build (b11434) serves them all: /v1/messages and its count_tokens, /v1/responses,
     # /v1/rerank (with --reranking) and /v1/audio/transcriptions (with an audio model).

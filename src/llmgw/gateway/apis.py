@@ -262,7 +262,6 @@ APIS: tuple[Api, ...] = (
     RERANK,
     TRANSCRIPTIONS,
 )
-BY_NAME = {api.name: api for api in APIS}
 
 
 def served_paths() -> str:

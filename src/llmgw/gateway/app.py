@@ -171,11 +171,24 @@ def make_gateway_app(
     app.router.add_get("/v1/models", _models_endpoint(compose(auth, list_models)))
     # Model names may hold slashes (org/model), so the id is the whole rest of the path.
     app.router.add_get("/v1/models/{id:.+}", _models_endpoint(compose(auth, get_model)))
+    app.router.add_route("*", "/v1/responses/{id}", _stored_response)
+    app.router.add_route("*", "/v1/responses/{id}/{what}", _stored_response)
     for api in APIS:
         handler = route(api)
         for path in api.paths:
             app.router.add_post(path, handler)
     return app
+
+
+async def _stored_response(request: web.Request) -> web.StreamResponse:
+    """A stored response asked for by its id: the gateway cannot tell which engine holds one."""
+    return ApiError(
+        404,
+        f"the gateway keeps no responses, and a request for {request.path} names no model to find the engine "
+        "that may: send the whole conversation in `input` (POST /v1/responses) in place of "
+        "previous_response_id",
+        code="stored_responses_not_kept",
+    ).response()
 
 
 def _serves(kind: ModelKind, catalog: Catalog) -> Stage:

@@ -15,7 +15,9 @@ from typing import Any
 
 from llmgw.gateway.errors import ApiError
 
-# The content blocks of Anthropic's Messages API a request may carry (docs.anthropic.com, "Messages").
+# The content blocks of Anthropic's Messages API a request may carry (docs.anthropic.com, "Messages"),
+# its server tools' results included: a client replays them in the history it sends back. A type
+# outside it is no Messages block (OpenAI's `image_url`, `input_text`): a body meant for another API.
 MESSAGE_BLOCKS = frozenset(
     {
         "text",
@@ -28,6 +30,14 @@ MESSAGE_BLOCKS = frozenset(
         "redacted_thinking",
         "server_tool_use",
         "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+        "tool_reference",
+        "mcp_tool_use",
+        "mcp_tool_result",
         "container_upload",
     }
 )

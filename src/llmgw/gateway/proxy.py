@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -48,9 +49,10 @@ from llmgw.gateway.faults import (
 )
 from llmgw.gateway.pipeline import Call
 from llmgw.gateway.streams import MalformedStream, StreamTap
-from llmgw.gateway.translation import CHAT_PATH, translation
+from llmgw.gateway.translation import CHAT_PATH, TRANSLATED, Translation
 from llmgw.gateway.upstream import REFUSAL_BODY, is_endpoint, refusal, url_of
 from llmgw.gateway.usage import STREAM_TAIL, find_usage
+from llmgw.translate.chat import TranslationError
 
 log = structlog.get_logger(__name__)
 
@@ -221,7 +223,7 @@ async def _forward(call: Call, started: list[web.StreamResponse]) -> web.StreamR
     """Send the request, stream the reply; started gets the client's response once it is under way."""
     deadlines = Deadlines(call.timeouts)
     # Per try: a fallback's engine may speak the API its first choice did not.
-    call.translation = translated = translation(call)
+    call.translation = translated = _translation(call)
     call.upstream_path = CHAT_PATH if translated is not None else ""
     if translated is not None:
         call.body = translated.body
@@ -284,6 +286,33 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
         # agent says it is ready.
         call.route.refused(error.message)
     raise error from None
+
+
+def _translation(call: Call) -> Translation | None:
+    """The call's translation when its route's engine lacks its API; None to send it as it came.
+
+    A route that does not say what its engine speaks (a gateway without a control plane, a table an
+    older leader published) is sent the API as it came.
+    """
+    route = call.route
+    name = call.api.name
+    if route is None or route.native_apis is None or name not in TRANSLATED or name in route.native_apis:
+        return None
+    try:
+        payload = json.loads(call.body)
+    except ValueError:
+        payload = call.payload
+    try:
+        return Translation(name, payload, call.model)
+    except TranslationError as exc:
+        served = call.served_model or call.model
+        raise ApiError(
+            400,
+            f"{exc.message} ({served}'s engine does not serve {call.api.paths[0]} itself, and the gateway "
+            "says the request as chat completions)",
+            param=exc.param,
+            code="untranslatable",
+        ) from None
 
 
 def _stalled(call: Call, error: EngineTimedOut) -> EngineTimedOut:

@@ -19,10 +19,8 @@ from typing import Any
 from llmgw.engines.base import MESSAGES, RESPONSES
 from llmgw.gateway.apis import APIS, ModelKind
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.faults import EngineFailed
-from llmgw.gateway.pipeline import Call
 from llmgw.translate import messages, responses
-from llmgw.translate.chat import TranslationError, UpstreamError
+from llmgw.translate.chat import UpstreamError
 
 CHAT_PATH = "/v1/chat/completions"
 # The APIs the gateway can translate onto chat completions.
@@ -68,7 +66,7 @@ class Translation:
             else:
                 said = responses.reply_from_chat(value, self._model, request=self._payload)
         except (ValueError, UpstreamError) as exc:
-            raise EngineFailed(
+            raise ApiError(
                 502,
                 f"the engine's chat completion for {self._model} could not be said in the client's API: "
                 f"{exc}",
@@ -93,33 +91,6 @@ class Translation:
     def error_event(self, error: ApiError) -> bytes:
         """The event ending a stream the engine broke, in the client's API."""
         return b"" if self._stream.finished else self._stream.error_event(error.message)
-
-
-def translation(call: Call) -> Translation | None:
-    """The call's translation when its route's engine lacks its API; None to send it as it came.
-
-    A route that does not say what its engine speaks (a replica published by another server, a
-    gateway without a control plane) is sent the API as it came.
-    """
-    route = call.route
-    name = call.api.name
-    if route is None or route.native_apis is None or name not in TRANSLATED or name in route.native_apis:
-        return None
-    try:
-        payload = json.loads(call.body)
-    except ValueError:
-        payload = call.payload
-    try:
-        return Translation(name, payload, call.model)
-    except TranslationError as exc:
-        served = call.served_model or call.model
-        raise ApiError(
-            400,
-            f"{exc.message} ({served}'s engine does not serve {call.api.paths[0]} itself, and the gateway "
-            "says the request as chat completions)",
-            param=exc.param,
-            code="untranslatable",
-        ) from None
 
 
 def apis_served(kind: ModelKind, natives: list[frozenset[str]]) -> tuple[list[str], list[str]]:

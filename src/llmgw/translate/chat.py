@@ -46,6 +46,16 @@ def positive(value: object, param: str) -> int:
     return value
 
 
+def without_thinking(chat: JsonObject) -> None:
+    """Asks the engine's template not to think: `enable_thinking: false` in chat_template_kwargs,
+    which the hybrid models' templates (Qwen3, DeepSeek, GLM) read on llama-server, vLLM and SGLang,
+    and the others ignore. A client's own chat_template_kwargs win."""
+    kwargs = chat.get("chat_template_kwargs")
+    kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+    kwargs.setdefault("enable_thinking", False)
+    chat["chat_template_kwargs"] = kwargs
+
+
 def new_id(prefix: str) -> str:
     """An identifier in the style of the API it belongs to: `msg_…`, `resp_…`, `toolu_…`."""
     return f"{prefix}_{secrets.token_hex(12)}"
@@ -179,6 +189,73 @@ def tool_call_pieces(message: JsonObject) -> list[ToolCallPiece]:
             )
         )
     return pieces
+
+
+@attrs.frozen
+class CallStarted:
+    """A tool call whose name has come: the client's block or item for it opens."""
+
+    index: int
+    id: str
+    name: str
+
+
+@attrs.frozen
+class CallArguments:
+    """More of a started tool call's arguments."""
+
+    index: int
+    text: str
+
+
+class ToolCalls:
+    """Puts a stream's tool calls back together from the pieces its chunks carry.
+
+    A call starts once its name has come: most engines send the id and the name in the first
+    piece, but one that sends the id first would otherwise open a block with no name, which a
+    client cannot run. Arguments that came before the name follow the start. Engines send the
+    calls one after another, so a call's pieces follow its start.
+    """
+
+    def __init__(self) -> None:
+        self._started: set[int] = set()
+        self._held: dict[int, ToolCallPiece] = {}
+
+    @property
+    def seen(self) -> bool:
+        """Whether any piece of a call has come, started or not."""
+        return bool(self._started or self._held)
+
+    def take(self, piece: ToolCallPiece) -> list[CallStarted | CallArguments]:
+        """What one piece adds: nothing yet, a call's start, or its arguments."""
+        if piece.index in self._started:
+            return [CallArguments(piece.index, piece.arguments)] if piece.arguments else []
+        held = self._held.pop(piece.index, None)
+        if held is not None:
+            piece = ToolCallPiece(
+                index=piece.index,
+                id=held.id or piece.id,
+                name=held.name + piece.name,
+                arguments=held.arguments + piece.arguments,
+            )
+        if not piece.name:
+            self._held[piece.index] = piece
+            return []
+        return self._start(piece)
+
+    def finish(self) -> list[CallStarted | CallArguments]:
+        """The calls whose name never came, started as they are: the client sees what the engine sent."""
+        events: list[CallStarted | CallArguments] = []
+        for index in sorted(self._held):
+            events += self._start(self._held.pop(index))
+        return events
+
+    def _start(self, piece: ToolCallPiece) -> list[CallStarted | CallArguments]:
+        self._started.add(piece.index)
+        events: list[CallStarted | CallArguments] = [CallStarted(piece.index, piece.id, piece.name)]
+        if piece.arguments:
+            events.append(CallArguments(piece.index, piece.arguments))
+        return events
 
 
 def object_at(value: JsonObject, key: str) -> JsonObject:

@@ -21,8 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from llmgw.translate.chat import (
+    CallArguments,
+    CallStarted,
     ChatUsage,
     JsonObject,
+    ToolCalls,
     TranslationError,
     UpstreamError,
     first_choice,
@@ -35,6 +38,7 @@ from llmgw.translate.chat import (
     reasoning_of,
     text_of,
     tool_call_pieces,
+    without_thinking,
 )
 
 # Chat's finish_reason as the Messages stop_reason. content_filter is the engine refusing to go on.
@@ -59,6 +63,13 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     if payload.get("mcp_servers"):
         raise TranslationError("mcp_servers: this model's engine cannot reach MCP servers", "mcp_servers")
     chat: JsonObject = {"model": payload.get("model"), "messages": _messages(payload)}
+    last = chat["messages"][-1] if chat["messages"] else {}
+    if last.get("role") == "assistant" and "tool_calls" not in last:
+        # A prefill: the reply goes on from the assistant's words. vLLM and SGLang start a new turn
+        # unless told to continue (and refuse to both continue and add a generation prompt);
+        # llama-server continues a final assistant message by itself and takes the flags.
+        chat["continue_final_message"] = True
+        chat["add_generation_prompt"] = False
     chat["max_tokens"] = positive(payload["max_tokens"], "max_tokens")
     for key in _PASSED:
         if key in payload:
@@ -74,12 +85,15 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     if payload.get("tool_choice") is not None:
         chat.update(_tool_choice(payload["tool_choice"]))
     chat.update(_output_config(payload.get("output_config")))
+    thinking = payload.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+        without_thinking(chat)
     if payload.get("stream"):
         chat["stream"] = True
         # The usage comes in the last chunk only when asked for: message_delta's output_tokens need it.
         chat["stream_options"] = {"include_usage": True}
-    # Everything else (metadata, thinking, service_tier, context_management, ...) tunes Anthropic's own
-    # service and is dropped, as Anthropic's clients expect of a server older than they are.
+    # Everything else (metadata, thinking's budget, service_tier, context_management, ...) tunes
+    # Anthropic's own service and is dropped, as Anthropic's clients expect of a server older than they are.
     return chat
 
 
@@ -88,8 +102,9 @@ def count_tokens_request(payload: JsonObject) -> JsonObject:
     tools the prompt is made of, the template's generation prompt added as for a real request."""
     chat = request_to_chat({**payload, "max_tokens": 1, "stream": False})
     body: JsonObject = {"model": chat["model"], "messages": chat["messages"], "add_generation_prompt": True}
-    if "tools" in chat:
-        body["tools"] = chat["tools"]
+    for key in ("tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs"):
+        if key in chat:
+            body[key] = chat[key]
     return body
 
 
@@ -433,16 +448,14 @@ class MessagesStream:
         self._usage = ChatUsage()
         self._started = False
         self._done = False
-        # The open content block: its index and kind ("text", "thinking", or "tool" with the call's index).
-        self._block: tuple[int, str, int] | None = None
+        # The open content block: its index and kind ("text", "thinking" or "tool").
+        self._block: tuple[int, str] | None = None
         self._next_index = 0
+        self._calls = ToolCalls()
         # A chat tool call's index -> its content block's index, once its block has started.
         self._tool_blocks: dict[int, int] = {}
-        # A tool call's pieces that came before its name did.
-        self._pending: dict[int, tuple[str, str, str]] = {}
         self._finish_reason: str | None = None
         self._stop: str | None = None
-        self._called = False
 
     @property
     def prompt_tokens(self) -> int | None:
@@ -484,7 +497,7 @@ class MessagesStream:
         if isinstance(text, str) and text:
             out += self._into("text") + self._delta({"type": "text_delta", "text": text})
         for piece in tool_call_pieces(delta):
-            out += self._tool_piece(piece.index, piece.id, piece.name, piece.arguments)
+            out += self._tool_events(self._calls.take(piece))
         if choice.get("finish_reason"):
             self._finish_reason = str(choice["finish_reason"])
             self._stop = matched_stop(choice, self._stops)
@@ -523,13 +536,11 @@ class MessagesStream:
     def _end(self) -> bytes:
         self._done = True
         out = self._close()
-        # Pieces of a call whose name never came still end up a block: the client sees what came.
-        for call in sorted(self._pending):
-            call_id, _, arguments = self._pending.pop(call)
-            out += (
-                self._tool_piece(call, call_id or new_id("toolu"), "", arguments, force=True) + self._close()
-            )
-        stop_reason = _stop_reason(self._finish_reason, self._stop, self._called)
+        # Calls whose name never came still end up blocks: the client sees what came.
+        late = self._calls.finish()
+        if late:
+            out += self._tool_events(late) + self._close()
+        stop_reason = _stop_reason(self._finish_reason, self._stop, self._calls.seen)
         usage = _usage(self._usage)
         delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": self._stop}}
         out += _event("message_delta", {**delta, "usage": usage})
@@ -542,7 +553,7 @@ class MessagesStream:
         out = self._close()
         index = self._next_index
         self._next_index += 1
-        self._block = (index, kind, -1)
+        self._block = (index, kind)
         block: JsonObject = {"type": "text", "text": ""}
         if kind == "thinking":
             block = {"type": "thinking", "thinking": "", "signature": ""}
@@ -563,34 +574,33 @@ class MessagesStream:
             "content_block_delta", {"type": "content_block_delta", "index": self._block[0], "delta": delta}
         )
 
-    def _tool_piece(
-        self, call: int, call_id: str, name: str, arguments: str, *, force: bool = False
-    ) -> bytes:
-        """One piece of tool call `call`: its block opens once its name is known, its arguments follow."""
-        self._called = True
-        if call in self._tool_blocks:
-            if not arguments:
-                return b""
-            index = self._tool_blocks[call]
-            delta = {"type": "input_json_delta", "partial_json": arguments}
-            return _event(
-                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
-            )
-        held_id, held_name, held_arguments = self._pending.pop(call, ("", "", ""))
-        call_id, name, arguments = call_id or held_id, held_name + name, held_arguments + arguments
-        if not name and not force:
-            self._pending[call] = (call_id, name, arguments)
-            return b""
-        out = self._close()
-        index = self._next_index
-        self._next_index += 1
-        self._block = (index, "tool", call)
-        self._tool_blocks[call] = index
-        block = {"type": "tool_use", "id": call_id or new_id("toolu"), "name": name, "input": {}}
-        out += _event(
-            "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
-        )
-        return out + self._tool_piece(call, "", "", arguments)
+    def _tool_events(self, events: list[CallStarted | CallArguments]) -> bytes:
+        """A call's start opens its tool_use block; its arguments are the block's input_json_deltas."""
+        out = b""
+        for event in events:
+            if isinstance(event, CallStarted):
+                out += self._close()
+                index = self._next_index
+                self._next_index += 1
+                self._block = (index, "tool")
+                self._tool_blocks[event.index] = index
+                block = {
+                    "type": "tool_use",
+                    "id": event.id or new_id("toolu"),
+                    "name": event.name,
+                    "input": {},
+                }
+                start = {"type": "content_block_start", "index": index, "content_block": block}
+                out += _event("content_block_start", start)
+            else:
+                delta = {"type": "input_json_delta", "partial_json": event.text}
+                data = {
+                    "type": "content_block_delta",
+                    "index": self._tool_blocks[event.index],
+                    "delta": delta,
+                }
+                out += _event("content_block_delta", data)
+        return out
 
 
 def _event(name: str, data: JsonObject) -> bytes:

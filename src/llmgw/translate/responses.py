@@ -19,8 +19,11 @@ import time
 from typing import Any
 
 from llmgw.translate.chat import (
+    CallArguments,
+    CallStarted,
     ChatUsage,
     JsonObject,
+    ToolCalls,
     TranslationError,
     UpstreamError,
     first_choice,
@@ -31,6 +34,7 @@ from llmgw.translate.chat import (
     reasoning_of,
     text_of,
     tool_call_pieces,
+    without_thinking,
 )
 
 # The request's fields chat takes under the same name.
@@ -80,6 +84,8 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
     reasoning = payload.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") in _EFFORTS:
         chat["reasoning_effort"] = reasoning["effort"]
+    elif isinstance(reasoning, dict) and reasoning.get("effort") == "none":
+        without_thinking(chat)
     if payload.get("stream"):
         chat["stream"] = True
         # response.completed's usage needs the engine's, which it sends only when asked.
@@ -118,7 +124,11 @@ def _ending(finish_reason: object) -> JsonObject:
     return {"status": "completed", "incomplete_details": None}
 
 
-def _usage(usage: ChatUsage) -> JsonObject:
+def _usage(usage: ChatUsage) -> JsonObject | None:
+    """Chat's counts in Responses' terms; None (the API's "not known") where the engine said none,
+    rather than a count of 0 a client would take for a free reply."""
+    if usage.prompt_tokens is None and usage.completion_tokens is None:
+        return None
     prompt, completion = usage.prompt_tokens or 0, usage.completion_tokens or 0
     return {
         "input_tokens": prompt,
@@ -394,9 +404,9 @@ class ResponsesStream:
         # Each output item: its JSON as it will be when done, and the text or arguments gathered so far.
         self._items: list[JsonObject] = []
         self._open: int | None = None
+        self._calls = ToolCalls()
         # A chat tool call's index -> its output index.
-        self._calls: dict[int, int] = {}
-        self._pending: dict[int, tuple[str, str, str]] = {}
+        self._call_items: dict[int, int] = {}
         self._finish_reason: str | None = None
 
     @property
@@ -436,7 +446,7 @@ class ResponsesStream:
         if isinstance(text, str) and text:
             out += self._into("message") + self._text_delta("response.output_text.delta", text)
         for piece in tool_call_pieces(delta):
-            out += self._call_piece(piece.index, piece.id, piece.name, piece.arguments)
+            out += self._call_events(self._calls.take(piece))
         if choice.get("finish_reason"):
             self._finish_reason = str(choice["finish_reason"])
         return out
@@ -482,9 +492,10 @@ class ResponsesStream:
     def _end(self) -> bytes:
         self._done = True
         out = self._close()
-        for call in sorted(self._pending):
-            call_id, _, arguments = self._pending.pop(call)
-            out += self._call_piece(call, call_id, "", arguments, force=True) + self._close()
+        # Calls whose name never came still end up items: the client sees what came.
+        late = self._calls.finish()
+        if late:
+            out += self._call_events(late) + self._close()
         ending = _ending(self._finish_reason)
         response = {**self._response, **ending, "output": self._output(), "usage": _usage(self._usage)}
         kind = "response.completed" if ending["status"] == "completed" else "response.incomplete"
@@ -556,26 +567,24 @@ class ResponsesStream:
             item.update(arguments=text, status="completed")
         return out + self._event("response.output_item.done", {"output_index": index, "item": item})
 
-    def _call_piece(
-        self, call: int, call_id: str, name: str, arguments: str, *, force: bool = False
-    ) -> bytes:
-        """One piece of tool call `call`: its item is added once its name is known, its arguments follow."""
-        if call in self._calls:
-            index = self._calls[call]
+    def _call_events(self, events: list[CallStarted | CallArguments]) -> bytes:
+        """A call's start adds its function_call item; its arguments are the item's argument deltas."""
+        out = b""
+        for event in events:
+            if isinstance(event, CallStarted):
+                out += self._close()
+                out += self._add(
+                    _call_item(new_id("fc"), event.id or new_id("call"), event.name, "", "in_progress")
+                )
+                assert self._open is not None
+                self._call_items[event.index] = self._open
+                continue
+            index = self._call_items[event.index]
             item = self._items[index]
-            # A piece of a call already done (engines send calls one after another) has nowhere to go.
-            if not arguments or "_text" not in item:
-                return b""
-            item["_text"] += arguments
-            delta = {"item_id": item["id"], "output_index": index, "delta": arguments}
-            return self._event("response.function_call_arguments.delta", delta)
-        held_id, held_name, held_arguments = self._pending.pop(call, ("", "", ""))
-        call_id, name, arguments = call_id or held_id, held_name + name, held_arguments + arguments
-        if not name and not force:
-            self._pending[call] = (call_id, name, arguments)
-            return b""
-        out = self._close()
-        out += self._add(_call_item(new_id("fc"), call_id or new_id("call"), name, "", "in_progress"))
-        assert self._open is not None
-        self._calls[call] = self._open
-        return out + self._call_piece(call, "", "", arguments)
+            # A piece of a call already done has nowhere to go: engines send calls one after another.
+            if "_text" not in item:
+                continue
+            item["_text"] += event.text
+            delta = {"item_id": item["id"], "output_index": index, "delta": event.text}
+            out += self._event("response.function_call_arguments.delta", delta)
+        return out
