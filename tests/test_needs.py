@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -23,6 +25,8 @@ def test_a_skip_for_a_missing_program_fails_with_its_reason(pytester: pytest.Pyt
         """
 import pytest
 
+from tests import needs
+
 def test_it():
     pytest.skip("promtool is not installed")
 """,
@@ -36,6 +40,8 @@ def test_a_skipif_mark_fails_the_run_too(pytester: pytest.Pytester) -> None:
         pytester,
         """
 import pytest
+
+from tests import needs
 
 @pytest.mark.skipif(True, reason="needs chromium")
 def test_it():
@@ -52,6 +58,8 @@ def test_a_module_that_skips_while_it_is_collected_fails(pytester: pytest.Pytest
         pytester,
         """
 import pytest
+
+from tests import needs
 
 pytest.importorskip("surely_no_such_module_here")
 
@@ -110,3 +118,36 @@ def test_no_test_skips_but_through_needs_root() -> None:
         if skips.search(line)
     ]
     assert found == [], "skip through needs.root (for root only) or fail: see tests/needs.py"
+
+
+class TestClients:
+    """The command-line agents come from scripts/install-test-clients.sh, at the versions pinned."""
+
+    def _cache(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lock: bytes | None) -> Path:
+        monkeypatch.setattr(needs, "CLIENTS_CACHE", tmp_path)
+        bin = tmp_path / "node_modules" / ".bin"
+        bin.mkdir(parents=True)
+        (bin / "claude").write_text("#!/bin/sh\n")
+        if lock is not None:
+            (tmp_path / "package-lock.json").write_bytes(lock)
+        return bin / "claude"
+
+    def test_one_installed_at_the_pinned_versions_is_found(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        claude = self._cache(tmp_path, monkeypatch, needs.CLIENTS_PINS.read_bytes())
+        assert needs.client("claude") == claude
+
+    def test_a_missing_one_fails_naming_the_script_that_installs_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        self._cache(tmp_path, monkeypatch, needs.CLIENTS_PINS.read_bytes())
+        with pytest.raises(pytest.fail.Exception, match=r"codex is not installed .*install-test-clients\.sh"):
+            needs.client("codex")
+
+    def test_one_installed_at_other_versions_fails_as_if_missing(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        self._cache(tmp_path, monkeypatch, b'{"lockfileVersion": 3, "packages": {}}')
+        with pytest.raises(pytest.fail.Exception, match=r"claude is not installed .* at the version"):
+            needs.client("claude")

@@ -46,12 +46,21 @@ def test_make_test_and_ci_install_the_packages_the_tests_need_before_anything_el
     assert ci.index("scripts/install-test-deps.sh") < ci.index("make test")
 
 
+def test_the_tests_run_after_llama_server_is_built_and_the_command_line_clients_installed() -> None:
+    """tests/needs.py fails a test whose program is missing: `make test` provides each first."""
+    assert set(_targets()["pytest"].split()) >= {"llama-server", "test-clients"}
+    assert "\tscripts/install-test-clients.sh" in (ROOT / "Makefile").read_text()
+
+
 def test_make_test_fails_when_pytest_collects_no_test(tmp_path: Path) -> None:
     """pytest's exit status 5 (no tests collected) fails `make test`, and so .ci/run (set -e)."""
     (tmp_path / "pytest").write_text("#!/bin/sh\nexit 5\n")
     (tmp_path / "pytest").chmod(0o755)
     done = subprocess.run(
-        ["make", "--no-print-directory", "-o", "install", "-o", "llama-server", "pytest", f"BIN={tmp_path}"],
+        [
+            *("make", "--no-print-directory", "-o", "install", "-o", "llama-server", "-o", "test-clients"),
+            *("pytest", f"BIN={tmp_path}"),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

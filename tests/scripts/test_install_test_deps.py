@@ -16,7 +16,7 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install-test-deps.sh"
 PROGRAMS = [
-    *("cmake", "make", "cc", "c++", "chromium", "curl", "ip", "shellcheck", "sshd", "ssh"),
+    *("cmake", "make", "cc", "c++", "chromium", "curl", "ip", "shellcheck", "sshd", "ssh", "npm"),
     *("prometheus", "promtool"),
     *("podman", "runc", "catatonit", "buildah", "mmdebstrap", "iptables"),
     *("node", "npm", "unzip", "mkdir", "grep"),
@@ -97,6 +97,14 @@ def test_a_machine_without_ssh_gets_debians_sshd_and_ssh_client(machine: Machine
     assert machine.apt_get_calls()[-1] == (
         "noninteractive install -y -qq --no-install-recommends openssh-server openssh-client"
     )
+
+
+def test_a_machine_without_npm_gets_debians_nodejs_and_npm(machine: Machine) -> None:
+    """scripts/install-test-clients.sh installs Claude Code and Codex CLI with it."""
+    machine.lacks("npm")
+    done = machine.run_as(0)
+    assert done.returncode == 0, done.stderr
+    assert machine.apt_get_calls()[-1] == "noninteractive install -y -qq --no-install-recommends nodejs npm"
 
 
 def test_without_podman_it_installs_podman_with_runc_and_what_builds_and_networks_the_image(

@@ -82,7 +82,9 @@ def messages(body: dict[str, Any], *, counting: bool = False) -> None:
         if not isinstance(turn, dict):
             raise _refuse(f"{where} must be an object with role and content", where)
         role = turn.get("role")
-        if role not in _ROLES:
+        # Claude Code (2.1, its `mid-conversation-system` beta) sends a system turn after the user's
+        # first; only a chat completions body opens with one, its system prompt.
+        if role not in _ROLES and not (role == "system" and i > 0):
             hint = (
                 "; the system prompt goes in the request's top-level `system`, not in a message"
                 if role == "system"
