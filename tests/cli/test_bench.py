@@ -20,6 +20,7 @@ from llmgw.adminapi.routes import mount
 from llmgw.bench.engineload import engine_load
 from llmgw.bench.result import Level, Run
 from llmgw.catalog import Catalog
+from llmgw.cli.bench import _print as bench_table
 from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_ERROR, EXIT_USAGE
 from llmgw.config import AuthConfig, ModelConfig, ProfileConfig, ServerConfig
@@ -275,3 +276,27 @@ class TestEngineLoad:
     def test_an_engine_without_the_figures_reports_none_rather_than_zero(self):
         load = engine_load({"llmgw_sim_requests_in_flight": 4.0})
         assert (load.queue_depth, load.kv_cache) == (None, None)
+
+
+class TestTable:
+    def test_a_nearly_empty_kv_cache_reads_with_its_precision_not_as_zero(
+        self, capsys: pytest.CaptureFixture[str]
+    ):
+        """A 1 GiB vLLM cache at 0.0006 read "0%"."""
+        level = Level(
+            concurrency=1, requests=2, errors=0, error="", seconds=1.0, output_tokens=8, ttft_p50_ms=10.0,
+            ttft_p95_ms=12.0, itl_p50_ms=1.0, output_tokens_per_s=8.0, requests_per_s=2.0,
+            queue_depth_max=0.0, kv_cache_max=0.0006, engine_readings=2, input_tokens=1300,
+        )  # fmt: skip
+        run = Run(model="tiny", started_at="2026-12-01T00:00:00+00:00", prompt_tokens=128, max_tokens=4,
+                  seconds=1.0, levels=[level], engines=["vllm"])  # fmt: skip
+        bench_table(run)
+        out = capsys.readouterr().out
+        assert out.splitlines()[0] == (
+            "tiny: 128-word prompts (650 input tokens each), max_tokens 4 (4 output tokens each), "
+            "1 s per level (vllm)"
+        )
+        row = out.splitlines()[-1].split()
+        assert row[-1] == "0.06%" and row[-2] == "0"
+        # Figures not measured (a run kept before TPOT) read "none", not zeros.
+        assert row[3:7] == ["10.0/12.0/-", "none", "1.0/-/-", "none"]
