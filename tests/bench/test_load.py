@@ -115,6 +115,12 @@ class TestLevel:
         assert (x.requests, x.input_tokens, x.output_tokens, x.requests_without_usage) == (3, 330, 9, 0)
         assert (x.requests_per_s, x.output_tokens_per_s, x.total_tokens_per_s) == (1.5, 4.5, 169.5)
 
+    def test_a_level_whose_replies_carried_no_usage_has_no_total_throughput(self):
+        tally = Tally()
+        tally.add(Timed(0.1, [0.01], 0.2, None, 2, usage=False))
+        x = level(1, tally, 1.0, EngineLoad(None, None), 1)
+        assert (x.output_tokens_per_s, x.total_tokens_per_s, x.requests_without_usage) == (2.0, None, 1)
+
     def test_a_level_where_nothing_streamed_has_no_latencies_rather_than_zeros(self):
         tally = Tally()
         tally.fail("HTTP 503: no ready replica")

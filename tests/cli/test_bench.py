@@ -285,7 +285,7 @@ class TestTable:
         """A 1 GiB vLLM cache at 0.0006 read "0%"."""
         level = Level(
             concurrency=1, requests=2, errors=0, error="", seconds=1.0, output_tokens=8, ttft_p50_ms=10.0,
-            ttft_p95_ms=12.0, itl_p50_ms=1.0, output_tokens_per_s=8.0, requests_per_s=2.0,
+            ttft_p95_ms=12.0, itl_p50_ms=0.007, output_tokens_per_s=8.0, requests_per_s=2.0,
             queue_depth_max=0.0, kv_cache_max=0.0006, engine_readings=2, input_tokens=1300,
         )  # fmt: skip
         run = Run(model="tiny", started_at="2026-12-01T00:00:00+00:00", prompt_tokens=128, max_tokens=4,
@@ -299,4 +299,4 @@ class TestTable:
         row = out.splitlines()[-1].split()
         assert row[-1] == "0.06%" and row[-2] == "0"
         # Figures not measured (a run kept before TPOT) read "none", not zeros.
-        assert row[3:7] == ["10.0/12.0/-", "none", "1.0/-/-", "none"]
+        assert row[3:7] == ["10.0/12.0/-", "none", "0.007/-/-", "none"]

@@ -264,7 +264,10 @@ def level(concurrency: int, tally: Tally, seconds: float, engine: EngineLoad, re
         engine_readings=readings,
         input_tokens=tally.input_tokens,
         requests_without_usage=tally.without_usage,
-        total_tokens_per_s=_per_s(tally.input_tokens + tally.output_tokens, seconds),
+        # Unknown, not the output alone, when no reply said what it read.
+        total_tokens_per_s=None
+        if tally.requests and tally.without_usage == tally.requests
+        else _per_s(tally.input_tokens + tally.output_tokens, seconds),
         ttft_p99_ms=at(tally.ttft_s, 0.99),
         tpot_p50_ms=at(tally.tpot_s, 0.5),
         tpot_p95_ms=at(tally.tpot_s, 0.95),
