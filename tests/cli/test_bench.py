@@ -20,6 +20,7 @@ from llmgw.adminapi.routes import mount
 from llmgw.bench.engineload import engine_load
 from llmgw.bench.result import Level, Run
 from llmgw.catalog import Catalog
+from llmgw.cli.bench import _print as bench_table
 from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_ERROR, EXIT_USAGE
 from llmgw.config import AuthConfig, ModelConfig, ProfileConfig, ServerConfig
@@ -32,8 +33,16 @@ from llmgw.store import open_store
 from llmgw.store.keys import create_key
 
 MODEL = "sim-chat"
+# No replica of its own: the gateway serves it with sim-chat's.
+THROUGH_FALLBACK = "sim-alias"
 CFG = ServerConfig(
-    models=[ModelConfig(name=MODEL, replicas=1, profiles=[ProfileConfig(engine="sim")])],
+    models=[
+        ModelConfig(name=MODEL, replicas=1, profiles=[ProfileConfig(engine="sim")]),
+        ModelConfig(
+            name=THROUGH_FALLBACK, replicas=0, fallbacks=[MODEL], profiles=[ProfileConfig(engine="sim")]
+        ),
+        ModelConfig(name="lonely", replicas=0, profiles=[ProfileConfig(engine="sim")]),
+    ],
     auth=AuthConfig(enabled=True),
 )
 
@@ -108,8 +117,11 @@ class TestBench:
         for level in data["levels"]:
             assert set(level) == {f.name for f in attrs.fields(Level)}
             assert level["requests"] > 0 and level["errors"] == 0 and level["error"] == ""
+            # The engine's usage: the sim engine counts 8 words 8 tokens and stops at max_tokens.
             assert level["output_tokens"] == 4 * level["requests"]
-            assert level["ttft_p50_ms"] is not None and level["itl_p50_ms"] is not None
+            assert (level["input_tokens"], level["requests_without_usage"]) == (8 * level["requests"], 0)
+            for figure in ("ttft", "tpot", "itl", "e2e"):
+                assert all(level[f"{figure}_{p}_ms"] is not None for p in ("p50", "p95", "p99")), figure
             # The sim engine reports neither a queue nor a KV cache: absent, not zero.
             assert (level["queue_depth_max"], level["kv_cache_max"]) == (None, None)
             assert level["engine_readings"] >= 1
@@ -128,10 +140,18 @@ class TestBench:
     async def test_the_table_says_not_reported_for_what_the_engine_lacks(self, cluster: Cluster):
         code, out, err = await run(*bench_args(cluster, "--concurrency", "2"))
         assert (code, err) == (0, "")
-        assert out.startswith("sim-chat: 8-token prompts, max_tokens 4, 0.2 s per level (sim)\n")
-        header, row = out.splitlines()[1:]
-        assert header.split()[:3] == ["CONC", "REQS", "ERRS"]
-        assert row.split()[0] == "2" and row.split()[2] == "0"
+        # The sim engine counts a word a token: its usage says 8 of the 8 words.
+        assert out.startswith(
+            "sim-chat: 8-word prompts (8 input tokens each), max_tokens 4 (4 output tokens each), "
+            "0.2 s per level (sim)\nlatencies in ms, p50/p95/p99; tokens as the engine counted them\n"
+        )
+        header, row = out.splitlines()[2:]
+        assert header.split()[:7] == ["CONC", "REQS", "ERRS", "TTFT", "TPOT", "ITL", "E2E"]
+        cells = row.split()
+        requests = int(cells[1])
+        assert cells[0] == "2" and cells[2] == "0"
+        assert all(len(cell.split("/")) == 3 for cell in cells[3:7])
+        assert (cells[7], cells[8]) == (str(8 * requests), str(4 * requests))
         assert row.endswith("not reported  not reported")
 
     async def test_a_refused_key_is_counted_as_errors_with_the_gateways_words(self, cluster: Cluster):
@@ -142,12 +162,48 @@ class TestBench:
         assert (level["requests"], level["ttft_p50_ms"]) == (0, None)
         assert level["errors"] > 0 and level["error"].startswith("HTTP 401: ")
 
-    async def test_a_model_without_a_ready_replica_is_refused_before_any_load(self, cluster: Cluster):
-        code, _, err = await run("--server", cluster.admin, "bench", "other", "--gateway", cluster.gateway)
-        assert code == EXIT_ERROR
-        assert (
-            err == "llmgw ctl: other has no ready replica to measure (`llmgw ctl explain other` says why)\n"
+    async def test_a_model_without_a_ready_replica_or_a_fallback_is_refused_in_the_gateways_words(
+        self, cluster: Cluster
+    ):
+        args = [
+            "--server",
+            cluster.admin,
+            "bench",
+            "lonely",
+            "--gateway",
+            cluster.gateway,
+            "--key",
+            cluster.key,
+        ]
+        code, out, err = await run(*args)
+        assert (code, out) == (EXIT_ERROR, "")
+        assert err.startswith(
+            "llmgw ctl: lonely has no ready replica to measure, nor a fallback that serves it; "
+            "the gateway answered HTTP 503: "
         )
+        assert err.endswith(" (`llmgw ctl explain lonely` says why)\n")
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{cluster.admin}/api/v1/models/lonely/bench") as reply,
+        ):
+            assert await reply.json() == []
+
+    async def test_a_model_served_through_its_fallback_is_measured_on_the_fallbacks_replicas(
+        self, cluster: Cluster
+    ):
+        """It was refused as having no ready replica, though the gateway served every request of it."""
+        args = bench_args(cluster, "--concurrency", "2", "--json")
+        args[args.index(MODEL)] = THROUGH_FALLBACK
+        code, out, err = await run(*args)
+        assert (code, err) == (0, "")
+        data = json.loads(out)
+        assert (data["model"], data["served_by"], data["engines"]) == (THROUGH_FALLBACK, [MODEL], ["sim"])
+        (level,) = data["levels"]
+        assert level["requests"] > 0 and level["errors"] == 0
+        assert level["engine_readings"] >= 1
+        code, out, err = await run(*[a for a in args if a != "--json"])
+        assert (code, err) == (0, "")
+        assert out.splitlines()[0].endswith("0.2 s per level, served by its fallback sim-chat (sim)")
 
     async def test_a_concurrency_that_is_not_a_list_of_numbers_is_a_usage_error(self, cluster: Cluster):
         code, _, err = await run("--server", cluster.admin, "bench", MODEL, "--concurrency", "1,four")
@@ -220,3 +276,27 @@ class TestEngineLoad:
     def test_an_engine_without_the_figures_reports_none_rather_than_zero(self):
         load = engine_load({"llmgw_sim_requests_in_flight": 4.0})
         assert (load.queue_depth, load.kv_cache) == (None, None)
+
+
+class TestTable:
+    def test_a_nearly_empty_kv_cache_reads_with_its_precision_not_as_zero(
+        self, capsys: pytest.CaptureFixture[str]
+    ):
+        """A 1 GiB vLLM cache at 0.0006 read "0%"."""
+        level = Level(
+            concurrency=1, requests=2, errors=0, error="", seconds=1.0, output_tokens=8, ttft_p50_ms=10.0,
+            ttft_p95_ms=12.0, itl_p50_ms=0.007, output_tokens_per_s=8.0, requests_per_s=2.0,
+            queue_depth_max=0.0, kv_cache_max=0.0006, engine_readings=2, input_tokens=1300,
+        )  # fmt: skip
+        run = Run(model="tiny", started_at="2026-12-01T00:00:00+00:00", prompt_tokens=128, max_tokens=4,
+                  seconds=1.0, levels=[level], engines=["vllm"])  # fmt: skip
+        bench_table(run)
+        out = capsys.readouterr().out
+        assert out.splitlines()[0] == (
+            "tiny: 128-word prompts (650 input tokens each), max_tokens 4 (4 output tokens each), "
+            "1 s per level (vllm)"
+        )
+        row = out.splitlines()[-1].split()
+        assert row[-1] == "0.06%" and row[-2] == "0"
+        # Figures not measured (a run kept before TPOT) read "none", not zeros.
+        assert row[3:7] == ["10.0/12.0/-", "none", "0.007/-/-", "none"]

@@ -298,6 +298,10 @@ async def test_ctl_bench_through_the_gateway_reads_the_engines_own_queue_and_no_
         assert set(level) == {f.name for f in attrs.fields(Level)}
         assert level["requests"] > 0 and level["output_tokens"] > 0
         assert level["ttft_p50_ms"] is not None and level["engine_readings"] >= 1
+        # The tokens are llama-server's own usage: its chat template makes 16 words more tokens.
+        assert level["requests_without_usage"] == 0
+        assert level["input_tokens"] > 16 * level["requests"]
+        assert level["tpot_p50_ms"] is not None and level["e2e_p99_ms"] is not None
         # llamacpp:requests_deferred is on its page; a KV-cache gauge is not (this build dropped
         # llamacpp:kv_cache_usage_ratio), so the cache reads "not reported", never an idle 0.
         assert level["queue_depth_max"] is not None and level["queue_depth_max"] >= 0

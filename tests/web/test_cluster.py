@@ -544,8 +544,10 @@ class TestBenchRunsOnTheModelsPage:
                 output_tokens_per_s=tokens_per_s,
                 requests_per_s=5.0,
                 queue_depth_max=None,
-                kv_cache_max=None,
-                engine_readings=0,
+                kv_cache_max=0.0006,
+                engine_readings=1,
+                input_tokens=10 * 40,
+                tpot_p50_ms=ttft_ms / 10,
             )
 
         run = Run(
@@ -586,5 +588,8 @@ class TestBenchRunsOnTheModelsPage:
         benched, unbenched = html.split('id="model-unbenched"')
         assert "<svg" in benched and "TTFT, run 2025-06-01T12:00:00Z" in benched
         assert "output tokens/s, run 2025-06-01T12:00:00Z at 4: total 250" in benched
-        assert "2025-06-01T12:00:00Z · llamacpp · 32-word prompts" in benched
+        assert "2025-06-01T12:00:00Z · llamacpp · 32-word prompts (40 input tokens each)" in benched
+        assert "TPOT, run 2025-06-01T12:00:00Z at 4: p50 12 ms" in benched
+        # A cache at 0.0006 read "0%", as if nothing were cached.
+        assert "KV cache at most 0.06%" in benched
         assert "<svg" not in unbenched and "Benchmarks" not in unbenched

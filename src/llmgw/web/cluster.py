@@ -29,7 +29,7 @@ from llmgw.adminapi.present import (
     unattended_note,
 )
 from llmgw.adminapi.routes import Param, Reply, Route
-from llmgw.bench.result import Run
+from llmgw.bench.result import Run, describe, percent
 from llmgw.catalog import CATALOG_KEY
 from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES
 from llmgw.gateway.endpoints import ENDPOINTS_KEY
@@ -175,35 +175,42 @@ def _newest_runs(state_dir: Path, names: list[str]) -> dict[str, list[Run]]:
 
 
 def run_label(run: Run) -> str:
-    """ "2025-06-01T12:00:00Z · llamacpp · 32-word prompts, max_tokens 64, 10 s per level"."""
+    """ "2025-06-01T12:00:00Z · llamacpp · 32-word prompts (40 input tokens each), ...": describe()'s words,
+    as ctl bench prints them, and the fullest KV cache in the precision the engine gave it."""
     engines = ", ".join(run.engines) or "engine not reported"
-    return (
-        f"{run.started_at} · {engines} · {run.prompt_tokens}-word prompts, max_tokens {run.max_tokens}, "
-        f"{run.seconds:g} s per level"
-    )
+    kvs = [level.kv_cache_max for level in run.levels if level.kv_cache_max is not None]
+    cache = f" · KV cache at most {percent(max(kvs))}" if kvs else ""
+    return f"{run.started_at} · {engines} · {describe(run)}{cache}"
 
 
 def run_charts(run: Run) -> list[Markup]:
-    """Time to first token and output tokens/s of one run, over its concurrency levels."""
+    """TTFT, TPOT and output tokens/s of one run, over its concurrency levels."""
     levels = [level.concurrency for level in run.levels]
 
     def seconds(ms: float | None) -> float | None:
         return None if ms is None else ms / 1000
 
-    return [
-        level_lines(
-            f"TTFT, run {run.started_at}",
+    def quantiles(title: str, *fields: str) -> Markup:
+        return level_lines(
+            f"{title}, run {run.started_at}",
             levels,
             [
-                (Series("p50", colour(0)), [seconds(level.ttft_p50_ms) for level in run.levels]),
-                (Series("p95", colour(1)), [seconds(level.ttft_p95_ms) for level in run.levels]),
+                (
+                    Series(field.split("_")[1], colour(i)),
+                    [seconds(getattr(level, field)) for level in run.levels],
+                )
+                for i, field in enumerate(fields)
             ],
             unit="s",
-        ),
+        )
+
+    return [
+        quantiles("TTFT", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms"),
+        quantiles("TPOT", "tpot_p50_ms", "tpot_p95_ms", "tpot_p99_ms"),
         level_lines(
             f"output tokens/s, run {run.started_at}",
             levels,
-            [(Series("total", colour(2)), [level.output_tokens_per_s for level in run.levels])],
+            [(Series("total", colour(3)), [level.output_tokens_per_s for level in run.levels])],
         ),
     ]
 
