@@ -97,6 +97,17 @@ async def server(tmp_path: Path, weights: str) -> AsyncIterator[tuple[str, Path]
             ),
             ModelConfig(name="gone", source=weights + "none.gguf", profiles=[ProfileConfig()]),
             ModelConfig(name="sim-chat", profiles=[ProfileConfig(engine="sim")]),
+            ModelConfig(
+                name="hf-cpu",
+                source=weights + "hf/",
+                profiles=[
+                    ProfileConfig(
+                        name="cpu",
+                        engine="vllm",
+                        env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_TOKEN": "hf_secret"},
+                    )
+                ],
+            ),
         ]
     )
     app = web.Application()
@@ -277,3 +288,18 @@ async def test_a_vocabulary_file_is_refused_as_no_model(server: tuple[str, Path]
     assert err.endswith(
         "ggml-vocab-llama-spm.gguf holds no tensors: it is a vocabulary or metadata file, not a model\n"
     )
+
+
+async def test_a_vllm_profiles_set_cache_and_the_agents_sequences_are_planned(server: tuple[str, Path]):
+    code, out, _ = await run("--server", server[0], "model", "plan", "hf-cpu", "--json")
+    (fit,) = json.loads(out)["profiles"]
+    assert code == 0
+    # VLLM_CPU_KVCACHE_SPACE=1: 1 GiB of cache whatever the context; --max-num-seqs 4 from the agent.
+    assert (fit["estimate"]["kv_bytes"], fit["estimate"]["parallel"]) == (1 << 30, 4)
+    assert "its KV cache is set to 1.1 GB: 2,097,152 tokens" in fit["summary"]
+    url = server[0] + "/api/v1/capacity"
+    async with aiohttp.ClientSession() as session, session.get(url, params={"model": "hf-cpu"}) as response:
+        text = await response.text()
+    # Only the env that changes memory: a profile's env may hold tokens.
+    assert json.loads(text)["model"]["profiles"][0]["env"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert "hf_secret" not in text

@@ -4,7 +4,9 @@ What `llmgw ctl model plan` prints and answers with `--json`. The context and
 parallel sequences come from the command line, else from the profile's own
 engine arguments (llama-server's `-c` is shared by its `-np` slots; vLLM's
 `--max-model-len`, SGLang's `--context-length`), else the model's trained
-context, one sequence.
+context; the sequences, from vLLM's `--max-num-seqs` and SGLang's
+`--max-running-requests`, else the agent's own default, which it passes them
+(agent.yaml `engines.<name>.parallel`, 4); llama.cpp's `-np`, else one.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 import attrs
 
 from llmgw.capacity.estimate import estimate, flag, loads_weights
-from llmgw.capacity.fit import ProfileFit, judge
+from llmgw.capacity.fit import ProfileFit, cards_needed, judge
 from llmgw.capacity.fleet import NodeCapacity, ProfileShape
 from llmgw.capacity.shape import ModelShape, WeightsFile
 
@@ -22,6 +24,10 @@ from llmgw.capacity.shape import ModelShape, WeightsFile
 DEFAULT_CONTEXT = 4096
 # The engine a model's format is served with when no profile names one.
 DEFAULT_ENGINE = {"gguf": "llamacpp", "safetensors": "vllm"}
+# The sequences an agent has vLLM and SGLang serve at once when the profile says none: agent.yaml's
+# engines.<name>.parallel default (config EngineOptions), passed as --max-num-seqs and
+# --max-running-requests. llama.cpp's cache is -c cells however many slots share it.
+AGENT_PARALLEL = 4
 
 
 @attrs.frozen
@@ -58,7 +64,9 @@ def sequences(profile: ProfileShape) -> tuple[int | None, int | None]:
             return total // (parallel or 1), parallel
         return None, parallel
     if profile.engine == "sglang":
-        return _intflag(args, "--context-length"), None
+        return _intflag(args, "--context-length"), _intflag(args, "--max-running-requests") or AGENT_PARALLEL
+    if profile.engine == "vllm":
+        return _intflag(args, "--max-model-len"), _intflag(args, "--max-num-seqs") or AGENT_PARALLEL
     return _intflag(args, "--max-model-len"), None
 
 
@@ -84,6 +92,8 @@ def make_plan(
         ctx = context or said_context or shape.context_length or DEFAULT_CONTEXT
         par = parallel or said_parallel or 1
         args = profile.args if profile is not None else []
+        env = profile.env if profile is not None else {}
+        on_gpu = profile is None or cards_needed(profile) > 0
         if context:
             origin = f"--context {context}"
         elif said_context and profile is not None:
@@ -93,7 +103,8 @@ def make_plan(
         past = _past_training(shape, engine, ctx, origin, name or shape.source)
         if past and past not in warnings:
             warnings.append(past)
-        fits.append(judge(estimate(shape, engine, context=ctx, parallel=par, args=args), profile, nodes))
+        est = estimate(shape, engine, context=ctx, parallel=par, args=args, env=env, on_gpu=on_gpu)
+        fits.append(judge(est, profile, nodes))
     first = fits[0].estimate
     return Plan(
         source=shape.source,

@@ -76,6 +76,8 @@ def need_of(shape: ModelShape, profile: ProfileConfig) -> Need | None:
         context=context or shape.context_length or DEFAULT_CONTEXT,
         parallel=parallel or 1,
         args=profile.args,
+        env=profile.env,
+        on_gpu=cards_needed(ps) > 0,
     )
     if est.total_bytes <= 0:
         return None
