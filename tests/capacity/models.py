@@ -39,8 +39,13 @@ def write_gguf(
     qtype: Q = Q.F16,
     context: int = 2048,
     split_max_tensors: int = 0,
+    tensors: bool = True,
 ) -> list[Path]:
-    """A GGUF model of arch (one file, or parts of at most split_max_tensors tensors); its file(s)."""
+    """A GGUF model of arch (one file, or parts of at most split_max_tensors tensors); its file(s).
+
+    Without tensors it is what llama.cpp's ggml-vocab-*.gguf are: a model's hyperparameters and
+    vocabulary, and no weights.
+    """
     writer = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     writer.add_context_length(context)
     writer.add_embedding_length(width)
@@ -50,6 +55,11 @@ def write_gguf(
     writer.add_head_count_kv(kv_heads)
     # A vocabulary's worth of tokens: the array the reader skips over.
     writer.add_token_list([f"t{i}" for i in range(vocab)])
+    if not tensors:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        return [path]
     _tensor(writer, "token_embd.weight", vocab, width, qtype)
     _tensor(writer, "output_norm.weight", 1, width, Q.F32)
     head_dim = width // heads

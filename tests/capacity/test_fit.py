@@ -136,3 +136,76 @@ def test_without_a_profile_each_node_is_judged_on_the_fewest_cards_that_hold_it(
 def test_the_profiles_own_context_and_slots_are_read_from_its_llama_server_arguments():
     fit = make_plan(shape(), [profile(args=["-c", "16384", "-np", "4"])], FLEET).profiles[0]
     assert (fit.estimate.context, fit.estimate.parallel) == (4096, 4)
+
+
+def small(weights: int = 10**9) -> ModelShape:
+    return ModelShape(
+        source="hf",
+        format="safetensors",
+        architecture="LlamaForCausalLM",
+        files=(WeightsFile(path="hf/model.safetensors", bytes=weights, quantisation="BF16 100%"),),
+        layers=2,
+        k_per_token=2 * 64,
+        v_per_token=2 * 64,
+        dtype_bytes=2,
+        context_length=4096,
+    )
+
+
+def test_vllm_on_a_card_needs_the_share_of_it_that_its_memory_utilization_takes():
+    # 44.0 GB free of 85.9 GB: the estimate (a few GB) fits, but vLLM takes 92% of the card at start.
+    half = node("half", ("h100-80g", 81920, 40000))
+    (fit,) = make_plan(small(), [profile(engine="vllm")], [half]).profiles
+    (verdict,) = fit.nodes
+    assert (verdict.fits, verdict.reason) == (
+        False,
+        "has 44.0 GB free, and vLLM takes 92% of its 85.9 GB (79.0 GB)",
+    )
+    assert "vLLM takes 92% of each card's memory at start (--gpu-memory-utilization 0.92)" in fit.summary
+    args = ["--gpu-memory-utilization", "0.4"]
+    (fit,) = make_plan(small(), [profile(engine="vllm", args=args)], [half]).profiles
+    assert fit.nodes[0].fits and fit.estimate.claim == 0.4
+
+
+def test_vllm_on_a_cpu_takes_its_share_of_the_node_unless_the_profile_sets_the_cache():
+    busy = NodeCapacity(
+        id="busy",
+        ready=True,
+        state="ready",
+        cards=[],
+        memory_total_mb=64 * 1024,
+        memory_available_mb=16 * 1024,
+        engines=["vllm"],
+        labels={},
+    )
+    cpu = profile(engine="vllm", gpus_per_node=0)
+    (fit,) = make_plan(small(), [cpu], [busy]).profiles
+    assert (fit.nodes[0].fits, fit.nodes[0].reason) == (
+        False,
+        "has 17.2 GB of RAM free, and vLLM takes 92% of its 68.7 GB (63.2 GB)",
+    )
+    spaced = profile(engine="vllm", gpus_per_node=0, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    (fit,) = make_plan(small(), [spaced], [busy]).profiles
+    # 1 GiB of cache at 512 bytes a token, whatever the context asked.
+    assert (fit.estimate.kv_bytes, fit.estimate.kv_tokens, fit.estimate.claim) == (GIB, 2097152, 0.0)
+    assert fit.nodes[0].fits
+    assert "its KV cache is set to 1.1 GB: 2,097,152 tokens, 512 sequence(s) of 4,096 at once" in fit.summary
+
+
+def test_vllm_and_sglang_are_planned_for_the_sequences_the_agent_has_them_serve():
+    plans = make_plan(
+        small(),
+        [
+            profile(name="v", engine="vllm"),
+            profile(name="v16", engine="vllm", args=["--max-num-seqs", "16"]),
+            profile(name="s", engine="sglang"),
+            profile(name="l", engine="llamacpp"),
+        ],
+        FLEET,
+    )
+    assert [(p.profile, p.estimate.parallel) for p in plans.profiles] == [
+        ("v", 4),
+        ("v16", 16),
+        ("s", 4),
+        ("l", 1),
+    ]

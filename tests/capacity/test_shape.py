@@ -103,6 +103,14 @@ class TestRefusals:
         with pytest.raises(HeaderError, match="ends inside its safetensors header"):
             read_shape(directory)
 
+    def test_a_gguf_without_tensors_is_a_vocabulary_not_a_model(self, tmp_path: Path):
+        # Its header states 2 layers, a context and a vocabulary, as llama.cpp's ggml-vocab files do.
+        (path,) = write_gguf(tmp_path / "ggml-vocab-llama.gguf", tensors=False)
+        with pytest.raises(
+            HeaderError, match=r"ggml-vocab-llama\.gguf holds no tensors: it is a vocabulary or metadata file"
+        ):
+            read_shape(path)
+
     def test_a_directory_without_config_is_not_a_hugging_face_model(self, tmp_path: Path):
         write_safetensors(tmp_path / "model.safetensors", {"w": ("F16", [4, 4])})
         with pytest.raises(HeaderError, match=r"has no config\.json"):

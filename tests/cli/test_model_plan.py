@@ -96,6 +96,18 @@ async def server(tmp_path: Path, weights: str) -> AsyncIterator[tuple[str, Path]
                 profiles=[ProfileConfig(name="cpu", engine="llamacpp")],
             ),
             ModelConfig(name="gone", source=weights + "none.gguf", profiles=[ProfileConfig()]),
+            ModelConfig(name="sim-chat", profiles=[ProfileConfig(engine="sim")]),
+            ModelConfig(
+                name="hf-cpu",
+                source=weights + "hf/",
+                profiles=[
+                    ProfileConfig(
+                        name="cpu",
+                        engine="vllm",
+                        env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_TOKEN": "hf_secret"},
+                    )
+                ],
+            ),
         ]
     )
     app = web.Application()
@@ -227,3 +239,67 @@ async def test_the_capacity_route_reads_a_sources_shape_and_refuses_a_path(serve
         async with session.get(url, params={"source": "/etc/passwd"}) as response:
             assert response.status == 400
             assert "is not mirror:REPO@REVISION" in (await response.json())["error"]
+
+
+async def test_a_catalog_model_without_weights_says_so_rather_than_reading_the_working_directory(
+    server: tuple[str, Path],
+):
+    code, out, err = await run("--server", server[0], "model", "plan", "sim-chat")
+    assert (code, out) == (EXIT_USAGE, "")
+    assert err == "llmgw ctl: sim-chat has no weights to plan: the sim engine loads none\n"
+
+
+async def test_a_model_read_by_the_server_is_named_by_its_source_not_where_its_headers_were_kept(
+    server: tuple[str, Path], weights: str
+):
+    code, out, _ = await run("--server", server[0], "model", "plan", "served", "--json")
+    plan = json.loads(out)
+    assert code == 0
+    assert (plan["source"], [f["path"] for f in plan["files"]]) == (weights + "m.gguf", [weights + "m.gguf"])
+    code, out, _ = await run("--server", server[0], "model", "plan", "org/hf@main")
+    assert code == 0 and "llmgw-headers" not in out
+    assert out.startswith("model     mirror:org/hf@main (safetensors, LlamaForCausalLM)\n")
+
+
+async def test_a_context_past_the_trained_one_is_warned_of_once(server: tuple[str, Path]):
+    code, out, err = await run("--server", server[0], "model", "plan", "tiny", "--context", "8192")
+    assert (code, err) == (0, "")
+    # Both profiles are llama.cpp's: one sentence for the two.
+    assert out.count("warning") == 1
+    assert (
+        "warning   --context 8192 is past the 2,048 tokens tiny was trained on: llama.cpp allocates "
+        "the cache for all of it, but gives a sequence at most 2,048, and its answers that far are "
+        "unreliable; the figures are for 8,192 all the same\n"
+    ) in out
+    code, out, _ = await run("--server", server[0], "model", "plan", "tiny", "--profile", "gpu", "--json")
+    assert json.loads(out)["warnings"] == [
+        "profile gpu's context of 8,192 tokens a sequence is past the 2,048 tokens tiny was trained on: "
+        "llama.cpp allocates the cache for all of it, but gives a sequence at most 2,048, and its "
+        "answers that far are unreliable; the figures are for 8,192 all the same"
+    ]
+    code, out, _ = await run("--server", server[0], "model", "plan", "tiny", "--context", "2048", "--json")
+    assert json.loads(out)["warnings"] == []
+
+
+async def test_a_vocabulary_file_is_refused_as_no_model(server: tuple[str, Path], tmp_path: Path):
+    (vocab,) = write_gguf(tmp_path / "ggml-vocab-llama-spm.gguf", tensors=False)
+    code, out, err = await run("--server", server[0], "model", "plan", str(vocab))
+    assert (code, out) == (EXIT_ERROR, "")
+    assert err.endswith(
+        "ggml-vocab-llama-spm.gguf holds no tensors: it is a vocabulary or metadata file, not a model\n"
+    )
+
+
+async def test_a_vllm_profiles_set_cache_and_the_agents_sequences_are_planned(server: tuple[str, Path]):
+    code, out, _ = await run("--server", server[0], "model", "plan", "hf-cpu", "--json")
+    (fit,) = json.loads(out)["profiles"]
+    assert code == 0
+    # VLLM_CPU_KVCACHE_SPACE=1: 1 GiB of cache whatever the context; --max-num-seqs 4 from the agent.
+    assert (fit["estimate"]["kv_bytes"], fit["estimate"]["parallel"]) == (1 << 30, 4)
+    assert "its KV cache is set to 1.1 GB: 2,097,152 tokens" in fit["summary"]
+    url = server[0] + "/api/v1/capacity"
+    async with aiohttp.ClientSession() as session, session.get(url, params={"model": "hf-cpu"}) as response:
+        text = await response.text()
+    # Only the env that changes memory: a profile's env may hold tokens.
+    assert json.loads(text)["model"]["profiles"][0]["env"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert "hf_secret" not in text

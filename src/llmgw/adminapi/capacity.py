@@ -19,6 +19,7 @@ from llmgw.adminapi.projections import node_state
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Param, Reply, Route
 from llmgw.adminapi.views import Error
+from llmgw.capacity.estimate import MEMORY_ENV
 from llmgw.capacity.fleet import Capacity, Card, CatalogModel, NodeCapacity, ProfileShape
 from llmgw.capacity.shape import ModelShape
 from llmgw.catalog import CATALOG_KEY
@@ -72,6 +73,7 @@ def catalog_model(model: ModelConfig) -> CatalogModel:
                 nodes=p.nodes,
                 min_memory_mb=p.min_memory_mb,
                 args=list(p.args),
+                env={k: v for k, v in p.env.items() if k in MEMORY_ENV},
             )
             for p in model.profiles
         ],

@@ -56,7 +56,7 @@ def judge(estimate: Estimate, profile: ProfileShape | None, nodes: Sequence[Node
         return _summed(name, estimate, 0, estimate.total_bytes, fits, "of RAM")
     if profile is not None:
         per_card = math.ceil(estimate.total_bytes / (per_node * span))
-        fits = [_on_cards(per_card, per_node, profile.gpu_class, n) for n in nodes]
+        fits = [_on_cards(per_card, per_node, profile.gpu_class, n, estimate.claim) for n in nodes]
         return _summed(name, estimate, per_node * span, per_card, fits, "of GPU memory per card")
     fits = [_any(estimate, n) for n in nodes]
     return _summed(name, estimate, 0, estimate.total_bytes, fits, "")
@@ -70,7 +70,17 @@ def _summed(
     if cards > 1:
         need += f" ({cards} cards, {gigabytes(estimate.total_bytes)} in all)"
     ok = [f.node for f in fits if f.fits]
-    parts = [need.replace("  ", " "), f"fits on {', '.join(ok)}" if ok else "fits on no node"]
+    parts = [need.replace("  ", " ")]
+    if estimate.claim:
+        whose = {"of RAM": "the node's memory", "": "each card's memory, or without cards the node's"}
+        of = whose.get(where, "each card's memory")
+        parts.append(
+            f"vLLM takes {estimate.claim:.0%} of {of} at start "
+            f"(--gpu-memory-utilization {estimate.claim:g}), its KV cache all that the rest leaves"
+        )
+    if estimate.kv_tokens:
+        parts.append(_fixed_cache(estimate))
+    parts.append(f"fits on {', '.join(ok)}" if ok else "fits on no node")
     parts += [f"{f.node} {f.reason}" for f in fits if not f.fits]
     return ProfileFit(
         profile=name,
@@ -83,10 +93,33 @@ def _summed(
     )
 
 
+def _fixed_cache(estimate: Estimate) -> str:
+    """What a KV cache of set bytes holds, against the context and sequences asked."""
+    held = f"its KV cache is set to {gigabytes(estimate.kv_bytes)}: {estimate.kv_tokens:,} tokens"
+    if estimate.kv_tokens < estimate.context:
+        return f"{held}, less than one sequence of {estimate.context:,}: vLLM refuses to start"
+    at_once = estimate.kv_tokens // estimate.context
+    return f"{held}, {at_once:,} sequence(s) of {estimate.context:,} at once"
+
+
+def _claimed(share: float, total_mb: int) -> int:
+    """The bytes a share of a memory of total_mb takes (vLLM rounds up)."""
+    return math.ceil(share * (total_mb << 20))
+
+
 def _in_ram(estimate: Estimate, node: NodeCapacity) -> NodeFit:
     if node.memory_available_mb is None:
         return NodeFit(node.id, False, "has not reported its memory")
     free = node.memory_available_mb << 20
+    if estimate.claim and node.memory_total_mb is not None:
+        taken = _claimed(estimate.claim, node.memory_total_mb)
+        if free < max(taken, estimate.total_bytes):
+            return NodeFit(
+                node.id,
+                False,
+                f"has {gigabytes(free)} of RAM free, and vLLM takes {estimate.claim:.0%} of its "
+                f"{gigabytes(node.memory_total_mb << 20)} ({gigabytes(taken)})",
+            )
     if free < estimate.total_bytes:
         return NodeFit(node.id, False, f"has {gigabytes(free)} of RAM free")
     return NodeFit(node.id, True, f"fits in RAM ({gigabytes(free)} free)")
@@ -97,7 +130,7 @@ def _usable(node: NodeCapacity, gpu_class: str) -> list[Card]:
     return sorted(cards, key=lambda c: (-c.free_bytes, c.index))
 
 
-def _on_cards(per_card: int, count: int, gpu_class: str, node: NodeCapacity) -> NodeFit:
+def _on_cards(per_card: int, count: int, gpu_class: str, node: NodeCapacity, claim: float = 0.0) -> NodeFit:
     of_class = [c for c in node.cards if not gpu_class or c.gpu_class == gpu_class]
     what = f"{gpu_class} " if gpu_class else ""
     if not of_class:
@@ -107,6 +140,19 @@ def _on_cards(per_card: int, count: int, gpu_class: str, node: NodeCapacity) -> 
         return NodeFit(
             node.id, False, f"has {len(usable)} free {what}GPU(s) of {len(of_class)}, {count} needed"
         )
+    if claim:
+        roomy = [c for c in usable if c.free_bytes >= max(per_card, _claimed(claim, c.memory_total_mb))]
+        top = usable[0]
+        on_best = " on its best card" if len(usable) > 1 else ""
+        if len(roomy) < count and top.free_bytes >= per_card:
+            return NodeFit(
+                node.id,
+                False,
+                f"has {gigabytes(top.free_bytes)} free{on_best}, and vLLM takes {claim:.0%} "
+                f"of its {gigabytes(top.memory_total_mb << 20)} "
+                f"({gigabytes(_claimed(claim, top.memory_total_mb))})",
+            )
+        usable = roomy + [c for c in usable if c not in roomy]
     taken = usable[:count]
     if taken[-1].free_bytes < per_card:
         best = f"{gigabytes(taken[0].free_bytes)} free" + (" on its best card" if len(usable) > 1 else "")
@@ -129,8 +175,12 @@ def _any(estimate: Estimate, node: NodeCapacity) -> NodeFit:
     classes = sorted({c.gpu_class for c in node.cards})
     for count in range(1, len(node.cards) + 1):
         for cls in classes:
-            usable = _usable(node, cls)
             per_card = math.ceil(estimate.total_bytes / count)
+            usable = [
+                c
+                for c in _usable(node, cls)
+                if not estimate.claim or c.free_bytes >= _claimed(estimate.claim, c.memory_total_mb)
+            ]
             if len(usable) >= count and usable[count - 1].free_bytes >= per_card:
                 return NodeFit(
                     node.id,

@@ -57,6 +57,10 @@ class ProfileShape:
     nodes: int
     min_memory_mb: int
     args: list[str]
+    env: dict[str, str] = attrs.field(
+        factory=dict,
+        metadata={"doc": "The profile's env that changes what a replica holds (VLLM_CPU_KVCACHE_SPACE)."},
+    )
 
 
 @attrs.frozen

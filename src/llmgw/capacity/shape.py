@@ -78,6 +78,10 @@ def _from_gguf(path: Path) -> ModelShape:
         files.append(
             WeightsFile(path=str(header.path), bytes=header.weights_bytes, quantisation=_mix(by_type))
         )
+    if not any(header.tensors for header in headers):
+        # llama.cpp's ggml-vocab-*.gguf carry a model's hyperparameters and its tokenizer, and no
+        # weights: planned as a model, they would read as gigabytes of cache for 0 MB of weights.
+        raise HeaderError(f"{path} holds no tensors: it is a vocabulary or metadata file, not a model")
     main = next((h for h in headers if "general.architecture" in h.metadata), None)
     if main is None:
         raise HeaderError(f"{path} names no general.architecture: llama.cpp would not load it either")

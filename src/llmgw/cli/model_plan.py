@@ -16,8 +16,8 @@ import click
 
 from llmgw import strictjson
 from llmgw.adminapi import views
-from llmgw.capacity.estimate import gigabytes
-from llmgw.capacity.fleet import Capacity, ProfileShape
+from llmgw.capacity.estimate import gigabytes, loads_weights
+from llmgw.capacity.fleet import Capacity, CatalogModel, ProfileShape
 from llmgw.capacity.ggufmeta import HeaderError
 from llmgw.capacity.plan import Plan, make_plan
 from llmgw.capacity.shape import ModelShape, read_shape
@@ -31,6 +31,9 @@ from llmgw.maxima import MAX_PARALLEL, MAX_TOKENS, said
 
 def _local(source: str) -> Path | None:
     """The path a source names on this machine, if it names one: a path, or a file:// URL."""
+    if not source:
+        # Not ".": a model without a source (the sim's) has no files, here or anywhere.
+        return None
     if source.startswith("file://"):
         return Path(urlparse(source).path)
     if "://" in source or source.startswith("mirror:"):
@@ -60,6 +63,17 @@ def _mirror_ref(source: str, path: Path | None) -> bool:
     return "@" in source and path is not None and not path.exists() and source.count("/") == 1
 
 
+def _weightless(model: CatalogModel) -> None:
+    """Refuse a catalog model with no source: it has no files to read, and the cwd is not them."""
+    if model.source:
+        return
+    engines = sorted({p.engine for p in model.profiles})
+    if engines and not any(loads_weights(e) for e in engines):
+        names = " and ".join(engines)
+        fail(f"{model.name} has no weights to plan: the {names} engine loads none", EXIT_USAGE)
+    fail(f"{model.name} has no source: there are no files to plan", EXIT_USAGE)
+
+
 def _resolve(ctx: click.Context, source: str, as_json: bool) -> tuple[ModelShape, Capacity]:
     """The model's shape and the fleet: a local file or directory, else as the server reads it.
 
@@ -77,6 +91,7 @@ def _resolve(ctx: click.Context, source: str, as_json: bool) -> tuple[ModelShape
         fleet = _fleet(ctx, as_json, "?model=" + quote(source, safe=""), source)
         if fleet.model is None:
             fail(f"the server did not describe {source}", EXIT_ERROR)
+        _weightless(fleet.model)
         where = _local(fleet.model.source)
         if where is not None and where.exists():
             return _shape(where), fleet
@@ -134,7 +149,9 @@ def model_plan(
     """
     shape, fleet = _resolve(ctx, source, as_json)
     profiles = _profiles(fleet, profile_name)
-    plan = make_plan(shape, profiles, fleet.nodes, context=context, parallel=parallel)
+    # The name its warnings use: the catalog's, else the file's or directory's own.
+    name = fleet.model.name if fleet.model is not None else Path(shape.source.rstrip("/")).name
+    plan = make_plan(shape, profiles, fleet.nodes, context=context, parallel=parallel, name=name)
     if target(ctx, as_json).as_json:
         click.echo(strictjson.dumps(views.CONVERTER.unstructure(plan), indent=2, sort_keys=True))
         return
@@ -146,6 +163,8 @@ def _print(plan: Plan, fleet: Capacity) -> None:
     click.echo(f"weights   {gigabytes(plan.weights_bytes)} ({plan.weights_bytes} bytes)")
     for f in plan.files:
         click.echo(f"  {Path(f.path).name}  {gigabytes(f.bytes)}  {f.quantisation}")
+    for warning in plan.warnings:
+        click.echo(f"warning   {warning}")
     for fit in plan.profiles:
         e = fit.estimate
         click.echo("")

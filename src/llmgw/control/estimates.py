@@ -25,6 +25,7 @@ import structlog
 from llmgw.capacity.estimate import MIB, estimate, gigabytes, loads_weights
 from llmgw.capacity.fit import cards_needed
 from llmgw.capacity.fleet import ProfileShape
+from llmgw.capacity.ggufmeta import HeaderError
 from llmgw.capacity.plan import DEFAULT_CONTEXT, sequences
 from llmgw.capacity.shape import ModelShape, read_shape
 from llmgw.config import ModelConfig, ProfileConfig
@@ -75,6 +76,8 @@ def need_of(shape: ModelShape, profile: ProfileConfig) -> Need | None:
         context=context or shape.context_length or DEFAULT_CONTEXT,
         parallel=parallel or 1,
         args=profile.args,
+        env=profile.env,
+        on_gpu=cards_needed(ps) > 0,
     )
     if est.total_bytes <= 0:
         return None
@@ -153,7 +156,14 @@ async def _read_shape(source: str, resolve: Resolve | None) -> ModelShape:
             raise LlmgwError(f"{source}: no mirror is configured to read its headers from")
         url, _ = await resolve(source)
     tmp = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="llmgw-headers-"))
+    # The headers are laid out under tmp as the files are under base: tmp is gone when the plan is
+    # read, so the shape and any refusal name the model as its source and its files by their URLs.
+    base = url if url.endswith("/") else url.rsplit("/", 1)[0] + "/"
     try:
-        return await asyncio.to_thread(read_shape, await fetch_headers(url, tmp))
+        shape = await asyncio.to_thread(read_shape, await fetch_headers(url, tmp))
+    except HeaderError as exc:
+        raise HeaderError(str(exc).replace(f"{tmp}/", base).replace(str(tmp), url)) from None
     finally:
         await asyncio.to_thread(shutil.rmtree, tmp, True)
+    files = tuple(attrs.evolve(f, path=f.path.replace(f"{tmp}/", base, 1)) for f in shape.files)
+    return attrs.evolve(shape, source=source, files=files)
