@@ -306,6 +306,7 @@ class Inventory:
             old.replaced.set()
         link = self._links[node_id] = Link(node_id)
         self.registrations += 1
+        self.failures.forget_node(node_id)
         self._nodes[node_id] = Node(
             id=node_id,
             last_seen=self._clock(),
@@ -410,7 +411,7 @@ class Inventory:
             self._routing.remember(status.shard_id, status.engine_secret)
             if status.state == READY:
                 self._routing.ready_again(status.shard_id)
-                self.failures.served(status.model, node_id)
+                self.failures.served(status.model, node_id, status.shard_id)
         log.info(
             "shard status",
             node=node_id,
