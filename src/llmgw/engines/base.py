@@ -229,6 +229,9 @@ class Engine(Protocol):
     # import torch, compile and warm up first (vLLM's CPU build answered after 100 to 200 s on two
     # cores), and one cut off there was started again from nothing, forever.
     default_ready_timeout_s: ClassVar[float] = 120.0
+    # Words of the 5xx it answers once its serving loop has died, which name no cause: the gateway
+    # adds the cause the control plane knows from an earlier failure (routes.py, known_cause).
+    dead_words: ClassVar[tuple[str, ...]] = ()
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""
