@@ -132,10 +132,24 @@ async def test_failures_in_different_words_do_not_give_the_profile_up() -> None:
     fleet = Fleet("n1")
     await fleet.catalog.add(MODEL, "test")
     for n in range(GIVE_UP_AFTER * 2):
-        await fleet.serve_then_die("n1", detail=f"{DIED} (failure {n % 2})")
+        await fleet.serve_then_die("n1", detail=[DIED, "vllm was killed by SIGKILL after serving"][n % 2])
     fleet.clock.now += 3600
     await fleet.reconciler.reconcile()
     assert len(fleet.started("n1")) == 1
+
+
+async def test_failures_that_differ_only_in_their_numbers_are_the_same_failure() -> None:
+    fleet = Fleet("n1")
+    await fleet.catalog.add(MODEL, "test")
+    for n in range(GIVE_UP_AFTER):
+        stalled = f"stalled, so its process group was killed: sim on n1 stopped answering /health {n} s ago"
+        await fleet.serve_then_die("n1", detail=stalled)
+    fleet.clock.now += 3600
+    await fleet.reconciler.reconcile()
+    assert fleet.started("n1") == []
+    (verdict,) = fleet.verdicts()
+    # The last one's words, as they were.
+    assert "stopped answering /health 2 s ago" in verdict
 
 
 async def test_a_replica_that_served_for_long_before_failing_starts_no_count() -> None:

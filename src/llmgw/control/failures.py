@@ -16,6 +16,7 @@ registers again: either may be the fix.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +29,9 @@ PER_MODEL_AND_NODE = 5
 MAX_KEPT = 500
 # Identical failures in a row after which a profile is no longer placed on a node.
 GIVE_UP_AFTER = 3
+# Numbers, which two failures of one cause may differ in: "stopped answering /health 2 s ago",
+# then "3 s ago"; "killed by SIGKILL" is the same failure on port 20013 as on 20014.
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 # A replica that served this long before failing proved the profile runs on its node: its failure
 # (a card lost after a day's work) starts no count towards giving up.
 PROVEN_S = 600.0
@@ -75,9 +79,10 @@ class Failures:
         # (model, node) -> failures there since the model last served there. Not the kept ones
         # counted: those stop at PER_MODEL_AND_NODE, and outlive a replica that served since.
         self._streaks: dict[tuple[str, str], int] = {}
-        # (model, profile, node) -> the last failure's reason there and how many in a row gave it.
-        # Not reset by a replica becoming ready: the engine that dies at its first request does.
-        self._same: dict[tuple[str, str, str], tuple[str, int]] = {}
+        # (model, profile, node) -> the last failure's reason there, numbers masked, how many in a row
+        # gave it, and the last one's words. Not reset by a replica becoming ready: the engine that
+        # dies at its first request does become ready.
+        self._same: dict[tuple[str, str, str], tuple[str, int, str]] = {}
         # shard -> the clock when it became ready, for how long it served before it failed.
         self._ready_since: dict[str, float] = {}
 
@@ -107,8 +112,9 @@ class Failures:
         if not failure.reason or (ready_at is not None and failure.at - ready_at >= PROVEN_S):
             self._same.pop(key, None)
             return
-        reason, count = self._same.pop(key, ("", 0))
-        self._same[key] = (failure.reason, count + 1 if reason == failure.reason else 1)
+        said = _NUMBER.sub("N", failure.reason)
+        before, count, _ = self._same.pop(key, ("", 0, ""))
+        self._same[key] = (said, count + 1 if before == said else 1, failure.reason)
         if len(self._same) > MAX_KEPT:
             del self._same[next(iter(self._same))]
 
@@ -123,7 +129,7 @@ class Failures:
     def given_up(self) -> dict[tuple[str, str], dict[str, GivenUp]]:
         """(model, node) -> the profiles of model no longer placed on node, and why."""
         out: dict[tuple[str, str], dict[str, GivenUp]] = {}
-        for (model, profile, node), (reason, count) in self._same.items():
+        for (model, profile, node), (_, count, reason) in self._same.items():
             if count >= GIVE_UP_AFTER:
                 out.setdefault((model, node), {})[profile] = GivenUp(failures=count, reason=reason)
         return out
