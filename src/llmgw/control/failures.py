@@ -22,6 +22,9 @@ from collections import deque
 from collections.abc import Callable
 
 import attrs
+import structlog
+
+log = structlog.get_logger(__name__)
 
 # Per model and node: enough to see whether it fails the same way every time.
 PER_MODEL_AND_NODE = 5
@@ -114,7 +117,18 @@ class Failures:
             return
         said = _NUMBER.sub("N", failure.reason)
         before, count, _ = self._same.pop(key, ("", 0, ""))
-        self._same[key] = (said, count + 1 if before == said else 1, failure.reason)
+        count = count + 1 if before == said else 1
+        self._same[key] = (said, count, failure.reason)
+        if count == GIVE_UP_AFTER:
+            log.warning(
+                "a profile failed the same way on a node again and again: no longer placed there "
+                "until the model's definition changes or the node's agent registers again",
+                model=failure.model,
+                profile=failure.profile,
+                node=failure.node_id,
+                failures=count,
+                reason=failure.reason,
+            )
         if len(self._same) > MAX_KEPT:
             del self._same[next(iter(self._same))]
 
