@@ -182,3 +182,16 @@ async def test_a_node_whose_agent_registers_again_is_tried_again() -> None:
     fleet.clock.now += 3600
     await fleet.reconciler.reconcile()
     assert len(fleet.started("n1")) == 1
+
+
+async def test_a_model_removed_and_added_again_is_tried_again_on_the_node() -> None:
+    fleet = Fleet("n1")
+    await fleet.catalog.add(MODEL, "test")
+    for _ in range(GIVE_UP_AFTER):
+        await fleet.serve_then_die("n1")
+    await fleet.catalog.remove("tiny")
+    await fleet.reconciler.reconcile()
+    await fleet.catalog.add(MODEL, "test")
+    fleet.clock.now += 3600
+    await fleet.reconciler.reconcile()
+    assert len(fleet.started("n1")) == 1

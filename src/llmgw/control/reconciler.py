@@ -109,9 +109,10 @@ class Reconciler:
         models = [m for m in self._catalog.models() if not m.endpoints]
         catalog = {m.name: m for m in models}
         await self._estimates.refresh(models)
-        for model in models:
-            if self._definitions.get(model.name, model) != model:
-                self._inventory.failures.forget_model(model.name)
+        # Removed, or defined anew: `ctl model remove` then `add` is a change as much as `add` again.
+        for name, before in self._definitions.items():
+            if catalog.get(name) != before:
+                self._inventory.failures.forget_model(name)
         self._definitions = catalog
         # One snapshot per pass, built at the first placement, counting what this pass places. A
         # replica stopped later in the pass still holds its cards in it: freed by the next pass.
