@@ -79,7 +79,8 @@ class Backoff:
     failed there."""
 
     failures: int
-    # Seconds until the node is tried again for the model; 0 or less: it is, but for given_up.
+    # Seconds until the node is tried again for the model; 0 or less: the wait is over, and only
+    # the profiles in given_up are refused.
     remaining_s: float
     # Why the last one failed, in the node's words: "llamacpp exited with code 1: error: ...".
     cause: str = ""
