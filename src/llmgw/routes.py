@@ -44,6 +44,10 @@ class EngineRoute:
     # chat, completions and embeddings); the gateway translates Messages and Responses for one that
     # lacks them. None: not known here, and every API is sent as it came.
     native_apis: frozenset[str] | None = None
+    # Given what the engine's 5xx said: the cause the control plane knows, in the node's words, when
+    # those are the engine's own words for a dead engine that name none (vLLM's "EngineCore
+    # encountered an issue. See stack trace (above)…"); empty otherwise.
+    known_cause: Callable[[str], str] = attrs.field(default=lambda said: "", repr=False, eq=False)
 
 
 class Routes:

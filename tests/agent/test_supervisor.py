@@ -16,6 +16,8 @@ import psutil
 import pytest
 
 from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.watch import Watcher
+from llmgw.config import AgentConfig, ProbeConfig
 from llmgw.engines.base import Engine, LaunchSpec
 from llmgw.engines.registry import ENGINES
 from llmgw.proto.llmgw import v1 as pb
@@ -241,6 +243,42 @@ async def test_an_engine_that_never_becomes_healthy_is_reported_failed_with_its_
     assert supervisor.statuses() == [failed]
     # Never served, so never restarted: not a restart.
     assert supervisor.restarts == {}
+
+
+class SlowStarter(ShellEngine):
+    """A shell engine whose own ready timeout is short, as vLLM's is long."""
+
+    default_ready_timeout_s = 0.5
+
+
+async def test_an_engine_gets_its_own_ready_timeout_when_agent_yaml_sets_none(
+    supervisors: MakeSupervisor, reports: Reports
+) -> None:
+    supervisor = supervisors({"shell": SlowStarter("exec sleep 600")}, ready_timeout_s=0.0)
+    await supervisor.start(_start(engine="shell"))
+    _, failed = await reports.wait_for("failed")
+    assert failed.detail == "shell did not answer /health within 0.5 s"
+
+
+def test_vllm_and_sglang_are_given_longer_to_start_than_llamacpp_unless_agent_yaml_says() -> None:
+    def watcher(ready_timeout_s: float) -> Watcher:
+        return Watcher(
+            lambda _: None,
+            probe=ProbeConfig(),
+            node="n1",
+            ready_timeout_s=ready_timeout_s,
+            health_interval_s=0.1,
+            stop_grace_s=1.0,
+        )
+
+    # agent.yaml without the key: each engine's own.
+    unset = watcher(AgentConfig().ready_timeout_s)
+    assert unset.ready_timeout_s(ENGINES["llamacpp"]) == 120.0
+    assert unset.ready_timeout_s(ENGINES["vllm"]) == 600.0
+    assert unset.ready_timeout_s(ENGINES["sglang"]) == 600.0
+    # A value there holds for every engine.
+    assert watcher(90.0).ready_timeout_s(ENGINES["vllm"]) == 90.0
+    assert watcher(90.0).ready_timeout_s(ENGINES["llamacpp"]) == 90.0
 
 
 async def test_an_engine_that_exits_while_starting_is_reported_failed_and_not_restarted(

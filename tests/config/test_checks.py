@@ -112,7 +112,7 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
         (3601, "at most 3,600"),
         (float("nan"), "expected a finite number"),
     ],
-    ("agent.yaml", "ready_timeout_s"): _POSITIVE_SECONDS,
+    ("agent.yaml", "ready_timeout_s"): _SECONDS,
     ("agent.yaml", "engines"): [
         (
             "vlm",

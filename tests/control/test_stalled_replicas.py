@@ -27,6 +27,7 @@ from llmgw.agent.client import AgentClient
 from llmgw.agent.supervisor import Supervisor
 from llmgw.catalog import Catalog
 from llmgw.config import AgentConfig, AuthConfig, ModelConfig, ProbeConfig, ProfileConfig, ServerConfig
+from llmgw.control.failures import GIVE_UP_AFTER
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.stream.service import serve_agents
@@ -192,3 +193,28 @@ async def test_a_stopped_engine_is_killed_and_a_new_process_serves_again(
         reply = await c.gateway.post("/v1/chat/completions", json=CHAT)
         assert reply.status == 200
         assert (await reply.json())["choices"][0]["message"]["content"] == "hello"
+
+
+async def test_an_engine_whose_serving_loop_dies_at_every_first_request_is_given_up_on_its_node(
+    fleet, server_cfg: ServerConfig, tmp_path: Path, eventually
+) -> None:
+    """vLLM with a head size of 16 does so: healthy, then dead at its first request, every start."""
+    async with cluster(fleet, server_cfg, tmp_path, backoff_s=0.05) as c:
+        inventory = c.inventory
+        for n in range(GIVE_UP_AFTER):
+            await eventually(lambda: inventory.ready_endpoints(MODEL), within_s=WAIT_S)
+            [replica] = [r for r in inventory.replicas(MODEL) if r.state == "ready"]
+            assert (await c.gateway.post("/v1/chat/completions", json=CHAT)).status == 200
+            os.kill(c.pid(replica.shard_id), signal.SIGUSR1)
+            await eventually(lambda n=n: len(inventory.failures.recent(MODEL)) > n, within_s=WAIT_S)
+        # Not started there again: nothing left of the model on n1, and every surface says why.
+        await eventually(lambda: not inventory.replicas(MODEL), within_s=WAIT_S)
+        model = c.catalog.models()[0]
+        [verdict] = explain_placement(model, inventory, c.cfg, c.catalog.models(), c.reconciler.backoff())
+        assert verdict.reason.startswith(
+            f"is given up for this profile: its replica failed there the same way 3 times in a row ({STALLED}"
+        ), verdict.reason
+        refused = await c.gateway.post("/v1/chat/completions", json=CHAT)
+        assert refused.status == 503
+        assert "is given up for this profile" in (await refused.json())["error"]["message"]
+        assert not inventory.replicas(MODEL)

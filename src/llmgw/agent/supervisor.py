@@ -52,7 +52,7 @@ class Supervisor:
         self,
         engines: Mapping[str, Engine],
         on_status: Callable[[pb.ShardStatus], None] | None = None,
-        ready_timeout_s: float = 120.0,
+        ready_timeout_s: float = 0.0,
         *,
         state_dir: Path,
         stop_grace_s: float = 10.0,

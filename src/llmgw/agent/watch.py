@@ -4,7 +4,7 @@ Every change is reported through the supervisor's `report`:
 
 - starting -> ready (with the endpoint), or starting -> failed (with the last
   output lines) when the engine exits or never answers within
-  `ready_timeout_s`;
+  `ready_timeout_s` (agent.yaml's, else the engine's own);
 - ready -> failed when an engine that served exits;
 - ready -> stalled -> failed when a served engine stops answering its health
   path or stops producing tokens (agent/probe.py): its process group is
@@ -29,6 +29,7 @@ from llmgw.agent.failure_reasons import failure_reason
 from llmgw.agent.probe import Prober, stall_before_exit, wait_ready
 from llmgw.agent.shard import Shard, terminate
 from llmgw.config import ProbeConfig
+from llmgw.engines.base import Engine
 from llmgw.proto.llmgw import v1 as pb
 
 log = structlog.get_logger(__name__)
@@ -51,6 +52,7 @@ class Watcher:
         # How ready engines are watched for a stall, and the node's name the reasons give.
         self._probe = probe
         self._node = node
+        # 0: each engine's own (Engine.default_ready_timeout_s).
         self._ready_timeout_s = ready_timeout_s
         self._health_interval_s = health_interval_s
         self._stop_grace_s = stop_grace_s
@@ -65,15 +67,20 @@ class Watcher:
             await self._session.close()
             self._session = None
 
+    def ready_timeout_s(self, engine: Engine) -> float:
+        """How long engine may take to answer its health path: agent.yaml's, else the engine's own."""
+        return self._ready_timeout_s or engine.default_ready_timeout_s
+
     async def watch(self, shard: Shard, bind: str) -> None:
         """Wait for ready, then for an exit; report the failure, which the control plane acts on."""
         process = shard.process
         assert process is not None
+        ready_timeout_s = self.ready_timeout_s(shard.engine)
         became_ready = await wait_ready(
             self._health_session(),
             shard.local_url + shard.engine.health_path,
             process,
-            timeout_s=self._ready_timeout_s,
+            timeout_s=ready_timeout_s,
             interval_s=self._health_interval_s,
         )
         stalled = ""
@@ -97,7 +104,7 @@ class Watcher:
             returncode,
             timed_out=timed_out,
             served=became_ready,
-            ready_timeout_s=self._ready_timeout_s,
+            ready_timeout_s=ready_timeout_s,
             bind=bind,
         )
         if became_ready and stalled:

@@ -703,7 +703,10 @@ class AgentConfig:
         optional_listen_address("0.0.0.0:9101"),
     )
     ready_timeout_s: float = _field(
-        120.0, "How long an engine may take to answer its health check.", seconds(0, above=True)
+        0.0,
+        "How long an engine may take, once started, to answer its health check. 0: each engine's "
+        "own (llamacpp and sim 120 s, vllm and sglang 600 s); a value here holds for every engine.",
+        seconds(0),
     )
     probe: ProbeConfig = _field(
         ProbeConfig(),

@@ -306,6 +306,7 @@ class Inventory:
             old.replaced.set()
         link = self._links[node_id] = Link(node_id)
         self.registrations += 1
+        self.failures.forget_node(node_id)
         self._nodes[node_id] = Node(
             id=node_id,
             last_seen=self._clock(),
@@ -410,7 +411,7 @@ class Inventory:
             self._routing.remember(status.shard_id, status.engine_secret)
             if status.state == READY:
                 self._routing.ready_again(status.shard_id)
-                self.failures.served(status.model, node_id)
+                self.failures.served(status.model, node_id, status.shard_id)
         log.info(
             "shard status",
             node=node_id,
@@ -581,7 +582,21 @@ class Inventory:
             lost=self._routing.lost(shard_id),
             refused=lambda reason: self.engine_refused(shard_id, reason),
             native_apis=engine.native_apis if engine is not None else None,
+            known_cause=lambda said: self._known_cause(replica, said),
         )
+
+    def _known_cause(self, replica: Replica, said: str) -> str:
+        """How the model's replica last failed on replica's node, when said is its engine's word for
+        a dead engine that names no cause: the client got only "See stack trace (above)", a log it
+        cannot read. The same replica's own failure comes too late (the engine is still exiting);
+        an earlier one there, as with an engine that dies at every first request, is what is known."""
+        engine = ENGINES.get(replica.engine)
+        if engine is None or not any(words in said for words in engine.dead_words):
+            return ""
+        last = self.failures.last(replica.model, replica.node_id)
+        if last is None:
+            return ""
+        return f"the last replica of {replica.model} on {replica.node_id} failed: {last.reason}"
 
     def endpoint_replica(self, endpoint: str) -> Replica | None:
         """The replica behind a ready endpoint; None for one not in the routing table."""

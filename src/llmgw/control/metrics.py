@@ -37,7 +37,8 @@ class ControlMetrics:
         self.placement_failures = Counter(
             "llmgw_placement_failures",
             "Reconcile passes that found nowhere to place a replica, by model and by the reason most "
-            "nodes were rejected for (state, engine, gpu_class, cards, memory, fabric, label, backoff; "
+            "nodes were rejected for (state, engine, gpu_class, cards, memory, fabric, label, backoff, "
+            "given_up; "
             "no_node when none is connected, no_profile when the model has none).",
             ["model", "reason"],
             registry=registry,

@@ -28,6 +28,7 @@ import attrs
 
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.estimates import Need, Needs
+from llmgw.control.failures import GivenUp
 from llmgw.control.inventory import READY, Inventory, Node, Replica
 from llmgw.control.stream.provision import how_to_get
 from llmgw.control.summary import summarize
@@ -36,6 +37,7 @@ from llmgw.control.verdicts import (
     CARDS,
     ENGINE,
     FABRIC,
+    GIVEN_UP,
     GPU_CLASS,
     LABEL,
     MEMORY,
@@ -49,6 +51,7 @@ __all__ = [
     "CARDS",
     "ENGINE",
     "FABRIC",
+    "GIVEN_UP",
     "GPU_CLASS",
     "LABEL",
     "MEMORY",
@@ -72,15 +75,29 @@ _HOLDS_NOTHING = frozenset({"failed", "stopped"})
 
 @attrs.frozen
 class Backoff:
-    """A node the model is not placed on for now, because its replica failed there."""
+    """A node the model is not placed on for now, or some of its profiles for good, because its replica
+    failed there."""
 
     failures: int
-    # Seconds until the node is tried again for the model.
+    # Seconds until the node is tried again for the model; 0 or less: the wait is over, and only
+    # the profiles in given_up are refused.
     remaining_s: float
     # Why the last one failed, in the node's words: "llamacpp exited with code 1: error: ...".
     cause: str = ""
+    # Profiles of the model given up on the node (control/failures.py), by name.
+    given_up: Mapping[str, GivenUp] = attrs.field(factory=dict)
 
-    def reason(self) -> str:
+    def refuses(self, profile: str) -> bool:
+        """Whether the node is not to take a replica of the model's profile now."""
+        return self.remaining_s > 0 or profile in self.given_up
+
+    def reason(self, profile: str | None = None) -> str:
+        """Why the node does not take profile (any profile, when None), after the node's name."""
+        gave = self.given_up.get(profile) if profile is not None else None
+        if gave is not None:
+            return gave.words()
+        if self.remaining_s <= 0 and self.given_up:
+            return "; ".join(f"for profile {p} {g.words()}" for p, g in sorted(self.given_up.items()))
         times = "failure" if self.failures == 1 else "failures"
         said = f"is backing off after {self.failures} {times} (next try in {self.remaining_s:.0f} s)"
         return f"{said}: {self.cause}" if self.cause else said
@@ -370,8 +387,9 @@ class Scheduler:
             return Verdict(profile=profile.name, node=st.id, reason=reason, kind=kind, hard=True)
         kind, reason = _state_reason(st, profile)
         backoff = self._backoff.get((model, st.id))
-        if not reason and backoff is not None:
-            kind, reason = BACKOFF, backoff.reason()
+        if not reason and backoff is not None and backoff.refuses(profile.name):
+            kind = GIVEN_UP if profile.name in backoff.given_up else BACKOFF
+            reason = backoff.reason(profile.name)
         if not reason:
             kind, reason = _capacity_reason(st, profile, need)
         return Verdict(profile=profile.name, node=st.id, reason=reason, kind=kind)
@@ -443,7 +461,7 @@ class Scheduler:
                     # Full for this profile, and nothing frees up within one snapshot.
                     heapq.heappop(heap)
                     continue
-                if (model.name, st.id) in self._backoff:
+                if self._backs_off(model, profile, st):
                     skipped.append(heapq.heappop(heap))
                     continue
                 rank = self._claim(st, profile, need)
@@ -488,7 +506,7 @@ class Scheduler:
                 st = self._states[key[-1]]
                 if key != st.key(self._policy) or not st.fits(profile, need):
                     continue
-                if (model.name, st.id) in self._backoff:
+                if self._backs_off(model, profile, st):
                     skipped.append(key)
                 else:
                     chosen.append(key)
@@ -496,6 +514,10 @@ class Scheduler:
             for key in chosen + skipped:
                 heapq.heappush(heap, key)
         return chosen if len(chosen) == profile.nodes else None
+
+    def _backs_off(self, model: ModelConfig, profile: ProfileConfig, st: _NodeState) -> bool:
+        backoff = self._backoff.get((model.name, st.id))
+        return backoff is not None and backoff.refuses(profile.name)
 
     def _claim(self, st: _NodeState, profile: ProfileConfig, need: Need | None = None) -> Rank:
         memory_mb, card_mb = _memory_mb(profile, need), _card_mb(profile, need)

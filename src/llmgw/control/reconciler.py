@@ -80,6 +80,9 @@ class Reconciler:
         self._scheduler: Scheduler | None = None
         # What each model's replica needs by its headers, read when its definition changes.
         self._estimates = Estimates(mirror.resolve if mirror is not None else None)
+        # Each model's definition as the last pass saw it: a change is worth a try on the nodes
+        # its profiles were given up on (control/failures.py).
+        self._definitions: dict[str, ModelConfig] = {}
         # A model added or removed is acted on now, not at the next interval.
         self._catalog.subscribe(inventory.changed.set)
 
@@ -106,6 +109,11 @@ class Reconciler:
         models = [m for m in self._catalog.models() if not m.endpoints]
         catalog = {m.name: m for m in models}
         await self._estimates.refresh(models)
+        # Removed, or defined anew: `ctl model remove` then `add` is a change as much as `add` again.
+        for name, before in self._definitions.items():
+            if catalog.get(name) != before:
+                self._inventory.failures.forget_model(name)
+        self._definitions = catalog
         # One snapshot per pass, built at the first placement, counting what this pass places. A
         # replica stopped later in the pass still holds its cards in it: freed by the next pass.
         self._scheduler = None
@@ -261,14 +269,19 @@ class Reconciler:
         return self._estimates.needs()
 
     def backoff(self) -> dict[tuple[str, str], Backoff]:
-        """(model, node) -> why the model is not placed on the node now, for placement and explain."""
+        """(model, node) -> why the model is not placed on the node now, or some of its profiles for
+        good, for placement and explain."""
         now = self._clock()
         failures = self._inventory.failures
-        return {
-            key: Backoff(failures=count, remaining_s=until - now, cause=_cause(failures.last(*key)))
-            for key, (count, until) in self._backoff.items()
-            if until > now
-        }
+        given_up = failures.given_up()
+        out = {}
+        for key in self._backoff.keys() | given_up.keys():
+            count, until = self._backoff.get(key, (0, now))
+            gave = given_up.get(key, {})
+            if until > now or gave:
+                cause = _cause(failures.last(*key))
+                out[key] = Backoff(failures=count, remaining_s=until - now, cause=cause, given_up=gave)
+        return out
 
     def _fail(self, model: str, node: str, now: float) -> None:
         # A replica that keeps failing on a node (a bad card, a full disk) would otherwise be

@@ -20,16 +20,39 @@ from llmgw.config import ModelConfig, ProfileConfig
 from llmgw.control.inventory import Node
 from llmgw.control.records import ProvisionStatus
 from llmgw.control.stream.provision import how_to_get
-from llmgw.control.verdicts import BACKOFF, CARDS, ENGINE, FABRIC, GPU_CLASS, LABEL, MEMORY, STATE, Verdict
+from llmgw.control.verdicts import (
+    BACKOFF,
+    CARDS,
+    ENGINE,
+    FABRIC,
+    GIVEN_UP,
+    GPU_CLASS,
+    LABEL,
+    MEMORY,
+    STATE,
+    Verdict,
+)
 
 # The groups a node's verdict falls in, in the order a summary says them: a failure of the model
 # or of the engine's install first (what an operator acts on), then what will pass by itself.
 _FAILED_INSTALL = "failed_install"
 _INSTALLING = "installing"
-_ORDER = (BACKOFF, _FAILED_INSTALL, STATE, CARDS, MEMORY, FABRIC, _INSTALLING, ENGINE, GPU_CLASS, LABEL)
+_ORDER = (
+    GIVEN_UP,
+    BACKOFF,
+    _FAILED_INSTALL,
+    STATE,
+    CARDS,
+    MEMORY,
+    FABRIC,
+    _INSTALLING,
+    ENGINE,
+    GPU_CLASS,
+    LABEL,
+)
 # Groups whose nodes are each named, with their own words, up to _NAMED: each may fail differently,
 # and a count hides the words an operator needs. Past it, counted.
-_EACH_NAMED = frozenset({BACKOFF, _FAILED_INSTALL, _INSTALLING})
+_EACH_NAMED = frozenset({GIVEN_UP, BACKOFF, _FAILED_INSTALL, _INSTALLING})
 _NAMED = 3
 # Before the kind of a verdict that is hard: such nodes can never take the profile.
 _HARD = "hard:"
@@ -46,6 +69,7 @@ _MANY: Mapping[str, str] = {
     FABRIC: "have no fabric with enough candidates",
     LABEL: "lack the labels {labels}",
     BACKOFF: "are backing off after failures of this model",
+    GIVEN_UP: "are given up for this profile after the same failure in a row",
 }
 
 

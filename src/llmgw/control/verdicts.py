@@ -19,6 +19,9 @@ FABRIC = "fabric"
 LABEL = "label"
 # The model's replica failed on the node lately (the reconciler's backoff, per model and node).
 BACKOFF = "backoff"
+# The profile failed on the node the same way several times in a row (control/failures.py): given up
+# there until the model's definition changes or the node's agent registers again.
+GIVEN_UP = "given_up"
 
 
 @attrs.frozen

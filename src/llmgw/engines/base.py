@@ -224,6 +224,14 @@ class Engine(Protocol):
     # The weights it loads, by the formats capacity/shape.py reads ("gguf", "safetensors"); None:
     # it loads none, so any source will do (`llmgw ctl model add` holds a model's source to these).
     weights_formats: ClassVar[frozenset[str] | None] = None
+    # How long it may take, once started, to answer its health path, unless agent.yaml's
+    # ready_timeout_s says otherwise: a llama.cpp loads its GGUF in seconds, while vLLM and SGLang
+    # import torch, compile and warm up first (vLLM's CPU build answered after 100 to 200 s on two
+    # cores), and one cut off there was started again from nothing, forever.
+    default_ready_timeout_s: ClassVar[float] = 120.0
+    # Words of the 5xx it answers once its serving loop has died, which name no cause: the gateway
+    # adds the cause the control plane knows from an earlier failure (routes.py, known_cause).
+    dead_words: ClassVar[tuple[str, ...]] = ()
 
     def command(self, spec: LaunchSpec) -> list[str]:
         """The argv that starts this engine for spec."""

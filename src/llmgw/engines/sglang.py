@@ -32,6 +32,8 @@ class SglangEngine(Engine):
     embedding_args: tuple[str, ...] = ("--is-embedding",)
     # A Hugging Face directory; a GGUF file too (SGLang's --model-path takes one).
     weights_formats: ClassVar[frozenset[str] | None] = frozenset({"safetensors", "gguf"})
+    # As vLLM's: torch, the weights, then the CUDA graphs, before /health answers.
+    default_ready_timeout_s: ClassVar[float] = 600.0
     # `python3 -m sglang.launch_server`: the two words after the interpreter choose the program.
     help_command = HelpCommand(words=2)
     # /v1/responses and /v1/rerank since 2025; /v1/messages and its count_tokens on every server

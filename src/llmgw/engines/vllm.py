@@ -86,6 +86,10 @@ class VllmEngine(Engine):
     embedding_args: tuple[str, ...] = ("--runner", "pooling")
     # A Hugging Face directory; a GGUF file too (vLLM's GGUF loader takes the path as it is).
     weights_formats: ClassVar[frozenset[str] | None] = frozenset({"safetensors", "gguf"})
+    # torch's import, the model's compile and the CUDA graphs' capture come before /health answers.
+    default_ready_timeout_s: ClassVar[float] = 600.0
+    # Its 500 to every request once the engine core died: the cause is in its log, which callers lack.
+    dead_words: ClassVar[tuple[str, ...]] = ("EngineCore encountered an issue",)
     # Since vLLM 0.10, `vllm serve --help` lists the groups of flags, not the flags.
     help_command = HelpCommand(words=1, help=("--help=all",))
     recipe = WheelRecipe(title="vLLM", choose=choose_wheels)

@@ -94,6 +94,9 @@ def server_error(call: Call, status: int, content_type: str, body: bytes) -> Eng
         )
     if not isinstance(message, str):
         message = strictjson.dumps(message)
+    cause = call.route.known_cause(message) if call.route is not None else ""
+    if cause:
+        message = f"{message.rstrip()} ({cause})"
     return EngineFailed(status, f"{model} on {where(call)} failed: {message}", type="server_error")
 
 
