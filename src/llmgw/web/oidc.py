@@ -35,6 +35,7 @@ from joserfc import errors as jose_errors
 from joserfc import jwt
 from joserfc.jwk import KeySet
 
+from llmgw import strictjson
 from llmgw.config.classes import OidcConfig
 from llmgw.errors import LlmgwError
 from llmgw.store.base import Store
@@ -108,7 +109,7 @@ class Flow:
     started: float
 
     def cookie(self) -> str:
-        return _b64(json.dumps(attrs.asdict(self)).encode())
+        return _b64(strictjson.dumps(attrs.asdict(self)).encode())
 
     @classmethod
     def from_cookie(cls, text: str) -> Flow | None:
