@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai.types.responses import FunctionToolParam
 
-from .conftest import MODELS, SIM, TINY, Key, System, Usage
+from .conftest import MODELS, TINY, Key, System, Usage
 
 pytestmark = [
     pytest.mark.e2e,
@@ -83,20 +83,20 @@ async def test_a_streamed_response_ends_with_response_completed_and_is_charged_i
     await system.charged(key, Usage(1, *_usage(final.response)))
 
 
-async def test_the_sdks_stream_helper_assembles_the_sim_engines_response(system: System, key: Key) -> None:
-    """`responses.stream()`, which rebuilds the response from its events; not on llama-server b11434.
+async def test_the_sdks_stream_helper_assembles_the_response(system: System, key: Key, model: str) -> None:
+    """`responses.stream()`, which rebuilds the response from its events (the Agents SDK reads turns so).
 
-    llama-server's text events carry no `content_index`, which the helper indexes the response's
-    parts by (a TypeError, talking to llama-server directly or through the gateway alike: the gateway
-    passes the engine's events as they are). `responses.create(stream=True)` reads them.
+    llama-server b11434's own Responses events carry no `content_index`, which the helper indexes the
+    response's parts by (a TypeError): the gateway translates its Responses from chat instead.
     """
     async with (
         _client(system, key) as client,
-        client.responses.stream(model=SIM, input="Hello there", max_output_tokens=16) as stream,
+        client.responses.stream(model=model, input="Hello there", max_output_tokens=16) as stream,
     ):
         kinds = [event.type async for event in stream]
         final = await stream.get_final_response()
-    assert kinds[-1] == "response.completed" and final.output_text == "Hello there"
+    assert kinds[-1] == "response.completed"
+    assert final.output_text == ("Hi there." if model == TINY else "Hello there")
     await system.charged(key, Usage(1, *_usage(final)))
 
 

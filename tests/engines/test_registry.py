@@ -83,8 +83,14 @@ def test_the_sim_serves_every_api_so_dev_mode_and_the_tests_reach_them_all() -> 
 
 
 @pytest.mark.parametrize("name", ["llamacpp", "vllm"])
-def test_the_engines_llmgw_installs_speak_messages_and_responses_natively(name: str) -> None:
-    assert {MESSAGES, COUNT_TOKENS, RESPONSES, RERANK, TRANSCRIPTIONS} <= get_engine(name).native_apis
+def test_the_engines_llmgw_installs_speak_messages_natively(name: str) -> None:
+    assert {MESSAGES, COUNT_TOKENS, RERANK, TRANSCRIPTIONS} <= get_engine(name).native_apis
+
+
+def test_vllm_speaks_responses_natively_and_llama_servers_responses_are_translated_from_chat() -> None:
+    # llama-server b11434's Responses stream lacks the indexes the openai SDK's stream helper reads.
+    assert RESPONSES in get_engine("vllm").native_apis
+    assert RESPONSES not in get_engine("llamacpp").native_apis
 
 
 def test_sglang_serves_every_api_but_transcriptions() -> None:

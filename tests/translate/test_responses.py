@@ -226,10 +226,16 @@ class TestRequest:
             {"role": "user", "content": "x"}
         ]
 
-    def test_a_built_in_tool_is_refused(self) -> None:
-        with pytest.raises(TranslationError, match=r"'web_search' tool runs on OpenAI's side") as caught:
-            request_to_chat({"model": "m", "input": "x", "tools": [WEATHER, {"type": "web_search"}]})
-        assert caught.value.param == "tools"
+    def test_a_built_in_tool_is_left_out_as_llama_servers_own_route_leaves_it(self) -> None:
+        # Codex offers web search to every model; no engine can run it, and refusing it refused Codex.
+        chat = request_to_chat(
+            {
+                "model": "m",
+                "input": "x",
+                "tools": [WEATHER, {"type": "web_search", "external_web_access": False}],
+            }
+        )
+        assert [tool["function"]["name"] for tool in chat["tools"]] == ["get_weather"]
 
     def test_an_unknown_item_is_refused_naming_where_it_is(self) -> None:
         with pytest.raises(TranslationError, match=r"input\.1: .*'item_reference' item"):
@@ -538,3 +544,165 @@ def test_a_codex_turn_translates_with_only_what_the_model_reads() -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+# Shaped as Codex CLI 0.171 offers its sub-agent tools, and as OpenAI declares a freeform tool.
+AGENTS = {
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Tools for spawning and managing sub-agents.",
+    "tools": [
+        {
+            "type": "function",
+            "name": "close_agent",
+            "description": "Close an agent",
+            "strict": False,
+            "parameters": {
+                "type": "object",
+                "properties": {"target": {"type": "string"}},
+                "required": ["target"],
+                "additionalProperties": False,
+            },
+        },
+        {"type": "custom", "name": "note", "description": "Takes a note"},
+    ],
+}
+PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edits files",
+    "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+}
+TOOLED = {"model": "tiny", "input": "x", "tools": [WEATHER, AGENTS, PATCH]}
+
+
+def chat_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+class TestNamespacesAndCustomTools:
+    def test_a_namespaces_tools_become_chat_functions_named_with_their_namespace(self) -> None:
+        tools = request_to_chat(TOOLED)["tools"]
+        assert [tool["function"]["name"] for tool in tools] == [
+            "get_weather",
+            "multi_agent_v1__close_agent",
+            "multi_agent_v1__note",
+            "apply_patch",
+        ]
+        assert tools[1]["function"] == {
+            "name": "multi_agent_v1__close_agent",
+            "description": "Close an agent",
+            "parameters": AGENTS["tools"][0]["parameters"],  # type: ignore[index]
+            "strict": False,
+        }
+
+    def test_a_custom_tool_is_a_function_taking_its_text_as_input_with_its_grammar_told(self) -> None:
+        patch = request_to_chat(TOOLED)["tools"][3]["function"]
+        assert patch["parameters"]["properties"].keys() == {"input"}
+        assert patch["parameters"]["required"] == ["input"]
+        assert patch["description"] == "Edits files\n\nThe input follows this lark grammar:\nstart: /.+/"
+
+    def test_two_tools_the_model_would_call_by_one_name_are_refused(self) -> None:
+        clash = {**WEATHER, "name": "multi_agent_v1__close_agent"}
+        with pytest.raises(TranslationError, match=r"tools\.1\.tools\.0: .*'multi_agent_v1__close_agent'"):
+            request_to_chat({**TOOLED, "tools": [clash, AGENTS]})
+
+    def test_a_namespace_holding_a_built_in_tool_is_refused(self) -> None:
+        inside = {**AGENTS, "tools": [{"type": "web_search"}]}
+        with pytest.raises(TranslationError, match=r"tools\.0\.tools\.0: a namespace holds function"):
+            request_to_chat({**TOOLED, "tools": [inside]})
+
+    def test_past_namespaced_and_custom_calls_reach_the_model_by_their_chat_names(self) -> None:
+        body = {
+            **TOOLED,
+            "input": [
+                {"type": "message", "role": "user", "content": "go"},
+                {
+                    "type": "function_call",
+                    "namespace": "multi_agent_v1",
+                    "name": "close_agent",
+                    "arguments": '{"target":"a1"}',
+                    "call_id": "call_1",
+                },
+                {
+                    "type": "custom_tool_call",
+                    "name": "apply_patch",
+                    "input": "*** Begin",
+                    "call_id": "call_2",
+                },
+                {"type": "function_call_output", "call_id": "call_1", "output": "closed"},
+                {"type": "custom_tool_call_output", "call_id": "call_2", "output": "done"},
+            ],
+        }
+        messages = request_to_chat(body)["messages"]
+        assert messages[1] == {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                chat_call("call_1", "multi_agent_v1__close_agent", '{"target":"a1"}'),
+                chat_call("call_2", "apply_patch", '{"input": "*** Begin"}'),
+            ],
+        }
+        assert messages[2:] == [
+            {"role": "tool", "tool_call_id": "call_1", "content": "closed"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "done"},
+        ]
+
+    def test_the_models_calls_come_back_as_the_items_their_tools_were_given_as(self) -> None:
+        calls = [
+            chat_call("call_1", "multi_agent_v1__close_agent", '{"target":"a1"}'),
+            chat_call("call_2", "apply_patch", '{"input": "*** Begin"}'),
+            chat_call("call_3", "multi_agent_v1__note", "not an object"),
+        ]
+        response = checked_response(
+            reply_from_chat(
+                completion({"content": None, "tool_calls": calls}, "tool_calls"), "tiny", request=TOOLED
+            )
+        )
+        first, second, third = response.output
+        assert first.type == "function_call"
+        assert (first.namespace, first.name, first.arguments) == (
+            "multi_agent_v1",
+            "close_agent",
+            '{"target":"a1"}',
+        )
+        assert second.type == "custom_tool_call"
+        assert (second.namespace, second.name, second.input, second.call_id) == (
+            None,
+            "apply_patch",
+            "*** Begin",
+            "call_2",
+        )
+        # What the model wrote when it did not write the object reaches the tool as it came.
+        assert third.type == "custom_tool_call"
+        assert (third.namespace, third.name, third.input) == ("multi_agent_v1", "note", "not an object")
+        assert [tool.type for tool in response.tools] == ["function", "namespace", "custom"]
+
+    def test_streamed_calls_come_back_as_the_items_their_tools_were_given_as(self) -> None:
+        events = [
+            chunk({"role": "assistant", "content": None}),
+            chunk({"tool_calls": [chunks.call(0, id="call_1", name="multi_agent_v1__close_agent")]}),
+            chunk({"tool_calls": [chunks.call(0, arguments='{"target":')]}),
+            chunk({"tool_calls": [chunks.call(0, arguments='"a1"}')]}),
+            chunk(
+                {"tool_calls": [chunks.call(1, id="call_2", name="apply_patch", arguments='{"input": "*** ')]}
+            ),
+            chunk({"tool_calls": [chunks.call(1, arguments='Begin"}')]}),
+            chunk(finish="tool_calls"),
+            usage(40, 21),
+            DONE,
+        ]
+        body, _ = streamed(events, TOOLED)
+        kinds = [e["type"] for e in validated(body)]
+        assert kinds.count("response.function_call_arguments.delta") == 2
+        assert kinds.count("response.custom_tool_call_input.delta") == 1
+        assert "response.custom_tool_call_input.done" in kinds
+        response, _ = checked_response_stream(body)
+        call, custom = response.output
+        assert call.type == "function_call" and custom.type == "custom_tool_call"
+        assert (call.namespace, call.name, call.arguments) == (
+            "multi_agent_v1",
+            "close_agent",
+            '{"target":"a1"}',
+        )
+        assert (custom.name, custom.input, custom.call_id) == ("apply_patch", "*** Begin", "call_2")

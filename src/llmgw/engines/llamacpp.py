@@ -17,6 +17,7 @@ from typing import ClassVar
 from llmgw.engines.base import (
     AGENT_FLAGS,
     APIS,
+    RESPONSES,
     SECRET_WHY,
     Build,
     Engine,
@@ -95,9 +96,11 @@ class LlamaCppEngine(Engine):
     # Without it, /v1/rerank answers 501 "This server does not support reranking".
     rerank_args: ClassVar[tuple[str, ...]] = ("--reranking",)
     recipe = Recipe(repo="ggml-org/llama.cpp", choose=choose_build)
-    # The suite's build (b11434) serves them all: /v1/messages and its count_tokens, /v1/responses,
-    # /v1/rerank (with --reranking) and /v1/audio/transcriptions (with an audio model).
-    native_apis = APIS
+    # The suite's build (b11434) serves /v1/messages and its count_tokens, /v1/rerank (with --reranking)
+    # and /v1/audio/transcriptions (with an audio model). Its /v1/responses stream is translated from
+    # chat instead: its text events carry no output_index or content_index, and the openai SDK's
+    # `responses.stream()` (the Agents SDK's way of reading a turn) fails on them with a TypeError.
+    native_apis = APIS - {RESPONSES}
     # n_decode_total moves at every batch, prompt or generation; tokens_predicted_total only as a
     # request ends, so alone it would make a long answer look stalled.
     progress = ProgressMetrics(

@@ -10,12 +10,20 @@ A translated engine keeps no responses: `previous_response_id`, `conversation`, 
 Codex and the Agents SDK do with `store: false`). What has no chat equivalent and changes what the
 model sees (a file, a built-in tool such as web search) is refused too; what only tunes OpenAI's
 own service (`include`, `truncation`, `service_tier`, `prompt_cache_key`) is dropped.
+
+Tools chat has no word for are said as function tools: a `namespace` tool's tools each as a
+function named `{namespace}__{name}`, a `custom` (freeform) tool as a function taking its text in
+one string, `input`; the model's calls come back as the items the client gave the tools as
+(`function_call` with its `namespace`, `custom_tool_call`). A built-in tool (web search, file
+search…) runs on OpenAI's side and no engine can run it: it is left out, as llama-server's own
+Responses route leaves it, so a client that offers one (Codex offers web search) still runs.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from llmgw import strictjson
 from llmgw.translate.chat import (
@@ -75,7 +83,7 @@ def request_to_chat(payload: JsonObject) -> JsonObject:
             chat[key] = payload[key]
     tools = payload.get("tools")
     if tools:
-        chat["tools"] = [_tool(tool, i) for i, tool in enumerate(_listed(tools, "tools"))]
+        chat["tools"] = [_chat_tool(tool) for tool in _tool_table(_listed(tools, "tools")).values()]
     if payload.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(payload["tool_choice"])
     response_format = _response_format(payload.get("text"))
@@ -104,10 +112,10 @@ def reply_from_chat(chat: JsonObject, model: str, *, request: JsonObject | None 
     text = text_of(message.get("content"))
     if text:
         output.append(_message_item(new_id("msg"), text, "completed"))
+    tools = _calls_of(request or {})
     for call in tool_call_pieces(message):
-        output.append(
-            _call_item(new_id("fc"), call.id or new_id("call"), call.name, call.arguments, "completed")
-        )
+        item = _call_item(new_id("fc"), call.id or new_id("call"), tools.get(call.name), call.name, "")
+        output.append(_call_done(item, call.arguments))
     usage = ChatUsage()
     usage.read(chat.get("usage"))
     response = _response(new_id("resp"), model, request or {}, int(time.time()))
@@ -178,15 +186,37 @@ def _text_part(text: str) -> JsonObject:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> JsonObject:
-    return {
-        "type": "function_call",
-        "id": item_id,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
+def _call_item(item_id: str, call_id: str, tool: _Tool | None, chat_name: str, status: str) -> JsonObject:
+    """A call item, as the client gave its tool: a function's (with its namespace) or a custom tool's.
+
+    A name the request offered no tool by (the model's invention) is a function call by that name,
+    so the client sees what the model said."""
+    if tool is None:
+        tool = _Tool("function", chat_name, None, {})
+    item: JsonObject = {"id": item_id, "call_id": call_id, "name": tool.name}
+    if tool.namespace is not None:
+        item["namespace"] = tool.namespace
+    if tool.kind == "custom":
+        return {"type": "custom_tool_call", **item, "input": "", "status": status}
+    return {"type": "function_call", **item, "arguments": "", "status": status}
+
+
+def _call_done(item: JsonObject, arguments: str) -> JsonObject:
+    """The call item whole, with the model's arguments: a custom tool's as the text it takes."""
+    if item["type"] == "custom_tool_call":
+        return {**item, "input": _custom_input(arguments), "status": "completed"}
+    return {**item, "arguments": arguments, "status": "completed"}
+
+
+def _custom_input(arguments: str) -> str:
+    """A custom tool's text from the function call it was said as: its `input`, or the arguments as
+    they came when the model did not write that object."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    text = value.get("input") if isinstance(value, dict) else None
+    return text if isinstance(text, str) else arguments
 
 
 def _reasoning_item(item_id: str, text: str, status: str) -> JsonObject:
@@ -220,9 +250,9 @@ def _messages(payload: JsonObject) -> list[JsonObject]:
         kind = item.get("type", "message")
         if kind == "message":
             out.append(_message(item, i))
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             _add_call(out, item)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             out.append(_call_output(item, i))
         elif kind == "reasoning":
             reasoning.extend(_reasoning_texts(item))
@@ -302,11 +332,17 @@ def _part(part: object, where: str) -> JsonObject:
 
 
 def _add_call(out: list[JsonObject], item: JsonObject) -> None:
-    """A function_call item joins the assistant message before it, as chat holds a turn's calls together."""
+    """A call item joins the assistant message before it, as chat holds a turn's calls together; it
+    is said as request_to_chat said its tool (a custom tool's text as the `input` of a function)."""
+    name = _chat_name(item.get("namespace"), str(item.get("name") or ""))
+    if item.get("type") == "custom_tool_call":
+        arguments = strictjson.dumps({"input": str(item.get("input") or "")}, ensure_ascii=False)
+    else:
+        arguments = str(item.get("arguments") or "")
     call = {
         "id": str(item.get("call_id") or ""),
         "type": "function",
-        "function": {"name": str(item.get("name") or ""), "arguments": str(item.get("arguments") or "")},
+        "function": {"name": name, "arguments": arguments},
     }
     if not out or out[-1]["role"] != "assistant":
         out.append({"role": "assistant", "content": ""})
@@ -340,27 +376,104 @@ def _reasoning_texts(item: JsonObject) -> list[str]:
     return []
 
 
-def _tool(tool: object, i: int) -> JsonObject:
-    """A function tool (its schema flat on the tool) as chat's; a built-in tool runs at OpenAI: refused."""
-    if not isinstance(tool, dict):
-        raise TranslationError(f"tools.{i}: a tool must be an object with a type", "tools")
-    if tool.get("type") != "function" or not tool.get("name"):
-        raise TranslationError(
-            f"tools.{i}: a {tool.get('type')!r} tool runs on OpenAI's side, which this model's engine "
-            "cannot; give it as a tool of type function",
-            "tools",
-        )
-    function: JsonObject = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
-    for key in ("description", "strict"):
-        if tool.get(key) is not None:
-            function[key] = tool[key]
+class _Tool(NamedTuple):
+    """A tool the client offered, as the model sees it by its chat name: a function or a custom tool,
+    in a namespace or not; spec is the client's declaration of it."""
+
+    kind: str
+    name: str
+    namespace: str | None
+    spec: JsonObject
+
+
+# What joins a namespace and its tool's name into the one name a chat function has: a function's
+# name may hold letters, digits, `_` and `-` (OpenAI's rule, which templates are written for).
+_NAMESPACE_JOIN = "__"
+
+# The chat function a custom tool is said as: its text in one string.
+_CUSTOM_PARAMETERS: JsonObject = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The tool's whole input, as text."}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
+
+
+def _chat_name(namespace: object, name: str) -> str:
+    return f"{namespace}{_NAMESPACE_JOIN}{name}" if namespace else name
+
+
+def _calls_of(request: JsonObject) -> dict[str, _Tool]:
+    """The request's tools by the chat name the model calls them by; none if it offered none."""
+    tools = request.get("tools")
+    return _tool_table(tools) if isinstance(tools, list) and tools else {}
+
+
+def _tool_table(tools: list[Any]) -> dict[str, _Tool]:
+    """Each function and custom tool by its chat name, namespaces' tools flattened into the list;
+    built-in tools, which run on OpenAI's side, are left out. TranslationError for a tool that is not
+    one, or two whose chat names are the same (the model's call would not say which it meant)."""
+    table: dict[str, _Tool] = {}
+
+    def add(tool: object, where: str, namespace: str | None) -> None:
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise TranslationError(f"{where}: a tool must be an object with a type", "tools")
+        kind = tool["type"]
+        if kind == "namespace" and namespace is None:
+            name = tool.get("name")
+            if not isinstance(name, str) or not name:
+                raise TranslationError(f"{where}.name: a namespace needs a name", "tools")
+            for j, inner in enumerate(_listed(tool.get("tools"), f"{where}.tools")):
+                add(inner, f"{where}.tools.{j}", name)
+            return
+        if kind not in ("function", "custom"):
+            if namespace is not None:
+                raise TranslationError(
+                    f"{where}: a namespace holds function and custom tools, not a {kind!r} tool", "tools"
+                )
+            return
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise TranslationError(f"{where}.name: a {kind} tool needs a name", "tools")
+        chat_name = _chat_name(namespace, name)
+        if chat_name in table:
+            raise TranslationError(
+                f"{where}: this model's engine does not speak the Responses API, and its tools are "
+                f"named {chat_name!r} in the chat completions it is translated to, as another tool is",
+                "tools",
+            )
+        table[chat_name] = _Tool(kind, name, namespace, tool)
+
+    for i, tool in enumerate(tools):
+        add(tool, f"tools.{i}", None)
+    return table
+
+
+def _chat_tool(tool: _Tool) -> JsonObject:
+    """A tool as chat's function: a function's schema nested under `function`, a custom tool as a
+    function taking its text as `input` (its grammar, if it has one, told in its description)."""
+    spec = tool.spec
+    function: JsonObject = {"name": _chat_name(tool.namespace, tool.name)}
+    description = spec.get("description")
+    if tool.kind == "custom":
+        function["parameters"] = _CUSTOM_PARAMETERS
+        fmt = spec.get("format")
+        if isinstance(fmt, dict) and fmt.get("type") == "grammar" and fmt.get("definition"):
+            grammar = f"The input follows this {fmt.get('syntax') or ''} grammar:\n{fmt['definition']}"
+            description = f"{description}\n\n{grammar}" if description else grammar
+    else:
+        function["parameters"] = spec.get("parameters") or {"type": "object"}
+        if spec.get("strict") is not None:
+            function["strict"] = spec["strict"]
+    if description is not None:
+        function["description"] = description
     return {"type": "function", "function": function}
 
 
 def _tool_choice(choice: object) -> object:
     if choice in ("auto", "none", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and choice.get("name"):
         return {"type": "function", "function": {"name": choice["name"]}}
     raise TranslationError(
         "tool_choice: a translated engine takes auto, none, required or a function by name", "tool_choice"
@@ -397,6 +510,7 @@ class ResponsesStream:
     def __init__(self, model: str, *, request: JsonObject | None = None) -> None:
         self.id = new_id("resp")
         self._response = _response(self.id, model, request or {}, int(time.time()))
+        self._tools = _calls_of(request or {})
         self._usage = ChatUsage()
         self._sequence = 0
         self._started = False
@@ -562,9 +676,16 @@ class ResponsesStream:
         elif item["type"] == "reasoning":
             out += self._event("response.reasoning_text.done", {**where, "content_index": 0, "text": text})
             item.update(_reasoning_item(item["id"], text, "completed"))
+        elif item["type"] == "custom_tool_call":
+            # The text is the `input` of the JSON the model wrote, whole only at its end: one delta says it.
+            done = _call_done(item, text)
+            if done["input"]:
+                out += self._event("response.custom_tool_call_input.delta", {**where, "delta": done["input"]})
+            out += self._event("response.custom_tool_call_input.done", {**where, "input": done["input"]})
+            item.update(done)
         else:
             out += self._event("response.function_call_arguments.done", {**where, "arguments": text})
-            item.update(arguments=text, status="completed")
+            item.update(_call_done(item, text))
         return out + self._event("response.output_item.done", {"output_index": index, "item": item})
 
     def _call_events(self, events: list[CallStarted | CallArguments]) -> bytes:
@@ -573,8 +694,9 @@ class ResponsesStream:
         for event in events:
             if isinstance(event, CallStarted):
                 out += self._close()
+                tool = self._tools.get(event.name)
                 out += self._add(
-                    _call_item(new_id("fc"), event.id or new_id("call"), event.name, "", "in_progress")
+                    _call_item(new_id("fc"), event.id or new_id("call"), tool, event.name, "in_progress")
                 )
                 assert self._open is not None
                 self._call_items[event.index] = self._open
@@ -585,6 +707,7 @@ class ResponsesStream:
             if "_text" not in item:
                 continue
             item["_text"] += event.text
-            delta = {"item_id": item["id"], "output_index": index, "delta": event.text}
-            out += self._event("response.function_call_arguments.delta", delta)
+            if item["type"] == "function_call":
+                delta = {"item_id": item["id"], "output_index": index, "delta": event.text}
+                out += self._event("response.function_call_arguments.delta", delta)
         return out
