@@ -93,4 +93,5 @@ async def test_without_the_output_limit_claude_code_is_told_the_models_limit(
     assert ran.stdout.startswith(
         f"API Error: 400 this request asks for up to 32000 completion tokens; {TINY} allows at most 4096"
     ), ran.stdout + ran.stderr
+    assert "(Claude Code: set CLAUDE_CODE_MAX_OUTPUT_TOKENS=4096)" in ran.stdout, ran.stdout
     assert (await system.usage(key)).prompt_tokens == 0

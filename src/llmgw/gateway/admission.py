@@ -208,7 +208,8 @@ class Admission:
             raise ApiError(
                 400,
                 f"this request asks for up to {completion} completion tokens; {model} allows at most {limit} "
-                f"per request ({api.limit[-1]}{' times n' if api.choices else ''}): ask for fewer",
+                f"per request ({api.limit[-1]}{' times n' if api.choices else ''}): ask for fewer"
+                + _how_to_ask_fewer(call.request, limit),
                 param=api.limit[-1],
                 code="max_tokens_too_large",
                 refusal=("model", "max_tokens"),
@@ -252,3 +253,12 @@ class Admission:
             # done refers to call and call to done: a cycle only the garbage collector would free, with
             # the request, its body and its reply in it, on every request.
             call.done = None
+
+
+def _how_to_ask_fewer(request: web.Request, limit: int) -> str:
+    """For a client whose user cannot set max_tokens on the request, the setting that does."""
+    # Claude Code asks for 32,000 whatever the model: its user never sees the request, only this.
+    claude_code = request.headers.get("User-Agent", "").startswith("claude-cli")
+    if claude_code or request.headers.get("x-app") == "cli":
+        return f" (Claude Code: set CLAUDE_CODE_MAX_OUTPUT_TOKENS={limit})"
+    return ""
