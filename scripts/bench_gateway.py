@@ -7,8 +7,13 @@ load generator running in this process (llmgw and the engine run in theirs).
 Prints requests per second, p50 and p99 for concurrency 1 and 64, streamed and
 not, and the ratios, for each API asked for (`--route chat messages responses`:
 the same short prompt and 16 tokens to /v1/chat/completions, /v1/messages or
-/v1/responses, which the sim speaks natively). A measurement, not a test:
-nothing here asserts a time.
+/v1/responses, which the sim speaks natively). `--rounds N` measures every
+cell N times, round after round, so that a change in the machine's other load
+falls on all of them. `--litellm PROGRAM` (LiteLLM's `litellm` command, from a
+virtual environment of its own) also starts LiteLLM's proxy on loopback in
+front of the same engine, as an OpenAI-compatible upstream, and measures it
+in each cell right after the gateway. A measurement, not a test: nothing here
+asserts a time.
 """
 
 from __future__ import annotations
@@ -18,14 +23,16 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -133,15 +140,65 @@ def running_llmgw(workdir: Path, auth: bool, database: str = "") -> Iterator[tup
         process.wait(timeout=60)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def running_litellm(program: str, workdir: Path, direct: str, secret: str) -> Iterator[tuple[str, str]]:
+    """(URL, master key) of LiteLLM's proxy serving the dev model from the engine at `direct`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    key = f"sk-{secrets.token_urlsafe(24)}"
+    # The engine as an OpenAI-compatible upstream; its secret as the upstream's API key.
+    settings = {
+        "model_list": [
+            {
+                "model_name": DEV_MODEL,
+                "litellm_params": {
+                    "model": f"openai/{DEV_MODEL}",
+                    "api_base": f"{direct}/v1",
+                    "api_key": secret,
+                },
+            }
+        ],
+        "general_settings": {"master_key": key},
+    }
+    (workdir / "litellm.json").write_text(json.dumps(settings))
+    port = _free_port()
+    with (workdir / "litellm.log").open("w") as log:
+        process = subprocess.Popen(
+            [program, "--config", str(workdir / "litellm.json"), "--host", "127.0.0.1", "--port", str(port)],
+            cwd=workdir,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            # Its price list from the package rather than fetched from the network.
+            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        )
+    try:
+        yield f"http://127.0.0.1:{port}", key
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 async def _wait_ready(url: str, key: str) -> None:
     async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            async with session.post(
-                f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
-            ) as reply:
-                await reply.read()
-                if reply.status == 200:
-                    return
+        for _ in range(1200):
+            try:
+                async with session.post(
+                    f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                ) as reply:
+                    await reply.read()
+                    if reply.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass  # not listening yet: LiteLLM takes a while to start
             await asyncio.sleep(0.1)
     raise SystemExit(f"{url} never answered 200")
 
@@ -218,6 +275,25 @@ def _measure(
     return json.loads(out.stdout)
 
 
+def _measure_other(
+    url: str, key: str, concurrency: int, stream: bool, seconds: float, route: str
+) -> dict[str, float] | str:
+    """Another proxy's figures, or what it failed with when it cannot serve a route (the run goes on)."""
+    try:
+        return _measure(url, key, concurrency, stream, seconds, route)
+    except subprocess.CalledProcessError as error:
+        return (error.stderr.strip().splitlines() or [f"exit status {error.returncode}"])[-1]
+
+
+def _cells(d: dict[str, float], other: dict[str, float] | str) -> str:
+    if isinstance(other, str):
+        return f"failed: {other}"
+    return (
+        f"{other['rps']:>11.0f} {other['p50_ms']:>6.2f}m {other['p99_ms']:>6.2f}m | "
+        f"{other['p50_ms'] - d['p50_ms']:>8.3f}m {other['rps'] / d['rps']:>9.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="how long each measurement runs")
@@ -247,34 +323,60 @@ def main() -> None:
         help="the store: empty for the dev system's SQLite file, or postgresql://USER@HOST[:PORT]/DATABASE "
         "(an empty database of its own)",
     )
+    parser.add_argument("--rounds", type=int, default=1, help="how many times each cell is measured, in turn")
+    parser.add_argument(
+        "--litellm",
+        default="",
+        metavar="PROGRAM",
+        help="LiteLLM's litellm command: measure its proxy on the same engine beside the gateway",
+    )
     args = parser.parse_args()
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.auth]
     streams = {"no": [False], "yes": [True], "both": [False, True]}[args.stream]
     rows = []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
         for auth in modes:
-            with running_llmgw(Path(tmp) / f"auth-{auth}", auth, args.database) as (url, key, direct, secret):
+            with ExitStack() as stack:
+                url, key, direct, secret = stack.enter_context(
+                    running_llmgw(Path(tmp) / f"auth-{auth}", auth, args.database)
+                )
                 asyncio.run(_wait_ready(url, key))
-                for route in args.route:
-                    for concurrency in args.concurrency:
-                        for stream in streams:
-                            d = _measure(direct, secret, concurrency, stream, args.seconds, route)
-                            g = _measure(url, key, concurrency, stream, args.seconds, route)
-                            rows.append((auth, route, concurrency, stream, d, g))
+                litellm = ("", "")
+                if args.litellm:
+                    litellm = stack.enter_context(
+                        running_litellm(args.litellm, Path(tmp) / f"litellm-{auth}", direct, secret)
+                    )
+                    asyncio.run(_wait_ready(*litellm))
+                for round_ in range(1, args.rounds + 1):
+                    for route in args.route:
+                        for concurrency in args.concurrency:
+                            for stream in streams:
+                                d = _measure(direct, secret, concurrency, stream, args.seconds, route)
+                                g = _measure(url, key, concurrency, stream, args.seconds, route)
+                                other: dict[str, float] | str = ""
+                                if args.litellm:
+                                    other = _measure_other(*litellm, concurrency, stream, args.seconds, route)
+                                rows.append((auth, round_, route, concurrency, stream, d, g, other))
     print(
-        f"{'path':<10} {'route':<9} {'conc':>4} {'stream':>6} | {'direct rps':>10} {'p50':>7} {'p99':>7} | "
+        f"{'path':<10} {'round':>5} {'route':<9} {'conc':>4} {'stream':>6} | "
+        f"{'direct rps':>10} {'p50':>7} {'p99':>7} | "
         f"{'gateway rps':>11} {'p50':>7} {'p99':>7} | {'added p50':>9} {'rps ratio':>9}"
+        + (
+            f" | {'litellm rps':>11} {'p50':>7} {'p99':>7} | {'added p50':>9} {'rps ratio':>9}"
+            if args.litellm
+            else ""
+        )
     )
-    for auth, route, concurrency, stream, d, g in rows:
+    for auth, round_, route, concurrency, stream, d, g, other in rows:
         print(
-            f"{'full' if auth else 'auth off':<10} {route:<9} {concurrency:>4} "
+            f"{'full' if auth else 'auth off':<10} {round_:>5} {route:<9} {concurrency:>4} "
             f"{'yes' if stream else 'no':>6} | "
             f"{d['rps']:>10.0f} {d['p50_ms']:>6.2f}m {d['p99_ms']:>6.2f}m | "
-            f"{g['rps']:>11.0f} {g['p50_ms']:>6.2f}m {g['p99_ms']:>6.2f}m | "
-            f"{g['p50_ms'] - d['p50_ms']:>8.3f}m {g['rps'] / d['rps']:>9.2f}"
+            + _cells(d, g)
+            + (f" | {_cells(d, other)}" if args.litellm else "")
         )
     print(
-        "(m = milliseconds; 'added p50' = gateway p50 minus direct p50; "
+        "(m = milliseconds; 'added p50' = gateway (or LiteLLM) p50 minus direct p50; "
         "'full' = auth, limits, budgets and usage on)"
     )
 
