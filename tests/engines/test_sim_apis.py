@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -178,6 +179,47 @@ async def test_a_forced_messages_tool_use_takes_the_least_input_its_schema_allow
     reply = await sim.post("/v1/messages", json=body)
     (block,) = (await reply.json())["content"]
     assert (block["type"], block["input"]) == ("tool_use", LOOKUP_ARGUMENTS)
+
+
+CHAT_LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": LOOKUP["parameters"]}}
+
+
+async def test_a_chat_completion_forced_to_call_a_function_answers_with_its_tool_call(sim: Client) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "a b c"}],
+        "tools": [CHAT_LOOKUP],
+        "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+    }
+    reply = ChatCompletion.model_validate(await (await sim.post("/v1/chat/completions", json=body)).json())
+    (choice,) = reply.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "lookup"
+    assert json.loads(call.function.arguments) == LOOKUP_ARGUMENTS
+    assert reply.usage is not None and (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (3, 0)
+
+
+async def test_a_streamed_chat_completion_sends_a_required_call_in_one_chunk(sim: Client) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "a b c"}],
+        "tools": [CHAT_LOOKUP],
+        "tool_choice": "required",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    text = await (await sim.post("/v1/chat/completions", json=body)).text()
+    events = [e.removeprefix("data: ") for e in text.strip().split("\n\n")]
+    assert events[-1] == "[DONE]"
+    role, call, finish, usage = (ChatCompletionChunk.model_validate_json(e) for e in events[:-1])
+    assert role.choices[0].delta.role == "assistant"
+    (delta,) = call.choices[0].delta.tool_calls or []
+    assert (delta.index, delta.type) == (0, "function") and delta.id and delta.function is not None
+    assert delta.function.name == "lookup"
+    assert json.loads(delta.function.arguments or "") == LOOKUP_ARGUMENTS
+    assert finish.choices[0].finish_reason == "tool_calls"
+    assert usage.usage is not None and usage.usage.completion_tokens == 0
 
 
 async def test_rerank_returns_documents_when_asked_and_keeps_ties_in_order(sim: Client) -> None:

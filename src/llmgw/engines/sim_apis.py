@@ -187,6 +187,25 @@ def _forced_tool(
     return "", {}
 
 
+def forced_chat_tool(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The function a chat completions request forces a call of, as _forced_tool reads Responses'.
+
+    Chat nests each tool's name and parameters under "function", in its tools and in
+    a tool_choice naming one; Responses has them at the top.
+    """
+    listed = body.get("tools")
+    tools = [
+        {"type": "function", **t["function"]}
+        for t in (listed if isinstance(listed, list) else [])
+        if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+    ]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        choice = {"type": choice.get("type"), "name": choice["function"].get("name")}
+    flat = {"tools": tools, "tool_choice": choice}
+    return _forced_tool(flat, named="function", first="required", schema_key="parameters")
+
+
 def parse_messages(body: dict[str, Any], *, counting: bool = False) -> Turns:
     """A Messages API request (counting: a token count, which needs no max_tokens)."""
     turns = body.get("messages")
