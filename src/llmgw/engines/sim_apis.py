@@ -12,9 +12,9 @@ echoes the last user turn's tokens, at most the request's limit of them
   (`{"type": "tool", "name": ...}`) or `{"type": "any"}` (the first tool), it
   is one `tool_use` block of that tool with the least input its schema takes
   (see minimal_value) and stop reason `tool_use`. `usage.input_tokens` counts
-  the text of `system` and of every turn (text blocks and tool results); a stream is `message_start` (with the
-  input tokens), one `content_block_delta` per token, `message_delta` (with
-  the output tokens) and `message_stop`.
+  the text of `system` and of every turn (text blocks and tool results); a
+  stream is `message_start` (with the input tokens), one `content_block_delta`
+  per token, `message_delta` (with the output tokens) and `message_stop`.
 - Responses: `input` is a string or a list of items (messages, with text
   parts, and function call outputs); `instructions` counts too. A stream is
   `response.created`, `response.output_item.added`,
