@@ -7,11 +7,13 @@ the usage charged is `response.usage`, from the reply or `response.completed`.
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 from openai.types.responses import FunctionToolParam
 
-from .conftest import MODELS, TINY, Key, System, Usage
+from .conftest import MODELS, SIM, TINY, Key, System, Usage
 
 pytestmark = [
     pytest.mark.e2e,
@@ -105,9 +107,8 @@ async def test_a_function_calls_output_goes_back_with_the_tools_and_is_answered(
 ) -> None:
     """The second half of a function call, as the client sends it: the call, then its output.
 
-    Neither engine here makes the call itself: llama-server builds a call's grammar from the
-    model's chat template, which the tiny model lacks, and the sim engine's Responses API answers
-    with text only.
+    llama-server does not make the call itself here: it builds a call's grammar from the model's
+    chat template, which the tiny model lacks. The sim engine's whole round trip is the next test.
     """
     async with _client(system, key) as client:
         answered = await client.responses.create(
@@ -128,3 +129,60 @@ async def test_a_function_calls_output_goes_back_with_the_tools_and_is_answered(
     assert answered.status == "completed"
     assert answered.output_text == ("Hi there." if model == TINY else "sunny")
     await system.charged(key, Usage(1, *_usage(answered)))
+
+
+async def test_a_forced_function_call_comes_back_and_its_output_is_answered_on_the_sim(
+    system: System, key: Key
+) -> None:
+    """The whole round trip: the sim calls the function the request forces, and answers its output."""
+    async with _client(system, key) as client:
+        called = await client.responses.create(
+            model=SIM,
+            input="What is the weather in Paris?",
+            tools=[WEATHER],
+            tool_choice={"type": "function", "name": "weather"},
+            max_output_tokens=16,
+        )
+        (call,) = called.output
+        assert call.type == "function_call" and call.name == "weather"
+        assert json.loads(call.arguments) == {"city": ""}
+        answered = await client.responses.create(
+            model=SIM,
+            input=[
+                {"role": "user", "content": "What is the weather in Paris?"},
+                {
+                    "type": "function_call",
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                },
+                {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+            ],
+            tools=[WEATHER],
+            max_output_tokens=16,
+        )
+    assert called.status == answered.status == "completed"
+    assert answered.output_text == "sunny"
+    (called_in, called_out), (answered_in, answered_out) = _usage(called), _usage(answered)
+    await system.charged(key, Usage(2, called_in + answered_in, called_out + answered_out))
+
+
+async def test_the_sdks_stream_helper_assembles_a_forced_function_call_on_the_sim(
+    system: System, key: Key
+) -> None:
+    async with (
+        _client(system, key) as client,
+        client.responses.stream(
+            model=SIM,
+            input="What is the weather in Paris?",
+            tools=[WEATHER],
+            tool_choice="required",
+            max_output_tokens=16,
+        ) as stream,
+    ):
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_response()
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    (call,) = final.output
+    assert call.type == "function_call" and json.loads(call.arguments) == {"city": ""}
+    await system.charged(key, Usage(1, *_usage(final)))

@@ -10,16 +10,22 @@ echoes the last user turn's tokens, at most the request's limit of them
 
 - Messages: the reply is one text block; with `tool_choice` naming a tool
   (`{"type": "tool", "name": ...}`) or `{"type": "any"}` (the first tool), it
-  is one `tool_use` block of that tool with `{}` as input and stop reason
-  `tool_use`. `usage.input_tokens` counts the text of `system` and of every
-  turn (text blocks and tool results); a stream is `message_start` (with the
-  input tokens), one `content_block_delta` per token, `message_delta` (with
-  the output tokens) and `message_stop`.
+  is one `tool_use` block of that tool with the least input its schema takes
+  (see minimal_value) and stop reason `tool_use`. `usage.input_tokens` counts
+  the text of `system` and of every turn (text blocks and tool results); a
+  stream is `message_start` (with the input tokens), one `content_block_delta`
+  per token, `message_delta` (with the output tokens) and `message_stop`.
 - Responses: `input` is a string or a list of items (messages, with text
   parts, and function call outputs); `instructions` counts too. A stream is
   `response.created`, `response.output_item.added`,
   `response.content_part.added`, one `response.output_text.delta` per token,
-  the `.done` events and `response.completed` with the usage.
+  the `.done` events and `response.completed` with the usage. With
+  `tool_choice` naming a function (`{"type": "function", "name": ...}`) or
+  `"required"` (the first function), the output is one `function_call` item
+  of that function with the least arguments its schema takes and no output
+  tokens; its stream is `response.output_item.added`, one
+  `response.function_call_arguments.delta`, its `.done`,
+  `response.output_item.done` and `response.completed`.
 - Rerank: each document's `relevance_score` is the share of the query's
   tokens it holds; results best first, `top_n` of them; `usage` counts the
   query's tokens once per document plus the documents'.
@@ -82,33 +88,122 @@ def _content_text(content: Any) -> str:
     return ""
 
 
+def minimal_value(schema: Any) -> Any:
+    """The least value a JSON schema takes: only required properties, empty strings, zeros, minItems.
+
+    Enough for a client's own validation of a forced call's arguments to pass; a
+    schema this does not understand gets None (or {} at the top, via the caller).
+    """
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return schema["const"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options:
+            return minimal_value(options[0])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+    if kind == "object" or (kind is None and "properties" in schema):
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        required = schema.get("required")
+        names = [n for n in required if isinstance(n, str)] if isinstance(required, list) else []
+        return {name: minimal_value(properties.get(name)) for name in names}
+    if kind == "array":
+        return [minimal_value(schema.get("items")) for _ in range(_small(schema.get("minItems"), 16))]
+    if kind == "string":
+        return "x" * _small(schema.get("minLength"), 64)
+    if kind in ("integer", "number"):
+        least = schema.get("minimum")
+        return least if isinstance(least, int | float) and not isinstance(least, bool) and least > 0 else 0
+    if kind == "boolean":
+        return False
+    return None
+
+
+def _small(bound: Any, top: int) -> int:
+    """A schema's lower bound on a count, when it is one up to top (a sim makes no huge values), else 0."""
+    return bound if isinstance(bound, int) and not isinstance(bound, bool) and 0 < bound <= top else 0
+
+
+def _arguments(tool: dict[str, Any], schema_key: str) -> dict[str, Any]:
+    value = minimal_value(tool.get(schema_key))
+    return value if isinstance(value, dict) else {}
+
+
 class Turns:
-    """What a Messages or Responses request asks: its prompt's tokens, the reply's, and how it ends."""
+    """What a Messages or Responses request asks: its prompt's tokens, the reply's, and how it ends.
 
-    __slots__ = ("prompt_tokens", "reply", "stream", "tool", "truncated")
+    `tool` is the tool a forced call names ("" for none) and `arguments` its input.
+    """
 
-    def __init__(self, texts: list[str], limit: int, body: dict[str, Any], tool: str = "") -> None:
+    __slots__ = ("arguments", "prompt_tokens", "reply", "stream", "tool", "truncated")
+
+    def __init__(
+        self,
+        texts: list[str],
+        limit: int,
+        body: dict[str, Any],
+        tool: tuple[str, dict[str, Any]] = ("", {}),
+    ) -> None:
         counted = [tokens(t) for t in texts]
         self.prompt_tokens = sum(len(c) for c in counted)
         last = counted[-1] if counted else []
-        self.reply = [] if tool else last[:limit]
-        self.truncated = not tool and len(last) > limit
+        self.tool, self.arguments = tool
+        self.reply = [] if self.tool else last[:limit]
+        self.truncated = not self.tool and len(last) > limit
         self.stream = body.get("stream") is True
-        self.tool = tool
 
 
-def _forced_tool(body: dict[str, Any]) -> str:
-    """The tool a Messages request makes the model call, or ""."""
+def _forced_tool(
+    body: dict[str, Any], *, named: str, first: str, schema_key: str
+) -> tuple[str, dict[str, Any]]:
+    """The tool a request makes the model call and its least arguments, or ("", {}).
+
+    `named` is the tool_choice type that names a tool ("tool" for Messages,
+    "function" for Responses); `first` the choice that forces the first tool
+    ("any" or "required", as a type or, for Responses, the whole choice).
+    """
     choice = body.get("tool_choice")
-    tools = body.get("tools")
-    if not isinstance(choice, dict) or not isinstance(tools, list) or not tools:
-        return ""
-    if choice.get("type") == "tool" and isinstance(choice.get("name"), str):
-        return str(choice["name"])
-    first = tools[0]
-    if choice.get("type") == "any" and isinstance(first, dict) and isinstance(first.get("name"), str):
-        return str(first["name"])
-    return ""
+    listed = body.get("tools")
+    tools = [t for t in listed if isinstance(t, dict)] if isinstance(listed, list) else []
+    if schema_key == "parameters":
+        # Responses lists built-in tools beside functions; only a function is called here.
+        tools = [t for t in tools if t.get("type") == "function"]
+    if not tools:
+        return "", {}
+    kind = choice if isinstance(choice, str) else choice.get("type") if isinstance(choice, dict) else None
+    if kind == named and isinstance(choice, dict) and isinstance(choice.get("name"), str):
+        name = str(choice["name"])
+        tool = next((t for t in tools if t.get("name") == name), {})
+        return name, _arguments(tool, schema_key)
+    if kind == first and isinstance(tools[0].get("name"), str):
+        return str(tools[0]["name"]), _arguments(tools[0], schema_key)
+    return "", {}
+
+
+def forced_chat_tool(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The function a chat completions request forces a call of, as _forced_tool reads Responses'.
+
+    Chat nests each tool's name and parameters under "function", in its tools and in
+    a tool_choice naming one; Responses has them at the top.
+    """
+    listed = body.get("tools")
+    tools = [
+        {"type": "function", **t["function"]}
+        for t in (listed if isinstance(listed, list) else [])
+        if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+    ]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        choice = {"type": choice.get("type"), "name": choice["function"].get("name")}
+    flat = {"tools": tools, "tool_choice": choice}
+    return _forced_tool(flat, named="function", first="required", schema_key="parameters")
 
 
 def parse_messages(body: dict[str, Any], *, counting: bool = False) -> Turns:
@@ -121,7 +216,7 @@ def parse_messages(body: dict[str, Any], *, counting: bool = False) -> Turns:
     texts = [_content_text(body.get("system"))] if body.get("system") else []
     texts += [_content_text(turn.get("content")) for turn in turns]
     limit = 1 if counting else requested_max(body, ("max_tokens",))
-    return Turns(texts, limit, body, _forced_tool(body))
+    return Turns(texts, limit, body, _forced_tool(body, named="tool", first="any", schema_key="input_schema"))
 
 
 def _message_head(ids: Iterator[int], model: str) -> dict[str, Any]:
@@ -134,7 +229,7 @@ def _stop_reason(turns: Turns) -> str:
 
 def message_reply(turns: Turns, ids: Iterator[int], model: str) -> dict[str, Any]:
     content: list[dict[str, Any]] = (
-        [{"type": "tool_use", "id": f"toolu_sim_{next(ids)}", "name": turns.tool, "input": {}}]
+        [{"type": "tool_use", "id": f"toolu_sim_{next(ids)}", "name": turns.tool, "input": turns.arguments}]
         if turns.tool
         else [{"type": "text", "text": "".join(turns.reply)}]
     )
@@ -167,7 +262,7 @@ def message_events(turns: Turns, ids: Iterator[int], model: str) -> Iterator[str
         pending += _event(
             "content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}
         )
-        delta = {"type": "input_json_delta", "partial_json": "{}"}
+        delta = {"type": "input_json_delta", "partial_json": strictjson.dumps(turns.arguments)}
         pending += _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
     else:
         block = {"type": "text", "text": ""}
@@ -208,24 +303,18 @@ def parse_responses(body: dict[str, Any]) -> Turns:
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
         texts.insert(0, instructions)
-    return Turns(texts, requested_max(body, ("max_output_tokens",)), body)
+    forced = _forced_tool(body, named="function", first="required", schema_key="parameters")
+    return Turns(texts, requested_max(body, ("max_output_tokens",)), body, forced)
 
 
 def _response(
     turns: Turns, response_id: str, item_id: str, model: str, created: int, *, done: bool
 ) -> dict[str, Any]:
-    text = "".join(turns.reply)
-    item = {
-        "type": "message",
-        "id": item_id,
-        "status": "completed",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
+    item = _output_item(turns, item_id, done=True)
     completion = len(turns.reply)
     usage = {
         "input_tokens": turns.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": turns.prompt_tokens + completion,
@@ -248,26 +337,61 @@ def _response(
     }
 
 
+def _output_item(turns: Turns, item_id: str, *, done: bool) -> dict[str, Any]:
+    """The one output item: a message with the reply's text, or the forced function call."""
+    status = "completed" if done else "in_progress"
+    if turns.tool:
+        return {
+            "type": "function_call",
+            "id": item_id,
+            # One id for the item and the call, as the call's output names it back.
+            "call_id": item_id.replace("fc_", "call_", 1),
+            "name": turns.tool,
+            "arguments": strictjson.dumps(turns.arguments) if done else "",
+            "status": status,
+        }
+    content = [{"type": "output_text", "text": "".join(turns.reply), "annotations": []}] if done else []
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _item_id(turns: Turns, ids: Iterator[int]) -> str:
+    return f"fc_sim_{next(ids)}" if turns.tool else f"msg_sim_{next(ids)}"
+
+
 def response_reply(turns: Turns, ids: Iterator[int], model: str) -> dict[str, Any]:
-    return _response(
-        turns, f"resp_sim_{next(ids)}", f"msg_sim_{next(ids)}", model, int(time.time()), done=True
-    )
+    response_id = f"resp_sim_{next(ids)}"
+    return _response(turns, response_id, _item_id(turns, ids), model, int(time.time()), done=True)
 
 
 def response_events(turns: Turns, ids: Iterator[int], model: str) -> Iterator[str]:
     """The stream, as message_events cuts it: the first token with what precedes it, then one per token."""
-    response_id, item_id, created = f"resp_sim_{next(ids)}", f"msg_sim_{next(ids)}", int(time.time())
+    response_id = f"resp_sim_{next(ids)}"
+    item_id, created = _item_id(turns, ids), int(time.time())
     sequence = iter(range(1 << 30))
 
     def event(kind: str, **data: Any) -> str:
         return _event(kind, {"type": kind, "sequence_number": next(sequence), **data})
 
     where = {"item_id": item_id, "output_index": 0, "content_index": 0}
-    empty = {"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []}
     pending = event(
         "response.created", response=_response(turns, response_id, item_id, model, created, done=False)
     )
-    pending += event("response.output_item.added", output_index=0, item=empty)
+    pending += event(
+        "response.output_item.added", output_index=0, item=_output_item(turns, item_id, done=False)
+    )
+    whole = _response(turns, response_id, item_id, model, created, done=True)
+    item = whole["output"][0]
+    if turns.tool:
+        # The arguments in one delta: they are no tokens of the reply, so nothing paces them.
+        call = {"item_id": item_id, "output_index": 0}
+        yield (
+            pending
+            + event("response.function_call_arguments.delta", **call, delta=item["arguments"])
+            + event("response.function_call_arguments.done", **call, arguments=item["arguments"])
+            + event("response.output_item.done", output_index=0, item=item)
+            + event("response.completed", response=whole)
+        )
+        return
     pending += event(
         "response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []}
     )
@@ -278,8 +402,6 @@ def response_events(turns: Turns, ids: Iterator[int], model: str) -> Iterator[st
             f'"delta":"{word}"}}\n\n'
         )
         pending = ""
-    whole = _response(turns, response_id, item_id, model, created, done=True)
-    item = whole["output"][0]
     text = item["content"][0]["text"]
     yield (
         pending

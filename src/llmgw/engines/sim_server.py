@@ -10,7 +10,11 @@ What it says, so tests can rely on it:
 - The reply echoes the tokens of the prompt (the last message for chat, the
   prompt for completions), at most ``max_tokens`` of them (default 16;
   ``max_completion_tokens`` wins for chat). ``finish_reason`` is "length" when
-  the prompt had more tokens than that, "stop" otherwise.
+  the prompt had more tokens than that, "stop" otherwise. A chat request whose
+  ``tool_choice`` is "required" (the first function) or names a function is
+  answered with one call of it in ``tool_calls`` (one chunk when streamed),
+  with the least arguments its schema takes, no content, no completion
+  tokens and ``finish_reason`` "tool_calls".
 - A token is a run of ASCII characters between whitespace, or a single
   character outside ASCII (each CJK character, each emoji code point is one),
   as a real tokenizer counts such text: never more tokens than the text has
@@ -89,6 +93,7 @@ _DONE = "data: [DONE]\n\n"
 # Pieces of streamed choices, filled with %: the text is already escaped for a JSON string.
 _CHAT_ROLE = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null'
 _CHAT_TOKEN = '{"index":0,"delta":{"content":"%s"},"logprobs":null,"finish_reason":null'
+_CHAT_TOOL_CALLS = '{"index":0,"delta":{"tool_calls":%s},"logprobs":null,"finish_reason":null'
 _CHAT_FINISH = '{"index":0,"delta":{},"logprobs":null,"finish_reason":"%s"'
 _TEXT_TOKEN = '{"index":0,"text":"%s","logprobs":null,"finish_reason":null'
 _TEXT_FINISH = '{"index":0,"text":"","logprobs":null,"finish_reason":"%s"'
@@ -105,7 +110,8 @@ def _parse_chat(body: dict[str, Any]) -> Request:
             raise BadRequest(400, "every message must be an object with role and content", param="messages")
         last = tokens(text_of(message.get("content")))
         prompt_tokens += len(last)
-    return Request(prompt_tokens, last, requested_max(body, ("max_completion_tokens", "max_tokens")), body)
+    limit = requested_max(body, ("max_completion_tokens", "max_tokens"))
+    return Request(prompt_tokens, last, limit, body, sim_apis.forced_chat_tool(body))
 
 
 def _parse_completion(body: dict[str, Any]) -> Request:
@@ -250,7 +256,7 @@ class _SimServer:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": "".join(parsed.reply)},
+                        "message": self._chat_message(parsed),
                         "logprobs": None,
                         "finish_reason": parsed.finish_reason,
                     }
@@ -425,8 +431,30 @@ class _SimServer:
             f'"model":{self.model_json},"choices":['
         )
 
+    def _tool_calls(self, parsed: Request, *, streamed: bool) -> list[dict[str, Any]]:
+        call = {
+            "id": f"call_sim_{next(self.ids)}",
+            "type": "function",
+            "function": {"name": parsed.tool, "arguments": strictjson.dumps(parsed.arguments)},
+        }
+        # A streamed call says which of the message's calls it continues.
+        return [{"index": 0, **call}] if streamed else [call]
+
+    def _chat_message(self, parsed: Request) -> dict[str, Any]:
+        if parsed.tool:
+            return {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": self._tool_calls(parsed, streamed=False),
+            }
+        return {"role": "assistant", "content": "".join(parsed.reply)}
+
     def _chat_chunks(self, parsed: Request) -> Iterator[str]:
         head = self._frame("chatcmpl", "chat.completion.chunk")
+        if parsed.tool:
+            # The whole call in one chunk, after the role's: it is no token of the reply.
+            calls = strictjson.dumps(self._tool_calls(parsed, streamed=True), separators=(",", ":"))
+            return self._chunks(parsed, head, _CHAT_ROLE, _CHAT_TOOL_CALLS, _CHAT_FINISH, [calls])
         return self._chunks(parsed, head, _CHAT_ROLE, _CHAT_TOKEN, _CHAT_FINISH)
 
     def _completion_chunks(self, parsed: Request) -> Iterator[str]:
@@ -434,13 +462,15 @@ class _SimServer:
         return self._chunks(parsed, head, "", _TEXT_TOKEN, _TEXT_FINISH)
 
     @staticmethod
-    def _chunks(parsed: Request, head: str, role: str, token: str, finish: str) -> Iterator[str]:
+    def _chunks(
+        parsed: Request, head: str, role: str, token: str, finish: str, words: list[str] | None = None
+    ) -> Iterator[str]:
         # No `"usage":null` on the other chunks, as vLLM and llama-server send them: asked for usage
         # or not, a stream differs only by its last chunk, the one the gateway hides when it asked.
         end = "}]}\n\n"
         # The role event (chat only) goes out with the first token, as one write.
         pending = head + role + end if role else ""
-        for word in escaped(parsed.reply):
+        for word in escaped(parsed.reply) if words is None else words:
             yield pending + head + token % word + end
             pending = ""
         tail = pending + head + finish % parsed.finish_reason + end

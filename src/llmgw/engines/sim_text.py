@@ -87,12 +87,21 @@ def requested_max(body: dict[str, Any], names: tuple[str, ...]) -> int:
 class Request:
     """What one completion request asks for, parsed once."""
 
-    __slots__ = ("include_usage", "prompt_tokens", "reply", "stream", "truncated")
+    __slots__ = ("arguments", "include_usage", "prompt_tokens", "reply", "stream", "tool", "truncated")
 
-    def __init__(self, prompt_tokens: int, prompt_words: list[str], max_tokens: int, body: dict[str, Any]):
+    def __init__(
+        self,
+        prompt_tokens: int,
+        prompt_words: list[str],
+        max_tokens: int,
+        body: dict[str, Any],
+        tool: tuple[str, dict[str, Any]] = ("", {}),
+    ):
+        # tool: the function a chat request forces a call of ("" for none) and its arguments.
+        self.tool, self.arguments = tool
         self.prompt_tokens = prompt_tokens
-        self.reply = prompt_words[:max_tokens]
-        self.truncated = len(prompt_words) > max_tokens
+        self.reply = [] if self.tool else prompt_words[:max_tokens]
+        self.truncated = not self.tool and len(prompt_words) > max_tokens
         self.stream = body.get("stream") is True
         options = body.get("stream_options")
         self.include_usage = (
@@ -101,7 +110,7 @@ class Request:
 
     @property
     def finish_reason(self) -> str:
-        return "length" if self.truncated else "stop"
+        return "tool_calls" if self.tool else "length" if self.truncated else "stop"
 
     def usage(self) -> dict[str, int]:
         completion = len(self.reply)
