@@ -55,6 +55,9 @@ _ROWS = {
     "llmgw ctl nodes": "`llmgw ctl nodes`",
     "sudo systemctl restart llmgw-server": "`systemctl restart llmgw-server`",
     "sudo -u llmgw llmgw keys create first": "`llmgw keys create first`",
+    "sudo install -d -o llmgw /srv/models": "`install -d -o llmgw /srv/models`",
+    "sudo cp qwen2.5-0.5b-instruct-q4_k_m.gguf /srv/models/": "`cp …gguf /srv/models/`",
+    "sudo -u llmgw llmgw ctl model add -f qwen.yaml": "`llmgw ctl model add -f qwen.yaml`",
     'curl -s http://127.0.0.1:8080/v1/chat/completions -H "Authorization: Bearer $KEY" '
     '-H \'Content-Type: application/json\' -d \'{"model": "sim-chat", "messages": '
     '[{"role": "user", "content": "Hello"}]}\'': "`curl …/v1/chat/completions`",
@@ -94,7 +97,7 @@ def test_every_test_the_page_names_exists() -> None:
 async def test_the_model_this_page_adds_loads_into_the_configuration_init_writes(tmp_path: Path) -> None:
     options = InitOptions(root=tmp_path, admin=None)
     await init_control_plane(options, FakeSystem(systemd=False), lambda line: None)
-    (model,) = _blocks("yaml")
+    (model,) = [block for block in _blocks("yaml") if "\nmodels:\n" in block]
     written = options.config_path.read_text()
     assert "\nmodels: []\n" in written
     edited = written.replace("\nmodels: []\n", "\n" + model)
@@ -111,7 +114,7 @@ async def test_a_restarted_server_serves_the_added_model_to_a_key_from_keys_crea
     """Steps 4 and 5 on what init wrote: the restart reads the model, `keys create` makes a usable key."""
     options = InitOptions(root=tmp_path, admin=None)
     await init_control_plane(options, FakeSystem(systemd=False), lambda line: None)
-    (model,) = _blocks("yaml")
+    (model,) = [block for block in _blocks("yaml") if "\nmodels:\n" in block]
     path = options.config_path
     path.write_text(path.read_text().replace("\nmodels: []\n", "\n" + model))
     made = await asyncio.to_thread(
