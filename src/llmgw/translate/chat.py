@@ -158,6 +158,28 @@ def parse_arguments(arguments: str) -> JsonObject:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
+class ChatStreamReader:
+    """What each streamed translation keeps of the chat stream it reads: the usage the engine
+    counted (None until it says; the gateway charges it) and whether its last event is said."""
+
+    def __init__(self) -> None:
+        self._usage = ChatUsage()
+        self._done = False
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self._usage.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return self._usage.completion_tokens
+
+    @property
+    def finished(self) -> bool:
+        """Whether the stream has said its last event (its end, or an error)."""
+        return self._done
+
+
 @attrs.define
 class ToolCallPiece:
     """What one chunk's tool call delta added: the call's place, and the new parts of it."""

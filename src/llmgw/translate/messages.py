@@ -23,6 +23,7 @@ from llmgw import strictjson
 from llmgw.translate.chat import (
     CallArguments,
     CallStarted,
+    ChatStreamReader,
     ChatUsage,
     JsonObject,
     ToolCalls,
@@ -432,7 +433,7 @@ def _tool_choice(choice: object) -> JsonObject:
     return out
 
 
-class MessagesStream:
+class MessagesStream(ChatStreamReader):
     """Turns an engine's chat chunks into the Messages stream, one event's data at a time.
 
     `feed` takes each chat event's data (`[DONE]` included) and returns the bytes to send, often
@@ -442,12 +443,11 @@ class MessagesStream:
     """
 
     def __init__(self, model: str, *, stop_sequences: Sequence[str] = ()) -> None:
+        super().__init__()
         self.id = new_id("msg")
         self.model = model
         self._stops = list(stop_sequences)
-        self._usage = ChatUsage()
         self._started = False
-        self._done = False
         # The open content block: its index and kind ("text", "thinking" or "tool").
         self._block: tuple[int, str] | None = None
         self._next_index = 0
@@ -456,19 +456,6 @@ class MessagesStream:
         self._tool_blocks: dict[int, int] = {}
         self._finish_reason: str | None = None
         self._stop: str | None = None
-
-    @property
-    def prompt_tokens(self) -> int | None:
-        return self._usage.prompt_tokens
-
-    @property
-    def completion_tokens(self) -> int | None:
-        return self._usage.completion_tokens
-
-    @property
-    def finished(self) -> bool:
-        """Whether the stream has said its last event (message_stop or an error)."""
-        return self._done
 
     def feed(self, data: bytes | str | JsonObject) -> bytes:
         """The Messages events one chat event's data makes; `[DONE]` ends the message."""

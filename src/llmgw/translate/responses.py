@@ -29,6 +29,7 @@ from llmgw import strictjson
 from llmgw.translate.chat import (
     CallArguments,
     CallStarted,
+    ChatStreamReader,
     ChatUsage,
     JsonObject,
     ToolCalls,
@@ -499,7 +500,7 @@ def _response_format(text: object) -> JsonObject | None:
     )
 
 
-class ResponsesStream:
+class ResponsesStream(ChatStreamReader):
     """Turns an engine's chat chunks into the Responses stream's typed events, one event's data at a time.
 
     `feed` takes each chat event's data (`[DONE]` included) and returns the bytes to send; `finish`
@@ -508,13 +509,12 @@ class ResponsesStream:
     """
 
     def __init__(self, model: str, *, request: JsonObject | None = None) -> None:
+        super().__init__()
         self.id = new_id("resp")
         self._response = _response(self.id, model, request or {}, int(time.time()))
         self._tools = _calls_of(request or {})
-        self._usage = ChatUsage()
         self._sequence = 0
         self._started = False
-        self._done = False
         # Each output item: its JSON as it will be when done, and the text or arguments gathered so far.
         self._items: list[JsonObject] = []
         self._open: int | None = None
@@ -522,19 +522,6 @@ class ResponsesStream:
         # A chat tool call's index -> its output index.
         self._call_items: dict[int, int] = {}
         self._finish_reason: str | None = None
-
-    @property
-    def prompt_tokens(self) -> int | None:
-        return self._usage.prompt_tokens
-
-    @property
-    def completion_tokens(self) -> int | None:
-        return self._usage.completion_tokens
-
-    @property
-    def finished(self) -> bool:
-        """Whether the stream has said its last event (completed, incomplete or failed)."""
-        return self._done
 
     def feed(self, data: bytes | str | JsonObject) -> bytes:
         """The Responses events one chat event's data makes; `[DONE]` ends the response."""
