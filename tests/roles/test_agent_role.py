@@ -74,9 +74,17 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _followers() -> list[psutil.Process]:
-    """The `tail` processes following engine logs that this process still runs."""
-    return [c for c in psutil.Process().children() if _running(c.pid) and c.name() == "tail"]
+def _followers(before: frozenset[int] = frozenset()) -> list[psutil.Process]:
+    """The `tail` processes following engine logs that this process still runs, but those in before.
+
+    before: the followers of systems other tests keep running for the whole session (tests/clients),
+    which this test's agent did not start and cannot stop.
+    """
+    return [
+        c
+        for c in psutil.Process().children()
+        if c.pid not in before and _running(c.pid) and c.name() == "tail"
+    ]
 
 
 @pytest.mark.parametrize("keep", [False, True], ids=["engines-stopped", "engines-kept"])
@@ -100,6 +108,7 @@ async def test_the_agent_role_serves_a_chat_completion_and_closes_without_a_stra
     (tmp_path / "server").mkdir()
     agent_dir = tmp_path / "agent"
     engines: list[state.EngineRecord] = []
+    others = frozenset(p.pid for p in _followers())
     try:
         async with (
             server_role(server_cfg) as server,
@@ -110,7 +119,7 @@ async def test_the_agent_role_serves_a_chat_completion_and_closes_without_a_stra
             assert len(engines) == 1
         # Collected now, inside the test, so that a transport left with a running child fails it here.
         gc.collect()
-        assert _followers() == []
+        assert _followers(others) == []
         (engine,) = engines
         if not keep:
             assert not _running(engine.pid)

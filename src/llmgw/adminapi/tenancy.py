@@ -306,7 +306,8 @@ _ITEM = {
 _SCOPE = Param(
     "scope",
     description="org:NAME, team:NAME, project:NAME (an id works for a name) or key:PREFIX.",
-    schema={"type": "string", "pattern": "^(org|team|project|key):."},
+    # A name of white space alone (\x1f is white space to Python) is no name: a 400 the pattern keeps out.
+    schema={"type": "string", "pattern": r"^(org|team|project|key):\s*\S"},
 )
 # Model names may hold slashes (meta-llama/Llama-3.1-8B).
 _MODEL = Param(
