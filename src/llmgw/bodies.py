@@ -11,9 +11,10 @@ not know (415), or one that decodes past the body limit (413, a zip bomb).
 
 What aiohttp still refuses before any handler runs (a request line or header
 it cannot parse) is logged as one line, not a traceback: it is the client's
-mistake, not the server's. Its parser refused a URL or header past 8,190
-bytes with a 400 in plain text; it now reads up to MAX_PARSED_LINE, and the
-middleware refuses past MAX_LINE in the API's shape (414, 431).
+mistake, not the server's; llmgw.httpserver answers it in the listener's shape.
+Its parser refused a URL or header past 8,190 bytes in its own words; it now
+reads up to MAX_PARSED_LINE, and the middleware refuses past MAX_LINE in the
+API's shape (414, 431), naming the header and its size.
 """
 
 from __future__ import annotations
@@ -82,9 +83,14 @@ def _decompress(raw: bytes, coding: str, limit: int) -> bytes:
 # The longest URL or header line taken, as aiohttp's parser took by default; a proxy in front has
 # a limit of the same order (nginx: 8 KiB).
 MAX_LINE = 8190
-# What the parser reads before refusing in its own words, in plain text: past MAX_LINE, so that
-# what lies between is refused here in the API's shape.
+# What the parser reads of a request line before refusing it itself (llmgw.httpserver says so in the
+# API's shape, knowing less): past MAX_LINE, so that what lies between is refused here, in more words.
 MAX_PARSED_LINE = 64 * 1024
+# And of a header: a byte more than of the request line, because the parser's refusal names only the
+# limit it met, and that is how httpserver tells a URL too long (414) from a header (431).
+MAX_PARSED_FIELD = MAX_PARSED_LINE + 1
+# aiohttp's own bound on a request's headers, said here so that the refusal can say it.
+MAX_HEADERS = 128
 
 
 def _too_long(request: web.Request) -> tuple[int, str] | None:
@@ -145,7 +151,7 @@ async def _decode(request: web.Request, coding: str, limit: int) -> _Refused | N
             await request.read()
         except RequestPayloadError as exc:
             return _Refused(
-                400, f"the request body is not {coding} as its Content-Encoding says: {_words(exc)}"
+                400, f"the request body is not {coding} as its Content-Encoding says: {words(exc)}"
             )
         return None
     if coding not in _CODINGS:
@@ -406,7 +412,7 @@ def _has_half_character(value: Any) -> bool:
     return False
 
 
-def _words(exc: BaseException) -> str:
+def words(exc: BaseException) -> str:
     """What went wrong, as aiohttp says it, without its class names and status codes."""
     cause = exc.__cause__ or exc
     if isinstance(cause, HttpProcessingError):
@@ -429,7 +435,7 @@ class ServerLogger(logging.Logger):
     def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
         exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
         if isinstance(exc, HttpProcessingError | RequestPayloadError):
-            log.warning("refused a request that could not be read", reason=_words(exc))
+            log.warning("refused a request that could not be read", reason=words(exc))
             return
         super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
@@ -442,5 +448,6 @@ SERVER_OPTIONS: dict[str, Any] = {
     "logger": SERVER_LOGGER,
     "auto_decompress": False,
     "max_line_size": MAX_PARSED_LINE,
-    "max_field_size": MAX_PARSED_LINE,
+    "max_field_size": MAX_PARSED_FIELD,
+    "max_headers": MAX_HEADERS,
 }

@@ -17,7 +17,7 @@ from llmgw.gateway import access
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.apis import APIS, Api, ModelKind, paths_for, served_paths
 from llmgw.gateway.auth import Authenticate, KeyCache
-from llmgw.gateway.errors import ApiError, answer, route_errors
+from llmgw.gateway.errors import LONG_LINE_CODES, ApiError, answer, route_errors
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
 from llmgw.gateway.proxy import UPSTREAM_ERRORS_KEY, client_session, proxy
@@ -76,7 +76,9 @@ def _guarded_app() -> web.Application:
             # read, which would keep it from redirecting.
             plain_paths,
             decode_bodies(
-                lambda request, status, message: answer(request, status, message, code="invalid_body"),
+                lambda request, status, message: answer(
+                    request, status, message, code=LONG_LINE_CODES.get(status, "invalid_body")
+                ),
                 MAX_BODY,
                 raw_forms=frozenset(path for api in APIS if api.body == "multipart" for path in api.paths),
             ),

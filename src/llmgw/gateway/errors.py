@@ -119,6 +119,22 @@ def answer(
     return ApiError(status, message, code=code, headers=headers).response(shape_of(request.path))
 
 
+# The codes of a URL or header too long, the same whoever refuses it (bodies.decode_bodies, or
+# llmgw.httpserver past what aiohttp's parser reads): a URL of 9 KiB and one of 90 are one mistake.
+LONG_LINE_CODES = {414: "url_too_long", 431: "header_too_large"}
+
+
+def unreadable(status: int, message: str) -> web.Response:
+    """The gateway listener's answer to a request aiohttp could not read (llmgw.httpserver).
+
+    OpenAI's shape whatever the path: the request line or a header is what could not be read, so
+    neither its route nor the shape of the route's API is known.
+    """
+    if status >= 500:
+        return ApiError(status, message, type="server_error", code="internal_error").response()
+    return ApiError(status, message, code=LONG_LINE_CODES.get(status, "invalid_request")).response()
+
+
 def route_errors(served: str) -> Middleware:
     """aiohttp's own refusals (unknown path, wrong method, body too large) in the route's shape too.
 

@@ -44,17 +44,20 @@ from llmgw.gateway.allowance import Allowance
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.endpoints import ENDPOINTS_KEY, Endpoints
+from llmgw.gateway.errors import unreadable
 from llmgw.gateway.history import History
 from llmgw.gateway.journal import Entry, Journal, open_journal
 from llmgw.gateway.metrics import GatewayMetrics, budget_families
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
+from llmgw.httpserver import ListenerRunner, Refusal
 from llmgw.listen import cannot_listen, split_host_port
 from llmgw.metrics import Metrics, Snapshot, new_registry, serve_metrics
 from llmgw.pricing import budget_warnings
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key, find_key
 from llmgw.store.postgres import PostgresStore
+from llmgw.web import admin_listener
 from llmgw.web.admin_listener import make_admin_app
 from llmgw.web.client_port import mount_client_port
 from llmgw.web.context import WebContext
@@ -155,11 +158,14 @@ async def _refresh_quotas(
 
 @contextlib.asynccontextmanager
 async def _serve_app(
-    app: web.Application, address: str, key: str, drain_s: float
+    app: web.Application, refuse: Refusal, address: str, key: str, drain_s: float
 ) -> AsyncIterator[tuple[str, int]]:
-    """Serve app on address; the host and port it bound (the port the system picked, for port 0)."""
+    """Serve app on address; the host and port it bound (the port the system picked, for port 0).
+
+    refuse: what the listener says, in its API's shape, of a request aiohttp could not read.
+    """
     host, port = split_host_port(address, key)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_s, **SERVER_OPTIONS)
+    runner = ListenerRunner(app, refuse, access_log=None, shutdown_timeout=drain_s, **SERVER_OPTIONS)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, backlog=1024)
@@ -231,11 +237,15 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         tasks.keep(upgrades.run(), "agent-upgrades")
         app[UPGRADES_KEY] = upgrades
         pages = _mount_pages(app, cfg, store, quotas, inventory, catalog, mirror)
-        gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
+        gateway = await stack.enter_async_context(
+            _serve_app(app, unreadable, cfg.listen, "listen", cfg.drain_timeout_s)
+        )
         url = f"http://{bound.address(*gateway)}"
         admin_app = _admin_app(cfg, inventory, catalog, pages, mirror, app, metrics, reconciler)
         admin = await stack.enter_async_context(
-            _serve_app(admin_app, cfg.admin_listen, "admin_listen", cfg.drain_timeout_s)
+            _serve_app(
+                admin_app, admin_listener.unreadable, cfg.admin_listen, "admin_listen", cfg.drain_timeout_s
+            )
         )
         admin_url = f"http://{bound.address(*admin)}"
         await _record_the_ports(stack, cfg, gateway, admin, fleet.agent_port)

@@ -73,8 +73,17 @@ def _host_name(host: str) -> str:
     return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
-def _api_error(request: web.Request, status: int, message: str) -> web.StreamResponse:
+def unreadable(status: int, message: str) -> web.Response:
+    """The admin API's shape ({"error": "..."}) for what aiohttp could not read (llmgw.httpserver).
+
+    On the pages' paths too: the request line or a header is what could not be read, so neither its
+    route nor whether a browser asked is known.
+    """
     return strictjson.response({"error": message}, status=status)
+
+
+def _api_error(request: web.Request, status: int, message: str) -> web.StreamResponse:
+    return unreadable(status, message)
 
 
 @web.middleware
