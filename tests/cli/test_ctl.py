@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import attrs
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -412,20 +413,20 @@ FAILURE_CAUSE = (
 NOT_OURS = "certificate not signed by this control plane's authority"
 
 
-def _fail_and_forget(inventory: Inventory) -> None:
-    """A replica of sim-chat fails on gpu-01, and is stopped as the reconciler stops it."""
+def _fail_and_forget(inventory: Inventory, model: str = "sim-chat") -> None:
+    """A replica of model fails on gpu-01, and is stopped as the reconciler stops it."""
     inventory.shard_status(
         "gpu-01",
         pb.ShardStatus(
-            shard_id="sim-chat-dead",
-            model="sim-chat",
+            shard_id=f"{model}-dead",
+            model=model,
             engine="llamacpp",
             state="failed",
             detail=FAILURE_CAUSE,
             last_output=["main: exiting due to model loading error"],
         ),
     )
-    inventory.forget("sim-chat-dead")
+    inventory.forget(f"{model}-dead")
 
 
 class TestFailuresAndRefusals:
@@ -473,6 +474,69 @@ class TestFailuresAndRefusals:
     async def test_status_without_refusals_says_nothing_of_them(self, server: tuple[str, Inventory]):
         code, out, _ = await run("--server", server[0], "status")
         assert code == 0 and "refused" not in out
+
+
+# Beside sim-chat, serving: two models that keep failing, one no node can take, one set to none.
+CROWDED = attrs.evolve(
+    CFG,
+    models=[
+        *CFG.models,
+        *(
+            ModelConfig(name=name, replicas=replicas, profiles=[ProfileConfig(engine="llamacpp")])
+            for name, replicas in (("crashy", 1), ("huge", 1), ("crashy-2", 1), ("idle", 0))
+        ),
+    ],
+)
+
+
+@pytest.fixture
+async def crowded() -> AsyncIterator[tuple[str, Inventory]]:
+    inventory = fleet()
+    for model in ("crashy", "crashy-2"):
+        _fail_and_forget(inventory, model)
+    app = web.Application()
+    adminapi.install(app, CROWDED, inventory, Catalog(CROWDED))
+    with capture_logs():
+        async with TestServer(app) as test_server:
+            yield str(test_server.make_url("")).rstrip("/"), inventory
+
+
+class TestModelsWithoutReplicas:
+    """`ctl replicas` lists replicas: a model with none had no row, and no hint that it exists."""
+
+    async def test_replicas_says_beneath_the_table_how_many_models_have_none_and_why(
+        self, crowded: tuple[str, Inventory]
+    ):
+        code, out, err = await run("--server", crowded[0], "replicas")
+        assert (code, err) == (0, "")
+        assert out.splitlines()[1].startswith("sim-chat-1a2b")
+        assert out.endswith(
+            "\n\n4 models have no replica now (2 failed lately, 1 not placed, 1 set to 0 replicas): "
+            "see `llmgw ctl replicas --all` or `llmgw ctl models`\n"
+        )
+
+    async def test_replicas_of_a_model_with_none_says_why_instead_of_an_empty_table(
+        self, crowded: tuple[str, Inventory]
+    ):
+        code, out, err = await run("--server", crowded[0], "replicas", "--model", "crashy")
+        assert (code, err) == (0, "")
+        assert out == (
+            "1 model has no replica now (crashy: failed lately): "
+            "see `llmgw ctl replicas --all` or `llmgw ctl models`\n"
+        )
+
+    async def test_replicas_all_lists_the_failed_and_counts_only_the_models_still_without_a_row(
+        self, crowded: tuple[str, Inventory]
+    ):
+        code, out, _ = await run("--server", crowded[0], "replicas", "--all")
+        assert code == 0 and "crashy-2-dead" in out
+        assert out.endswith(
+            "\n\n2 models have no replica now (1 not placed, 1 set to 0 replicas): see `llmgw ctl models`\n"
+        )
+
+    async def test_replicas_says_nothing_more_when_every_model_has_a_row(self, server: tuple[str, Inventory]):
+        code, out, _ = await run("--server", server[0], "replicas")
+        assert code == 0 and "no replica now" not in out and not out.endswith("\n\n")
 
 
 def test_model_add_waits_for_a_server_hashing_a_local_source_longer_than_other_commands(

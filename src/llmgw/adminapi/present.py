@@ -8,6 +8,8 @@ full.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import attrs
 
 from llmgw.adminapi import views
@@ -185,3 +187,26 @@ def unattended_note(status: views.Status) -> str:
     if not status.agent_unreachable:
         return ""
     return f" ({status.agent_unreachable} whose node's agent is unreachable)"
+
+
+def hidden_models(models: list[views.Model], listed: set[str], everything: bool) -> str:
+    """Beneath `ctl replicas`: how many of models have no row among listed (the models of its rows), and why.
+
+    A model that keeps failing has no replica between its tries, and vanished from the table with
+    no hint that it exists: "3 models have no replica now (2 failed lately, 1 not placed): see
+    `llmgw ctl replicas --all` or `llmgw ctl models`". Empty when every model has a row.
+    everything: the table has the failed replicas too (`--all`), so not pointing there again.
+    """
+    hidden = [m for m in models if m.name not in listed]
+    if not hidden:
+        return ""
+    why: Counter[str] = Counter(
+        "set to 0 replicas" if m.wanted == 0 else "failed lately" if m.failures else "not placed"
+        for m in hidden
+    )
+    said = ", ".join(f"{count} {reason}" for reason, count in why.most_common())
+    if len(hidden) == 1:
+        said = f"{hidden[0].name}: {next(iter(why))}"
+    many = f"{len(hidden)} models have" if len(hidden) > 1 else "1 model has"
+    see = "`llmgw ctl models`" if everything else "`llmgw ctl replicas --all` or `llmgw ctl models`"
+    return f"{many} no replica now ({said}): see {see}"

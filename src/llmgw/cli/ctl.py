@@ -31,6 +31,7 @@ from llmgw.adminapi.present import (
     ago,
     control_plane_line,
     failure_line,
+    hidden_models,
     model_note,
     node_row,
     refused_line,
@@ -230,23 +231,34 @@ def models(ctx: click.Context, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def replicas(ctx: click.Context, model: str | None, everything: bool, as_json: bool) -> None:
-    """Every replica: its model, node, state and endpoint (or why it is not ready)."""
+    """Every replica: its model, node, state and endpoint (or why not ready); then the models with none."""
     target = _target(ctx, as_json)
     query = urlencode({k: v for k, v in (("model", model), ("all", "1" if everything else "")) if v})
     data = _request(target, "GET", "/api/v1/replicas" + (f"?{query}" if query else ""))
     if target.as_json:
         _print_json(data)
         return
-    if not data:
+    listed = _read(data, list[views.Replica])
+    models = [
+        m
+        for m in _read(_request(target, "GET", "/api/v1/models"), list[views.Model])
+        if model is None or m.name == model
+    ]
+    hidden = hidden_models(models, {r.model for r in listed}, everything)
+    if not listed and not hidden:
         click.echo("no replica yet", err=True)
         return
-    echo_table(
-        ["REPLICA", "MODEL", "NODE", "STATE", "SINCE", "ENDPOINT OR DETAIL"],
-        [
-            [r.shard_id, r.model, r.node, replica_state(r), ago(r.since_s), r.endpoint or r.detail]
-            for r in _read(data, list[views.Replica])
-        ],
-    )
+    if listed:
+        echo_table(
+            ["REPLICA", "MODEL", "NODE", "STATE", "SINCE", "ENDPOINT OR DETAIL"],
+            [
+                [r.shard_id, r.model, r.node, replica_state(r), ago(r.since_s), r.endpoint or r.detail]
+                for r in listed
+            ],
+        )
+    # Beneath the table, or alone: a model failing over and over has no replica between its tries.
+    if hidden:
+        click.echo(f"\n{hidden}" if listed else hidden)
 
 
 @ctl.command()
