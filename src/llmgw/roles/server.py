@@ -248,6 +248,10 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             )
         )
         admin_url = f"http://{bound.address(*admin)}"
+        # Said at every start, not refused: an operator may mean it (a firewall, a private network).
+        exposed = admin_listener.exposure(*admin)
+        if exposed is not None:
+            log.warning(exposed)
         await _record_the_ports(stack, cfg, gateway, admin, fleet.agent_port)
         metrics_url = await stack.enter_async_context(
             serve_metrics(metrics, cfg.metrics_listen, "metrics_listen")

@@ -13,13 +13,14 @@ page elsewhere cannot send without a preflight this listener never answers).
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import llmgw
-from llmgw import strictjson
+from llmgw import bound, strictjson
 from llmgw.adminapi import bench as benchapi
 from llmgw.adminapi import capacity as capacityapi
 from llmgw.adminapi import handlers as adminapi
@@ -64,6 +65,29 @@ _CHANGE_TYPES = frozenset({"application/json", "application/yaml", "application/
 
 # aiohttp's default: a model's definition or a node's new state is a few kilobytes.
 _MAX_BODY = MAX_ADMIN_BODY
+
+
+def exposure(host: str, port: int) -> str | None:
+    """What to warn of when the listener is bound to host (an IP address), reachable from other
+    machines; None on loopback.
+
+    Nothing here asks who you are, and the Host check stops only a browser's page on another site:
+    curl from another machine names `localhost` as easily. On 0.0.0.0, whoever reaches the port
+    can do everything the admin API does.
+    """
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback:
+        return None
+    return (
+        f"the admin listener is on {bound.address(host, port)}, which other machines can reach, and it asks "
+        "no one to sign in: whoever reaches it can do everything the admin API does. Keep admin_listen on "
+        "127.0.0.1 and use /admin on the client port from elsewhere (docs/accounts.md, Pages)"
+    )
 
 
 def _host_name(host: str) -> str:
