@@ -37,11 +37,9 @@ def _refusal(status: int, exc: BaseException | None) -> tuple[int, str]:
     if isinstance(exc, BadHttpMessage) and "Too many headers" in exc.message:
         return 431, f"the request has more than {bodies.MAX_HEADERS} headers, the most taken"
     if isinstance(exc, HttpProcessingError):
-        # The first line: aiohttp goes on with the bytes it read and a caret under the one it refused.
-        return (
-            status,
-            f"the request could not be read as HTTP: {bodies.words(exc).splitlines()[0].rstrip(':')}",
-        )
+        # Its first line: aiohttp goes on with the bytes it read and a caret under the one it refused.
+        said = bodies.words(exc).splitlines()[0].rstrip(":")
+        return status, f"the request could not be read as HTTP: {said}"
     if status == 504:
         return 504, "the server took too long to answer this request"
     if status >= 500:
@@ -110,7 +108,11 @@ class _Connection(RequestHandler):
 
 
 class _Server(web.Server):
+    """The server AppRunner made (made), whose connections are _Connection's."""
+
     def __init__(self, made: web.Server, refuse: Refusal) -> None:
+        # Its options as the app gave them (debug, access log, the parser's limits): aiohttp keeps
+        # them only there, and a server built from the runner's own would lose the app's.
         super().__init__(
             made.request_handler,
             request_factory=made.request_factory,
