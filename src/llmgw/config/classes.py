@@ -18,6 +18,7 @@ from llmgw.config.checks import (
     ASSET_DIGESTS,
     DATABASE,
     ENGINE_KINDS,
+    OIDC_GRANTS,
     TOKEN_DIGESTS,
     WHEELHOUSE,
     Check,
@@ -102,9 +103,11 @@ class OidcConfig:
     groups_claim: str = _field("groups", "The ID token claim listing the person's groups (or roles).")
     groups: dict[str, str] = _field(
         {},
-        "What each of the provider's groups gives: `admin` (llmgw's administrator role) or "
+        "What each of the provider's groups gives: `admin` (llmgw's administrator role), "
         "`project:PROJECT` (membership of that project, by name or id, and so of its team and "
+        "organisation), `team:TEAM` or `org:ORG` (membership of a project in that team or "
         "organisation). Applied at every sign-in; a person in none of these groups is refused.",
+        OIDC_GRANTS,
     )
     new_users: Literal["active", "pending"] = _field(
         "active", "Whether a person signing in for the first time is active at once or waits for approval."

@@ -39,7 +39,7 @@ from llmgw import strictjson
 from llmgw.config.classes import OidcConfig
 from llmgw.errors import LlmgwError
 from llmgw.store.base import Store
-from llmgw.store.scopes import ScopeError, load_hierarchy
+from llmgw.store.scopes import Hierarchy, Scope, ScopeError, load_hierarchy
 from llmgw.store.users import AccountError, User, create_user, get_user_by_email
 
 log = structlog.get_logger(__name__)
@@ -59,6 +59,10 @@ JWKS_REFRESH_S = 30.0
 
 class OidcError(LlmgwError):
     """A sign-in through the provider that cannot go on, in a sentence for the person signing in."""
+
+
+class InNoMappedGroup(OidcError):
+    """The person is in none of auth.oidc.groups: refused, and what the groups gave is taken away."""
 
 
 def read_secret(cfg: OidcConfig) -> str:
@@ -360,30 +364,72 @@ class Grants:
     """What a person's groups give them here."""
 
     is_admin: bool
-    project_id: int | None
+    # The projects, teams and organisations the groups make the person a member of, in the order
+    # of auth.oidc.groups.
+    places: tuple[Scope, ...]
     groups: tuple[str, ...]
 
 
-async def grants(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> Grants:
-    """What the groups claim maps to under auth.oidc.groups; OidcError when no group is mapped."""
+def _groups_of(cfg: OidcConfig, claims: dict[str, Any]) -> tuple[str, ...]:
     raw = claims.get(cfg.groups_claim, [])
-    groups = tuple(str(g) for g in raw) if isinstance(raw, list) else (str(raw),) if raw else ()
-    mapped = [cfg.groups[g] for g in groups if g in cfg.groups]
+    return tuple(str(g) for g in raw) if isinstance(raw, list) else (str(raw),) if raw else ()
+
+
+def grants(hierarchy: Hierarchy, cfg: OidcConfig, claims: dict[str, Any]) -> Grants:
+    """What the groups claim maps to under auth.oidc.groups; InNoMappedGroup when no group is mapped."""
+    groups = _groups_of(cfg, claims)
+    mapped = [(group, target) for group, target in cfg.groups.items() if group in groups]
     if not mapped:
-        raise OidcError(
+        raise InNoMappedGroup(
             "you are in none of the groups this server lets in "
             f"({', '.join(sorted(cfg.groups)) or 'none set'}); "
             "ask an administrator to add you to one at the identity provider"
         )
-    project_id = None
-    projects = [target.removeprefix("project:") for target in mapped if target.startswith("project:")]
-    if projects:
-        hierarchy = await load_hierarchy(store)
+    finders = {"project": hierarchy.project_id, "team": hierarchy.team_id, "org": hierarchy.org_id}
+    places: list[Scope] = []
+    for group, target in mapped:
+        kind, _, name = target.partition(":")
+        if kind not in finders:
+            continue
         try:
-            project_id = hierarchy.project_id(projects[0])
+            places.append(Scope(kind, finders[kind](name)))  # type: ignore[arg-type]
         except ScopeError as exc:
-            raise OidcError(f"auth.oidc.groups names a project this server does not have: {exc}") from None
-    return Grants(is_admin="admin" in mapped, project_id=project_id, groups=groups)
+            raise OidcError(
+                f"auth.oidc.groups gives {group!r} {target!r}, which this server does not have: {exc}"
+            ) from None
+    return Grants(is_admin=any(t == "admin" for _, t in mapped), places=tuple(places), groups=groups)
+
+
+def project_in(hierarchy: Hierarchy, places: tuple[Scope, ...], current: int | None) -> int | None:
+    """The project an account is a member of under the places its groups give.
+
+    Its current project where that lies in one of them (an administrator may have put the person
+    in one project of a mapped team), otherwise the oldest project of the first place that has one:
+    a person in `team:NAME` is in a project of that team, so of the team, and of its organisation.
+    None when no place has a project, or the groups give none.
+    """
+
+    def within(project_id: int, place: Scope) -> bool:
+        return place in hierarchy.chain(project_id).scopes
+
+    if current is not None and current in hierarchy.projects and any(within(current, p) for p in places):
+        return current
+    for place in places:
+        inside = sorted(p for p in hierarchy.projects if within(p, place))
+        if inside:
+            return inside[0]
+        log.warning("auth.oidc.groups gives a membership with no project in it", place=hierarchy.name(place))
+    return None
+
+
+async def _strip(store: Store, user: User, groups: tuple[str, ...]) -> None:
+    """Take away what the provider's groups gave an account whose person is now in none of them."""
+    async with store.transaction() as db:
+        await db.execute(
+            "UPDATE users SET is_admin = 0, project_id = NULL, provider_groups = ? WHERE id = ?",
+            ("\n".join(groups), user.id),
+        )
+    log.info("oidc sign-in refused: in no mapped group; role and project taken away", email=user.email)
 
 
 async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User:
@@ -391,7 +437,8 @@ async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User
 
     A new account is active or pending by auth.oidc.new_users; an existing one (local or made here
     before) keeps its status, and its administrator role and project follow the groups, so that a
-    person taken out of a group loses what it gave at this sign-in.
+    person taken out of a group loses what it gave at this sign-in (and one taken out of every
+    mapped group, refused, loses all of it).
     """
     email = claims.get(cfg.email_claim)
     if not isinstance(email, str) or not email:
@@ -400,8 +447,14 @@ async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User
         )
     if cfg.email_claim == "email" and claims.get("email_verified") is False:
         raise OidcError(f"the provider has not verified the email {email}; verify it there first")
-    granted = await grants(store, cfg, claims)
     user = await get_user_by_email(store, email)
+    hierarchy = await load_hierarchy(store)
+    try:
+        granted = grants(hierarchy, cfg, claims)
+    except InNoMappedGroup:
+        if user is not None:
+            await _strip(store, user, _groups_of(cfg, claims))
+        raise
     made = False
     if user is None:
         try:
@@ -410,10 +463,11 @@ async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User
         except AccountError as exc:
             if (user := await get_user_by_email(store, email)) is None:
                 raise OidcError(str(exc)) from None
+    project_id = project_in(hierarchy, granted.places, user.project_id)
     async with store.transaction() as db:
         await db.execute(
             "UPDATE users SET is_admin = ?, project_id = ?, provider_groups = ? WHERE id = ?",
-            (int(granted.is_admin), granted.project_id, "\n".join(granted.groups), user.id),
+            (int(granted.is_admin), project_id, "\n".join(granted.groups), user.id),
         )
         if made:
             # Made by the provider: `llmgw users list` says so (a local account it signs in stays local).
@@ -423,12 +477,12 @@ async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User
         email=email,
         groups=list(granted.groups),
         admin=granted.is_admin,
-        project=granted.project_id,
+        project=project_id,
     )
     return attrs.evolve(
         user,
         is_admin=granted.is_admin,
-        project_id=granted.project_id,
+        project_id=project_id,
         groups=granted.groups,
         source="oidc" if made else user.source,
     )
