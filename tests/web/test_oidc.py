@@ -530,6 +530,15 @@ async def test_a_person_in_several_mapped_groups_joins_the_project_listed_first_
     assert (await _signed_in_afresh(sso, "ada")).project_id == vision.id
 
 
+@pytest.mark.parametrize("oidc_changes", [{"groups": {"ml-team": "team:empty", "llm-admins": "admin"}}])
+async def test_a_group_mapped_to_a_team_with_no_project_yet_signs_in_to_no_project(sso: Sso) -> None:
+    await create_team(sso.site.store, (await load_hierarchy(sso.site.store)).org_id("acme"), "empty")
+    # In the default project before: outside the team, so no longer in it.
+    await approve_user(sso.site.store, (await sso.site.user("ada@example.com")).id, DEFAULT_PROJECT_ID)
+    ada = await _signed_in_afresh(sso, "ada")
+    assert ada.project_id is None and ada.active
+
+
 @pytest.mark.parametrize("oidc_changes", [{"groups": {"ml-team": "team:no-such-team"}}])
 async def test_a_mapping_to_a_team_this_server_does_not_have_is_refused_in_words(
     sso: Sso, client: aiohttp.ClientSession

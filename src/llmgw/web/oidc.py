@@ -11,7 +11,7 @@ is the one a password sign-in makes.
 The cookie rather than memory holds what the callback needs, so that several control planes
 behind one address need nothing shared: it is bound to the browser that started, which is what
 state and PKCE are for. Who the person is and what they may do is read from the token at every
-sign-in (groups.py of sorts: apply_groups below).
+sign-in (grants and sign_in below).
 """
 
 from __future__ import annotations
