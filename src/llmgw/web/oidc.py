@@ -11,7 +11,7 @@ is the one a password sign-in makes.
 The cookie rather than memory holds what the callback needs, so that several control planes
 behind one address need nothing shared: it is bound to the browser that started, which is what
 state and PKCE are for. Who the person is and what they may do is read from the token at every
-sign-in (grants and sign_in below).
+sign-in (provider_accounts.py).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from joserfc.jwk import KeySet
 
 from llmgw import strictjson
 from llmgw.config.classes import OidcConfig
-from llmgw.errors import LlmgwError
 from llmgw.store.base import Store
-from llmgw.store.scopes import Hierarchy, Scope, ScopeError, load_hierarchy
-from llmgw.store.users import AccountError, User, create_user, get_user_by_email
+from llmgw.store.users import User
+from llmgw.web.provider_accounts import Mapping, SignInRefused
+from llmgw.web.provider_accounts import sign_in as provider_sign_in
 
 log = structlog.get_logger(__name__)
 
@@ -57,12 +57,8 @@ MAX_ANSWER = 1024 * 1024
 JWKS_REFRESH_S = 30.0
 
 
-class OidcError(LlmgwError):
+class OidcError(SignInRefused):
     """A sign-in through the provider that cannot go on, in a sentence for the person signing in."""
-
-
-class InNoMappedGroup(OidcError):
-    """The person is in none of auth.oidc.groups: refused, and what the groups gave is taken away."""
 
 
 def read_secret(cfg: OidcConfig) -> str:
@@ -359,87 +355,13 @@ class Provider:
         return f"{endpoint}{'&' if '?' in endpoint else '?'}{query}"
 
 
-@attrs.frozen
-class Grants:
-    """What a person's groups give them here."""
-
-    is_admin: bool
-    # The projects, teams and organisations the groups make the person a member of, in the order
-    # of auth.oidc.groups.
-    places: tuple[Scope, ...]
-    groups: tuple[str, ...]
-
-
 def _groups_of(cfg: OidcConfig, claims: dict[str, Any]) -> tuple[str, ...]:
     raw = claims.get(cfg.groups_claim, [])
     return tuple(str(g) for g in raw) if isinstance(raw, list) else (str(raw),) if raw else ()
 
 
-def grants(hierarchy: Hierarchy, cfg: OidcConfig, claims: dict[str, Any]) -> Grants:
-    """What the groups claim maps to under auth.oidc.groups; InNoMappedGroup when no group is mapped."""
-    groups = _groups_of(cfg, claims)
-    mapped = [(group, target) for group, target in cfg.groups.items() if group in groups]
-    if not mapped:
-        raise InNoMappedGroup(
-            "you are in none of the groups this server lets in "
-            f"({', '.join(sorted(cfg.groups)) or 'none set'}); "
-            "ask an administrator to add you to one at the identity provider"
-        )
-    finders = {"project": hierarchy.project_id, "team": hierarchy.team_id, "org": hierarchy.org_id}
-    places: list[Scope] = []
-    for group, target in mapped:
-        kind, _, name = target.partition(":")
-        if kind not in finders:
-            continue
-        try:
-            places.append(Scope(kind, finders[kind](name)))  # type: ignore[arg-type]
-        except ScopeError as exc:
-            raise OidcError(
-                f"auth.oidc.groups gives {group!r} {target!r}, which this server does not have: {exc}"
-            ) from None
-    return Grants(is_admin=any(t == "admin" for _, t in mapped), places=tuple(places), groups=groups)
-
-
-def project_in(hierarchy: Hierarchy, places: tuple[Scope, ...], current: int | None) -> int | None:
-    """The project an account is a member of under the places its groups give.
-
-    Its current project where that lies in one of them (an administrator may have put the person
-    in one project of a mapped team), otherwise the oldest project of the first place that has one:
-    a person in `team:NAME` is in a project of that team, so of the team, and of its organisation.
-    None when no place has a project, or the groups give none.
-    """
-
-    def within(project_id: int, place: Scope) -> bool:
-        return place in hierarchy.chain(project_id).scopes
-
-    if current is not None and current in hierarchy.projects and any(within(current, p) for p in places):
-        return current
-    for place in places:
-        inside = sorted(p for p in hierarchy.projects if within(p, place))
-        if inside:
-            return inside[0]
-        log.warning("auth.oidc.groups gives a membership with no project in it", place=hierarchy.name(place))
-    return None
-
-
-async def _strip(store: Store, user: User, groups: tuple[str, ...]) -> None:
-    """Take away what the provider's groups gave an account whose person is now in none of them."""
-    async with store.transaction() as db:
-        await db.execute(
-            "UPDATE users SET is_admin = 0, project_id = NULL, provider_groups = ? WHERE id = ?",
-            ("\n".join(groups), user.id),
-        )
-    log.info("oidc sign-in refused: in no mapped group; role and project taken away", email=user.email)
-
-
 async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User:
-    """The account the claims name, made or brought up to date with what the person's groups give.
-
-    A new account is active or pending by auth.oidc.new_users; an existing one (local or made here
-    before) keeps its status, and its administrator role and project follow the groups, so that a
-    person taken out of a group loses what it gave at this sign-in (and one taken out of every
-    mapped group, refused, loses all of it).
-    """
+    """The account the ID token's claims name, made or brought up to date with what its groups give."""
     email = claims.get(cfg.email_claim)
     if not isinstance(email, str) or not email:
         raise OidcError(
@@ -447,42 +369,5 @@ async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User
         )
     if cfg.email_claim == "email" and claims.get("email_verified") is False:
         raise OidcError(f"the provider has not verified the email {email}; verify it there first")
-    user = await get_user_by_email(store, email)
-    hierarchy = await load_hierarchy(store)
-    try:
-        granted = grants(hierarchy, cfg, claims)
-    except InNoMappedGroup:
-        if user is not None:
-            await _strip(store, user, _groups_of(cfg, claims))
-        raise
-    made = False
-    if user is None:
-        try:
-            user = await create_user(store, email, None, status=cfg.new_users)
-            made = True
-        except AccountError as exc:
-            if (user := await get_user_by_email(store, email)) is None:
-                raise OidcError(str(exc)) from None
-    project_id = project_in(hierarchy, granted.places, user.project_id)
-    async with store.transaction() as db:
-        await db.execute(
-            "UPDATE users SET is_admin = ?, project_id = ?, provider_groups = ? WHERE id = ?",
-            (int(granted.is_admin), project_id, "\n".join(granted.groups), user.id),
-        )
-        if made:
-            # Made by the provider: `llmgw users list` says so (a local account it signs in stays local).
-            await db.execute("UPDATE users SET source = 'oidc' WHERE id = ?", (user.id,))
-    log.info(
-        "oidc sign-in",
-        email=email,
-        groups=list(granted.groups),
-        admin=granted.is_admin,
-        project=project_id,
-    )
-    return attrs.evolve(
-        user,
-        is_admin=granted.is_admin,
-        project_id=project_id,
-        groups=granted.groups,
-        source="oidc" if made else user.source,
-    )
+    mapping = Mapping(setting="auth.oidc", groups=cfg.groups, new_users=cfg.new_users, source="oidc")
+    return await provider_sign_in(store, mapping, email, _groups_of(cfg, claims))
