@@ -77,6 +77,10 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
         ("Admin", "expected `admin`"),
         ("project:", "expected `admin`"),
     ],
+    ("server.yaml", "auth.saml.base_url"): [("llm.example.com", "expected an http:// or https:// URL")],
+    ("server.yaml", "auth.saml.groups"): [
+        ("org", "expected `admin`, `project:PROJECT`, `team:TEAM` or `org:ORG`")
+    ],
     ("server.yaml", "control.interval_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.grace_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.engine_check_s"): _POSITIVE_SECONDS,
@@ -245,7 +249,7 @@ def numeric_or_address_keys(cls: type, prefix: str = "") -> Iterator[str]:
 
 # Keys whose items (values) are checked one by one, each at its own line.
 _LISTS = ("servers", "admin_tokens")
-_MAPPINGS = ("engine_mirror.checksums", "auth.oidc.groups")
+_MAPPINGS = ("engine_mirror.checksums", "auth.oidc.groups", "auth.saml.groups")
 # Mappings whose keys are checked: the value tried is a key.
 _NAMES = ("engines",)
 # What stands for <name> in a key: a mapping of engines takes only the names of engines.

@@ -15,7 +15,6 @@ import attrs
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from playwright.async_api import async_playwright
 from yarl import URL
 
 from llmgw.catalog import Catalog
@@ -38,7 +37,6 @@ from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
 from llmgw.web.oidc import FLOW_COOKIE, JWKS_REFRESH_S, MAX_ANSWER, Flow, OidcError, Provider, read_secret
 from llmgw.web.sessions import SESSION_COOKIE
-from tests import needs
 from tests.web.conftest import PASSWORD, Site, _NoReplicas, csrf_of
 from tests.web.oidc_idp import (
     CLIENT_ID,
@@ -379,19 +377,6 @@ async def test_disabling_a_provider_account_keeps_or_revokes_its_keys_as_the_set
     async with _browser(sso) as again:
         response = await sign_in_at_provider(again, "ada")
         assert response.status == 403 and "is disabled" in await _page_error(response)
-
-
-@pytest.fixture
-async def chromium() -> AsyncIterator[Page]:
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=needs.program("chromium", "chromium"),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"],
-        )
-        try:
-            yield await (await browser.new_context()).new_page()
-        finally:
-            await browser.close()
 
 
 async def test_chromium_signs_in_through_the_provider_and_out_of_both(sso: Sso, chromium: Page) -> None:
