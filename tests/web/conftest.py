@@ -10,6 +10,7 @@ import aiohttp
 import attrs
 import pytest
 from aiohttp.test_utils import TestServer
+from playwright.async_api import Page, async_playwright
 
 from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, ServerConfig
@@ -22,6 +23,7 @@ from llmgw.store.users import User, create_user
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
 from llmgw.web.logins import LoginThrottle
+from tests import needs
 
 PASSWORD = "correct horse battery"
 
@@ -138,3 +140,17 @@ async def nav_links(client: aiohttp.ClientSession, path: str) -> list[tuple[str,
     found = _NAV.search(await page.text())
     assert found is not None, f"{path} has no navigation"
     return _NAV_LINK.findall(found.group(1))
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Page]:
+    """A page of a fresh Chromium, for the tests that sign in through a provider's own pages."""
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=needs.program("chromium", "chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"],
+        )
+        try:
+            yield await (await browser.new_context()).new_page()
+        finally:
+            await browser.close()

@@ -6,6 +6,7 @@ import html
 import re
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,6 @@ import attrs
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from playwright.async_api import async_playwright
 from yarl import URL
 
 from llmgw.catalog import Catalog
@@ -24,12 +24,19 @@ from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.store import Store
 from llmgw.store.keys import find_key, hash_key
-from llmgw.store.scopes import create_org, create_project, create_team
-from llmgw.store.users import get_user_by_email
+from llmgw.store.scopes import (
+    DEFAULT_PROJECT_ID,
+    DEFAULT_TEAM_ID,
+    create_org,
+    create_project,
+    create_team,
+    load_hierarchy,
+)
+from llmgw.store.users import User, approve_user, get_user_by_email
 from llmgw.web.app import mount_pages
 from llmgw.web.context import WebContext
 from llmgw.web.oidc import FLOW_COOKIE, JWKS_REFRESH_S, MAX_ANSWER, Flow, OidcError, Provider, read_secret
-from tests import needs
+from llmgw.web.sessions import SESSION_COOKIE
 from tests.web.conftest import PASSWORD, Site, _NoReplicas, csrf_of
 from tests.web.oidc_idp import (
     CLIENT_ID,
@@ -372,19 +379,6 @@ async def test_disabling_a_provider_account_keeps_or_revokes_its_keys_as_the_set
         assert response.status == 403 and "is disabled" in await _page_error(response)
 
 
-@pytest.fixture
-async def chromium() -> AsyncIterator[Page]:
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=needs.program("chromium", "chromium"),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"],
-        )
-        try:
-            yield await (await browser.new_context()).new_page()
-        finally:
-            await browser.close()
-
-
 async def test_chromium_signs_in_through_the_provider_and_out_of_both(sso: Sso, chromium: Page) -> None:
     p = chromium
     errors: list[str] = []
@@ -461,3 +455,117 @@ async def test_the_providers_token_judged_after_its_expiry_and_the_skew_is_refus
     response = await sign_in_at_provider(client, "ada")
     assert response.status == 401
     assert re.search(r"the ID token expired \d+ s ago; sign in again", await _page_error(response))
+
+
+async def _signed_in_afresh(sso: Sso, login: str) -> User:
+    """Sign login in through the provider in a browser of its own; the account as it then is."""
+    async with _browser(sso) as browser:
+        response = await sign_in_at_provider(browser, login)
+        assert response.url.path == "/profile", await _page_error(response)
+    user = await get_user_by_email(sso.site.store, sso.idp.users[login]["email"])  # type: ignore[arg-type]
+    assert user is not None
+    return user
+
+
+_TEAMS = {"llm-admins": "admin", "ml-team": "team:ml", "everyone": "org:acme"}
+
+
+@pytest.mark.parametrize("oidc_changes", [{"groups": _TEAMS}])
+async def test_a_group_mapped_to_a_team_makes_a_member_of_a_project_in_it_until_taken_out(sso: Sso) -> None:
+    store = sso.site.store
+    hierarchy = await load_hierarchy(store)
+    vision = await create_project(store, hierarchy.team_id("ml"), "vision")
+    elsewhere = await create_project(store, DEFAULT_TEAM_ID, "elsewhere")
+    # In the team: in its oldest project.
+    ada = await _signed_in_afresh(sso, "ada")
+    assert ada.project_id == sso.research and not ada.is_admin
+    # Put in another project of the team by an administrator: the groups still hold, so it stays.
+    await approve_user(store, ada.id, vision.id)
+    assert (await _signed_in_afresh(sso, "ada")).project_id == vision.id
+    # Put outside the team: the next sign-in brings the account back into it.
+    await approve_user(store, ada.id, elsewhere.id)
+    assert (await _signed_in_afresh(sso, "ada")).project_id == sso.research
+    # Taken out of the team's group at the provider: out of the team at the next sign-in.
+    sso.idp.set_user("ada", "ada@example.com", ["llm-admins"])
+    ada = await _signed_in_afresh(sso, "ada")
+    assert ada.project_id is None and ada.is_admin and ada.groups == ("llm-admins",)
+
+
+@pytest.mark.parametrize("oidc_changes", [{"groups": _TEAMS}])
+async def test_a_group_mapped_to_an_organisation_makes_a_member_of_a_project_in_it(sso: Sso) -> None:
+    # An existing local account, in the default organisation's project: older, but not in acme.
+    assert (await sso.site.user("bob@example.com")).project_id == DEFAULT_PROJECT_ID
+    sso.idp.set_user("bob", "bob@example.com", ["everyone"])
+    bob = await _signed_in_afresh(sso, "bob")
+    assert bob.project_id == sso.research
+    sso.idp.set_user("bob", "bob@example.com", ["everyone", "llm-admins"])
+    assert (await _signed_in_afresh(sso, "bob")).project_id == sso.research
+
+
+@pytest.mark.parametrize(
+    "oidc_changes", [{"groups": {"second": "project:vision", "first": "project:research"}}]
+)
+async def test_a_person_in_several_mapped_groups_joins_the_project_listed_first_in_the_setting(
+    sso: Sso,
+) -> None:
+    hierarchy = await load_hierarchy(sso.site.store)
+    vision = await create_project(sso.site.store, hierarchy.team_id("ml"), "vision")
+    # The token lists "first" first; the setting lists "second" first, and the setting decides.
+    sso.idp.set_user("ada", "ada@example.com", ["first", "second"])
+    assert (await _signed_in_afresh(sso, "ada")).project_id == vision.id
+
+
+@pytest.mark.parametrize("oidc_changes", [{"groups": {"ml-team": "team:empty", "llm-admins": "admin"}}])
+async def test_a_group_mapped_to_a_team_with_no_project_yet_signs_in_to_no_project(sso: Sso) -> None:
+    await create_team(sso.site.store, (await load_hierarchy(sso.site.store)).org_id("acme"), "empty")
+    # In the default project before: outside the team, so no longer in it.
+    await approve_user(sso.site.store, (await sso.site.user("ada@example.com")).id, DEFAULT_PROJECT_ID)
+    ada = await _signed_in_afresh(sso, "ada")
+    assert ada.project_id is None and ada.active
+
+
+@pytest.mark.parametrize("oidc_changes", [{"groups": {"ml-team": "team:no-such-team"}}])
+async def test_a_mapping_to_a_team_this_server_does_not_have_is_refused_in_words(
+    sso: Sso, client: aiohttp.ClientSession
+) -> None:
+    response = await sign_in_at_provider(client, "ada")
+    assert response.status == 401
+    error = await _page_error(response)
+    assert "auth.oidc.groups gives 'ml-team' 'team:no-such-team', which this server does not have" in error
+    assert "there is no team 'no-such-team'" in error
+
+
+async def test_a_person_taken_out_of_every_mapped_group_loses_role_and_project_at_the_refused_sign_in(
+    sso: Sso, client: aiohttp.ClientSession
+) -> None:
+    await sign_in_at_provider(client, "root")
+    assert (await client.get("/admin/users")).status == 200
+    sso.idp.set_user("root", "root@example.com", ["marketing"])
+    async with _browser(sso) as again:
+        assert (await sign_in_at_provider(again, "root")).status == 401
+    root = await get_user_by_email(sso.site.store, "root@example.com")
+    assert root is not None
+    assert not root.is_admin and root.project_id is None and root.groups == ("marketing",)
+    # The session made while still in the groups is no administrator's any more either.
+    assert (await client.get("/admin/users")).status == 403
+
+
+async def test_a_person_the_provider_no_longer_lets_in_keeps_no_session_past_its_expiry(
+    sso: Sso, client: aiohttp.ClientSession
+) -> None:
+    response = await sign_in_at_provider(client, "ada")
+    made = next(step for step in response.history if step.url.path == "/login/oidc/callback")
+    ttl = int(sso.site.ctx.cfg.auth.session_ttl_s)
+    assert made.cookies[SESSION_COOKIE]["max-age"] == str(ttl)
+    row = await sso.site.store.fetch_one("SELECT created_at, expires_at FROM sessions")
+    assert row is not None
+    lasts = datetime.fromisoformat(row["expires_at"]) - datetime.fromisoformat(row["created_at"])
+    assert lasts.total_seconds() == ttl
+    sso.idp.set_user("ada", "ada@example.com", ["marketing"])
+    # Its end comes (moved there rather than waited for): the pages ask for a sign-in, which is refused.
+    past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
+    async with sso.site.store.transaction() as db:
+        await db.execute("UPDATE sessions SET expires_at = ?", (past,))
+    assert (await client.get("/profile", allow_redirects=False)).status == 303
+    assert (await sign_in_at_provider(client, "ada")).status == 401
+    assert (await client.get("/profile", allow_redirects=False)).status == 303

@@ -190,6 +190,18 @@ TOKEN_DIGESTS = Check(
     each=True,
 )
 
+# auth.oidc.groups: a value such as `teams:ml` or `Admin` gave the person nothing at all, yet let them
+# in as a member of a mapped group.
+OIDC_GRANTS = Check(
+    "each `admin`, `project:PROJECT`, `team:TEAM` or `org:ORG` (by name or id)",
+    lambda v: (
+        ""
+        if v == "admin" or (str(v).split(":")[0] in ("project", "team", "org") and str(v).partition(":")[2])
+        else "expected `admin`, `project:PROJECT`, `team:TEAM` or `org:ORG`"
+    ),
+    each=True,
+)
+
 # engine_mirror.checksums: a value in another form was skipped, and the node refused the asset as
 # unlisted when it came to install it.
 ASSET_DIGESTS = Check(

@@ -18,6 +18,7 @@ from llmgw.config.checks import (
     ASSET_DIGESTS,
     DATABASE,
     ENGINE_KINDS,
+    OIDC_GRANTS,
     TOKEN_DIGESTS,
     WHEELHOUSE,
     Check,
@@ -102,9 +103,11 @@ class OidcConfig:
     groups_claim: str = _field("groups", "The ID token claim listing the person's groups (or roles).")
     groups: dict[str, str] = _field(
         {},
-        "What each of the provider's groups gives: `admin` (llmgw's administrator role) or "
+        "What each of the provider's groups gives: `admin` (llmgw's administrator role), "
         "`project:PROJECT` (membership of that project, by name or id, and so of its team and "
+        "organisation), `team:TEAM` or `org:ORG` (membership of a project in that team or "
         "organisation). Applied at every sign-in; a person in none of these groups is refused.",
+        OIDC_GRANTS,
     )
     new_users: Literal["active", "pending"] = _field(
         "active", "Whether a person signing in for the first time is active at once or waits for approval."
@@ -119,6 +122,46 @@ class OidcConfig:
     timeout_s: float = _field(
         10.0, "How long to wait for the provider's answers.", seconds(0, above=True, high=120)
     )
+
+
+@attrs.frozen
+class SamlConfig:
+    idp_metadata: str = _field(
+        "",
+        "The identity provider's SAML metadata: the path of its XML file, or the http:// or https:// "
+        "URL it is published at (read when the server starts). Empty: no sign-in through SAML. See "
+        "docs/accounts.md, SAML.",
+    )
+    base_url: str = _field(
+        "",
+        "The address people reach the pages at, such as `https://llm.example.com`: the assertion "
+        "consumer service URL to register at the provider is this followed by `/login/saml/acs`.",
+        http_url(empty_ok=True),
+    )
+    entity_id: str = _field(
+        "",
+        "This server's entity id at the provider; empty: `BASE_URL/login/saml/metadata`, where its "
+        "metadata is served.",
+    )
+    email_attribute: str = _field(
+        "email", "The assertion's attribute naming the person (their email); empty: the NameID."
+    )
+    groups_attribute: str = _field(
+        "groups", "The assertion's attribute listing the person's groups (or roles)."
+    )
+    groups: dict[str, str] = _field(
+        {},
+        "What each of the provider's groups gives, as auth.oidc.groups: `admin`, `project:PROJECT`, "
+        "`team:TEAM` or `org:ORG`. Applied at every sign-in; a person in none of these groups is refused.",
+        OIDC_GRANTS,
+    )
+    new_users: Literal["active", "pending"] = _field(
+        "active", "Whether a person signing in for the first time is active at once or waits for approval."
+    )
+    local_accounts: bool = _field(
+        True, "Whether email and password sign-in still works next to the provider (break-glass)."
+    )
+    button: str = _field("Sign in with your organisation (SAML)", "The sign-in button's label.")
 
 
 @attrs.frozen
@@ -146,6 +189,7 @@ class AuthConfig:
         "`keep` them working, or `revoke` them.",
     )
     oidc: OidcConfig = _field(OidcConfig(), "Sign-in to the pages through an OpenID Connect provider.")
+    saml: SamlConfig = _field(SamlConfig(), "Sign-in to the pages through a SAML 2.0 identity provider.")
 
 
 @attrs.frozen

@@ -30,7 +30,7 @@ from llmgw.store.users import (
 from llmgw.web.context import WEB_KEY
 from llmgw.web.guards import forbidden, require_login
 from llmgw.web.logins import Throttled
-from llmgw.web.render import render
+from llmgw.web.render import local_accounts, render
 from llmgw.web.sessions import (
     CSRF_COOKIE,
     SESSION_COOKIE,
@@ -114,7 +114,7 @@ async def login(request: web.Request) -> web.StreamResponse:
             request, "login.html", status=403, next=target, email=email, error=_STALE_FORM
         )
     ctx = request.config_dict[WEB_KEY]
-    if ctx.cfg.auth.oidc.issuer and not ctx.cfg.auth.oidc.local_accounts:
+    if not local_accounts(ctx.cfg.auth):
         return await _pre_session_page(
             request,
             "login.html",
@@ -169,9 +169,9 @@ async def logout(request: web.Request) -> web.StreamResponse:
     user = await current_user(request)
     await end_session(ctx.store, request.cookies[SESSION_COOKIE])
     response = _see_other("/login")
-    # Signed in through the provider (no password here): end the provider's session too where it
-    # offers RP-initiated logout, or the next "sign in" would go straight through.
-    if ctx.oidc is not None and user is not None and not await has_password(ctx.store, user.id):
+    # Made by the OpenID Connect provider (no password here): end the provider's session too where
+    # it offers RP-initiated logout, or the next "sign in" would go straight through.
+    if ctx.oidc is not None and user is not None and user.source == "oidc":
         provider_logout = await ctx.oidc.logout_url(ctx.cfg.auth.oidc.base_url.rstrip("/") + "/login")
         if provider_logout is not None:
             response = _see_other(provider_logout)

@@ -14,11 +14,12 @@ from aiohttp import web
 
 from llmgw.adminapi.routes import Handler, Param, Route
 from llmgw.names import ID_PATTERN
-from llmgw.web import account, admin, oidc_pages, projects
+from llmgw.web import account, admin, oidc_pages, projects, saml_pages
 from llmgw.web.context import WEB_KEY, WebContext
 from llmgw.web.oidc import Provider, read_secret
 from llmgw.web.pages import mount_table
 from llmgw.web.render import load_templates
+from llmgw.web.saml import ServiceProvider
 
 
 async def _css(request: web.Request) -> web.StreamResponse:
@@ -54,6 +55,9 @@ SIGN_IN: tuple[Route, ...] = (
     _page(
         "GET", "/login/oidc/callback", oidc_pages.callback, "Where the identity provider sends people back."
     ),
+    _page("GET", "/login/saml", saml_pages.start, "Sign in through the SAML identity provider."),
+    _page("POST", "/login/saml/acs", saml_pages.acs, "Where the SAML identity provider posts its answer."),
+    _page("GET", "/login/saml/metadata", saml_pages.metadata, "This server's SAML metadata."),
     STYLESHEET,
 )
 
@@ -110,6 +114,8 @@ def provide(app: web.Application, ctx: WebContext) -> None:
         if oidc.issuer and ctx.oidc is None:
             # Read here, in a thread, and kept only in memory: server.yaml names where it is.
             ctx.oidc = Provider(oidc, await asyncio.to_thread(read_secret, oidc))
+        if ctx.cfg.auth.saml.idp_metadata and ctx.saml is None:
+            ctx.saml = await ServiceProvider.load(ctx.cfg.auth.saml)
 
     app.on_startup.append(load)
 

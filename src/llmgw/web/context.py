@@ -13,6 +13,7 @@ from llmgw.store import Store
 from llmgw.store.scopes import Scope
 from llmgw.web.logins import LoginThrottle
 from llmgw.web.oidc import Provider
+from llmgw.web.saml import ServiceProvider
 
 
 @attrs.define
@@ -29,6 +30,8 @@ class WebContext:
     logins: LoginThrottle = attrs.field(factory=LoginThrottle)
     # The identity provider auth.oidc names, set up when the app starts (its secret is read then).
     oidc: Provider | None = None
+    # This server as auth.saml's provider knows it, set up when the app starts (its metadata read then).
+    saml: ServiceProvider | None = None
 
 
 WEB_KEY = web.AppKey("llmgw.web", WebContext)

@@ -11,7 +11,7 @@ is the one a password sign-in makes.
 The cookie rather than memory holds what the callback needs, so that several control planes
 behind one address need nothing shared: it is bound to the browser that started, which is what
 state and PKCE are for. Who the person is and what they may do is read from the token at every
-sign-in (groups.py of sorts: apply_groups below).
+sign-in (provider_accounts.py).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from joserfc.jwk import KeySet
 
 from llmgw import strictjson
 from llmgw.config.classes import OidcConfig
-from llmgw.errors import LlmgwError
 from llmgw.store.base import Store
-from llmgw.store.scopes import ScopeError, load_hierarchy
-from llmgw.store.users import AccountError, User, create_user, get_user_by_email
+from llmgw.store.users import User
+from llmgw.web.provider_accounts import Mapping, SignInRefused
+from llmgw.web.provider_accounts import sign_in as provider_sign_in
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +57,7 @@ MAX_ANSWER = 1024 * 1024
 JWKS_REFRESH_S = 30.0
 
 
-class OidcError(LlmgwError):
+class OidcError(SignInRefused):
     """A sign-in through the provider that cannot go on, in a sentence for the person signing in."""
 
 
@@ -355,44 +355,13 @@ class Provider:
         return f"{endpoint}{'&' if '?' in endpoint else '?'}{query}"
 
 
-@attrs.frozen
-class Grants:
-    """What a person's groups give them here."""
-
-    is_admin: bool
-    project_id: int | None
-    groups: tuple[str, ...]
-
-
-async def grants(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> Grants:
-    """What the groups claim maps to under auth.oidc.groups; OidcError when no group is mapped."""
+def _groups_of(cfg: OidcConfig, claims: dict[str, Any]) -> tuple[str, ...]:
     raw = claims.get(cfg.groups_claim, [])
-    groups = tuple(str(g) for g in raw) if isinstance(raw, list) else (str(raw),) if raw else ()
-    mapped = [cfg.groups[g] for g in groups if g in cfg.groups]
-    if not mapped:
-        raise OidcError(
-            "you are in none of the groups this server lets in "
-            f"({', '.join(sorted(cfg.groups)) or 'none set'}); "
-            "ask an administrator to add you to one at the identity provider"
-        )
-    project_id = None
-    projects = [target.removeprefix("project:") for target in mapped if target.startswith("project:")]
-    if projects:
-        hierarchy = await load_hierarchy(store)
-        try:
-            project_id = hierarchy.project_id(projects[0])
-        except ScopeError as exc:
-            raise OidcError(f"auth.oidc.groups names a project this server does not have: {exc}") from None
-    return Grants(is_admin="admin" in mapped, project_id=project_id, groups=groups)
+    return tuple(str(g) for g in raw) if isinstance(raw, list) else (str(raw),) if raw else ()
 
 
 async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User:
-    """The account the claims name, made or brought up to date with what the person's groups give.
-
-    A new account is active or pending by auth.oidc.new_users; an existing one (local or made here
-    before) keeps its status, and its administrator role and project follow the groups, so that a
-    person taken out of a group loses what it gave at this sign-in.
-    """
+    """The account the ID token's claims name, made or brought up to date with what its groups give."""
     email = claims.get(cfg.email_claim)
     if not isinstance(email, str) or not email:
         raise OidcError(
@@ -400,35 +369,5 @@ async def sign_in(store: Store, cfg: OidcConfig, claims: dict[str, Any]) -> User
         )
     if cfg.email_claim == "email" and claims.get("email_verified") is False:
         raise OidcError(f"the provider has not verified the email {email}; verify it there first")
-    granted = await grants(store, cfg, claims)
-    user = await get_user_by_email(store, email)
-    made = False
-    if user is None:
-        try:
-            user = await create_user(store, email, None, status=cfg.new_users)
-            made = True
-        except AccountError as exc:
-            if (user := await get_user_by_email(store, email)) is None:
-                raise OidcError(str(exc)) from None
-    async with store.transaction() as db:
-        await db.execute(
-            "UPDATE users SET is_admin = ?, project_id = ?, provider_groups = ? WHERE id = ?",
-            (int(granted.is_admin), granted.project_id, "\n".join(granted.groups), user.id),
-        )
-        if made:
-            # Made by the provider: `llmgw users list` says so (a local account it signs in stays local).
-            await db.execute("UPDATE users SET source = 'oidc' WHERE id = ?", (user.id,))
-    log.info(
-        "oidc sign-in",
-        email=email,
-        groups=list(granted.groups),
-        admin=granted.is_admin,
-        project=granted.project_id,
-    )
-    return attrs.evolve(
-        user,
-        is_admin=granted.is_admin,
-        project_id=granted.project_id,
-        groups=granted.groups,
-        source="oidc" if made else user.source,
-    )
+    mapping = Mapping(setting="auth.oidc", groups=cfg.groups, new_users=cfg.new_users, source="oidc")
+    return await provider_sign_in(store, mapping, email, _groups_of(cfg, claims))

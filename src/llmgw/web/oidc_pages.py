@@ -16,6 +16,7 @@ from llmgw.store.sessions import create_session
 from llmgw.web.account import _local, _pre_session_page, _see_other, client_address
 from llmgw.web.context import WEB_KEY
 from llmgw.web.oidc import FLOW_COOKIE, FLOW_TTL_S, Flow, OidcError, sign_in
+from llmgw.web.provider_accounts import SignInRefused
 from llmgw.web.sessions import CSRF_COOKIE, SESSION_COOKIE, clear_cookie, set_cookie
 
 log = structlog.get_logger(__name__)
@@ -85,7 +86,7 @@ async def callback(request: web.Request) -> web.StreamResponse:
     try:
         claims = await provider.exchange(code, flow)
         user = await sign_in(ctx.store, provider.cfg, claims)
-    except OidcError as exc:
+    except SignInRefused as exc:
         return await refused(request, str(exc), 401, flow.next)
     if user.status == "pending":
         return await refused(

@@ -14,6 +14,7 @@ import jinja2
 from aiohttp import web
 from markupsafe import Markup
 
+from llmgw.config import AuthConfig
 from llmgw.web.context import ACCOUNTS_KEY, ADMIN_LINKS_KEY, WEB_KEY, WebContext
 from llmgw.web.sessions import PRE_SESSION_CSRF, current_session, current_user
 
@@ -43,6 +44,12 @@ async def load_templates(ctx: WebContext) -> None:
     ctx.css = css
 
 
+def local_accounts(auth: AuthConfig) -> bool:
+    """Whether email and password sign-in is offered: unless a provider set up switches it off."""
+    oidc, saml = auth.oidc, auth.saml
+    return (oidc.local_accounts or not oidc.issuer) and (saml.local_accounts or not saml.idp_metadata)
+
+
 async def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
     """The page template makes with context, plus `user`, `csrf_field()` and the navigation."""
     ctx = request.config_dict[WEB_KEY]
@@ -62,7 +69,8 @@ async def render(request: web.Request, template: str, status: int = 200, **conte
         signup_open=ctx.cfg.auth.signup_open,
         # The provider's button, and whether the email and password form is still offered.
         oidc_button=ctx.cfg.auth.oidc.button if ctx.cfg.auth.oidc.issuer else "",
-        local_accounts=ctx.cfg.auth.oidc.local_accounts or not ctx.cfg.auth.oidc.issuer,
+        saml_button=ctx.cfg.auth.saml.button if ctx.cfg.auth.saml.idp_metadata else "",
+        local_accounts=local_accounts(ctx.cfg.auth),
         accounts=request.config_dict.get(ACCOUNTS_KEY, True),
         path=request.path,
         **context,

@@ -35,21 +35,38 @@ def _secure(request: web.Request) -> bool:
 
 
 def set_cookie(
-    response: web.StreamResponse, request: web.Request, name: str, value: str, max_age: int | None
+    response: web.StreamResponse,
+    request: web.Request,
+    name: str,
+    value: str,
+    max_age: int | None,
+    *,
+    cross_site_post: bool = False,
 ) -> None:
+    """cross_site_post: the cookie must come back on a form another site posts here (a SAML
+    provider's answer), which SameSite=Lax forbids; SameSite=None is only honoured with Secure, so
+    such a cookie needs HTTPS."""
     response.set_cookie(
         name,
         value,
         max_age=max_age,
         path="/",
         httponly=True,
-        samesite="Lax",
+        samesite=_same_site(request, cross_site_post),
         secure=_secure(request),
     )
 
 
-def clear_cookie(response: web.StreamResponse, request: web.Request, name: str) -> None:
-    response.del_cookie(name, path="/", httponly=True, samesite="Lax", secure=_secure(request))
+def _same_site(request: web.Request, cross_site_post: bool) -> str:
+    return "None" if cross_site_post and _secure(request) else "Lax"
+
+
+def clear_cookie(
+    response: web.StreamResponse, request: web.Request, name: str, *, cross_site_post: bool = False
+) -> None:
+    response.del_cookie(
+        name, path="/", httponly=True, samesite=_same_site(request, cross_site_post), secure=_secure(request)
+    )
 
 
 async def _lookup(request: web.Request) -> tuple[Session, User] | None:
