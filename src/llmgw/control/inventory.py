@@ -412,6 +412,10 @@ class Inventory:
             if status.state == READY:
                 self._routing.ready_again(status.shard_id)
                 self.failures.served(status.model, node_id, status.shard_id)
+            elif status.state == "stalled":
+                # The agent kills a stalled engine next, seconds later; what the engine holds would
+                # wait for that and then hear only of a connection failing. They end now, in words.
+                self._routing.lose(status.shard_id, f"its node reported it stalled: {status.detail}")
         log.info(
             "shard status",
             node=node_id,
