@@ -241,6 +241,37 @@ class TestAnotherReplicaTakesOver:
         finally:
             await client.close()
 
+    async def test_an_engine_that_dies_holding_the_request_is_said_to_be_gone_not_a_failed_connect(
+        self,
+    ) -> None:
+
+        async def die(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            # As a killed process: its port closes, and the connection it held with it.
+            assert engine.runner is not None
+            for site in list(engine.runner.sites):
+                await site.stop()
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+
+        app = web.Application()
+        app.router.add_post(CHAT, die)
+        engine = TestServer(app, host="127.0.0.1", port=0)
+        await engine.start_server()
+        url = f"http://127.0.0.1:{engine.port}"
+        inventory = Inventory(grace_s=15)
+        inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", url)]))
+        async with _gateway_over(inventory) as client:
+            resp = await asyncio.wait_for(client.post(CHAT, json=HELLO), 10.0)
+            assert resp.status == 502
+            message = (await resp.json())["error"]["message"]
+            assert message == (
+                f"the engine for {MODEL} at {url.removeprefix('http://')} on node n1 did not answer: "
+                "it closed the connection without replying, and then refused a new one (it is gone)"
+            )
+        await engine.close()
+
     async def test_a_request_the_engine_never_acknowledges_is_given_up_by_the_kernel_not_after_minutes(
         self, sim_engine: str
     ) -> None:

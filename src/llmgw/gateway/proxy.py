@@ -124,9 +124,18 @@ def _where(call: Call) -> str:
     return f"{at} on node {call.route.node_id}" if call.route is not None else at
 
 
-def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
+def _did_not_answer(call: Call, exc: BaseException, dropped: bool = False) -> ApiError:
+    """The error for an engine that gave no reply; dropped: it had closed a connection the request was on."""
     at = _where(call)
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno == errno.ECONNREFUSED:
+        # asyncio's words are "Connect call failed ('127.0.0.1', 20026)", which read as if the request
+        # had never reached the engine: after a dropped connection, it had, and the engine then died.
+        reason = (
+            "it closed the connection without replying, and then refused a new one (it is gone)"
+            if dropped
+            else "nothing listens on its port (connection refused)"
+        )
+    elif isinstance(exc, aiohttp.ClientConnectorError):
         reason = exc.os_error.strerror or str(exc.os_error)
     elif isinstance(exc, aiohttp.ServerDisconnectedError):
         reason = "it closed the connection without replying"
@@ -267,6 +276,7 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
     session = call.request.app[SESSION_KEY]
     url = url_of(call)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=call.timeouts.connect_s)
+    dropped = False
     try:
         async with asyncio.timeout_at(first[0]):
             for _ in range(_STALE_CONNECTIONS):
@@ -280,6 +290,7 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
                     # a connection with a 502 ("it closed the connection without replying", or "can not
                     # write request body" when the close came first). Nothing was read, and the dead
                     # connection has left the pool: the next try takes another, or a fresh one.
+                    dropped = True
                     continue
             return await session.post(url, data=call.body, headers=_headers(call), timeout=timeout)
     except aiohttp.ClientError as exc:
@@ -287,7 +298,7 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
     except TimeoutError:
         raise _stalled(call, deadlines.expired(call, first[1])) from None
     _count_upstream_error(call, "connect")
-    error = _did_not_answer(call, failure)
+    error = _did_not_answer(call, failure, dropped)
     if call.route is not None and (isinstance(error, EngineRefused) or _unacknowledged(failure)):
         # It did not take the connection, or the request: a dead engine, a node whose agent is
         # down and whose engines went with it, a cut link. Nothing more goes there until its
