@@ -516,7 +516,8 @@ async def _stream_reply(
             # Given up for lost (its node unreachable, its engine stalled): the client hears why.
             await _end(call, _abandoned(call, lost.result(), tap), tap, response)
         else:
-            # The server is stopping: cut, never made to look whole.
+            # The server is stopping, or its client left where the server cancels handlers: cut,
+            # never made to look whole, and charged what it was sent.
             _delivered(call, tap)
             if call.request.transport is not None:
                 call.request.transport.close()
