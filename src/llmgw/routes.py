@@ -14,7 +14,9 @@ cost a replica for good). When that happens while its node's agent is
 unreachable, the requests in flight there are abandoned with a 502 rather than
 left waiting on connections nobody may ever close: each replica has a `lost`
 future the proxy listens to. A node going quiet alone abandons nothing: its
-engines may well serve on without their agent.
+engines may well serve on without their agent. An engine its agent reports
+stalled is given up the same way, at once: the agent kills it next, and what
+it holds would otherwise wait for that and then hear only of a failed connection.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class EngineRoute:
     node_id: str
     shard_id: str
     secret: str = attrs.field(repr=False)
-    # Resolves, with a sentence, when the engine fails the gateway while its node's agent is away.
+    # Resolves, with a sentence, when the engine fails the gateway while its node's agent is away, or
+    # its agent reports it stalled: every request in flight there ends (gateway/proxy.py).
     lost: asyncio.Future[str] = attrs.field(repr=False, eq=False)
     # Tell the inventory the engine did not accept a connection (with the reason).
     refused: Callable[[str], None] = attrs.field(repr=False, eq=False)

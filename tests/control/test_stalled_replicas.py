@@ -44,7 +44,9 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 
 
 @contextlib.asynccontextmanager
-async def sim_node(fleet: Any, port: int, tmp_path: Path) -> AsyncIterator[Supervisor]:
+async def sim_node(
+    fleet: Any, port: int, tmp_path: Path, probe: ProbeConfig = FAST
+) -> AsyncIterator[Supervisor]:
     """Node n1, running the sim engine with fast probes."""
     cfg = AgentConfig(
         node_id="n1",
@@ -52,7 +54,7 @@ async def sim_node(fleet: Any, port: int, tmp_path: Path) -> AsyncIterator[Super
         state_dir=str(tmp_path / "agent"),
         tls=fleet.agents["n1"],
         heartbeat_interval_s=0.1,
-        probe=FAST,
+        probe=probe,
     )
     async with (
         Supervisor(
@@ -86,7 +88,7 @@ class Cluster:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    fleet: Any, server_cfg: ServerConfig, tmp_path: Path, backoff_s: float
+    fleet: Any, server_cfg: ServerConfig, tmp_path: Path, backoff_s: float, probe: ProbeConfig = FAST
 ) -> AsyncIterator[Cluster]:
     """A control plane wanting one sim replica, and node n1 to run it."""
     model = ModelConfig(name=MODEL, replicas=1, profiles=[ProfileConfig(engine="sim")])
@@ -106,7 +108,7 @@ async def cluster(
     async with (
         serve_agents(cfg, inventory) as port,
         asyncio.TaskGroup() as tasks,
-        sim_node(fleet, port, tmp_path) as supervisor,
+        sim_node(fleet, port, tmp_path, probe) as supervisor,
         TestClient(TestServer(app)) as api,
         TestClient(TestServer(gateway)) as client,
     ):
@@ -218,3 +220,26 @@ async def test_an_engine_whose_serving_loop_dies_at_every_first_request_is_given
         assert refused.status == 503
         assert "is given up for this profile" in (await refused.json())["error"]["message"]
         assert not inventory.replicas(MODEL)
+
+
+async def test_a_request_held_by_an_engine_whose_generation_hangs_ends_as_it_is_reported_stalled(
+    fleet, server_cfg: ServerConfig, tmp_path: Path, eventually
+) -> None:
+    """Alive and answering /health, producing nothing: the request ends with the stall, in its words,
+    not at the kill with a connection closed, nor after timeouts.first_byte_s."""
+    probe = config.evolve(FAST, progress_s=0.5)
+    async with cluster(fleet, server_cfg, tmp_path, backoff_s=600, probe=probe) as c:
+        inventory = c.inventory
+        await eventually(lambda: inventory.ready_endpoints(MODEL), within_s=WAIT_S)
+        [replica] = inventory.replicas(MODEL)
+        os.kill(c.pid(replica.shard_id), signal.SIGUSR2)
+
+        resp = await c.gateway.post("/v1/chat/completions", json=CHAT)
+
+        assert resp.status == 502
+        error = (await resp.json())["error"]
+        assert error["code"] == "engine_unavailable"
+        assert (
+            "was abandoned mid-request: its node reported it stalled: sim on n1 has had 1 request in flight "
+            in (error["message"])
+        ), error["message"]

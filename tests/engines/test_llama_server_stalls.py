@@ -28,13 +28,15 @@ from aiohttp.test_utils import TestClient, TestServer
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig, TimeoutsConfig
+from llmgw.control.inventory import Inventory
 from llmgw.engines.base import LaunchSpec
 from llmgw.engines.llamacpp import LlamaCppEngine
 from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
-from llmgw.gateway.app import make_gateway_app
+from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
+from llmgw.proto.llmgw import v1 as pb
 from llmgw.routes import EngineRoute
 from llmgw.store import Store, open_store
 from llmgw.store.keys import create_key
@@ -273,12 +275,14 @@ async def _read_cut(resp: aiohttp.ClientResponse) -> bytes:
     raise AssertionError("the stream ended as if it were whole")
 
 
-async def test_a_client_that_leaves_mid_stream_stops_llama_server_generating_and_is_charged_the_reservation(
+async def test_a_client_that_leaves_mid_stream_stops_llama_server_generating_and_pays_for_what_it_was_sent(
     engine: Engine, gateway: Gateway
 ) -> None:
     resp = await gateway.post(LONG)
     assert resp.status == 200
-    await resp.content.readuntil(b"\n\n")
+    read = b""
+    while read.count(b"\n\n") < 10:
+        read += await resp.content.readany()
     assert (await _metrics(engine))["llamacpp:requests_processing"] == 1
     resp.close()
 
@@ -291,9 +295,12 @@ async def test_a_client_that_leaves_mid_stream_stops_llama_server_generating_and
     # Run to its end, the generation would have decoded about a token per place left in the context.
     decoded = (await _metrics(engine))["llamacpp:n_decode_total"]
     assert decoded < CONTEXT / 2, f"llama-server decoded {decoded:g} times: it generated on, unread"
-    # llama-server reports usage only in its last chunk, which never came: the reservation is charged,
-    # so that leaving early saves nothing (gateway/admission.py, _used).
-    assert await gateway.usage() == (1, _reserved_prompt(LONG), LONG["max_tokens"])
+    # llama-server reports usage only in its last chunk, which never came: the client is charged a
+    # token for each event the gateway passed on (gateway/admission.py, _used), at least the ten it
+    # read and at most what llama-server decoded; not the reservation of the whole context.
+    requests, prompt, completion = await gateway.usage()
+    assert (requests, prompt) == (1, _reserved_prompt(LONG))
+    assert 10 <= completion <= decoded + 1, (completion, decoded)
 
 
 async def test_a_stopped_llama_server_is_a_504_naming_the_model_and_first_byte_s(
@@ -323,3 +330,94 @@ async def test_a_llama_server_stopped_mid_stream_ends_it_with_an_error_event_nam
     assert all("error" not in event for event in events[:-1])
     # No usage came: the prompt reserved, and a completion token for each event the client had.
     assert await gateway.usage() == (1, _reserved_prompt(LONG), len(events) - 1)
+
+
+# Long, so that only the stall's report can end a request in these tests, never a timeout.
+PATIENT = TimeoutsConfig(connect_s=2, first_byte_s=120, idle_s=120, total_s=300)
+STALL = "llamacpp on n1 stopped answering /health 3 s ago (3 probes in a row; the last: no answer within 1 s)"
+
+
+@attrs.define
+class Fleet:
+    """A gateway routing by the control plane's inventory, where llama-server is replica s1 on n1."""
+
+    gateway: Gateway
+    inventory: Inventory
+    endpoint: str
+
+    def report_stalled(self) -> None:
+        """What n1's agent reports once its probes find the engine stopped, before it kills it."""
+        status = pb.ShardStatus(
+            shard_id="s1",
+            model=MODEL,
+            engine="llamacpp",
+            state="stalled",
+            endpoint=self.endpoint,
+            detail=STALL,
+        )
+        self.inventory.shard_status("n1", status)
+
+
+@pytest.fixture
+async def fleet(engine: Engine, tmp_path: Path) -> AsyncIterator[Fleet]:
+    async with open_store(tmp_path / "llmgw.db") as store:
+        cfg = ServerConfig(models=[ModelConfig(name=MODEL, timeouts=PATIENT, max_tokens=CONTEXT)])
+        catalog = Catalog(cfg)
+        keys, recorder = KeyCache(), UsageRecorder()
+        quotas = Quotas(recorder)
+        inventory = Inventory(grace_s=15)
+        ready = pb.ShardStatus(
+            shard_id="s1", model=MODEL, engine="llamacpp", state="ready", endpoint=engine.url
+        )
+        inventory.attach(pb.Register(node_id="n1", running=[ready]))
+        app = make_gateway_app(cfg, catalog, inventory, keys, Admission(cfg, catalog, quotas, recorder))
+        plaintext, _ = await create_key(store, "k")
+        await keys.refresh(store)
+        await quotas.refresh(store)
+        async with TestClient(_AsServed(app, host="127.0.0.1", port=0)) as client:
+            gateway = Gateway(client, _OneReplica(engine.url), recorder, store, plaintext)
+            yield Fleet(gateway, inventory, engine.url)
+
+
+async def test_a_stream_on_a_llama_server_reported_stalled_ends_at_once_naming_it_and_charging_what_was_sent(
+    engine: Engine, fleet: Fleet
+) -> None:
+    resp = await fleet.gateway.post(LONG)
+    assert resp.status == 200
+    read = b""
+    while read.count(b"\n\n") < 10:
+        read += await resp.content.readany()
+    engine.stop()
+    fleet.report_stalled()
+    events = _events(read + await _read_cut(resp))
+    delivered = len(events) - 1
+    assert all("error" not in event for event in events[:-1])
+    error = events[-1]["error"]
+    # Not "sent nothing more for 120 s (timeouts.idle_s)" two minutes on, nor a failed connection at the kill.
+    assert error["message"] == (
+        f"{MODEL} on n1 was abandoned mid-reply: its node reported it stalled: {STALL}; "
+        f"{delivered} tokens had been delivered"
+    )
+    assert await fleet.gateway.usage() == (1, _reserved_prompt(LONG), delivered)
+
+
+async def test_a_request_held_by_a_llama_server_reported_stalled_is_a_502_naming_the_stall(
+    engine: Engine, fleet: Fleet
+) -> None:
+    engine.stop()
+    body = {**LONG, "stream": False, "max_tokens": 8}
+    request = asyncio.create_task(fleet.gateway.post(body))
+    router = fleet.gateway.client.app[ROUTER_KEY]
+    # Sent, and held: the stopped engine's kernel took the connection and the request.
+    await eventually(lambda: router.in_flight.get(engine.url) == 1)
+    fleet.report_stalled()
+    resp = await request
+    assert resp.status == 502
+    error = (await resp.json())["error"]
+    host = engine.url.removeprefix("http://")
+    assert error["message"] == (
+        f"the engine for {MODEL} at {host} on node n1 was abandoned mid-request: its node reported it "
+        f"stalled: {STALL}"
+    )
+    assert error["code"] == "engine_unavailable"
+    assert await fleet.gateway.usage() == (1, 0, 0)

@@ -611,7 +611,10 @@ class TestStreamsCutMidEvent:
         assert got.count("event: content_block_delta") == 2
         event, data = got.strip().split("\n\n")[-1].split("\n")
         assert event == "event: error"
-        assert "broke off its reply" in json.loads(data.removeprefix("data: "))["error"]["message"]
+        assert (
+            "closed the connection mid-reply after 2 tokens"
+            in json.loads(data.removeprefix("data: "))["error"]["message"]
+        )
         (row,) = await broken.usage()
         # No usage from the engine: the prompt as reserved, a token per chat chunk the client had.
         assert (row.requests, row.completion_tokens) == (1, 2)
@@ -632,13 +635,13 @@ class TestStreamsCutMidEvent:
         assert event == "event: error"
         error = json.loads(data.removeprefix("data: "))
         assert error["type"] == "error" and error["error"]["type"] == "api_error"
-        assert "broke off its reply" in error["error"]["message"]
+        assert "closed the connection mid-reply after 2 tokens" in error["error"]["message"]
         # The prompt message_start reported, and a token per text delta the client had.
         assert _row(await broken.usage()) == (BROKEN, 1, 7, 2)
 
     async def test_an_anthropic_client_raises_the_error_event(self, broken: Rig) -> None:
         async with broken.anthropic() as client:
-            with pytest.raises(anthropic.APIStatusError, match="broke off its reply"):
+            with pytest.raises(anthropic.APIStatusError, match="closed the connection mid-reply"):
                 async with client.messages.stream(
                     model=BROKEN, max_tokens=50, messages=[{"role": "user", "content": "x"}]
                 ) as stream:

@@ -8,6 +8,8 @@ real inventory where what matters is how it reacts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import socket
 from collections.abc import AsyncIterator, Collection, Sequence
 
@@ -239,6 +241,37 @@ class TestAnotherReplicaTakesOver:
         finally:
             await client.close()
 
+    async def test_an_engine_that_dies_holding_the_request_is_said_to_be_gone_not_a_failed_connect(
+        self,
+    ) -> None:
+
+        async def die(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            # As a killed process: its port closes, and the connection it held with it.
+            assert engine.runner is not None
+            for site in list(engine.runner.sites):
+                await site.stop()
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+
+        app = web.Application()
+        app.router.add_post(CHAT, die)
+        engine = TestServer(app, host="127.0.0.1", port=0)
+        await engine.start_server()
+        url = f"http://127.0.0.1:{engine.port}"
+        inventory = Inventory(grace_s=15)
+        inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", url)]))
+        async with _gateway_over(inventory) as client:
+            resp = await asyncio.wait_for(client.post(CHAT, json=HELLO), 10.0)
+            assert resp.status == 502
+            message = (await resp.json())["error"]["message"]
+            assert message == (
+                f"the engine for {MODEL} at {url.removeprefix('http://')} on node n1 did not answer: "
+                "it closed the connection without replying, and then refused a new one (it is gone)"
+            )
+        await engine.close()
+
     async def test_a_request_the_engine_never_acknowledges_is_given_up_by_the_kernel_not_after_minutes(
         self, sim_engine: str
     ) -> None:
@@ -260,6 +293,93 @@ class TestAnotherReplicaTakesOver:
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 5000
         finally:
             await client.close()
+
+
+STALL = "sim on n1 stopped answering /health 3 s ago (3 probes in a row; the last: no answer within 1 s)"
+
+
+def _stalled(endpoint: str) -> pb.ShardStatus:
+    """What n1's agent reports of s1 before it kills the engine."""
+    return pb.ShardStatus(
+        shard_id="s1", model=MODEL, engine="sim", state="stalled", endpoint=endpoint, detail=STALL
+    )
+
+
+@contextlib.asynccontextmanager
+async def _gateway_over(inventory: Inventory) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    cfg = ServerConfig(models=[ModelConfig(name=MODEL)], auth=AuthConfig(enabled=False))
+    client = TestClient(
+        TestServer(make_gateway_app(cfg, Catalog(cfg), inventory, KeyCache()), host="127.0.0.1", port=0)
+    )
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+class TestAReplicaReportedStalled:
+    """What its agent reports stalled ends every request held there at once, not at the kill."""
+
+    async def test_a_request_it_holds_is_served_by_another_ready_replica(
+        self, hanging_engine: tuple[str, asyncio.Event], sim_engine: str
+    ) -> None:
+        url, arrived = hanging_engine
+        inventory = Inventory(grace_s=15)
+        inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", url)]))
+        async with _gateway_over(inventory) as client:
+            request = asyncio.create_task(client.post(CHAT, json=HELLO))
+            await arrived.wait()
+            inventory.attach(pb.Register(node_id="n2", running=[_ready("s2", sim_engine)]))
+            inventory.shard_status("n1", _stalled(url))
+            resp = await asyncio.wait_for(request, 10.0)
+            assert resp.status == 200
+            assert resp.headers["x-llmgw-replica"] == "s2"
+            assert (await resp.json())["choices"][0]["message"]["content"] == "hello"
+            assert client.app[ROUTER_KEY].in_flight == {}
+
+    async def test_with_no_other_replica_it_is_a_502_naming_the_stall(
+        self, hanging_engine: tuple[str, asyncio.Event]
+    ) -> None:
+        url, arrived = hanging_engine
+        inventory = Inventory(grace_s=15)
+        inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", url)]))
+        async with _gateway_over(inventory) as client:
+            request = asyncio.create_task(client.post(CHAT, json=HELLO))
+            await arrived.wait()
+            inventory.shard_status("n1", _stalled(url))
+            resp = await asyncio.wait_for(request, 10.0)
+            assert resp.status == 502
+            error = (await resp.json())["error"]
+            assert error["code"] == "engine_unavailable"
+            at = url.removeprefix("http://")
+            assert error["message"] == (
+                f"the engine for {MODEL} at {at} on node n1 was abandoned mid-request: "
+                f"its node reported it stalled: {STALL}"
+            )
+
+    async def test_a_stream_under_way_ends_with_an_error_event_naming_the_stall_and_what_was_delivered(
+        self, engine: tuple[FakeEngine, str]
+    ) -> None:
+        _, url = engine
+        inventory = Inventory(grace_s=15)
+        inventory.attach(pb.Register(node_id="n1", running=[_ready("s1", url)]))
+        async with _gateway_over(inventory) as client:
+            resp = await client.post(CHAT, json={**HELLO, "stream": True})
+            assert resp.status == 200
+            assert await resp.content.readuntil(b"\n\n") == b'data: {"n": 1}\n\n'
+            inventory.shard_status("n1", _stalled(url))
+            rest = b""
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async for chunk in resp.content.iter_any():
+                    rest += chunk
+            assert rest.startswith(b"data: {") and rest.endswith(b"\n\n")
+            error = json.loads(rest[len(b"data: ") :])["error"]
+            assert error["message"] == (
+                f"{MODEL} on n1 was abandoned mid-reply: its node reported it stalled: {STALL}; "
+                "1 token had been delivered"
+            )
+            assert error["code"] == "engine_unavailable"
 
 
 class TestCacheAwareRoutingKeepsToReadyReplicas:

@@ -156,7 +156,7 @@ class TestStreamUsage:
         assert find_usage(through) == (3, 3)
         assert (await gw.usage())[1:3] == (3, 3)
 
-    async def test_a_client_that_leaves_early_is_charged_its_reservation_when_the_engine_reported_nothing(
+    async def test_a_client_that_leaves_early_is_charged_what_it_was_sent_when_the_engine_reported_nothing(
         self, money: MoneyFactory
     ) -> None:
         gw = await money(ttft_ms=1, tokens_per_s=20, max_tokens=64)
@@ -166,9 +166,11 @@ class TestStreamUsage:
             await r.content.readuntil(b"\n\n")
             r.close()
         await eventually(lambda: gw.recorder.pending())
-        # The sim reports usage only at the end: what was reserved, prompt bound and max_tokens.
+        # The sim reports usage only at the end: the prompt bound, and a completion token for each event
+        # the gateway passed on (the one read, and any on their way), not the 64 of max_tokens.
         requests, prompt, completion, _ = await gw.usage()
-        assert (requests, completion) == (1, 64)
+        assert requests == 1
+        assert 1 <= completion < 64
         assert prompt >= len(_json(body))
 
 

@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 
+from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, RouterConfig, ServerConfig, TimeoutsConfig
 from llmgw.gateway.admission import Admission
@@ -35,7 +36,7 @@ from llmgw.store import Store
 from llmgw.store.keys import create_key
 from llmgw.store.usage import usage_by_day
 
-from ..waiting import eventually
+from ..waiting import eventually, eventually_async
 from .conftest import MODEL, FakeReplicas
 
 CHAT = "/v1/chat/completions"
@@ -78,6 +79,11 @@ class Misbehaving:
             request.transport.close()  # mid-stream, no end: a truncated body
         elif mode == "stall":
             await self.never.wait()
+        elif mode == "trickle":
+            # An engine generating on, a token at a time, until its client's connection closes.
+            while not self.never.is_set():
+                await asyncio.sleep(0.05)
+                await response.write(EVENT)
         return response
 
 
@@ -103,7 +109,20 @@ class Rig:
         )
 
 
-RigFactory = Callable[[list[str]], Awaitable[Rig]]
+RigFactory = Callable[..., Awaitable[Rig]]
+
+
+class _AsServed(TestServer):
+    """The gateway's app run as roles/server.py runs it: a client that leaves is found by a failed write.
+
+    TestServer cancels the handler of a client that leaves; the gateway's runner does not.
+    """
+
+    def __init__(self, app: web.Application) -> None:
+        super().__init__(app, host="127.0.0.1", port=0)
+
+    async def _make_runner(self, **kwargs: Any) -> web.BaseRunner:
+        return web.AppRunner(self.app, **{**kwargs, **SERVER_OPTIONS, "handler_cancellation": False})
 
 
 @pytest.fixture
@@ -111,7 +130,7 @@ async def rig(store: Store) -> AsyncIterator[RigFactory]:
     """A gateway with admission whose model has small timeouts, in front of the given engines."""
     clients: list[TestClient[web.Request, web.Application]] = []
 
-    async def make(engines: list[str]) -> Rig:
+    async def make(engines: list[str], cancels_handlers: bool = True) -> Rig:
         cfg = ServerConfig(
             models=[ModelConfig(name=MODEL, max_tokens=64, timeouts=TIMEOUTS)],
             # Replicas tied at zero in flight take turns, whatever the prompt.
@@ -132,7 +151,8 @@ async def rig(store: Store) -> AsyncIterator[RigFactory]:
         quotas = Quotas(recorder)
         catalog = Catalog(cfg)
         app = make_gateway_app(cfg, catalog, replicas, keys, Admission(cfg, catalog, quotas, recorder))
-        client = TestClient(TestServer(app, host="127.0.0.1", port=0))
+        server = TestServer(app, host="127.0.0.1", port=0) if cancels_handlers else _AsServed(app)
+        client = TestClient(server)
         await client.start_server()
         clients.append(client)
         plaintext, _ = await create_key(store, "k")
@@ -216,18 +236,53 @@ class TestMisbehavingEngines:
             == f"{MODEL} on node0 broke off its reply: it sent an event that is not JSON"
         )
 
-    async def test_a_stream_cut_midway_ends_with_an_error_event_and_charges_what_was_delivered(
+    async def test_a_stream_cut_midway_ends_with_an_error_event_saying_what_the_engine_did(
         self, rig: RigFactory, fakes: list[tuple[Misbehaving, str]]
     ) -> None:
         fake, url = fakes[0]
         fake.mode = "cut"
         gw = await rig([url])
-        resp = await gw.post(_chat(stream=True))
-        events = _events(await _read_cut(resp))
-        assert "broke off its reply" in events[-1]["error"]["message"]
+        with capture_logs() as logs:
+            resp = await gw.post(_chat(stream=True))
+            events = _events(await _read_cut(resp))
+        # The engine's end in the product's words; aiohttp's ("Response payload is not completed:
+        # <TransferEncodingError ...>") only in the log.
+        assert events[-1]["error"]["message"] == (
+            f"the engine for {MODEL} on node0 closed the connection mid-reply after 3 tokens"
+        )
+        [logged] = [e for e in logs if e["event"] == "the engine broke a stream under way"]
+        assert "TransferEncodingError" in logged["error"]
         # Three events delivered, no usage reported: three completion tokens, not the 64 reserved.
         requests, _, completion = await gw.usage()
         assert (requests, completion) == (1, 3)
+
+
+class TestAClientThatLeaves:
+    @pytest.mark.parametrize("cancels_handlers", [True, False], ids=["handler-cancelled", "write-fails"])
+    async def test_mid_stream_is_charged_what_it_was_sent_not_its_reservation(
+        self, rig: RigFactory, fakes: list[tuple[Misbehaving, str]], cancels_handlers: bool
+    ) -> None:
+        fake, url = fakes[0]
+        fake.mode = "trickle"
+        gw = await rig([url], cancels_handlers=cancels_handlers)
+        resp = await gw.post(_chat(stream=True))
+        read = b""
+        while read.count(b"\n\n") < 5:
+            read += await resp.content.readany()
+        resp.close()
+
+        usage: list[tuple[int, int, int]] = []
+
+        async def charged() -> bool:
+            usage[:] = [await gw.usage()]
+            return usage[0][0] > 0
+
+        await eventually_async(charged)
+        [(requests, _, completion)] = usage
+        # The engine reported no usage (it would have, at its end): a token for each event the gateway
+        # passed on, at least the five the client read; not the 64 of max_tokens reserved.
+        assert requests == 1
+        assert 5 <= completion < 64
 
 
 class TestTimeouts:

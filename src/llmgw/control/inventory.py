@@ -412,6 +412,10 @@ class Inventory:
             if status.state == READY:
                 self._routing.ready_again(status.shard_id)
                 self.failures.served(status.model, node_id, status.shard_id)
+            elif status.state == "stalled":
+                # The agent kills a stalled engine next, seconds later; what the engine holds would
+                # wait for that and then hear only of a connection failing. They end now, in words.
+                self._routing.lose(status.shard_id, _given_up(status.state, status.detail))
         log.info(
             "shard status",
             node=node_id,
@@ -632,6 +636,15 @@ class Inventory:
             shard_id, f"it stopped answering the gateway while its node's agent is away: {reason}"
         )
 
+    def given_up(self) -> dict[str, str]:
+        """Replicas (by shard id) their node reported stalled or failed, with why, in the words that end
+        a request in flight there (the leader publishes them to its standbys' gateways)."""
+        return {
+            r.shard_id: _given_up(r.state, r.detail)
+            for r in self._replicas.values()
+            if r.state in ("stalled", "failed")
+        }
+
     def why_no_ready(self, model: str) -> str:
         """A sentence for a 503: where each replica of model is going instead of serving, node by node."""
         replicas = self.replicas(model)
@@ -721,6 +734,11 @@ class Inventory:
         self.changed.set()
         self.version += 1
         self.routes_changed.set()
+
+
+def _given_up(state: str, detail: str) -> str:
+    """Why a request in flight to a replica its node reported stalled or failed ends."""
+    return f"its node reported it {state}" + (f": {detail}" if detail else "")
 
 
 def _replica(node_id: str, status: pb.ShardStatus, since: float) -> Replica:

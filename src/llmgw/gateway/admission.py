@@ -68,18 +68,25 @@ def _ask_the_engine(call: Call, max_tokens: int | None) -> None:
 
 def _used(call: Call, status: int, prompt: int, completion: int) -> tuple[int, int]:
     """What a finished request is charged: (prompt tokens, completion tokens)."""
+    delivered = call.delivered
     if call.usage is not None:
-        return plausible_usage(call, call.usage, prompt, completion)
+        used = plausible_usage(call, call.usage, prompt, completion)
+        if delivered is not None:
+            # A stream cut short after the engine's last count: never less than the client had.
+            used = (used[0], max(used[1], min(delivered, completion)))
+        return used
     if status >= 400 and status != 499:
         return (0, 0)
-    if call.delivered is not None:
-        # The engine broke off a stream without reporting usage: the prompt it was sent (as the
-        # stream reported it, else as reserved) and a token for each event of generated text the
-        # client had, never more than was reserved.
+    if delivered is not None:
+        # A stream cut short (the client left, the engine broke off or was given up) before the engine
+        # reported usage: the prompt it was sent (as the stream reported it, else as reserved) and a
+        # token for each event of generated text the client had, never more than was reserved. A
+        # client that leaves pays for what it was sent, not for its whole reservation: the engine
+        # stops generating as the gateway closes its connection.
         sent = prompt if call.delivered_prompt is None else min(max(call.delivered_prompt, 0), prompt)
-        return (sent, min(call.delivered, completion))
-    # A reply that reports no usage (a client that left before the engine reported it) is
-    # charged what was reserved, so that leaving early saves nothing.
+        return (sent, min(delivered, completion))
+    # A whole reply that reports no usage (a server that does not count), or a request cancelled before
+    # its reply began, is charged what was reserved: the bound is all that is known.
     return (prompt, completion)
 
 

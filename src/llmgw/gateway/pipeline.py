@@ -63,8 +63,9 @@ class Call:
     cost: float = 0.0
     # The served model's timeouts (set by the router; gateway/deadlines.py).
     timeouts: TimeoutsConfig = attrs.field(factory=TimeoutsConfig, repr=False)
-    # Set by the proxy when the engine failed in the middle of a stream that reported no usage: the
-    # completion events the client had by then, what admission charges for in place of the reservation.
+    # Set by the proxy when a stream is cut short (the engine failed or was given up, the client left):
+    # the completion events the client had by then, what admission charges for (and never less) in
+    # place of the reservation.
     delivered: int | None = None
     # Set by the proxy for a request whose engine does not speak its API (translation.py): the chat
     # completions path it goes to instead; "" for the request's own path.

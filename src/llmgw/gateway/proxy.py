@@ -124,9 +124,18 @@ def _where(call: Call) -> str:
     return f"{at} on node {call.route.node_id}" if call.route is not None else at
 
 
-def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
+def _did_not_answer(call: Call, exc: BaseException, dropped: bool = False) -> ApiError:
+    """The error for an engine that gave no reply; dropped: it had closed a connection the request was on."""
     at = _where(call)
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno == errno.ECONNREFUSED:
+        # asyncio's words are "Connect call failed ('127.0.0.1', 20026)", which read as if the request
+        # had never reached the engine: after a dropped connection, it had, and the engine then died.
+        reason = (
+            "it closed the connection without replying, and then refused a new one (it is gone)"
+            if dropped
+            else "nothing listens on its port (connection refused)"
+        )
+    elif isinstance(exc, aiohttp.ClientConnectorError):
         reason = exc.os_error.strerror or str(exc.os_error)
     elif isinstance(exc, aiohttp.ServerDisconnectedError):
         reason = "it closed the connection without replying"
@@ -134,6 +143,10 @@ def _did_not_answer(call: Call, exc: BaseException) -> ApiError:
         reason = f"no connection within {call.timeouts.connect_s:g} s (timeouts.connect_s)"
     elif _unacknowledged(exc):
         reason = f"it acknowledged nothing of the request for {_UNACKNOWLEDGED_S:g} s"
+    elif isinstance(exc, aiohttp.ClientPayloadError):
+        # aiohttp's words ("Response payload is not completed: <TransferEncodingError ...>") go to the log.
+        log.warning("the engine cut its reply short", endpoint=call.endpoint, error=str(exc))
+        reason = "it closed the connection before its reply was complete"
     else:
         reason = str(exc) or type(exc).__name__
     # A connection reset or closed before the reply's first byte: nothing reached the client either.
@@ -173,7 +186,7 @@ async def proxy(call: Call) -> web.StreamResponse:
         if not done:
             task.cancel()
 
-    # Like asyncio.timeout: the node's loss cancels this task, and only that cancel becomes a 502.
+    # Like asyncio.timeout: the replica's loss cancels this task, and only that cancel becomes an error.
     started: list[web.StreamResponse] = []
     route.lost.add_done_callback(abandon)
     try:
@@ -183,15 +196,19 @@ async def proxy(call: Call) -> web.StreamResponse:
             raise
         reason = route.lost.result()
         log.warning(
-            "abandoned a request to a node that became unreachable",
+            "abandoned a request to a replica given up for lost",
             model=call.model,
             endpoint=call.endpoint,
             node=route.node_id,
+            reason=reason,
+            request_id=call.request_id,
         )
         if started:
-            # The client already has part of the reply; it sees it cut, not complete.
+            # The client already has part of the reply, and an error event saying why it ends there
+            # (_stream_reply); it sees it cut, not complete.
             return started[0]
-        raise ApiError(
+        # Nothing of the reply reached the client: another ready replica may take the request (router.py).
+        raise EngineFailed(
             502,
             f"the engine for {call.model} at {_where(call)} was abandoned mid-request: {reason}",
             type="server_error",
@@ -259,6 +276,7 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
     session = call.request.app[SESSION_KEY]
     url = url_of(call)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=call.timeouts.connect_s)
+    dropped = False
     try:
         async with asyncio.timeout_at(first[0]):
             for _ in range(_STALE_CONNECTIONS):
@@ -272,6 +290,7 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
                     # a connection with a 502 ("it closed the connection without replying", or "can not
                     # write request body" when the close came first). Nothing was read, and the dead
                     # connection has left the pool: the next try takes another, or a fresh one.
+                    dropped = True
                     continue
             return await session.post(url, data=call.body, headers=_headers(call), timeout=timeout)
     except aiohttp.ClientError as exc:
@@ -279,7 +298,7 @@ async def _send(call: Call, deadlines: Deadlines, first: tuple[float, str]) -> a
     except TimeoutError:
         raise _stalled(call, deadlines.expired(call, first[1])) from None
     _count_upstream_error(call, "connect")
-    error = _did_not_answer(call, failure)
+    error = _did_not_answer(call, failure, dropped)
     if call.route is not None and (isinstance(error, EngineRefused) or _unacknowledged(failure)):
         # It did not take the connection, or the request: a dead engine, a node whose agent is
         # down and whose engines went with it, a cut link. Nothing more goes there until its
@@ -487,14 +506,21 @@ async def _stream_reply(
         await _relay(call, upstream, chunk, tap, response, deadlines)
     except ConnectionResetError:
         # The client went away; leaving the block closes the engine's
-        # connection, which tells the engine to stop generating.
-        pass
+        # connection, which tells the engine to stop generating. It pays for what it was sent.
+        _delivered(call, tap)
     except (aiohttp.ClientError, EngineTimedOut, MalformedStream, _NotWhole) as exc:
         await _broken(call, exc, tap, response)
     except asyncio.CancelledError:
-        # Abandoned (its node was lost) or the server is stopping: cut, never made to look whole.
-        if call.request.transport is not None:
-            call.request.transport.close()
+        lost = call.route.lost if call.route is not None else None
+        if lost is not None and lost.done():
+            # Given up for lost (its node unreachable, its engine stalled): the client hears why.
+            await _end(call, _abandoned(call, lost.result(), tap), tap, response)
+        else:
+            # The server is stopping, or its client left where the server cancels handlers: cut,
+            # never made to look whole, and charged what it was sent.
+            _delivered(call, tap)
+            if call.request.transport is not None:
+                call.request.transport.close()
         raise
     finally:
         if call.usage is None:
@@ -512,11 +538,7 @@ class _NotWhole(Exception):
 
 
 async def _broken(call: Call, exc: Exception, tap: StreamTap | None, response: web.StreamResponse) -> None:
-    """End a reply under way that the engine broke: an error event, then a cut, never a whole-looking end.
-
-    The event, for a client reading events (OpenAI's raise it as an APIError); the cut, for one reading
-    bytes, so that neither takes half a reply for a whole one.
-    """
+    """End a reply under way that the engine broke: an error event, then a cut, never a whole-looking end."""
     _count_upstream_error(call, "reply")
     if isinstance(exc, EngineTimedOut):
         error: ApiError = _stalled(call, exc)
@@ -525,17 +547,26 @@ async def _broken(call: Call, exc: Exception, tap: StreamTap | None, response: w
     elif isinstance(exc, _NotWhole):
         error = stream_failed(call, "its reply ended in the middle", exc.tail)
     else:
-        error = stream_failed(call, f"the connection failed ({str(exc) or type(exc).__name__})")
+        error = _cut(call, exc, tap)
+    passed = exc.passed if isinstance(exc, MalformedStream) else b""
+    await _end(call, error, tap, response, passed)
+
+
+async def _end(
+    call: Call, error: ApiError, tap: StreamTap | None, response: web.StreamResponse, passed: bytes = b""
+) -> None:
+    """End a reply under way with error: passed (whole events still the client's), an error event, a cut.
+
+    The event, for a client reading events (OpenAI's raise it as an APIError); the cut, for one reading
+    bytes, so that neither takes half a reply for a whole one.
+    """
     if tap is not None:
         translated = call.translation
-        if isinstance(exc, MalformedStream) and exc.passed:
-            passed = translated.events(exc.passed) if translated is not None else exc.passed
+        if passed:
+            passed = translated.events(passed) if translated is not None else passed
             with contextlib.suppress(ConnectionResetError):
                 await response.write(passed)
-        if tap.usage is None:
-            # Charged for what the client had (admission.py), not for a reservation it never received.
-            call.delivered = tap.events
-            call.delivered_prompt = tap.prompt
+        _delivered(call, tap)
         event = (
             translated.error_event(error) if translated is not None else call.api.stream.error_event(error)
         )
@@ -543,6 +574,64 @@ async def _broken(call: Call, exc: Exception, tap: StreamTap | None, response: w
             await response.write(event)
     if call.request.transport is not None:
         call.request.transport.close()
+
+
+def _delivered(call: Call, tap: StreamTap | None) -> None:
+    """Note what the client had of a stream cut short: admission charges for it (and for no less),
+    not for the reservation it never received."""
+    if tap is not None:
+        call.delivered = tap.events
+        call.delivered_prompt = tap.prompt
+
+
+def _tokens(tap: StreamTap | None) -> str:
+    """What of a stream the client had, in words: a token for each event of generated text."""
+    if tap is None:
+        return ""
+    return f"{tap.events} token{'' if tap.events == 1 else 's'}"
+
+
+def _abandoned(call: Call, reason: str, tap: StreamTap | None) -> ApiError:
+    """The error that ends a stream whose replica was given up for lost while it ran."""
+    delivered = _tokens(tap)
+    return ApiError(
+        502,
+        f"{call.served_model or call.model} on {where(call)} was abandoned mid-reply: {reason}"
+        + (f"; {delivered} had been delivered" if delivered else ""),
+        type="server_error",
+        code="engine_unavailable",
+    )
+
+
+def _cut(call: Call, exc: BaseException, tap: StreamTap | None) -> ApiError:
+    """The error for a connection to the engine that failed mid-reply, in words; the library's in the log.
+
+    The client once read "the connection failed (Response payload is not completed:
+    <TransferEncodingError: 400, ...>)": aiohttp's account of the engine's end, not the engine's.
+    """
+    if _unacknowledged(exc):
+        what = f"acknowledged nothing the gateway sent for {_UNACKNOWLEDGED_S:g} s"
+    elif isinstance(exc, aiohttp.ClientOSError) and exc.errno == errno.ECONNRESET:
+        what = "reset the connection"
+    else:
+        what = "closed the connection"
+    delivered = _tokens(tap)
+    log.warning(
+        "the engine broke a stream under way",
+        model=call.served_model or call.model,
+        node=call.route.node_id if call.route is not None else None,
+        endpoint=call.endpoint,
+        what=what,
+        error=str(exc) or type(exc).__name__,
+        request_id=call.request_id,
+    )
+    return ApiError(
+        502,
+        f"the {'server' if is_endpoint(call) else 'engine'} for {call.served_model or call.model} on "
+        f"{where(call)} {what} mid-reply" + (f" after {delivered}" if delivered else ""),
+        type="server_error",
+        code="engine_error",
+    )
 
 
 async def _relay(

@@ -167,6 +167,31 @@ class TestPublishing:
                 )
                 assert standby.routes.ready_endpoints(MODEL) == ()
 
+    async def test_a_request_in_flight_through_a_standby_ends_when_the_leaders_agent_reports_it_stalled(
+        self, postgres_url: str
+    ) -> None:
+        async with running(Plane(postgres_url, "cp1")) as leader:
+            await eventually(lambda: leader.settled.is_set(), ELECTED_S)
+            leader.inventory.attach(pb.Register(node_id="n1", running=[ready("n1", "s1", 9109, "k")]))
+            async with running(Plane(postgres_url, "cp2")) as standby:
+                await eventually(lambda: standby.routes.ready_endpoints(MODEL), ELECTED_S)
+                route = standby.routes.route("http://127.0.0.1:9109")
+                assert route is not None
+                stall = "sim on n1 stopped answering /health 3 s ago (3 probes in a row; the last: timed out)"
+                stalled = ready("n1", "s1", 9109, "k")
+                stalled.state, stalled.detail = "stalled", stall
+                leader.inventory.shard_status("n1", stalled)
+                # Often killed and failed before the table goes out: that ends it too, saying so.
+                failed = ready("n1", "s1", 9109, "k")
+                failed.state, failed.detail = "failed", f"stalled, so its process group was killed: {stall}"
+                leader.inventory.shard_status("n1", failed)
+                await eventually(lambda: route.lost.done(), ELECTED_S)
+                assert (
+                    route.lost.result()
+                    == f"its node reported it failed: stalled, so its process group was killed: {stall}"
+                )
+                assert standby.routes.ready_endpoints(MODEL) == ()
+
 
 class TestStarting:
     async def test_a_server_started_beside_a_leader_has_its_table_once_its_first_look_is_done(

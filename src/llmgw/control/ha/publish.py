@@ -75,6 +75,10 @@ class RoutingTable:
     # Nodes whose agent the leader lost: requests in flight to their engines are abandoned once the
     # leader takes those out of routing too (their engines stopped answering its gateway).
     unreachable: list[str] = attrs.field(factory=list)
+    # Replicas (by shard id) whose node reported them stalled or failed, with why: what a standby's
+    # gateway has in flight there ends at once, as on the leader (a stall is often failed, its engine
+    # killed, by the time the table is published).
+    given_up: dict[str, str] = attrs.field(factory=dict)
 
     def nodes(self) -> set[str]:
         return {p.node_id for replicas in self.ready.values() for p in replicas}
@@ -106,7 +110,7 @@ def inventory_table(inventory: Inventory, models: Sequence[str]) -> RoutingTable
         else:
             why[model] = inventory.why_no_ready(model)
     unreachable = sorted(n.id for n in inventory.nodes() if n.state == "unreachable")
-    return RoutingTable(ready=ready, why=why, unreachable=unreachable)
+    return RoutingTable(ready=ready, why=why, unreachable=unreachable, given_up=inventory.given_up())
 
 
 class FleetRoutes:
@@ -369,12 +373,15 @@ class FleetRoutes:
         routed = {p.shard_id for ps in table.ready.values() for p in ps}
         unreachable = set(table.unreachable)
         for shard_id, (node, future) in list(self._lost.items()):
-            if node in unreachable and shard_id not in routed:
+            if shard_id in routed:
+                continue
+            why = table.given_up.get(shard_id)
+            if why is None and node in unreachable:
+                why = f"node {node}'s agent is unreachable and its engine stopped answering the leader"
+            if why is not None:
                 del self._lost[shard_id]
                 if not future.done():
-                    future.set_result(
-                        f"node {node}'s agent is unreachable and its engine stopped answering the leader"
-                    )
+                    future.set_result(why)
         self.read.set()
         log.debug("read the routing table", generation=generation, models=len(table.ready))
 
