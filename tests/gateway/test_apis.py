@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -22,11 +21,12 @@ from llmgw.config import ModelConfig, PriceConfig, ServerConfig, TimeoutsConfig
 from llmgw.engines.base import OPENAI_APIS
 from llmgw.engines.sim_apis import AUDIO_BYTES_PER_S
 from llmgw.engines.sim_server import make_sim_app
-from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.apis import AUDIO_TOKENS_PER_S, MAX_AUDIO_BODY, ModelKind
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.prompts import TEMPLATE_OVERHEAD, prompt_bound
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.translation import apis_served
 from llmgw.gateway.usage import UsageRecorder
@@ -579,7 +579,7 @@ class TestWhatEveryRouteGets:
         async with broken.client.post("/v1/messages?huge=1", json=body, headers=broken.auth) as response:
             assert response.status == 200
         (row,) = await broken.usage()
-        assert (row.prompt_tokens, row.completion_tokens) == (len(json.dumps(body)) + TEMPLATE_OVERHEAD, 5)
+        assert (row.prompt_tokens, row.completion_tokens) == (prompt_bound(body), 5)
 
     async def test_an_engine_that_sends_nothing_is_a_504_in_the_routes_shape(self, broken: Rig) -> None:
         body = {"model": BROKEN, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
@@ -660,7 +660,7 @@ class TestStreamsCutMidEvent:
         (row,) = await broken.usage()
         # No usage reported: the prompt as reserved, a token per delta the client had.
         assert (row.requests, row.completion_tokens) == (1, 2)
-        assert math.isclose(row.prompt_tokens, len(json.dumps(body)) + TEMPLATE_OVERHEAD, abs_tol=8)
+        assert row.prompt_tokens == prompt_bound(body)
 
 
 class TestModels:
