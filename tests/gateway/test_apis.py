@@ -261,7 +261,7 @@ class TestMessages:
             ({"max_tokens": 5, "messages": []}, "messages must be a non-empty list"),
         ],
     )
-    async def test_a_body_that_is_not_a_messages_body_is_a_400_in_anthropics_shape_and_costs_nothing(
+    async def test_a_body_that_is_not_a_messages_body_is_a_400_in_anthropics_shape_counted_costing_nothing(
         self, rig: Rig, body: dict[str, object], said: str
     ) -> None:
         async with rig.client.post(
@@ -271,7 +271,8 @@ class TestMessages:
             refused = await response.json()
         assert refused["type"] == "error" and refused["error"]["type"] == "invalid_request_error"
         assert said in refused["error"]["message"]
-        assert await rig.usage() == []
+        (row,) = await rig.usage()
+        assert (row.model, row.requests, row.errors, row.prompt_tokens, row.cost) == (MODEL, 1, 1, 0, 0.0)
 
     async def test_a_request_past_the_tpm_limit_is_a_rate_limit_error(self, rig: Rig) -> None:
         # Its reservation is its max_tokens and its body: past the project's tpm, refused before the engine.

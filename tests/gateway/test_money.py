@@ -198,7 +198,8 @@ class TestReservations:
             error = json.loads(body)["error"]
             assert status == 400 and error["code"] == "max_tokens_too_large"
             assert "sim-chat allows at most 100" in error["message"]
-        assert (await gw.usage())[0] == 0
+        # Counted, as every refusal is: two requests, both errors, nothing used.
+        assert await gw.usage() == (2, 0, 0, 0.0)
 
     # Every time: the same burst on fresh gateways, three times over.
     @pytest.mark.parametrize("round_", range(3))

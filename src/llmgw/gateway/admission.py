@@ -164,18 +164,34 @@ class Admission:
         """What /v1/models shows key: the models it may call (gateway/access.py)."""
         return access.listed(names, key, self._quotas.hierarchy)
 
-    async def _admit(self, key: KeyRecord, model: str, tokens: int, spend: float) -> Ticket:
-        """The reservation for every scope of key's chain; a refusal is recorded as one, then raised."""
+    async def _admit(self, key: KeyRecord, tokens: int, spend: float) -> Ticket:
+        """The reservation for every scope of key's chain; ApiError when a scope refuses it."""
         try:
-            try:
-                return self._quotas.admit(key, tokens, spend)
-            except Short as short:
-                # Several gateways: this one's lease is short; wait for a claim rather than refuse.
-                return await self._quotas.admit_leased(key, tokens, spend, short)
+            return self._quotas.admit(key, tokens, spend)
+        except Short as short:
+            # Several gateways: this one's lease is short; wait for a claim rather than refuse.
+            return await self._quotas.admit_leased(key, tokens, spend, short)
+
+    async def count_refusals(self, call: Call, rest: Handler) -> web.StreamResponse:
+        """The stage right after authentication: a request refused before it was admitted is in the
+        usage too, under its key, its model and its status, as a request that held no place in any
+        window and cost nothing.
+
+        Every refusal alike, wherever it comes from: a model the key may not call (403), a body that
+        is not the API's or asks too much (400), a limit or a budget (429). `llmgw usage` counts
+        requests and errors from the stored usage, and a 403 was in neither while a 429 was. A request
+        that names no model (no key or a bad one, a body that is not JSON) has nothing to be counted
+        under, and is not.
+        """
+        try:
+            return await rest(call)
         except ApiError as refusal:
-            self._recorder.record(
-                key.id, key.project_id, model, refusal.status, 0, 0, 0.0, 0.0, admitted=False
-            )
+            key = call.key
+            # Once admitted, the request's own settlement records it, whatever its end.
+            if key is not None and call.model and not call.count_usage:
+                self._recorder.record(
+                    key.id, key.project_id, call.model, refusal.status, 0, 0, 0.0, 0.0, admitted=False
+                )
             raise
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
@@ -208,7 +224,7 @@ class Admission:
             )
         # A token count costs nothing: it still counts as a request against rpm.
         prompt = api.reserved_prompt(payload, len(call.body)) if api.metered else 0
-        ticket = await self._admit(key, model, prompt + completion, cost(price, prompt, completion))
+        ticket = await self._admit(key, prompt + completion, cost(price, prompt, completion))
         _ask_the_engine(call, limit if asked is None and api.limit else None)
         call.count_usage = True
         charged = False
