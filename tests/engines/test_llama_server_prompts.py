@@ -23,7 +23,8 @@ import pytest_asyncio
 
 from llmgw.engines.base import LaunchSpec
 from llmgw.engines.llamacpp import LlamaCppEngine
-from llmgw.gateway.apis import CHAT, COMPLETIONS, MESSAGES, Api, reply_usage
+from llmgw.gateway.apis import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Api, reply_usage
+from llmgw.gateway.translation import Translation
 
 from .test_llama_server import BUILD, _free_port, _wait_healthy, tiny_model
 
@@ -142,3 +143,38 @@ async def test_a_messages_request_reserves_at_least_what_the_engine_counts(serve
         ],
     }
     assert await _counted(server, "/v1/messages", body) <= _reserved(MESSAGES, body)
+
+
+@pytest.mark.parametrize(
+    ("api", "body"),
+    [
+        (
+            MESSAGES,
+            {
+                "model": MODEL,
+                "max_tokens": 1,
+                "system": [{"type": "text", "text": "汉字 " * 40}, {"type": "text", "text": "🙂" * 40}],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "a " * 200}]}],
+            },
+        ),
+        (
+            RESPONSES,
+            {
+                "model": MODEL,
+                "max_output_tokens": 1,
+                "instructions": "🦜" * 40,
+                "input": [
+                    {"role": "system", "content": "x\n" * 100},
+                    {"role": "user", "content": [{"type": "input_text", "text": "a " * 200}]},
+                ],
+            },
+        ),
+    ],
+    ids=["messages", "responses"],
+)
+async def test_a_request_translated_to_chat_reserves_at_least_what_the_engine_counts_of_the_chat(
+    server: str, api: Api, body: dict[str, Any]
+) -> None:
+    """The gateway sends an engine without the API the translation's chat body (gateway/translation.py)."""
+    chat = json.loads(Translation(api.name, body, MODEL).body)
+    assert await _counted(server, "/v1/chat/completions", chat) <= _reserved(api, body)
