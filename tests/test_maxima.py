@@ -11,13 +11,16 @@ from llmgw import maxima
 from llmgw.config import PriceConfig
 from llmgw.gateway.admission import TEMPLATE_OVERHEAD
 from llmgw.gateway.app import MAX_BODY
+from llmgw.gateway.prompts import MOST_PROMPT_TOKENS
 from llmgw.pricing import cost
 
 
 def test_the_dearest_request_costs_a_finite_amount_even_summed_over_every_row_a_store_holds() -> None:
-    """A request is charged for at most a token per byte of its body and its model's max_tokens."""
+    """A request is charged for at most the most prompt any request reserves and its model's max_tokens."""
     dearest = PriceConfig(prompt_per_1k=maxima.MAX_PRICE_PER_1K, completion_per_1k=maxima.MAX_PRICE_PER_1K)
-    most = cost(dearest, MAX_BODY + TEMPLATE_OVERHEAD, maxima.MAX_TOKENS)
+    # Reckoned, as the usage tests reckon it, as a token per byte of the largest body.
+    assert MOST_PROMPT_TOKENS == MAX_BODY + TEMPLATE_OVERHEAD
+    most = cost(dearest, MOST_PROMPT_TOKENS, maxima.MAX_TOKENS)
     assert math.isfinite(most) and most * 2**63 < sys.float_info.max
 
 

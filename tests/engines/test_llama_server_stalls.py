@@ -31,9 +31,10 @@ from llmgw.config import ModelConfig, ServerConfig, TimeoutsConfig
 from llmgw.control.inventory import Inventory
 from llmgw.engines.base import LaunchSpec
 from llmgw.engines.llamacpp import LlamaCppEngine
-from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.prompts import prompt_bound
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.proto.llmgw import v1 as pb
@@ -255,9 +256,8 @@ async def gateway(engine: Engine, tmp_path: Path) -> AsyncIterator[Gateway]:
 
 
 def _reserved_prompt(body: dict[str, Any]) -> int:
-    # What admission reserves for the prompt: a token per byte of the request as the client sent it
-    # (aiohttp's json= is json.dumps), plus the template's overhead.
-    return len(json.dumps(body).encode()) + TEMPLATE_OVERHEAD
+    # What admission reserves for the prompt: the bound of the text that reaches the model.
+    return prompt_bound(body)
 
 
 def _events(body: bytes) -> list[dict[str, Any]]:

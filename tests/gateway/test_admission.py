@@ -18,10 +18,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from llmgw.catalog import Catalog
 from llmgw.config import AuthConfig, ModelConfig, PriceConfig, ServerConfig
 from llmgw.engines.sim_server import make_sim_app
-from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.prompts import prompt_bound
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.usage import UsageRecorder, find_usage
 from llmgw.maxima import MAX_BUDGET, MAX_PRICE_PER_1K
@@ -101,8 +102,8 @@ async def rig(store: Store, sim: str) -> AsyncIterator[RigFactory]:
 
 
 def _reserved(body: dict[str, Any]) -> int:
-    """What a request reserves: a token per byte of its body, the template's overhead and max_tokens."""
-    return len(json.dumps(body).encode()) + TEMPLATE_OVERHEAD + body["max_tokens"]
+    """What a request reserves: its prompt's bound (prompts.py) and max_tokens."""
+    return prompt_bound(body) + body["max_tokens"]
 
 
 def _error(body: bytes) -> dict[str, Any]:
@@ -185,8 +186,8 @@ class TestRateLimits:
     ) -> None:
         gw = await rig()
         plaintext, key = await gw.key()
-        # Each request reserves a token per byte of its body, the template's overhead and
-        # max_tokens=8 (about 240), but uses far fewer; settlement gives the difference back.
+        # Each request reserves its prompt's bound (its text and the template's allowances) and
+        # max_tokens=8 (about 170), but uses far fewer; settlement gives the difference back.
         await set_limits(gw.store, Scope("key", key.id), rpm=None, tpm=700)
         await gw.reload()
         status, _, body = await gw.chat(plaintext)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -22,11 +21,12 @@ from llmgw.config import ModelConfig, PriceConfig, ServerConfig, TimeoutsConfig
 from llmgw.engines.base import OPENAI_APIS
 from llmgw.engines.sim_apis import AUDIO_BYTES_PER_S
 from llmgw.engines.sim_server import make_sim_app
-from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.apis import AUDIO_TOKENS_PER_S, MAX_AUDIO_BODY, ModelKind
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.prompts import TEMPLATE_OVERHEAD, prompt_bound
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.translation import apis_served
 from llmgw.gateway.usage import UsageRecorder
@@ -261,7 +261,7 @@ class TestMessages:
             ({"max_tokens": 5, "messages": []}, "messages must be a non-empty list"),
         ],
     )
-    async def test_a_body_that_is_not_a_messages_body_is_a_400_in_anthropics_shape_and_costs_nothing(
+    async def test_a_body_that_is_not_a_messages_body_is_a_400_in_anthropics_shape_counted_costing_nothing(
         self, rig: Rig, body: dict[str, object], said: str
     ) -> None:
         async with rig.client.post(
@@ -271,7 +271,8 @@ class TestMessages:
             refused = await response.json()
         assert refused["type"] == "error" and refused["error"]["type"] == "invalid_request_error"
         assert said in refused["error"]["message"]
-        assert await rig.usage() == []
+        (row,) = await rig.usage()
+        assert (row.model, row.requests, row.errors, row.prompt_tokens, row.cost) == (MODEL, 1, 1, 0, 0.0)
 
     async def test_a_request_past_the_tpm_limit_is_a_rate_limit_error(self, rig: Rig) -> None:
         # Its reservation is its max_tokens and its body: past the project's tpm, refused before the engine.
@@ -579,7 +580,7 @@ class TestWhatEveryRouteGets:
         async with broken.client.post("/v1/messages?huge=1", json=body, headers=broken.auth) as response:
             assert response.status == 200
         (row,) = await broken.usage()
-        assert (row.prompt_tokens, row.completion_tokens) == (len(json.dumps(body)) + TEMPLATE_OVERHEAD, 5)
+        assert (row.prompt_tokens, row.completion_tokens) == (prompt_bound(body), 5)
 
     async def test_an_engine_that_sends_nothing_is_a_504_in_the_routes_shape(self, broken: Rig) -> None:
         body = {"model": BROKEN, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
@@ -663,7 +664,7 @@ class TestStreamsCutMidEvent:
         (row,) = await broken.usage()
         # No usage reported: the prompt as reserved, a token per delta the client had.
         assert (row.requests, row.completion_tokens) == (1, 2)
-        assert math.isclose(row.prompt_tokens, len(json.dumps(body)) + TEMPLATE_OVERHEAD, abs_tol=8)
+        assert row.prompt_tokens == prompt_bound(body)
 
 
 class TestModels:

@@ -133,7 +133,9 @@ async def test_a_chat_model_asked_for_embeddings_is_a_400_saying_what_it_serves(
         f"the models that serve embeddings are {EMBED}"
     )
     await rig.recorder.flush(rig.store)
-    assert await usage_by_day(rig.store) == []
+    # Counted as every refusal is: a request and an error, nothing used.
+    (row,) = await usage_by_day(rig.store)
+    assert (row.model, row.requests, row.errors, row.prompt_tokens, row.cost) == (MODEL, 1, 1, 0, 0.0)
 
 
 async def test_an_embeddings_model_asked_for_chat_is_a_400_saying_what_it_serves(rig: Rig) -> None:
@@ -176,7 +178,7 @@ async def test_the_sim_refuses_an_input_it_cannot_embed(rig: Rig, bad: object) -
         assert "input must be" in (await reply.json())["error"]["message"]
 
 
-async def test_a_request_of_more_inputs_than_the_bound_is_refused_in_words_before_anything_is_counted(
+async def test_a_request_of_more_inputs_than_the_bound_is_refused_in_words_before_anything_is_reserved(
     rig: Rig,
 ) -> None:
     """One request of 200,000 inputs held the engine until the agent killed it."""
@@ -190,7 +192,9 @@ async def test_a_request_of_more_inputs_than_the_bound_is_refused_in_words_befor
         f"input holds {MAX_EMBEDDING_INPUTS + 1:,} inputs; a request may hold at most "
         f"{MAX_EMBEDDING_INPUTS:,}: send them in several requests"
     )
-    assert list(rig.recorder.pending()) == []
+    # Counted as every refusal is: a request and an error, nothing used.
+    ((refused, totals),) = rig.recorder.pending()
+    assert (refused.status, totals.requests, totals.prompt_tokens, totals.cost) == (400, 1, 0, 0.0)
     # As many as the bound are embedded; so is one input of more token ids than that.
     for taken in (["x"] * MAX_EMBEDDING_INPUTS, list(range(MAX_EMBEDDING_INPUTS + 1))):
         async with rig.client.post(

@@ -25,10 +25,11 @@ from llmgw.config import (
 )
 from llmgw.engines.sim_server import make_sim_app
 from llmgw.errors import ConfigError
-from llmgw.gateway.admission import TEMPLATE_OVERHEAD, Admission
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.endpoints import Endpoints
+from llmgw.gateway.prompts import prompt_bound
 from llmgw.gateway.quotas import Quotas
 from llmgw.gateway.router import Router
 from llmgw.gateway.usage import UsageRecorder
@@ -158,11 +159,11 @@ class TestRouting:
         assert len(setup.upstream.received) == 2
 
     async def test_a_budget_spent_on_the_endpoint_refuses_the_next_request_exactly(self, setup):
-        # A request reserves (its bytes + the template's overhead) at 1 a token and 8 completion tokens at
+        # A request reserves its prompt's bound (prompts.py) at 1 a token and 8 completion tokens at
         # 2, and costs what the endpoint reported: 7 * 1 + 3 * 2 = 13. A budget one short of 13 plus a
         # reservation admits one request, then refuses the next.
         body = {"model": EXT, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-        reserved = len(json.dumps(body).encode()) + TEMPLATE_OVERHEAD + 8 * 2
+        reserved = prompt_bound(body) + 8 * 2
         await set_budget(setup.store, Scope("project", 1), 13.0 + reserved - 1, "total")
         await setup.quotas.refresh(setup.store)
         assert [(await setup.post())[0] for _ in range(2)] == [200, 429]

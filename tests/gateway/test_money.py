@@ -127,6 +127,10 @@ def _chat(text: str, **fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], **fields}
 
 
+# Text that tokenizes densely: one-letter words, CJK, emoji, punctuation (each a token to the sim).
+ADVERSARIAL = "a " * 300 + "汉字" * 200 + "🙂👍🏽" * 100 + "!?" * 100
+
+
 class TestStreamUsage:
     @pytest.mark.parametrize("paced", [False, True], ids=["whole", "paced"])
     async def test_a_stream_that_did_not_ask_for_usage_is_charged_the_engines_count_and_sees_no_usage(
@@ -196,7 +200,8 @@ class TestReservations:
             error = json.loads(body)["error"]
             assert status == 400 and error["code"] == "max_tokens_too_large"
             assert "sim-chat allows at most 100" in error["message"]
-        assert (await gw.usage())[0] == 0
+        # Counted, as every refusal is: two requests, both errors, nothing used.
+        assert await gw.usage() == (2, 0, 0, 0.0)
 
     # Every time: the same burst on fresh gateways, three times over.
     @pytest.mark.parametrize("round_", range(3))
@@ -226,6 +231,76 @@ class TestReservations:
         # What the engine counted is what was charged, and it is more than a byte count over four.
         admitted = [b for (status, _, _), b in zip(results, bodies, strict=True) if status == 200]
         assert prompt > sum(len(_json(b)) // 4 for b in admitted)
+
+    async def test_a_prompt_of_400_one_letter_words_is_admitted_under_the_budget_it_fits(
+        self, money: MoneyFactory, store: Store
+    ) -> None:
+        # 401 tokens at 1 a thousand: 0.401 of a budget of 1.0. A token per byte of the body reserved
+        # 1,013 tokens, and it was refused however much of the budget was left.
+        price = PriceConfig(prompt_per_1k=1.0, completion_per_1k=1.0)
+        gw = await money(pricing={MODEL: price})
+        key = await gw.key()
+        await set_budget(store, Scope("project", 1), 1.0, "total")
+        await gw.quotas.refresh(store)
+        status, _, body = await gw.post(key, _chat(" ".join(["a"] * 400), max_tokens=1))
+        assert status == 200, body
+        requests, prompt, completion, spent = await gw.usage()
+        assert (requests, prompt, completion) == (1, 400, 1)
+        assert spent == pytest.approx(0.401)
+
+    async def test_cjk_sent_as_unicode_escapes_reserves_its_decoded_bytes(
+        self, money: MoneyFactory, store: Store
+    ) -> None:
+        # 400 characters: 1,200 bytes of UTF-8, 2,400 of \u escapes in the body. A tpm of 1,500 holds
+        # the first, and refused the request while it was reserved by the second.
+        gw = await money()
+        key = await gw.key()
+        await set_limits(store, Scope("project", 1), rpm=None, tpm=1500)
+        await gw.quotas.refresh(store)
+        body = json.dumps(_chat("汉" * 400, max_tokens=1)).encode()
+        assert b"\\u6c49" in body and len(body) > 2400
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        async with gw.client.post(CHAT, data=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
+        assert (await gw.usage())[1:3] == (400, 1)
+
+    @pytest.mark.parametrize(
+        ("path", "body"),
+        [
+            (CHAT, _chat(ADVERSARIAL, max_tokens=4)),
+            ("/v1/completions", {"model": MODEL, "prompt": [ADVERSARIAL, ADVERSARIAL], "max_tokens": 4}),
+            (
+                "/v1/messages",
+                {
+                    "model": MODEL,
+                    "system": ADVERSARIAL,
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": [{"type": "text", "text": ADVERSARIAL}]}],
+                },
+            ),
+            (
+                "/v1/responses",
+                {"model": MODEL, "instructions": ADVERSARIAL, "input": ADVERSARIAL, "max_output_tokens": 4},
+            ),
+        ],
+        ids=["chat", "completions", "messages", "responses"],
+    )
+    async def test_dense_prompts_of_every_api_are_charged_the_engines_count_never_held_to_the_bound(
+        self, money: MoneyFactory, path: str, body: dict[str, Any]
+    ) -> None:
+        gw = await money()
+        key = await gw.key()
+        with capture_logs() as logs:
+            async with gw.client.post(
+                path, data=_json(body), headers={"Authorization": f"Bearer {key}"}
+            ) as r:
+                assert r.status == 200, await r.text()
+                reply = await r.json()
+        assert not [e for e in logs if e["event"].startswith("engine reported usage that cannot be true")]
+        usage = reply["usage"]
+        counted = usage.get("prompt_tokens", usage.get("input_tokens"))
+        assert counted > len(_json(body)) // 4
+        assert (await gw.usage())[1] == counted
 
 
 class TestRefusals:

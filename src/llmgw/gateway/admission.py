@@ -1,8 +1,8 @@
 """The admission stage: model allow-list, rate limits and budgets before routing; settlement and usage after.
 
 Between read_request and route. What a request reserves is an upper bound of
-what it can cost: its prompt at one token per byte of the request plus the
-chat template's overhead, its completion at max_tokens (the model's
+what it can cost: its prompt at the bound of prompts.py (the bytes of the
+text that reaches the model, plus the chat template's allowances), its completion at max_tokens (the model's
 `max_tokens` when it names none, which the engine is then sent) times `n`. It
 is settled to the usage the engine reports: the gateway asks for it on every
 stream, and the proxy hides what the client did not ask for. The request's
@@ -24,20 +24,13 @@ from llmgw.config import ModelConfig, PriceConfig, ServerConfig
 from llmgw.gateway import access
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
+from llmgw.gateway.prompts import TEMPLATE_OVERHEAD as TEMPLATE_OVERHEAD  # where it was, for importers
 from llmgw.gateway.quotas import Quotas, Short, Ticket
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.pricing import cost, price_of
 from llmgw.store.keys import KeyRecord
 from llmgw.store.scopes import Hierarchy
 
-# A token is at least one byte of the text it stands for with every tokenizer
-# the engines use (byte-level BPE, SentencePiece with byte fallback), so the
-# request's length in bytes bounds its prompt's tokens; what the chat template
-# adds per message (role markers) is under the JSON the message costs in the
-# request, and this covers what it adds once (BOS, a default system prompt,
-# the assistant's header). An estimate below the truth would let concurrent
-# requests through a budget together; settlement corrects the excess.
-TEMPLATE_OVERHEAD = 128
 _DEFAULT_MAX_TOKENS = ModelConfig().max_tokens
 
 log = structlog.get_logger(__name__)
@@ -96,10 +89,9 @@ def plausible_usage(call: Call, reported: tuple[int, int], prompt: int, completi
     An engine is a neighbour, not an authority: one reply claiming a trillion
     prompt tokens spent a whole budget, and a negative count gave it back with
     interest. Neither count is below zero; the prompt is at most what was
-    reserved for it (a token is at least a byte of the request, plus the
-    template's overhead) and the completion at most what was reserved for it
-    (max_tokens times n). A report outside those bounds is logged with the
-    replica that sent it.
+    reserved for it (prompts.py: never below what the engine can count) and
+    the completion at most what was reserved for it (max_tokens times n). A
+    report outside those bounds is logged with the replica that sent it.
     """
     reported_prompt, reported_completion = reported
     held = (min(max(reported_prompt, 0), prompt), min(max(reported_completion, 0), completion))
@@ -179,18 +171,34 @@ class Admission:
         """What /v1/models shows key: the models it may call (gateway/access.py)."""
         return access.listed(names, key, self._quotas.hierarchy)
 
-    async def _admit(self, key: KeyRecord, model: str, tokens: int, spend: float) -> Ticket:
-        """The reservation for every scope of key's chain; a refusal is recorded as one, then raised."""
+    async def _admit(self, key: KeyRecord, tokens: int, spend: float) -> Ticket:
+        """The reservation for every scope of key's chain; ApiError when a scope refuses it."""
         try:
-            try:
-                return self._quotas.admit(key, tokens, spend)
-            except Short as short:
-                # Several gateways: this one's lease is short; wait for a claim rather than refuse.
-                return await self._quotas.admit_leased(key, tokens, spend, short)
+            return self._quotas.admit(key, tokens, spend)
+        except Short as short:
+            # Several gateways: this one's lease is short; wait for a claim rather than refuse.
+            return await self._quotas.admit_leased(key, tokens, spend, short)
+
+    async def count_refusals(self, call: Call, rest: Handler) -> web.StreamResponse:
+        """The stage right after authentication: a request refused before it was admitted is in the
+        usage too, under its key, its model and its status, as a request that held no place in any
+        window and cost nothing.
+
+        Every refusal alike, wherever it comes from: a model the key may not call (403), a body that
+        is not the API's or asks too much (400), a limit or a budget (429). `llmgw usage` counts
+        requests and errors from the stored usage, and a 403 was in neither while a 429 was. A request
+        that names no model (no key or a bad one, a body that is not JSON) has nothing to be counted
+        under, and is not.
+        """
+        try:
+            return await rest(call)
         except ApiError as refusal:
-            self._recorder.record(
-                key.id, key.project_id, model, refusal.status, 0, 0, 0.0, 0.0, admitted=False
-            )
+            key = call.key
+            # Once admitted, the request's own settlement records it, whatever its end.
+            if key is not None and call.model and not call.count_usage:
+                self._recorder.record(
+                    key.id, key.project_id, call.model, refusal.status, 0, 0, 0.0, 0.0, admitted=False
+                )
             raise
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
@@ -222,8 +230,8 @@ class Admission:
                 refusal=("model", "max_tokens"),
             )
         # A token count costs nothing: it still counts as a request against rpm.
-        prompt = api.reserved_prompt(len(call.body), TEMPLATE_OVERHEAD) if api.metered else 0
-        ticket = await self._admit(key, model, prompt + completion, cost(price, prompt, completion))
+        prompt = api.reserved_prompt(payload, len(call.body)) if api.metered else 0
+        ticket = await self._admit(key, prompt + completion, cost(price, prompt, completion))
         _ask_the_engine(call, limit if asked is None and api.limit else None)
         call.count_usage = True
         charged = False

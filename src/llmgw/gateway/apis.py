@@ -26,7 +26,7 @@ from typing import Any, Literal
 import attrs
 
 from llmgw import strictjson
-from llmgw.gateway import checks
+from llmgw.gateway import checks, prompts
 from llmgw.gateway.errors import ApiError, ErrorShape
 
 ModelKind = Literal["chat", "embeddings", "rerank", "transcription"]
@@ -89,12 +89,15 @@ class Api:
     max_body: int = 0
     # Refuses a body that is not this API's own (checks.py), before anything is reserved.
     check: checks.Check | None = None
+    # The most prompt tokens a JSON body can bring to the model (prompts.py).
+    prompt_bound: Callable[[dict[str, Any]], int] = prompts.prompt_bound
 
-    def reserved_prompt(self, body_bytes: int, overhead: int) -> int:
-        """The most prompt tokens a body of body_bytes can hold (admission.py explains the bound)."""
+    def reserved_prompt(self, payload: dict[str, Any], body_bytes: int) -> int:
+        """The most prompt tokens the request can bring: its JSON's text (prompts.py), or for an upload a
+        token per AUDIO_BYTES_PER_TOKEN bytes of it."""
         if self.body == "multipart":
-            return body_bytes // AUDIO_BYTES_PER_TOKEN + overhead
-        return body_bytes + overhead
+            return body_bytes // AUDIO_BYTES_PER_TOKEN + prompts.TEMPLATE_OVERHEAD
+        return min(self.prompt_bound(payload), prompts.MOST_PROMPT_TOKENS)
 
 
 def _openai_error_event(error: ApiError) -> bytes:
@@ -240,7 +243,13 @@ RESPONSES = Api(
     _RESPONSES_STREAM,
     limit=("max_output_tokens",),
 )
-RERANK = Api("rerank", ("/v1/rerank", "/rerank", "/v1/score"), "rerank", _NO_STREAM)
+RERANK = Api(
+    "rerank",
+    ("/v1/rerank", "/rerank", "/v1/score"),
+    "rerank",
+    _NO_STREAM,
+    prompt_bound=prompts.rerank_bound,
+)
 TRANSCRIPTIONS = Api(
     "transcriptions",
     ("/v1/audio/transcriptions",),

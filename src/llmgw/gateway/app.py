@@ -86,6 +86,14 @@ def _guarded_app() -> web.Application:
     )
 
 
+def _models_a_key_may_call(admission: Admission | None) -> Callable[[list[str], KeyRecord], list[str]]:
+    """Which models a key may call: its list within its project's, known to admission; without admission
+    (a gateway with no limits) the key's own list alone."""
+    if admission is not None:
+        return admission.listed
+    return lambda names, key: access.listed(names, key, _NO_PROJECTS)
+
+
 def make_gateway_app(
     cfg: ServerConfig,
     catalog: Catalog,
@@ -112,19 +120,16 @@ def make_gateway_app(
 
     auth: list[Stage] = [Authenticate(keys)] if cfg.auth.enabled else []
     admit: list[Stage] = [admission] if admission is not None and cfg.auth.enabled else []
-    # Which models a key may call: its list within its project's, known to admission; without admission
-    # (a gateway with no limits) the key's own list alone.
-    allowed_for: Callable[[list[str], KeyRecord], list[str]] = (
-        admission.listed
-        if admission is not None
-        else lambda names, key: access.listed(names, key, _NO_PROJECTS)
-    )
+    # Refusals before admission are counted in the usage as admission's own are.
+    counted: list[Stage] = [admission.count_refusals] if admission is not None and cfg.auth.enabled else []
+    allowed_for = _models_a_key_may_call(admission)
 
     def route(api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """Every API's way through the gateway: the same stages, in the same order."""
         stages: list[Stage] = [
             metrics.observe,
             *auth,
+            *counted,
             read_request,
             _serves(api.kind, catalog),
             *admit,
@@ -203,7 +208,7 @@ async def _stored_response(request: web.Request) -> web.StreamResponse:
 
 
 def _serves(kind: ModelKind, catalog: Catalog) -> Stage:
-    """The stage that refuses, with 400 and before anything is counted, a model of the other kind."""
+    """The stage that refuses, with 400 and before anything is reserved, a model of the other kind."""
 
     async def check(call: Call, rest: Handler) -> web.StreamResponse:
         definition = catalog.get(call.model)

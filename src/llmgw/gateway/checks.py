@@ -111,7 +111,7 @@ MAX_EMBEDDING_INPUTS = 2048
 
 
 def embeddings(body: dict[str, Any]) -> None:
-    """Refuse, before anything is counted, an embeddings request of more than MAX_EMBEDDING_INPUTS inputs."""
+    """Refuse, before anything is reserved, an embeddings request of more than MAX_EMBEDDING_INPUTS inputs."""
     inputs = body.get("input")
     # A list of token ids is one input; a list of strings, or of such lists, is one input each.
     if isinstance(inputs, list) and len(inputs) > MAX_EMBEDDING_INPUTS and not isinstance(inputs[0], int):

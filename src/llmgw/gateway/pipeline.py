@@ -129,11 +129,12 @@ async def read_request(call: Call, rest: Handler) -> web.StreamResponse:
         raise ApiError(
             400, "the request does not name a model: set 'model'", code="missing_model", param="model"
         )
-    if call.api.check is not None:
-        call.api.check(payload)
     call.body = body
     call.payload = payload
+    # Before the API's check, so that a body it refuses is counted under the model it named.
     call.model = model
+    if call.api.check is not None:
+        call.api.check(payload)
     return await rest(call)
 
 
