@@ -23,6 +23,7 @@ from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE, EXIT_USAGE
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory
+from llmgw.control.placement import Backoff
 from llmgw.proto.llmgw import v1 as pb
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -496,6 +497,12 @@ async def crowded() -> AsyncIterator[tuple[str, Inventory]]:
         _fail_and_forget(inventory, model)
     app = web.Application()
     adminapi.install(app, CROWDED, inventory, Catalog(CROWDED))
+    # crashy waits out its backoff on gpu-01, the one node that takes it; crashy-2's wait is over.
+    backoff = {
+        ("crashy", "gpu-01"): Backoff(failures=2, remaining_s=19.6, cause=FAILURE_CAUSE),
+        ("crashy-2", "gpu-01"): Backoff(failures=1, remaining_s=-3.0, cause=FAILURE_CAUSE),
+    }
+    app[adminapi.BACKOFF_KEY] = lambda: backoff
     with capture_logs():
         async with TestServer(app) as test_server:
             yield str(test_server.make_url("")).rstrip("/"), inventory
@@ -511,17 +518,37 @@ class TestModelsWithoutReplicas:
         assert (code, err) == (0, "")
         assert out.splitlines()[1].startswith("sim-chat-1a2b")
         assert out.endswith(
-            "\n\n4 models have no replica now (2 failed lately, 1 not placed, 1 set to 0 replicas): "
+            "\n\n4 models have no replica now (1 failing, 1 backing off, 1 not placed, 1 set to 0 replicas): "
             "see `llmgw ctl replicas --all` or `llmgw ctl models`\n"
         )
+
+    async def test_a_model_waiting_out_its_backoff_says_so_and_when_it_is_tried_again(
+        self, crowded: tuple[str, Inventory]
+    ):
+        """A model failing on every node it fits had no replica while it waited, and read "failed lately"."""
+        code, out, err = await run("--server", crowded[0], "replicas", "--model", "crashy")
+        assert (code, err) == (0, "")
+        assert out == (
+            "1 model has no replica now (crashy: backing off, next try in 20 s): "
+            "see `llmgw ctl replicas --all` or `llmgw ctl models`\n"
+        )
+
+    async def test_the_api_gives_each_node_a_model_backs_off_from_and_none_whose_wait_is_over(
+        self, crowded: tuple[str, Inventory]
+    ):
+        code, out, _ = await run("--server", crowded[0], "models", "--json")
+        assert code == 0
+        backing_off = {m["name"]: m["backing_off"] for m in json.loads(out)}
+        assert backing_off["crashy"] == [{"node": "gpu-01", "failures": 2, "next_try_s": 19.6}]
+        assert backing_off["crashy-2"] == [] and backing_off["sim-chat"] == []
 
     async def test_replicas_of_a_model_with_none_says_why_instead_of_an_empty_table(
         self, crowded: tuple[str, Inventory]
     ):
-        code, out, err = await run("--server", crowded[0], "replicas", "--model", "crashy")
+        code, out, err = await run("--server", crowded[0], "replicas", "--model", "crashy-2")
         assert (code, err) == (0, "")
         assert out == (
-            "1 model has no replica now (crashy: failed lately): "
+            "1 model has no replica now (crashy-2: failing): "
             "see `llmgw ctl replicas --all` or `llmgw ctl models`\n"
         )
 

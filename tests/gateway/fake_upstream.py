@@ -31,10 +31,15 @@ ERROR_MODES = (
 )
 
 
+# A 200 whose content quotes the key it was sent, as an echo of the request or a debug field may: whole
+# ("quote"), or cut in the middle of the key, the rest sent once `release` is set ("quote-split").
+QUOTE_MODES = ("quote", "quote-split")
+
+
 @attrs.define
 class FakeUpstream:
-    """Its behaviour is set by `mode`: "ok", one of ERROR_MODES (each quoting the key it was sent),
-    "hang" (nothing until `release`)."""
+    """Its behaviour is set by `mode`: "ok", one of ERROR_MODES (each quoting the key it was sent), one of
+    QUOTE_MODES, "hang" (nothing until `release`)."""
 
     key: str = KEY
     models: list[str] = attrs.field(factory=lambda: [NAME])
@@ -88,31 +93,53 @@ class FakeUpstream:
             "completion_tokens": COMPLETION_TOKENS,
             "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
         }
+        words = ["one", "two", "three"] + (
+            [f"(sent with the key {sent})"] if self.mode in QUOTE_MODES else []
+        )
         if not payload.get("stream"):
-            message = {"role": "assistant", "content": "one two three"}
-            return web.json_response(
-                {
-                    "id": "chatcmpl-1",
-                    "object": "chat.completion",
-                    "model": payload["model"],
-                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                    "usage": usage,
-                }
-            )
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for word in ("one", "two", "three"):
+            message = {"role": "assistant", "content": " ".join(words)}
+            reply = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "model": payload["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": usage,
+            }
+            if self.mode != "quote-split":
+                return web.json_response(reply)
+            return await self._split(request, "application/json", json.dumps(reply).encode(), sent)
+        events: list[bytes] = []
+        for word in words:
             chunk = {
                 "id": "chatcmpl-1",
                 "object": "chat.completion.chunk",
                 "model": payload["model"],
                 "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
             }
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            events.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         if (payload.get("stream_options") or {}).get("include_usage"):
             last = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
-            await response.write(b"data: " + json.dumps(last).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
+            events.append(b"data: " + json.dumps(last).encode() + b"\n\n")
+        events.append(b"data: [DONE]\n\n")
+        if self.mode == "quote-split":
+            return await self._split(request, "text/event-stream", b"".join(events), sent)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(event)
+        await response.write_eof()
+        return response
+
+    async def _split(
+        self, request: web.Request, content_type: str, body: bytes, key: str
+    ) -> web.StreamResponse:
+        """body in two writes cut in the middle of key, the second once `release` is set."""
+        cut = body.index(key.encode()) + len(key) // 2
+        response = web.StreamResponse(headers={"Content-Type": content_type})
+        await response.prepare(request)
+        await response.write(body[:cut])
+        await self.release.wait()
+        await response.write(body[cut:])
         await response.write_eof()
         return response
 

@@ -28,6 +28,7 @@ from llmgw.errors import ConfigError
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
+from llmgw.gateway.deadlines import Deadlines
 from llmgw.gateway.endpoints import Endpoints
 from llmgw.gateway.prompts import prompt_bound
 from llmgw.gateway.quotas import Quotas
@@ -294,6 +295,54 @@ class TestUpstreamErrors:
             body = await reply.read()
         assert reply.status == 503
         assert f"{EXT} has no ready endpoint: {EXT}/0: {state.detail}" in _error(body)["message"]
+
+
+def _content(body: bytes, stream: bool) -> str:
+    """The reply's text: the message's content, or a stream's deltas joined."""
+    if not stream:
+        content: str = json.loads(body)["choices"][0]["message"]["content"]
+        return content
+    assert body.rstrip().endswith(b"data: [DONE]")
+    events = [line.removeprefix(b"data: ") for line in body.split(b"\n\n") if line.startswith(b"data: {")]
+    return " ".join(json.loads(e)["choices"][0]["delta"]["content"] for e in events)
+
+
+class TestAKeyQuotedInAReply:
+    """An endpoint that quotes its key in a 200 (an echo of the request, a debug field): its errors were
+    struck of the key, its replies were not."""
+
+    @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+    async def test_a_reply_that_quotes_the_key_reaches_the_client_without_it(self, setup, stream):
+        setup.upstream.mode = "quote"
+        status, headers, body = await setup.post(stream=stream)
+        assert status == 200
+        assert KEY not in body.decode() and KEY not in repr(headers)
+        assert _content(body, stream) == "one two three (sent with the key [its key])"
+
+    @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+    async def test_a_key_cut_between_two_reads_of_the_reply_is_struck_out_too(
+        self, setup, stream, monkeypatch: pytest.MonkeyPatch
+    ):
+        reads: list[bytes] = []
+        read = Deadlines.read
+
+        async def reading(self: Deadlines, *args: Any) -> bytes:
+            data = await read(self, *args)
+            reads.append(data)
+            # The first half is in: the endpoint sends the rest.
+            setup.upstream.release.set()
+            return data
+
+        monkeypatch.setattr(Deadlines, "read", reading)
+        setup.upstream.mode = "quote-split"
+        status, _, body = await setup.post(stream=stream)
+        assert status == 200
+        half = KEY[: len(KEY) // 2].encode()
+        assert [r for r in reads if half in r and KEY.encode() not in r], (
+            "the key was never cut between reads"
+        )
+        assert KEY not in body.decode()
+        assert _content(body, stream) == "one two three (sent with the key [its key])"
 
 
 class TestChecks:

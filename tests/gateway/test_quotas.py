@@ -1,7 +1,9 @@
-"""Budgets counted from the store: what a team's or organisation's projects spent, deleted ones included."""
+"""Budgets and rate windows counted from the store and the journal: what a team's or organisation's
+projects spent and sent, deleted ones included."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,11 +13,12 @@ import pytest
 
 from llmgw.gateway.allowance import Allowance
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.journal import Entry
 from llmgw.gateway.quotas import Quotas, Short
 from llmgw.gateway.usage import UsageRecorder
 from llmgw.store import Store, open_store
 from llmgw.store.keys import KeyRecord, create_key, revoke_key
-from llmgw.store.quotas import set_budget
+from llmgw.store.quotas import set_budget, set_limits
 from llmgw.store.scopes import Scope, create_org, create_project, create_team, delete
 from llmgw.store.usage import UsageKey, UsageTotals, add_usage
 
@@ -29,9 +32,9 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield store
 
 
-async def _spend_then_delete(store: Store) -> tuple[Scope, Scope, KeyRecord]:
+async def _spend_then_delete(store: Store) -> tuple[Scope, Scope, KeyRecord, KeyRecord]:
     """Team `core` of org `acme`; its project `spender` spends 0.9 today, has its key revoked and is
-    deleted. Returns the team, the org and a key of the team's other project, `rest`."""
+    deleted. Returns the team, the org, a key of the team's other project, `rest`, and spender's key."""
     org = await create_org(store, "acme")
     team = await create_team(store, org.id, "core")
     spender = await create_project(store, team.id, "spender")
@@ -44,7 +47,7 @@ async def _spend_then_delete(store: Store) -> tuple[Scope, Scope, KeyRecord]:
     )
     await revoke_key(store, spender_key.prefix)
     await delete(store, Scope("project", spender.id))
-    return Scope("team", team.id), Scope("org", org.id), rest_key
+    return Scope("team", team.id), Scope("org", org.id), rest_key, spender_key
 
 
 class TestADeletedProjectsSpending:
@@ -53,7 +56,7 @@ class TestADeletedProjectsSpending:
         self, store: Store, level: str
     ) -> None:
         """Deleting a project that spent used to hand its team and org the money back: a way round them."""
-        team, org, rest_key = await _spend_then_delete(store)
+        team, org, rest_key, _ = await _spend_then_delete(store)
         budget = team if level == "team" else org
         await set_budget(store, budget, 1.0, "total")
         quotas = Quotas(UsageRecorder())
@@ -69,7 +72,7 @@ class TestADeletedProjectsSpending:
     ) -> None:
         """Several gateways on one PostgreSQL: one started after the delete claims no lease past it."""
         async with open_store(postgres_url) as store:
-            team, _, rest_key = await _spend_then_delete(store)
+            team, _, rest_key, _ = await _spend_then_delete(store)
             await set_budget(store, team, 1.0, "total")
             pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=2)
             try:
@@ -85,3 +88,29 @@ class TestADeletedProjectsSpending:
                 pytest.fail("a request past the team's budget was admitted")
             finally:
                 pool.terminate()
+
+
+def _sent_just_now(key: KeyRecord, n: int) -> list[Entry]:
+    """What the usage journal holds of n requests of key's, 20 tokens each, admitted 10 s ago."""
+    t = time.time() - 10
+    day = datetime.now(UTC).date().isoformat()
+    return [Entry(seq, t, day, key.id, key.project_id, "m", 200, 10, 10, 0.0, 1.0, True) for seq in range(n)]
+
+
+class TestADeletedProjectsRequests:
+    @pytest.mark.parametrize("level", ["team", "org"])
+    @pytest.mark.parametrize(
+        ("rpm", "tpm", "said"), [(3, None, "3 requests per minute"), (None, 70, "70 tokens per minute")]
+    )
+    async def test_still_fill_its_teams_and_orgs_rate_windows_rebuilt_after_a_restart(
+        self, store: Store, level: str, rpm: int | None, tpm: int | None, said: str
+    ) -> None:
+        """A restart rebuilt the windows from the journal without them: send, delete, restart, send again."""
+        team, org, rest_key, spender_key = await _spend_then_delete(store)
+        await set_limits(store, team if level == "team" else org, rpm=rpm, tpm=tpm)
+        quotas = Quotas(UsageRecorder())
+        await quotas.refresh(store)
+        quotas.restore(_sent_just_now(spender_key, 3))
+        with pytest.raises(ApiError) as refused:
+            quotas.admit(rest_key, 20, 0.0)
+        assert refused.value.status == 429 and said in refused.value.message

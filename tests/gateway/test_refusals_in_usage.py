@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig, ServerConfig
-from llmgw.gateway.admission import Admission
+from llmgw.gateway.admission import UNKNOWN_MODEL, Admission
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.quotas import Quotas
@@ -96,3 +96,24 @@ async def test_every_refusal_of_a_key_is_a_request_and_an_error_in_the_usage(gw:
 async def _tokens_of_the_one_served(store: Store, key_id: int) -> tuple[int, int]:
     by_key = {t.group: t for t in await usage_totals(store, "key")}
     return by_key[key_id].prompt_tokens, by_key[key_id].completion_tokens
+
+
+async def test_requests_for_made_up_model_names_share_one_usage_row(gw: Rig, store: Store) -> None:
+    # A key may name any model; each made-up name a row of its own would let one key grow the usage
+    # table without bound with refusals that cost nothing.
+    narrow, _ = await gw.key("narrow", models=[MODEL])
+    wide, _ = await gw.key("wide")
+    await gw.reload()
+    made_up = [f"no-such-model-{n}" for n in range(20)]
+    for name in made_up:
+        for key, status in ((narrow, 403), (wide, 404)):
+            headers = {"Authorization": f"Bearer {key}"}
+            async with gw.client.post(CHAT, data=json.dumps(_chat(model=name)), headers=headers) as r:
+                assert r.status == status
+
+    await gw.recorder.flush(store)
+    by_model = {t.group: t for t in await usage_totals(store, "model")}
+    assert not set(made_up) & set(by_model)
+    unknown = by_model[UNKNOWN_MODEL]
+    assert (unknown.requests, unknown.errors) == (40, 40)
+    assert (unknown.prompt_tokens, unknown.completion_tokens, unknown.cost) == (0, 0, 0.0)

@@ -162,10 +162,17 @@ async def set_node_state(request: web.Request) -> web.Response:
     return reply(node_view(node, inventory))
 
 
+def backoff_now(request: web.Request) -> Mapping[tuple[str, str], Backoff] | None:
+    """The reconciler's backoff now, (model, node) -> why not there; None where this server places nothing."""
+    backoff = request.config_dict.get(BACKOFF_KEY)
+    return backoff() if backoff is not None else None
+
+
 async def get_models(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
     inventory, endpoints = request.config_dict[INVENTORY_KEY], request.config_dict.get(ENDPOINTS_KEY)
-    return reply([model_view(m, inventory, unpriced(request, m), endpoints) for m in models])
+    backoff = backoff_now(request)
+    return reply([model_view(m, inventory, unpriced(request, m), endpoints, backoff) for m in models])
 
 
 # JSON, or YAML under the names it goes by; none of them is one a page elsewhere may send without
@@ -204,7 +211,8 @@ async def post_model(request: web.Request) -> web.Response:
     except DeclaredModel as exc:
         return error(409, str(exc))
     endpoints = request.config_dict.get(ENDPOINTS_KEY)
-    return reply(model_view(model, inventory, unpriced(request, model), endpoints), 200 if replaced else 201)
+    view = model_view(model, inventory, unpriced(request, model), endpoints, backoff_now(request))
+    return reply(view, 200 if replaced else 201)
 
 
 async def delete_model(request: web.Request) -> web.Response:

@@ -193,20 +193,34 @@ def hidden_models(models: list[views.Model], listed: set[str], everything: bool)
     """Beneath `ctl replicas`: how many of models have no row among listed (the models of its rows), and why.
 
     A model that keeps failing has no replica between its tries, and vanished from the table with
-    no hint that it exists: "3 models have no replica now (2 failed lately, 1 not placed): see
-    `llmgw ctl replicas --all` or `llmgw ctl models`". Empty when every model has a row.
+    no hint that it exists: "4 models have no replica now (1 failing, 1 backing off, 1 not placed,
+    1 set to 0 replicas): see `llmgw ctl replicas --all` or `llmgw ctl models`". Backing off: it
+    waits out the backoff after failures on every node that would take it; failing: it failed
+    lately and waits on no node. Empty when every model has a row.
     everything: the table has the failed replicas too (`--all`), so not pointing there again.
     """
     hidden = [m for m in models if m.name not in listed]
     if not hidden:
         return ""
-    why: Counter[str] = Counter(
-        "set to 0 replicas" if m.wanted == 0 else "failed lately" if m.failures else "not placed"
-        for m in hidden
-    )
-    said = ", ".join(f"{count} {reason}" for reason, count in why.most_common())
+    why = Counter(_why_no_replica(m) for m in hidden)
+    said = ", ".join(f"{why[reason]} {reason}" for reason in _WHY_NO_REPLICA if why[reason])
     if len(hidden) == 1:
-        said = f"{hidden[0].name}: {next(iter(why))}"
+        model = hidden[0]
+        said = f"{model.name}: {_why_no_replica(model)}"
+        if model.backing_off and model.wanted:
+            said += f", next try in {model.backing_off[0].next_try_s:.0f} s"
     many = f"{len(hidden)} models have" if len(hidden) > 1 else "1 model has"
     see = "`llmgw ctl models`" if everything else "`llmgw ctl replicas --all` or `llmgw ctl models`"
     return f"{many} no replica now ({said}): see {see}"
+
+
+# In the order they are said: what is wrong first, then what was asked for.
+_WHY_NO_REPLICA = ("failing", "backing off", "not placed", "set to 0 replicas")
+
+
+def _why_no_replica(model: views.Model) -> str:
+    if model.wanted == 0:
+        return "set to 0 replicas"
+    if model.backing_off:
+        return "backing off"
+    return "failing" if model.failures else "not placed"

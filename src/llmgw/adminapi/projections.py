@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -22,6 +22,7 @@ from llmgw.adminapi import views
 from llmgw.config import ModelConfig
 from llmgw.control.inventory import READY, UNREACHABLE, Inventory, Node, NodeNotConnected, Replica
 from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES, NoAnswer, NodeLog
+from llmgw.control.placement import Backoff
 from llmgw.engines.base import OPENAI_APIS
 from llmgw.engines.registry import ENGINES
 from llmgw.gateway.endpoints import ENDPOINT_ENGINE, Endpoints
@@ -272,8 +273,13 @@ def endpoints_view(endpoints: Endpoints | None, model: str | None = None) -> lis
 
 
 def model_view(
-    model: ModelConfig, inventory: Inventory, unpriced: str | None = None, endpoints: Endpoints | None = None
+    model: ModelConfig,
+    inventory: Inventory,
+    unpriced: str | None = None,
+    endpoints: Endpoints | None = None,
+    backoff: Mapping[tuple[str, str], Backoff] | None = None,
 ) -> views.Model:
+    """backoff: the reconciler's (`Reconciler.backoff`), None where this server places nothing."""
     if model.endpoints:
         listed = endpoints_view(endpoints, model.name)
         ready = sum(1 for r in listed if r.state == "ready")
@@ -302,9 +308,21 @@ def model_view(
         why_not_ready=why_not_ready(inventory, model.name),
         unpriced=unpriced,
         failures=failures_view(inventory, model.name),
+        backing_off=backing_off_view(model.name, backoff),
         native_apis=native,
         translated_apis=translated,
     )
+
+
+def backing_off_view(model: str, backoff: Mapping[tuple[str, str], Backoff] | None) -> list[views.BackingOff]:
+    """The nodes model waits on after failures there, soonest first; not those whose wait is over and
+    where only some profiles are given up for good (`ctl explain` says those)."""
+    waits = [
+        views.BackingOff(node=node, failures=b.failures, next_try_s=round(b.remaining_s, 1))
+        for (name, node), b in (backoff or {}).items()
+        if name == model and b.remaining_s > 0
+    ]
+    return sorted(waits, key=lambda w: (w.next_try_s, w.node))
 
 
 def why_not_ready(inventory: Inventory, model: str) -> str | None:

@@ -291,6 +291,15 @@ class Failure:
 
 
 @attrs.frozen
+class BackingOff:
+    """A node a model is not placed on until a wait after its replicas failed there is over."""
+
+    node: str
+    failures: int = attrs.field(metadata={"doc": "Its replicas' failures on the node in a row."})
+    next_try_s: float = attrs.field(metadata={"doc": "Seconds until the node is tried again for the model."})
+
+
+@attrs.frozen
 class Model:
     """A catalog model and its replicas."""
 
@@ -312,6 +321,14 @@ class Model:
     failures: list[Failure] = attrs.field(
         factory=list,
         metadata={"doc": "Its replicas that failed lately, newest first: the last few per node."},
+    )
+    backing_off: list[BackingOff] = attrs.field(
+        factory=list,
+        metadata={
+            "doc": "The nodes it is not placed on until the wait after its failures there is over, the "
+            "soonest tried again first: a model failing on every node that can take it has no replica "
+            "until then. Empty when it waits on none, and where this server places no models."
+        },
     )
     native_apis: list[str] = attrs.field(
         factory=list,
@@ -459,6 +476,14 @@ class Placement:
     failures: list[Failure] = attrs.field(
         factory=list,
         metadata={"doc": "Its replicas that failed lately, newest first: the last few per node."},
+    )
+    backing_off: list[BackingOff] = attrs.field(
+        factory=list,
+        metadata={
+            "doc": "The nodes it is not placed on until the wait after its failures there is over, the "
+            "soonest tried again first: a model failing on every node that can take it has no replica "
+            "until then. Empty when it waits on none, and where this server places no models."
+        },
     )
 
 

@@ -133,6 +133,10 @@ def _wants_usage(payload: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
+# The usage row of requests for models this gateway does not have: no model's name starts with "(".
+UNKNOWN_MODEL = "(unknown model)"
+
+
 class Admission:
     """The pipeline stage; a call without a key (auth disabled) passes untouched."""
 
@@ -161,6 +165,12 @@ class Admission:
         if terms is not None:
             return terms
         return price_of(self._cfg, model, stored=self._quotas.prices), _DEFAULT_MAX_TOKENS
+
+    def _usage_name(self, model: str) -> str:
+        """The name a request's usage is kept under: its model's, or UNKNOWN_MODEL for a name the catalog
+        does not hold. A client names the model; were each name it made up a row of its own, a key
+        could grow the usage table without bound with requests that are refused and cost nothing."""
+        return model if self._catalog.get(model) is not None else UNKNOWN_MODEL
 
     @property
     def hierarchy(self) -> Hierarchy:
@@ -197,7 +207,15 @@ class Admission:
             # Once admitted, the request's own settlement records it, whatever its end.
             if key is not None and call.model and not call.count_usage:
                 self._recorder.record(
-                    key.id, key.project_id, call.model, refusal.status, 0, 0, 0.0, 0.0, admitted=False
+                    key.id,
+                    key.project_id,
+                    self._usage_name(call.model),
+                    refusal.status,
+                    0,
+                    0,
+                    0.0,
+                    0.0,
+                    admitted=False,
                 )
             raise
 
@@ -235,6 +253,7 @@ class Admission:
         _ask_the_engine(call, limit if asked is None and api.limit else None)
         call.count_usage = True
         charged = False
+        usage_name = self._usage_name(model)
 
         def done(status: int) -> None:
             nonlocal charged
@@ -247,7 +266,7 @@ class Admission:
             self._quotas.settle(ticket, sum(used), spent)
             latency_ms = (time.perf_counter() - started) * 1000
             self._recorder.record(
-                key.id, key.project_id, model, status, *used, spent, latency_ms, at=admitted_at
+                key.id, key.project_id, usage_name, status, *used, spent, latency_ms, at=admitted_at
             )
 
         call.done = done

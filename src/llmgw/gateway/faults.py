@@ -10,6 +10,7 @@ names the replica and holds a bounded excerpt of what it sent.
 
 from __future__ import annotations
 
+import functools
 import json
 from urllib.parse import urlsplit
 
@@ -26,6 +27,8 @@ log = structlog.get_logger(__name__)
 EXCERPT = 500
 # How much of it the client's error quotes.
 _SAID = 120
+# What stands in a reply where an upstream endpoint quoted the key the gateway sent it.
+_STRUCK = b"[its key]"
 
 
 class EngineFailed(ApiError):
@@ -50,7 +53,53 @@ def scrub(call: Call, data: bytes) -> bytes:
     route = call.route
     if route is None or not route.secret:
         return data
-    return data.replace(route.secret.encode(), b"[its key]")
+    return data.replace(route.secret.encode(), _STRUCK)
+
+
+class KeyStrike:
+    """Strikes the key the gateway sent out of a reply that arrives in pieces, a key split between two
+    of them included: an end of a piece that may begin the key waits for the next piece (at most its
+    length less one byte), and nothing else does, so a stream's events are not held back."""
+
+    __slots__ = ("_ends", "_held", "_key")
+
+    def __init__(self, key: str) -> None:
+        self._key = key.encode()
+        self._ends = _key_starts(self._key)
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """What of data may go to the client now."""
+        if self._held:
+            data, self._held = self._held + data, b""
+        if data.find(self._key) != -1:
+            data = data.replace(self._key, _STRUCK)
+        # Looked up by the last byte: an event's blank line begins no key, and costs one lookup.
+        for start in self._ends.get(data[-1], ()) if data else ():
+            if data.endswith(start):
+                self._held = data[-len(start) :]
+                return data[: -len(start)]
+        return data
+
+    def end(self) -> bytes:
+        """What was held at the reply's end: not the key, which never came whole."""
+        held, self._held = self._held, b""
+        return held
+
+
+@functools.lru_cache(maxsize=64)
+def _key_starts(key: bytes) -> dict[int, tuple[bytes, ...]]:
+    """key's starts shorter than itself by their last byte, longest first: once per key, not per request."""
+    ends: dict[int, list[bytes]] = {}
+    for length in range(len(key) - 1, 0, -1):
+        ends.setdefault(key[length - 1], []).append(key[:length])
+    return {byte: tuple(starts) for byte, starts in ends.items()}
+
+
+def key_strike(call: Call) -> KeyStrike | None:
+    """A KeyStrike for call's reply; None when the gateway sent no key (a replica of the fleet)."""
+    route = call.route
+    return KeyStrike(route.secret) if route is not None and route.secret else None
 
 
 def excerpt(data: bytes, limit: int = EXCERPT) -> str:

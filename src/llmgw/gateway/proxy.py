@@ -39,7 +39,9 @@ from llmgw.gateway.faults import (
     EXCERPT,
     EngineFailed,
     EngineRefused,
+    KeyStrike,
     ends_like_json,
+    key_strike,
     looks_like_json,
     not_json,
     scrub,
@@ -429,9 +431,9 @@ def _reply_headers(call: Call, upstream: aiohttp.ClientResponse, tap: StreamTap 
     headers[REPLICA_HEADER] = call.route.shard_id if call.route is not None else _where(call)
     if call.request_id:
         headers[REQUEST_ID_HEADER] = call.request_id
-    if tap is not None or call.translation is not None:
+    if tap is not None or call.translation is not None or (call.route is not None and call.route.secret):
         # Its length is the engine's, with the chunk the client did not ask for or an error event, or
-        # of the reply before it was translated.
+        # of the reply before it was translated, or with the endpoint's key it quoted.
         headers.pop(hdrs.CONTENT_LENGTH, None)
     return headers
 
@@ -486,7 +488,10 @@ def _whole_reply(
     if call.done is not None:
         # Before the response exists: aiohttp sends it only once this handler has returned.
         call.done(upstream.status)
-    return web.Response(body=chunk, status=upstream.status, reason=upstream.reason, headers=headers)
+    # An endpoint may quote its key in a 200 as in an error (an echo of the request, a debug field).
+    return web.Response(
+        body=scrub(call, chunk), status=upstream.status, reason=upstream.reason, headers=headers
+    )
 
 
 async def _stream_reply(
@@ -564,6 +569,7 @@ async def _end(
         translated = call.translation
         if passed:
             passed = translated.events(passed) if translated is not None else passed
+            passed = scrub(call, passed)
             with contextlib.suppress(ConnectionResetError):
                 await response.write(passed)
         _delivered(call, tap)
@@ -634,6 +640,13 @@ def _cut(call: Call, exc: BaseException, tap: StreamTap | None) -> ApiError:
     )
 
 
+def _struck(strike: KeyStrike | None, last: bytes, *, fed: bool = False) -> bytes:
+    """The reply's last bytes with what strike held, struck of the key; fed: strike has seen them."""
+    if strike is None:
+        return last
+    return (last if fed else strike.feed(last)) + strike.end()
+
+
 async def _relay(
     call: Call,
     upstream: aiohttp.ClientResponse,
@@ -649,17 +662,21 @@ async def _relay(
     tail = bytearray() if call.count_usage and tap is None else None
     behind = b""
     translated = call.translation
+    # An endpoint's key struck out of what the client gets, as out of its errors.
+    strike = key_strike(call)
     while chunk:
         if tap is not None:
             ready = tap.feed(chunk)
             if translated is not None and ready:
                 ready = translated.events(ready)
+            if ready and strike is not None:
+                ready = strike.feed(ready)
             if ready:
                 await response.write(ready)
         else:
             if behind:
                 await response.write(behind)
-            behind = chunk
+            behind = strike.feed(chunk) if strike is not None else chunk
             if tail is not None:
                 tail += chunk
                 if len(tail) > 2 * STREAM_TAIL:
@@ -671,7 +688,9 @@ async def _relay(
         if translated is not None:
             behind = translated.events(behind) + translated.finish()
             call.usage = translated.usage or tap.usage
+        behind = _struck(strike, behind)
     else:
+        behind = _struck(strike, behind, fed=True)
         if call.api.replies_json and 200 <= upstream.status < 300 and not ends_like_json(behind):
             raise _NotWhole(behind[-EXCERPT:])
         if tail is not None:

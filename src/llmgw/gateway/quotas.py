@@ -217,6 +217,9 @@ class Quotas:
         self._budgets: dict[Scope, _BudgetState] = {}
         self._windows: dict[Scope, _Window] = {}
         self._chains: dict[int, tuple[Scope, ...]] = {}
+        # Deleted projects' chains as they were (deleted_projects, migration 12): what they sent in the
+        # minute before a restart still fills their team's and organisation's windows after it.
+        self._deleted: dict[int, tuple[Scope, ...]] = {}
         # Prices set with `llmgw prices set`, by model; reloaded with the limits, so they bind as fast.
         self._prices: Mapping[str, PriceConfig] = {}
         self.prices_generation = 0
@@ -297,6 +300,7 @@ class Quotas:
                 if scope in starts and day >= starts[scope]:
                     spent[scope] += cost
         self.replace(hierarchy, limits, budgets, prices)
+        self._deleted = dict(deleted)
         # Nothing awaited since the rows were read: every settlement since is in them.
         for scope, state in self._budgets.items():
             state.begin(*_period(state.period, now))
@@ -306,14 +310,16 @@ class Quotas:
         """Put the requests of the last minute back in their scopes' windows, after a restart.
 
         From the usage journal: with what they used, on every scope of their chain, as admit() and
-        settle() left them; refresh() first, for the chains.
+        settle() left them; refresh() first, for the chains. A project deleted since keeps its
+        chain: deleting it must not free its team's and organisation's minute.
         """
         now, wall = time.monotonic(), time.time()
         for entry in sorted(entries, key=lambda e: e.t):
             if not entry.admitted or entry.t <= wall - WINDOW_S:
                 continue
             reservation = _Reservation(now - (wall - entry.t), entry.prompt_tokens + entry.completion_tokens)
-            for scope in (Scope("key", entry.key_id), *self._chains.get(entry.project_id, ())):
+            chain = self._chains.get(entry.project_id) or self._deleted.get(entry.project_id, ())
+            for scope in (Scope("key", entry.key_id), *chain):
                 window = self._windows.get(scope)
                 if window is None:
                     window = self._windows[scope] = _Window()

@@ -17,7 +17,14 @@ from markupsafe import Markup
 
 from llmgw.adminapi import projections
 from llmgw.adminapi.bench import read_runs, runs_dir
-from llmgw.adminapi.handlers import BACKOFF_KEY, CONFIG_KEY, INVENTORY_KEY, control_plane_view, unpriced
+from llmgw.adminapi.handlers import (
+    BACKOFF_KEY,
+    CONFIG_KEY,
+    INVENTORY_KEY,
+    backoff_now,
+    control_plane_view,
+    unpriced,
+)
 from llmgw.adminapi.present import (
     LOG_PAGE_FOLLOW_S,
     LOG_PAGE_LINES,
@@ -152,7 +159,8 @@ async def models_page(request: web.Request) -> web.StreamResponse:
     # Each with whether budgets bind on it: /admin/quotas says so only where a budget is set.
     catalog = request.config_dict[CATALOG_KEY].models()
     endpoints = request.config_dict.get(ENDPOINTS_KEY)
-    models = [projections.model_view(m, inventory, unpriced(request, m), endpoints) for m in catalog]
+    backoff = backoff_now(request)
+    models = [projections.model_view(m, inventory, unpriced(request, m), endpoints, backoff) for m in catalog]
     history = request.config_dict.get(HISTORY_KEY)
     charts = {m.name: model_charts(history, m.name) for m in models} if history is not None else {}
     # In a thread, as the admin route reads them: a disk slow to answer must not stall the gateway.
