@@ -130,6 +130,9 @@ class Upgrader:
             log.warning("refused an upgrade", version=order.version, why=str(exc))
             self._report(_status(order, "refused", str(exc), self._version))
             return
+        # The bootstrap written before the marker: a marker on trial with no way to run the trial
+        # would read, at the next start, as a new agent that stopped before it registered.
+        restart = await asyncio.to_thread(trial.into, python, self._state_dir)
         previous, pythonpath = trial.previous_command()
         marker = trial.Marker(
             to=order.version,
@@ -142,7 +145,7 @@ class Upgrader:
         )
         await asyncio.to_thread(trial.write, self._state_dir, marker)
         self._report(_status(order, "restarting", f"restarting into {python.parent.parent}", self._version))
-        self._restart_into(trial.into(python, self._state_dir))
+        self._restart_into(restart)
 
     def _restart_into(self, restart: trial.Restart) -> None:
         # The engines outlive this process image whatever keep_engines_on_stop says: the point.
