@@ -42,6 +42,8 @@ TRIAL_SCRIPT = "llmgw-trial"
 TRIAL = "trial"
 UPGRADED = "upgraded"
 ROLLED_BACK = "rolled back"
+# The last upgrade was refused, nothing installed (a digest that did not match): kept to be said.
+REFUSED = "refused"
 
 
 @attrs.define
@@ -50,7 +52,7 @@ class Marker:
 
     to: str
     from_version: str
-    # TRIAL, UPGRADED or ROLLED_BACK.
+    # TRIAL, UPGRADED, ROLLED_BACK or REFUSED.
     state: str
     detail: str = ""
     # The command line of the agent before the upgrade, and its PYTHONPATH (None: it had none).
