@@ -40,6 +40,8 @@ log = structlog.get_logger(__name__)
 _POLL_S = 0.2
 # Beyond the trial, how long a node may take to fetch, install and restart.
 _INSTALL_BOUND_S = 600.0
+# How long a node asked by an earlier leader has, at the least, to register with this one.
+_RECONNECT_S = 60.0
 
 
 _ONE_SOURCE = (
@@ -123,13 +125,24 @@ class Upgrades:
         # The roll this control plane carries out as the leader; None while it does not lead.
         self._roll: Roll | None = None
         self._queue: asyncio.Queue[Roll] = asyncio.Queue()
+        self._keeping = asyncio.Lock()
 
     async def last(self) -> Roll | None:
         """The roll under way or the last one: this leader's own, else the store's (on a standby)."""
-        if self._roll is not None and self._roll.state == "running":
+        if self._roll is not None:
             return self._roll
+        return await self._stored()
+
+    async def _stored(self) -> Roll | None:
+        """The roll the store keeps; None when there is none, or none this release can read."""
         text = await last_roll(self._store)
-        return Roll.from_json(text) if text is not None else None
+        if text is None:
+            return None
+        try:
+            return Roll.from_json(text)
+        except (ValueError, cattrs.BaseValidationError) as exc:
+            log.warning("the roll kept in the store cannot be read; it is left", error=str(exc))
+            return None
 
     async def start(self, order: Order, *, dry_run: bool = False) -> Roll:
         """Plan a roll to order.version and, unless dry_run, start it; UpgradeRefused says why not."""
@@ -137,7 +150,8 @@ class Upgrades:
         if standby is not None:
             # A standby places nothing and reaches no node: the leader holds the agents.
             raise UpgradeRefused(f"{standby}: run `llmgw ctl upgrade` against the leader")
-        last = await self.last()
+        # This leader's own: run() took the store's roll under way into it as the leadership came.
+        last = self._roll
         if last is not None and last.state == "running":
             raise UpgradeRefused(
                 f"an upgrade to {last.order.version} is under way; wait for it (`llmgw ctl upgrade status`)"
@@ -153,12 +167,13 @@ class Upgrades:
         if why is not None:
             raise UpgradeRefused(f"this control plane would refuse the agents it asks for: {why}")
         roll = Roll(order, self._plan(order), dry_run)
+        self._roll = roll
         if dry_run:
+            # Shown by `upgrade status` here, never kept: a plan is no roll for the next leader.
             roll.state, roll.finished = "planned", roll.started
         else:
+            await self._keep(roll)
             self._queue.put_nowait(roll)
-            self._roll = roll
-        await self._keep(roll)
         return roll
 
     def _plan(self, order: Order) -> list[Step]:
@@ -185,11 +200,16 @@ class Upgrades:
     async def run(self) -> None:
         """The leader's work: carry on the roll the store holds under way, then each roll started."""
         try:
-            text = await last_roll(self._store)
-            stored = Roll.from_json(text) if text is not None else None
-            if stored is not None and stored.state == "running":
-                log.info("carrying on the roll the last leader left under way", version=stored.order.version)
+            try:
+                stored = await self._stored()
+            except (StoreError, OSError) as exc:
+                # Rolls asked of this leader are carried out all the same.
+                log.warning("could not read the roll kept in the store", error=str(exc))
+                stored = None
+            if stored is not None and self._roll is None:
                 self._roll = stored
+            if stored is not None and stored.state == "running" and self._roll is stored:
+                log.info("carrying on the roll the last leader left under way", version=stored.order.version)
                 await self._carry_out(stored)
             while True:
                 roll = await self._queue.get()
@@ -202,7 +222,10 @@ class Upgrades:
     async def _keep(self, roll: Roll) -> None:
         """Write the roll to the store; a store that fails costs the next leader its state, not the roll."""
         try:
-            await keep_roll(self._store, roll.to_json())
+            # One write at a time, each of the roll as it is then: two writes in flight (the start's
+            # and its first node's) could land in either order, and the older state stay kept.
+            async with self._keeping:
+                await keep_roll(self._store, roll.to_json())
         except (StoreError, OSError) as exc:
             log.warning("could not keep the roll in the store", error=str(exc))
 
@@ -261,7 +284,11 @@ class Upgrades:
             step.state, step.detail = "failed", str(exc)
         else:
             started = step.started if step.started is not None else time.time()
-            await self._wait_for(roll, step, started + order.trial_s + _INSTALL_BOUND_S)
+            deadline = started + order.trial_s + _INSTALL_BOUND_S
+            if not ask:
+                # Asked by an earlier leader, maybe long ago: its agent needs a moment to find this one.
+                deadline = max(deadline, time.time() + _RECONNECT_S)
+            await self._wait_for(roll, step, deadline)
         step.finished = time.time()
         await self._keep(roll)
         log.info("a node's upgrade ended", node=step.node, state=step.state, detail=step.detail)
