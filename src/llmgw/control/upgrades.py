@@ -206,11 +206,12 @@ class Upgrades:
                 # Rolls asked of this leader are carried out all the same.
                 log.warning("could not read the roll kept in the store", error=str(exc))
                 stored = None
+            # Unless a roll was asked of this leader while the store answered: that one is newer.
             if stored is not None and self._roll is None:
                 self._roll = stored
-            if stored is not None and stored.state == "running" and self._roll is stored:
-                log.info("carrying on the roll the last leader left under way", version=stored.order.version)
-                await self._carry_out(stored)
+                if stored.state == "running":
+                    log.info("carrying on the roll left under way", version=stored.order.version)
+                    await self._carry_out(stored)
             while True:
                 roll = await self._queue.get()
                 self._roll = roll
