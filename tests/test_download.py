@@ -14,6 +14,7 @@ import aiohttp
 import attrs
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from llmgw import download
 from llmgw.agent.provision.release import ReleaseClient
@@ -275,11 +276,52 @@ class TestProgress:
             retries=RETRIES,
             progress=lambda done, size: told.append((done, size)),
             received=received.append,
+            # Time stands still: only the bytes' steps count.
+            clock=lambda: 0.0,
         )
         assert told[0] == (0, len(BLOB))
         # The resumed try starts from what the first left on disk, against the same whole.
         assert len(told) == 2 and told[1][0] <= 300_000 and told[1][1] == len(BLOB)
         assert len(BLOB) <= sum(received) <= len(BLOB) + 300_000
+
+    async def test_progress_moves_with_time_before_a_slow_download_of_a_small_file_ends(
+        self, session: aiohttp.ClientSession, tmp_path: Path
+    ) -> None:
+        """400 KB at a trickle read "0.0 of 400.0 KB" until whole: by bytes it moved once per 64 MiB."""
+        size, first = 400_000, 100_000
+        release = asyncio.Event()
+
+        async def trickle(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse()
+            response.content_length = size
+            await response.prepare(request)
+            await response.write(bytes(first))
+            await release.wait()
+            await response.write(bytes(size - first))
+            return response
+
+        app = web.Application()
+        app.router.add_get("/slow.gguf", trickle)
+        async with TestServer(app) as slow:
+            ticks = iter(range(0, 10_000, 10))
+            told: list[tuple[int, int | None]] = []
+            fetching = asyncio.create_task(
+                download.fetch(
+                    session,
+                    str(slow.make_url("/slow.gguf")),
+                    await _part(tmp_path),
+                    retries=RETRIES,
+                    progress=lambda done, whole: told.append((done, whole)),
+                    # Ten seconds pass between any two looks at the clock.
+                    clock=lambda: float(next(ticks)),
+                )
+            )
+            try:
+                await eventually(lambda: any(done > 0 for done, _ in told))
+            finally:
+                release.set()
+            assert (await fetching).size == size
+        assert told[0] == (0, size)
 
 
 def test_sizes_read_in_the_unit_of_the_total() -> None:

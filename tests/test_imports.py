@@ -114,6 +114,10 @@ LAYERS = [
         _above("control", "web", "cli", "roles", "agent", "mirror", "bundle", "serverinit", "adminapi"),
     ),
     Layer("llmgw.agent", _above("control", "gateway", "web", "cli", "roles", "adminapi")),
+    # The control plane holds the fleet's state (a roll of the agents among it); the admin API and
+    # the pages project it, so it can import neither, nor the roles and commands above them. (It
+    # still reads the gateway's usage for its metrics.)
+    Layer("llmgw.control", _above("adminapi", "web", "cli", "roles")),
     Layer("llmgw.engines", _above("control", "gateway", "web", "cli", "roles", "agent")),
     Layer(
         "llmgw.config",

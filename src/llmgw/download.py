@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -49,8 +50,11 @@ log = structlog.get_logger(__name__)
 PART = ".part"
 _CHUNK = 1 << 20
 _READ = 8 << 20
-# Progress is told this many times over a file at most (and at its start).
+# Progress is told this many times over a file (and at its start), and at least this often while bytes
+# arrive: by bytes alone, a file under 64 MiB read "0.0 of 400.0 KB" until it was whole, and a large one
+# on a slow link moved once per 64 MiB.
 _PROGRESS_STEPS = 100
+PROGRESS_EVERY_S = 2.0
 
 # (bytes of the file on disk, the file's whole size when known), at the start and as bytes arrive.
 Progress = Callable[[int, int | None], None]
@@ -141,14 +145,17 @@ async def fetch(
     headers: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     received: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Downloaded:
     """url into part, resuming what is there; checked against size and sha256 when they are given.
 
+    progress hears the bytes on disk at each try's start, then every 1/100 of the file or
+    PROGRESS_EVERY_S seconds of clock, whichever comes first, while bytes arrive.
     received hears every chunk's length as it arrives (a node's count of bytes downloaded).
     Raises Interrupted, Refused, Mismatch, or DiskFull (an OSError, as is any other the disk raises).
     """
     await asyncio.to_thread(part.parent.mkdir, parents=True, exist_ok=True)
-    attempt = _Attempt(session, url, part, size, dict(headers or {}), progress, received)
+    attempt = _Attempt(session, url, part, size, dict(headers or {}), progress, received, clock)
     failures = 0
     while True:
         try:
@@ -181,6 +188,7 @@ class _Attempt:
     headers: dict[str, str]
     progress: Progress | None
     received: Callable[[int], None] | None
+    clock: Callable[[], float]
 
     def _tell(self, done: int, size: int | None) -> None:
         if self.progress is not None:
@@ -229,7 +237,7 @@ class _Attempt:
             try:
                 step = max((size or 0) // _PROGRESS_STEPS, 64 * _CHUNK)
                 self._tell(written, size)
-                next_report = written + step
+                next_report, next_time = written + step, self.clock() + PROGRESS_EVERY_S
                 # Each chunk written as it arrives: what had arrived when the connection dropped is
                 # on disk, and the next try resumes after it.
                 async for chunk in response.content.iter_chunked(_CHUNK):
@@ -237,9 +245,9 @@ class _Attempt:
                     written += len(chunk)
                     if self.received is not None:
                         self.received(len(chunk))
-                    if written >= next_report:
+                    if written >= next_report or self.clock() >= next_time:
                         self._tell(written, size)
-                        next_report = written + step
+                        next_report, next_time = written + step, self.clock() + PROGRESS_EVERY_S
             finally:
                 await to_thread_to_the_end(fh.close)
         except OSError as exc:

@@ -42,7 +42,10 @@ class TestWhetherAnAgentRunsTheCommittedRelease:
             restart = _restart(tmp_path, env)
 
         assert restart is not None
-        assert restart.argv == [str(environment / "bin" / "python"), "-c", current.BOOTSTRAP, *ARGV[1:]]
+        script = environment / "bin" / current.SCRIPT
+        # What `ps` and `pgrep -f` read: the release, the role and the config, on one line.
+        assert restart.argv == [str(environment / "bin" / "python"), str(script), *ARGV[1:]]
+        assert script.read_text() == current.BOOTSTRAP
         assert "PYTHONPATH" not in restart.env and restart.env["HOME"] == "/root"
         assert json.loads(restart.env[current.FROM_ENV])["pythonpath"] == "/srv/old"
         assert [e["event"] for e in logs] == [
@@ -109,7 +112,7 @@ class TestWhetherAnAgentRunsTheCommittedRelease:
 
 
 def test_the_bootstrap_goes_back_to_the_command_it_came_from_when_current_cannot_be_imported(
-    broken_release: Path,
+    broken_release: Path, tmp_path: Path
 ) -> None:
     came_from = [
         sys.executable,
@@ -117,8 +120,10 @@ def test_the_bootstrap_goes_back_to_the_command_it_came_from_when_current_cannot
         "import os; print(os.environ['PYTHONPATH'], os.environ['LLMGW_CURRENT_FAILED'])",
     ]
 
+    (tmp_path / "bin").mkdir()
+    script = trial.script(tmp_path / "bin" / "python", current.SCRIPT, current.BOOTSTRAP)
     done = subprocess.run(
-        [sys.executable, "-c", current.BOOTSTRAP, "--role=agent"],
+        [sys.executable, str(script), "--role=agent"],
         env={
             "PYTHONPATH": str(broken_release),
             current.FROM_ENV: json.dumps({"argv": came_from, "pythonpath": "/srv/old"}),

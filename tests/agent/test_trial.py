@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from llmgw.agent import trial
 
 
@@ -47,8 +49,10 @@ def test_the_bootstrap_goes_back_to_the_previous_command_when_the_new_release_ca
     ]
     trial.write(tmp_path, _marker(previous=previous, previous_pythonpath="/srv/old"))
 
+    (tmp_path / "bin").mkdir()
+    script = trial.script(tmp_path / "bin" / "python", trial.TRIAL_SCRIPT, trial.BOOTSTRAP)
     done = subprocess.run(
-        [sys.executable, "-c", trial.BOOTSTRAP, "--role=agent"],
+        [sys.executable, str(script), "--role=agent"],
         env={"PYTHONPATH": str(broken_release), trial.TRIAL_ENV: str(tmp_path / trial.MARKER)},
         capture_output=True,
         text=True,
@@ -60,3 +64,26 @@ def test_the_bootstrap_goes_back_to_the_previous_command_when_the_new_release_ca
     marker = trial.read(tmp_path)
     assert marker is not None and marker.state == trial.ROLLED_BACK
     assert marker.detail == "the new agent cannot start: ImportError: this build is broken"
+
+
+def test_the_new_agents_command_line_names_its_release_role_and_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was `python -c` and thirty lines of bootstrap: `ps` showed them, `pgrep -f` missed the config."""
+    monkeypatch.setattr(
+        sys, "argv", ["/usr/local/bin/llmgw", "--role=agent", "--config", "/etc/llmgw/agent.yaml"]
+    )
+    bin_dir = tmp_path / "versions" / "0.2.0" / "bin"
+    bin_dir.mkdir(parents=True)
+
+    restart = trial.into(bin_dir / "python", tmp_path)
+
+    assert restart.argv == [
+        str(bin_dir / "python"),
+        str(bin_dir / "llmgw-trial"),
+        "--role=agent",
+        "--config",
+        "/etc/llmgw/agent.yaml",
+    ]
+    assert (bin_dir / "llmgw-trial").read_text() == trial.BOOTSTRAP
+    assert restart.env[trial.TRIAL_ENV] == str(tmp_path / trial.MARKER)

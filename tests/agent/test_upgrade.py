@@ -67,8 +67,25 @@ async def test_a_wheel_whose_digest_does_not_match_is_refused_with_nothing_chang
         "for 0.2.0: refused, nothing changed"
     )
     assert upgrader.restart is None and left == []
-    assert not await asyncio.to_thread((state_dir / trial.MARKER).exists)
     assert not await asyncio.to_thread((state_dir / "versions" / "0.2.0").exists)
+    # Nothing on trial: the marker only keeps the refusal, to be said again.
+    marker = await asyncio.to_thread(trial.read, state_dir)
+    assert marker is not None and (marker.state, marker.previous) == (trial.REFUSED, [])
+
+
+async def test_a_refusal_is_said_again_by_the_agent_after_it_restarts(tmp_path: Path) -> None:
+    """Held in memory alone, it vanished from `ctl nodes` at the agent's next start."""
+    wheel = tmp_path / "llmgw-0.2.0-py3-none-any.whl"
+    await asyncio.to_thread(wheel.write_bytes, b"not the release")
+    state_dir = tmp_path / "state"
+    upgrader, _ = await _upgrader(state_dir)
+    upgrader.ask(pb.Upgrade(version="0.2.0", url=str(wheel), sha256="0" * 64))
+    refused = await _until_settled(upgrader, asyncio.Event())
+
+    restarted, _ = await _upgrader(state_dir)
+
+    assert restarted.status() == refused
+    assert refused.state == "refused" and refused.from_version == "0.1.0"
 
 
 async def test_a_release_that_is_not_a_wheel_is_refused(tmp_path: Path) -> None:
@@ -251,7 +268,8 @@ class TestFromThePackageIndex:
             "for 0.2.0: refused, nothing changed"
         )
         assert upgrader.restart is None and left == []
-        assert not await asyncio.to_thread((tmp_path / trial.MARKER).exists)
+        marker = await asyncio.to_thread(trial.read, tmp_path)
+        assert marker is not None and marker.state == trial.REFUSED
         assert await _leftovers(tmp_path) == []
 
     async def test_a_version_the_index_does_not_have_is_refused_in_words_with_nothing_left(

@@ -11,9 +11,12 @@ from pathlib import Path
 import attrs
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from llmgw.agent.weights import MARKER, PART, WeightsCache, WeightsError, cache_key
 from llmgw.roles.mirror import make_mirror_app
+
+from ..waiting import eventually
 
 BLOB = bytes(range(256)) * 4096  # 1 MiB, every byte position distinguishable
 DIGEST = hashlib.sha256(BLOB).hexdigest()
@@ -92,6 +95,38 @@ async def cache(tmp_path: Path) -> AsyncIterator[WeightsCache]:
 
 
 class TestFetch:
+    async def test_progress_moves_while_a_small_file_trickles_in(self, tmp_path: Path) -> None:
+        """400 KB on a slow link read "slow.gguf: 0.0 of 400.0 KB" until it was whole."""
+        size, first = 400_000, 100_000
+        release = asyncio.Event()
+
+        async def trickle(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse()
+            response.content_length = size
+            await response.prepare(request)
+            if request.method == "GET":
+                await response.write(bytes(first))
+                await release.wait()
+                await response.write(bytes(size - first))
+            return response
+
+        app = web.Application()
+        app.router.add_get("/m/slow.gguf", trickle)
+        ticks = iter(range(0, 10_000, 10))
+        seen: list[str] = []
+        async with (
+            TestServer(app) as slow,
+            # Ten seconds pass between any two looks at the clock.
+            WeightsCache(tmp_path / "weights", retry_base_s=0, clock=lambda: float(next(ticks))) as cache,
+        ):
+            fetch = asyncio.create_task(cache.fetch(str(slow.make_url("/m/slow.gguf")), {}, seen.append))
+            try:
+                await eventually(lambda: any(": 0.0 of" not in said for said in seen[1:]))
+            finally:
+                release.set()
+            await fetch
+        assert seen[0] == "downloading slow.gguf: 0.0 of 400.0 KB"
+
     async def test_a_file_is_fetched_once_and_then_present(self, origin: Origin, cache: WeightsCache) -> None:
         seen: list[str] = []
         path = await cache.fetch(origin.url + "model.gguf", {}, seen.append)

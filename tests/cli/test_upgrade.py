@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -24,6 +25,7 @@ from llmgw.config import ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.control.upgrades import Upgrades
 from llmgw.proto.llmgw import v1 as pb
+from llmgw.store import open_store
 from llmgw.web.admin_listener import API
 
 CFG = ServerConfig()
@@ -31,22 +33,32 @@ SHA = "ab" * 32
 BROKEN = "the new agent cannot start: ImportError: this build is broken"
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[str, Inventory]]:
+@contextlib.asynccontextmanager
+async def _serving(
+    tmp_path: Path, standby: Callable[[], str | None] = lambda: None
+) -> AsyncIterator[tuple[str, Inventory]]:
+    """An admin API whose control plane rolls two nodes at 0.1.0; standby says whether it leads."""
     inventory = Inventory(30.0)
     for node in ("n1", "n2"):
         inventory.attach(pb.Register(node_id=node, agent_version="0.1.0"), f"10.0.0.{node[1]}:5000")
-    upgrades = Upgrades(inventory, server_version="0.1.0")
-    app = web.Application()
-    adminapi.provide(app, CFG, inventory, Catalog(CFG))
-    mount(app, [route for route in API if "upgrades" in route.path or route.path == "/api/v1/nodes"])
-    app[UPGRADES_KEY] = upgrades
-    rolling = asyncio.create_task(upgrades.run())
-    with capture_logs():
-        async with TestServer(app) as test_server:
-            yield str(test_server.make_url("")).rstrip("/"), inventory
-    rolling.cancel()
-    await asyncio.gather(rolling, return_exceptions=True)
+    async with open_store(tmp_path / "llmgw.db") as store:
+        upgrades = Upgrades(inventory, store, standby, server_version="0.1.0")
+        app = web.Application()
+        adminapi.provide(app, CFG, inventory, Catalog(CFG))
+        mount(app, [route for route in API if "upgrades" in route.path or route.path == "/api/v1/nodes"])
+        app[UPGRADES_KEY] = upgrades
+        rolling = asyncio.create_task(upgrades.run())
+        with capture_logs():
+            async with TestServer(app) as test_server:
+                yield str(test_server.make_url("")).rstrip("/"), inventory
+        rolling.cancel()
+        await asyncio.gather(rolling, return_exceptions=True)
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[tuple[str, Inventory]]:
+    async with _serving(tmp_path) as serving:
+        yield serving
 
 
 async def run(*args: str) -> tuple[int, str, str]:
@@ -164,7 +176,7 @@ async def test_a_roll_that_stops_at_a_node_that_rolled_back_says_why_and_exits_1
 async def test_status_before_any_roll_is_exit_4(server: tuple[str, Inventory]) -> None:
     code, _, err = await run("--server", server[0], "upgrade", "status")
     assert code == EXIT_NOT_FOUND
-    assert "no upgrade has run since this control plane started" in err
+    assert "no upgrade of the agents has run yet" in err
 
 
 async def test_a_trial_or_a_node_count_past_its_bound_is_refused_by_the_cli_and_the_api(
@@ -199,3 +211,15 @@ async def test_a_trial_or_a_node_count_past_its_bound_is_refused_by_the_cli_and_
                 )
         async with session.post(f"{url}/api/v1/upgrades", json={**order, "trial_s": 86_400}) as reply:
             assert reply.status == 200
+
+
+async def test_a_roll_asked_of_a_standby_names_the_leader(tmp_path: Path) -> None:
+    """A standby answered "no node has registered with this control plane": its agents are the leader's."""
+    said = "this control plane is a standby; the leader is cp1 at 198.18.0.1:7443"
+    async with _serving(tmp_path, standby=lambda: said) as (url, _):
+        code, _, err = await run(
+            "--server", url, "upgrade", "--to", "0.2.0", "--wheel", "/srv/llmgw-0.2.0-py3-none-any.whl",
+            "--sha256", SHA,
+        )  # fmt: skip
+    assert code == EXIT_ERROR
+    assert err == f"llmgw ctl: {said}: run `llmgw ctl upgrade` against the leader\n"

@@ -156,6 +156,10 @@ def test_agents_rolled_to_a_new_release_keep_their_engines_and_every_request(
         assert nodes[node]["upgrade"]["state"] == "upgraded", nodes[node]["upgrade"]
         # The same process: exec keeps the pid, and the engines stay its children.
         assert fleet.agents[node].alive() and fleet.agents[node].pid == agents[node]
+        # Its command line names the release, the role and the config, for `ps` and `pgrep -f`.
+        argv = _argv(agents[node])
+        assert argv[1].endswith("/versions/0.2.0/bin/llmgw-trial") and "--role=agent" in argv, argv
+        assert argv[argv.index("--config") + 1].endswith(f"/{node}.yaml"), argv
     assert _engine_pids(fleet) == engines
     assert fleet.routed("sim-chat") == 2
 
@@ -175,6 +179,7 @@ def test_agents_rolled_to_a_new_release_keep_their_engines_and_every_request(
         "python -m llmgw is 0.1.0"
     ], said
     assert restarted.alive()
+    assert _argv(restarted.pid)[1].endswith("/versions/0.2.0/bin/llmgw-current")
     assert _engine_pids(fleet) == engines
 
 
@@ -198,6 +203,11 @@ def test_a_release_whose_digest_does_not_match_is_refused_on_every_node_with_not
         said = [e for e in log_events(fleet.agents[node]) if e.get("event") == "refused an upgrade"]
         assert said and "sha256" in said[0]["why"], f"{node} did not say why"
     assert _engine_pids(fleet) == engines
+
+
+def _argv(pid: int) -> list[str]:
+    """The command line of the process pid, as `ps` and `pgrep -f` read it."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
 
 
 def _serve_index(fleet: Fleet, wheel: Wheel) -> str:

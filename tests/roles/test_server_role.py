@@ -174,6 +174,15 @@ class TestLeadership:
                 async with session.get(handles[standing_by].admin_url + "/") as reply:
                     page = await reply.text()
                 assert f"Control plane {standing_by}, standby; the leader is " in page
+                # A roll of the agents asked of the standby is sent to the leader, which holds them.
+                order = {"version": "0.2.0", "url": "/srv/llmgw-0.2.0-py3-none-any.whl", "sha256": "ab" * 32}
+                async with session.post(
+                    handles[standing_by].admin_url + "/api/v1/upgrades", json=order
+                ) as reply:
+                    assert reply.status == 409
+                    refused = (await reply.json())["error"]
+                assert refused.startswith("this control plane is a standby; the leader is ")
+                assert refused.endswith(": run `llmgw ctl upgrade` against the leader")
         leader = next(p for p in roles.values() if p["role"] == "leader")
         standby = next(p for p in roles.values() if p["role"] == "standby")
         assert standby["leader"] == leader["name"] == leader["leader"]

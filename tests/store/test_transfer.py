@@ -21,6 +21,7 @@ from llmgw.store.scopes import Scope, create_org, create_project, create_team, d
 from llmgw.store.sessions import create_session
 from llmgw.store.sqlite import SqliteStore
 from llmgw.store.transfer import copy_store
+from llmgw.store.upgrades import keep_roll
 from llmgw.store.users import authenticate, create_user, link_key
 
 from ..waiting import eventually
@@ -42,6 +43,7 @@ async def _fill(store: Store) -> str:
     await set_budget(store, Scope("org", org.id), 12.5, "month")
     await set_price(store, "sim-chat", 0.5, 1.25)
     await put_model(store, "added", "name: added\n", "added.yaml")
+    await keep_roll(store, '{"state":"done"}')
     recorder = UsageRecorder()
     recorder.record(key.id, project.id, "sim-chat", 200, 10, 5, 0.25, 12.0)
     recorder.record(key.id, project.id, "sim-chat", 429, 0, 0, 0.0, 0.0)

@@ -1,6 +1,11 @@
-"""The admin API of agent upgrades: start a roll (control/upgrades.py), and see where it stands."""
+"""The admin API of agent upgrades: start a roll (control/upgrades.py), and see where it stands.
+
+The control plane holds the roll; this projects it into the view `ctl upgrade` prints.
+"""
 
 from __future__ import annotations
+
+import time
 
 from aiohttp import web
 
@@ -8,7 +13,7 @@ from llmgw.adminapi import views
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Reply, Route
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json
-from llmgw.control.upgrades import Order, UpgradeRefused, Upgrades
+from llmgw.control.upgrades import Order, Roll, Step, UpgradeRefused, Upgrades
 from llmgw.maxima import MAX_NODES_AT_ONCE, MAX_TRIAL_S, said
 
 UPGRADES_KEY = web.AppKey("llmgw.admin.upgrades", Upgrades)
@@ -50,10 +55,36 @@ async def post_upgrade(request: web.Request) -> web.Response:
         index_url=order.index_url,
     )
     try:
-        view = upgrades.start(wanted, dry_run=order.dry_run)
+        roll = await upgrades.start(wanted, dry_run=order.dry_run)
     except UpgradeRefused as exc:
         return error(409, str(exc))
-    return reply(view, 200 if order.dry_run else 202)
+    return reply(roll_view(roll), 200 if order.dry_run else 202)
+
+
+def roll_view(roll: Roll, now: float | None = None) -> views.Upgrade:
+    """The roll as `ctl upgrade status` shows it: its seconds, and each node's, up to now while it runs."""
+    at = time.time() if now is None else now
+    return views.Upgrade(
+        version=roll.order.version,
+        state=roll.state,
+        detail=roll.detail,
+        dry_run=roll.dry_run,
+        max_unavailable=roll.order.max_unavailable,
+        seconds=_seconds(roll.started, roll.finished, at),
+        nodes=[_node_view(step, at) for step in roll.steps],
+    )
+
+
+def _node_view(step: Step, now: float) -> views.UpgradeNode:
+    took = _seconds(step.started, step.finished, now) if step.started is not None else None
+    return views.UpgradeNode(
+        node=step.node, from_version=step.from_version, state=step.state, detail=step.detail, seconds=took
+    )
+
+
+def _seconds(started: float, finished: float | None, now: float) -> float:
+    # Wall-clock times, kept across a change of leader: a clock stepped back reads 0, not a negative.
+    return round(max(0.0, (finished if finished is not None else now) - started), 1)
 
 
 # What each field of UpgradeOrder must be: cattrs would read 5 as "5" and a string as a list of letters.
@@ -99,10 +130,10 @@ async def get_upgrade(request: web.Request) -> web.Response:
     upgrades = _upgrades(request)
     if isinstance(upgrades, web.Response):
         return upgrades
-    view = upgrades.view()
-    if view is None:
-        return error(404, "no upgrade has run since this control plane started")
-    return reply(view)
+    roll = await upgrades.last()
+    if roll is None:
+        return error(404, "no upgrade of the agents has run yet")
+    return reply(roll_view(roll))
 
 
 ROUTES: tuple[Route, ...] = (
@@ -134,7 +165,7 @@ ROUTES: tuple[Route, ...] = (
         summary="The roll under way, or the last one: each node's state and how long it took.",
         replies={
             200: Reply("The roll.", views.Upgrade),
-            404: Reply("No roll since it started.", views.Error),
+            404: Reply("No roll has run on this store.", views.Error),
         },
     ),
 )

@@ -31,6 +31,9 @@ log = structlog.get_logger(__name__)
 FROM_ENV = "LLMGW_FROM_CURRENT"
 # Set by the bootstrap when current's llmgw cannot be imported: why.
 FAILED_ENV = "LLMGW_CURRENT_FAILED"
+# The bootstrap below, as a script in current's bin/, so that the agent's command line reads
+# `…/versions/0.2.0/bin/python …/versions/0.2.0/bin/llmgw-current --role=agent --config …` (trial.py).
+SCRIPT = "llmgw-current"
 
 
 def current(state_dir: Path) -> Path:
@@ -77,6 +80,14 @@ def restart_into_current(
             f"interpreter (bin/python); run `llmgw ctl upgrade` for this node again, or remove {link}"
         )
         return None
+    try:
+        bootstrap = trial.script(python, SCRIPT, BOOTSTRAP)
+    except OSError as exc:
+        log.warning(
+            f"running llmgw {version} ({running}): cannot write {python.parent / SCRIPT} to run "
+            f"{target}: {exc.strerror or exc}; run `llmgw ctl upgrade` for this node again, or remove {link}"
+        )
+        return None
     log.info(
         f"running llmgw {target.name} from {target}, the release this node was upgraded to; "
         f"{running} is {version}"
@@ -86,7 +97,7 @@ def restart_into_current(
     # Without PYTHONPATH: it would put the running release's sources before current's.
     new_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     new_env[FROM_ENV] = strictjson.dumps(back)
-    return trial.Restart([str(python), "-c", BOOTSTRAP, *args], new_env)
+    return trial.Restart([str(python), str(bootstrap), *args], new_env)
 
 
 def _running_command(argv: list[str] | None) -> str:
@@ -94,7 +105,7 @@ def _running_command(argv: list[str] | None) -> str:
     return "python -m llmgw" if first.endswith("__main__.py") else first
 
 
-# Run by current's interpreter with `-c`, before any of llmgw is imported: only the standard
+# Run by current's interpreter as SCRIPT, before any of llmgw is imported: only the standard
 # library, since what it guards against is current's llmgw failing to import. Without
 # LLMGW_FROM_CURRENT (this command line run again later, as an upgrade's way back) it has
 # nowhere to go back to, and fails as python would.

@@ -34,10 +34,16 @@ from llmgw.proto.llmgw import v1 as pb
 MARKER = "upgrade.json"
 # The variable that tells the bootstrap where the marker is; it is removed before llmgw runs.
 TRIAL_ENV = "LLMGW_UPGRADE_TRIAL"
+# The bootstrap below, as a script beside the new environment's `llmgw`: `ps` and `pgrep -f` read
+# `…/versions/0.2.0/bin/python …/versions/0.2.0/bin/llmgw-trial --role=agent --config
+# /etc/llmgw/agent.yaml`, where `python -c` put thirty lines of bootstrap before the role and config.
+TRIAL_SCRIPT = "llmgw-trial"
 
 TRIAL = "trial"
 UPGRADED = "upgraded"
 ROLLED_BACK = "rolled back"
+# The last upgrade was refused, nothing installed (a digest that did not match): kept to be said.
+REFUSED = "refused"
 
 
 @attrs.define
@@ -46,7 +52,7 @@ class Marker:
 
     to: str
     from_version: str
-    # TRIAL, UPGRADED or ROLLED_BACK.
+    # TRIAL, UPGRADED, ROLLED_BACK or REFUSED.
     state: str
     detail: str = ""
     # The command line of the agent before the upgrade, and its PYTHONPATH (None: it had none).
@@ -117,11 +123,23 @@ def back_to_previous(marker: Marker) -> Restart:
 def into(python: Path, state_dir: Path) -> Restart:
     """The command that runs this agent, with the same arguments, on python under the bootstrap.
 
-    PYTHONPATH is left behind: it would put the running release's sources before the new one.
+    The bootstrap is written as a script beside python first (blocking: in a thread). PYTHONPATH
+    is left behind: it would put the running release's sources before the new one.
     """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env[TRIAL_ENV] = str(state_dir / MARKER)
-    return Restart([str(python), "-c", BOOTSTRAP, *sys.argv[1:]], env)
+    return Restart([str(python), str(script(python, TRIAL_SCRIPT, BOOTSTRAP)), *sys.argv[1:]], env)
+
+
+def script(python: Path, name: str, text: str) -> Path:
+    """text as the script name in python's bin/, whole on disk (blocking: in a thread); its path.
+
+    Run as `python SCRIPT ARGS…`, the agent's command line reads as its own does; the script's
+    directory first on sys.path is what the environment's own `llmgw` script has too.
+    """
+    path = python.parent / name
+    durable.write_atomically(path, text, 0o755)
+    return path
 
 
 def previous_command() -> tuple[list[str], str | None]:
@@ -133,8 +151,9 @@ def started_ago(marker: Marker) -> float:
     return max(0.0, time.time() - marker.started)
 
 
-# Run by the new interpreter with `-c`, before any of llmgw is imported: only the standard
-# library, since what it guards against is the new llmgw failing to import.
+# Run by the new interpreter as TRIAL_SCRIPT, before any of llmgw is imported: only the standard
+# library, since what it guards against is the new llmgw failing to import. Run again without
+# LLMGW_UPGRADE_TRIAL (an agent's command line to come back to), it is llmgw itself.
 BOOTSTRAP = r"""
 import json, os, sys
 marker = os.environ.pop("LLMGW_UPGRADE_TRIAL", "")

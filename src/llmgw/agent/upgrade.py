@@ -94,7 +94,7 @@ class Upgrader:
                 # A full disk or a read-only state_dir costs the node this upgrade, never its agent.
                 log.exception("could not upgrade", version=order.version)
                 why = f"cannot upgrade: {exc.strerror or exc} ({exc.filename or 'no file'})"
-                self._report(_status(order, "refused", why, self._version))
+                await self._refused(order, why)
 
     async def _hold_trial(self, marker: trial.Marker, connected: asyncio.Event) -> None:
         bound = marker.trial_s
@@ -128,8 +128,11 @@ class Upgrader:
             python = await self._install(order)
         except UpgradeRefused as exc:
             log.warning("refused an upgrade", version=order.version, why=str(exc))
-            self._report(_status(order, "refused", str(exc), self._version))
+            await self._refused(order, str(exc))
             return
+        # The bootstrap written before the marker: a marker on trial with no way to run the trial
+        # would read, at the next start, as a new agent that stopped before it registered.
+        restart = await asyncio.to_thread(trial.into, python, self._state_dir)
         previous, pythonpath = trial.previous_command()
         marker = trial.Marker(
             to=order.version,
@@ -142,7 +145,20 @@ class Upgrader:
         )
         await asyncio.to_thread(trial.write, self._state_dir, marker)
         self._report(_status(order, "restarting", f"restarting into {python.parent.parent}", self._version))
-        self._restart_into(trial.into(python, self._state_dir))
+        self._restart_into(restart)
+
+    async def _refused(self, order: pb.Upgrade, why: str) -> None:
+        """Say the node refused order, and keep it in the marker: said again after a restart of the agent.
+
+        Held only in memory, a refusal (a digest that did not match) vanished from `ctl nodes` at
+        the agent's next start, while docs/operations.md says it stays until the node's next upgrade.
+        """
+        marker = trial.Marker(to=order.version, from_version=self._version, state=trial.REFUSED, detail=why)
+        self._report(marker.status())
+        try:
+            await asyncio.to_thread(trial.write, self._state_dir, marker)
+        except OSError as exc:
+            log.warning("could not keep the refusal in the upgrade marker", error=str(exc))
 
     def _restart_into(self, restart: trial.Restart) -> None:
         # The engines outlive this process image whatever keep_engines_on_stop says: the point.

@@ -31,6 +31,7 @@ import hashlib
 import json
 import re
 import shutil
+import time
 import urllib.parse
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path, PurePosixPath
@@ -84,8 +85,11 @@ class WeightsCache:
         retry_base_s: float = 1.0,
         session: aiohttp.ClientSession | None = None,
         on_disk_full: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """clock: what a download's progress is told by, every few seconds (download.py)."""
         self.root = root
+        self._clock = clock
         # Told when a download fills the disk, so the node's free space is read and sent at once.
         self._on_disk_full = on_disk_full
         # No cap: `attempts` bounds the waits (1 + 2 + 4 + 8 s by default).
@@ -407,6 +411,7 @@ class WeightsCache:
                 sha256=pin,
                 progress=told,
                 received=received,
+                clock=self._clock,
             )
         except download.Mismatch as exc:
             if exc.what == "sha256":

@@ -232,9 +232,11 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         # Only the leader places and reconciles (always this server, without PostgreSQL).
         lead = functools.partial(_lead, fleet.routes, reconciler)
         tasks.keep(while_leading(fleet.leadership, lead), "lead")
-        # Rolls of the agents to another release (`llmgw ctl upgrade`), on either listener's admin API.
-        upgrades = Upgrades(inventory)
-        tasks.keep(upgrades.run(), "agent-upgrades")
+        # Rolls of the agents to another release (`llmgw ctl upgrade`), on either listener's admin API:
+        # carried out by the leader, kept in the store for the next one, refused by a standby.
+        standby = fleet.leadership.refusal if fleet.leadership is not None else _leading
+        upgrades = Upgrades(inventory, store, standby)
+        tasks.keep(while_leading(fleet.leadership, upgrades.run), "agent-upgrades")
         app[UPGRADES_KEY] = upgrades
         pages = _mount_pages(app, cfg, store, quotas, inventory, catalog, mirror)
         gateway = await stack.enter_async_context(
@@ -548,6 +550,11 @@ async def _lead(routes: FleetRoutes | None, reconciler: Reconciler | None) -> No
             await routes.lead()
         if reconciler is not None:
             tasks.create_task(reconciler.run(), name="reconciler")
+
+
+def _leading() -> str | None:
+    """Why this server may not do the leader's work: never, alone on its store."""
+    return None
 
 
 def control_plane_view(cfg: ServerConfig, leadership: Leadership | None) -> views.ControlPlane:

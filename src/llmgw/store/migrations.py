@@ -327,6 +327,24 @@ MIGRATIONS: Sequence[Migration] = (
             "ALTER TABLE users ADD COLUMN provider_groups TEXT NOT NULL DEFAULT ''",
         ),
     ),
+    # 14: held for a migration of another change made at the same time; it changes nothing. Merged
+    # before any release, where that change's migration 14 takes its place.
+    Migration("changes nothing (number 14 is held for another change's migration)", ()),
+    # 15: the last roll of the agents to another release (`llmgw ctl upgrade`), as control/upgrades.py
+    # writes it at each change: a control plane that takes the lead carries a roll under way on, where
+    # it forgot it. One row, the last roll's.
+    Migration(
+        "creates table agent_upgrades: the last roll of the agents, kept across a change of leader",
+        (
+            """
+        CREATE TABLE agent_upgrades (
+            which TEXT NOT NULL PRIMARY KEY,
+            roll TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        )
+        """,
+        ),
+    ),
 )
 
 
