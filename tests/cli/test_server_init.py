@@ -25,6 +25,7 @@ def _machine(*, systemd: bool = False, answers: bool = True) -> HostSystem:
     machine.has_systemd.return_value = systemd
     machine.systemctl.return_value = CommandResult(0, "")
     machine.healthy.return_value = answers
+    machine.registered_nodes.return_value = None
     seal(machine)
     return machine  # type: ignore[no-any-return]
 

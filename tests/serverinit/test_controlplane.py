@@ -21,7 +21,7 @@ from llmgw.installed import Origin
 from llmgw.roles.server import server_role
 from llmgw.serverinit.controlplane import InitOptions, InitResult, init_control_plane, next_steps, unit_text
 from llmgw.serverinit.mirror import run_as
-from llmgw.serverinit.system import InstallError, is_global_unicast
+from llmgw.serverinit.system import HostSystem, InstallError, is_global_unicast
 from llmgw.store import open_store
 from llmgw.store.catalog import put_model
 from llmgw.store.scopes import DEFAULT_PROJECT_ID
@@ -87,6 +87,9 @@ class TestInitLeavesAControlPlaneThatStarts:
                     assert reply.status == 200
             admin = await authenticate(server.store, "admin@example.com", result.password)
             assert admin is not None and admin.is_admin
+            # What init asks a server it found running: none has registered with this one.
+            assert await HostSystem().registered_nodes(server.admin_url) == 0
+        assert await HostSystem().registered_nodes(server.admin_url) is None
 
     async def test_the_directories_and_key_have_the_modes_the_service_needs(
         self, options: InitOptions, machine: FakeSystem
@@ -159,14 +162,29 @@ class TestInitAgainChangesNothing:
         async with open_store(first.config.database_path) as store:
             await put_model(store, "c", "name: c\nprofiles: [{engine: sim}]\n", "test")
             await put_model(store, "a", "name: a\nprofiles: [{engine: sim}]\n", "test")
+        # The server kept running: its admin API says how many nodes it has registered.
+        machine.nodes = 2
         again, lines = await _init(options, machine)
         assert (
             "kept  default organisation, team and project: project 'default' (team 'default', org 'default')"
             in lines
         )
+        assert ("GET", "http://127.0.0.1:9090/api/v1/nodes") in machine.commands
+        assert "  llmgw ctl status        # 2 nodes, and 3 models in the catalog" in next_steps(
+            again, options
+        )
+
+    async def test_a_server_it_restarts_is_not_asked_for_its_nodes_which_it_has_not_heard_from_yet(
+        self, options: InitOptions, machine: FakeSystem
+    ) -> None:
+        await _init(options, machine)
+        machine.nodes = 2
+        again, _ = await _init(attrs.evolve(options, hosts=("llmgw.example.com",)), machine)
+        assert ("systemctl", "restart", "llmgw-server") in machine.commands
+        assert not [c for c in machine.commands if c[0] == "GET"]
         assert (
-            "  llmgw ctl status        # the nodes registered so far, and 3 models in the catalog"
-            in next_steps(again, options)
+            "  llmgw ctl status        # the nodes registered so far, and no models yet in the catalog"
+            in (next_steps(again, options))
         )
 
     async def test_a_run_that_stopped_halfway_is_finished(

@@ -110,6 +110,8 @@ class InitResult:
     # (server.yaml's and those added with `ctl model add`).
     store_created: bool
     models: int
+    # The nodes registered with a server that was running all along; None where not known.
+    nodes: int | None
     # Where this llmgw was installed from: what a node is told to install the same llmgw from.
     origin: installed.Origin
 
@@ -124,8 +126,12 @@ async def init_control_plane(opts: InitOptions, system: System, report: Report) 
     models = len({m.name for m in cfg.models} | await steps.stored_models(cfg))
     running = await asyncio.to_thread(steps.service)
     url = health_url(cfg)
+    nodes: int | None = None
     if running:
         await steps.wait_healthy(url)
+        if SERVICE in steps.kept_running:
+            # A server this run started or restarted has heard from no node yet: not asked.
+            nodes = await system.registered_nodes(admin_url(cfg))
     return InitResult(
         changed=steps.changed,
         config=cfg,
@@ -135,6 +141,7 @@ async def init_control_plane(opts: InitOptions, system: System, report: Report) 
         server_addresses=tuple(steps.wanted_names()),
         store_created=steps.store_created,
         models=models,
+        nodes=nodes,
         origin=await asyncio.to_thread(installed.origin),
     )
 
@@ -148,6 +155,16 @@ def health_url(cfg: ServerConfig) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}/health"
+
+
+def admin_url(cfg: ServerConfig) -> str:
+    """The admin listener, as this machine reaches it (it listens on loopback by default)."""
+    host, port = split_host_port(cfg.admin_listen, "admin_listen")
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def next_steps(result: InitResult, opts: InitOptions) -> list[str]:
@@ -196,8 +213,12 @@ def next_steps(result: InitResult, opts: InitOptions) -> list[str]:
 def _what_status_shows(result: InitResult) -> str:
     if result.store_created and not result.models:
         return "no nodes and no models yet, which is right for now"
+    if result.nodes is None:
+        nodes = "the nodes registered so far"
+    else:
+        nodes = f"{result.nodes} node{'s' if result.nodes != 1 else ''}" if result.nodes else "no nodes yet"
     models = f"{result.models} model{'s' if result.models != 1 else ''}" if result.models else "no models yet"
-    return f"the nodes registered so far, and {models} in the catalog"
+    return f"{nodes}, and {models} in the catalog"
 
 
 def _wheel_to_install(origin: installed.Origin) -> tuple[str, list[str]]:
@@ -256,6 +277,8 @@ class _Steps:
     changed: bool = False
     account: Account | None = None
     store_created: bool = False
+    # The units found running and left so by this run: a server's registry still holds its nodes.
+    kept_running: set[str] = attrs.field(factory=set)
 
     def ok(self, what: str) -> None:
         self.changed = True
@@ -586,6 +609,7 @@ class _Steps:
             self.ok(f"{name} restarted to read what changed")
         else:
             self.kept(f"{name} running")
+            self.kept_running.add(name)
 
     def _systemctl(self, *args: str) -> None:
         done = self.system.systemctl(*args)
