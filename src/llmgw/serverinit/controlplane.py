@@ -147,24 +147,24 @@ async def init_control_plane(opts: InitOptions, system: System, report: Report) 
 
 
 def health_url(cfg: ServerConfig) -> str:
-    host, port = split_host_port(cfg.listen, "listen")
+    return f"{_this_machine(cfg.listen, 'listen')}/health"
+
+
+def admin_url(cfg: ServerConfig) -> str:
+    """The admin listener, as this machine reaches it (it listens on loopback by default)."""
+    return _this_machine(cfg.admin_listen, "admin_listen")
+
+
+def _this_machine(listen: str, key: str) -> str:
+    """http://HOST:PORT of a listener, as this machine reaches it: a wildcard address is loopback."""
+    host, port = split_host_port(listen, key)
     if host in ("", "0.0.0.0"):
         host = "127.0.0.1"
     elif host == "::":
         host = "::1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}/health"
-
-
-def admin_url(cfg: ServerConfig) -> str:
-    """The admin listener, as this machine reaches it (it listens on loopback by default)."""
-    host, port = split_host_port(cfg.admin_listen, "admin_listen")
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"http://{host}:{port}"
 
 
 def next_steps(result: InitResult, opts: InitOptions) -> list[str]:
