@@ -15,7 +15,8 @@
 # --rootfs: build (or find in the cache) the root file system only, and print its tar's path:
 # what the Containerfile beside this script adds, for those who build with buildah or docker.
 #
-# PYTHON: the interpreter of this tree's virtual environment (default .venv/bin/python).
+# PYTHON: the interpreter whose pip builds the wheels and whose installed packages pin the
+# image's dependencies (default: this tree's .venv/bin/python, else python3 from the PATH).
 # LLMGW_IMAGE_CACHE: where the root file systems are kept (default ~/.cache/llmgw/image).
 set -euo pipefail
 
@@ -26,7 +27,24 @@ case "${1:-}" in
   "") ;;
   *) echo "build-image: unknown argument $1 (only --rootfs)" >&2; exit 2 ;;
 esac
-python=${PYTHON:-$repo/.venv/bin/python}
+say() { echo "build-image: $*" >&2; }
+
+# The interpreter: PYTHON, else the tree's virtual environment, else python3. A checkout
+# without .venv (llmgw installed as docs/install.md does it, from a wheel) failed with
+# ".venv/bin/python: No such file or directory" unless PYTHON was set.
+if [ -n "${PYTHON:-}" ]; then
+  python=$PYTHON
+elif [ -x "$repo/.venv/bin/python" ]; then
+  python=$repo/.venv/bin/python
+else
+  python=$(command -v python3 || true)
+  [ -n "$python" ] || { say "there is no $repo/.venv/bin/python and no python3 on the PATH: set PYTHON"; exit 1; }
+  say "no PYTHON and no $repo/.venv: using $python, whose installed packages pin the image's dependencies"
+fi
+"$python" -m pip --version >/dev/null 2>&1 || {
+  say "$python has no pip, which builds the image's wheels: apt-get install python3-pip, or set PYTHON to an interpreter with pip (a virtual environment's)"
+  exit 1
+}
 cache=${LLMGW_IMAGE_CACHE:-$HOME/.cache/llmgw/image}
 suite=bookworm
 mirror=${LLMGW_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -34,8 +52,6 @@ mirror=${LLMGW_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$cache" "$work/wheels"
-
-say() { echo "build-image: $*" >&2; }
 
 # mmdebstrap --mode=root and rootful podman: say so now rather than halfway through.
 if [ "$(id -u)" -ne 0 ]; then

@@ -74,7 +74,13 @@ fi
 pip_failed() {
     sed 's/^/  pip: /' pip.log >&2
     echo "llmgw $VERSION could not be installed on $NODE from $WHERE (pip's words above)." >&2
-    if [ "$WHERE" = "the package index" ]; then
+    if [ ! -f "$PACKAGE" ] && grep -Eqi "(no matching distribution found for|satisfies the requirement) llmgw([ =<>(]|$)" pip.log; then
+        # llmgw itself is what the index lacks, not a dependency: a version built from a checkout
+        # is on no index, whatever the node's network.
+        echo "The index has no llmgw $VERSION: a version built from a checkout is on none." \
+            "Give its wheel with --wheel FILE (python3 -m pip wheel --no-deps -w dist . in the" \
+            "checkout; docs/install.md, step 1), or --wheelhouse DIR (a bundle's wheels/)." >&2
+    elif [ "$WHERE" = "the package index" ]; then
         echo "A node that cannot reach the index installs from a wheelhouse instead: --wheelhouse DIR" \
             "(a bundle's wheels/) or --mirror URL; see docs/offline.md." >&2
     else

@@ -22,9 +22,13 @@ it holds would otherwise wait for that and then hear only of a failed connection
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import attrs
+
+
+async def _no_cause(said: str) -> str:
+    return ""
 
 
 @attrs.frozen
@@ -49,8 +53,9 @@ class EngineRoute:
     native_apis: frozenset[str] | None = None
     # Given what the engine's 5xx said: the cause the control plane knows, in the node's words, when
     # those are the engine's own words for a dead engine that name none (vLLM's "EngineCore
-    # encountered an issue. See stack trace (above)…"); empty otherwise.
-    known_cause: Callable[[str], str] = attrs.field(default=lambda said: "", repr=False, eq=False)
+    # encountered an issue. See stack trace (above)…"), waiting a moment for the dying engine's own
+    # failure to be reported; empty otherwise.
+    known_cause: Callable[[str], Awaitable[str]] = attrs.field(default=_no_cause, repr=False, eq=False)
 
 
 class Routes:

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import io
 import json
+import os
 import re
 import sys
 import tarfile
@@ -16,10 +17,12 @@ import attrs
 import pytest
 from aiohttp import web
 
+from llmgw import __version__
 from llmgw.bundle import signing
-from llmgw.bundle.create import CreateOptions, create_bundle, parse_arches, parse_engines
-from llmgw.bundle.importing import Imported, ImportOptions, import_bundle
-from llmgw.bundle.manifest import MANIFEST, SIGNATURE, BundleError, digest
+from llmgw.bundle.create import CreateOptions, create_bundle, default_llmgw_spec, parse_arches, parse_engines
+from llmgw.bundle.importing import Imported, ImportOptions, import_bundle, node_packages
+from llmgw.bundle.manifest import MANIFEST, SIGNATURE, BundleError, digest, parse
+from llmgw.installed import Origin
 from llmgw.mirror.fetch import MANIFEST as PINS
 from llmgw.mirror.fetch import list_models, read_model
 from tests.agent.provision.conftest import CPU_ASSET, FakeRelease, sha256
@@ -241,6 +244,42 @@ class TestCreate:
         with pytest.raises(BundleError, match="gave no llmgw wheel"):
             await _make(tmp_path, hub, release, wheelhouse)
 
+    async def test_a_version_on_no_index_says_to_give_llmgw_with_llmgw_path(
+        self,
+        tmp_path: Path,
+        hub: Hub,  # noqa: F811
+        release: FakeRelease,
+        wheelhouse: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Real pip, asked for llmgw==VERSION of an index that has none (as PyPI has no checkout's)."""
+        index = tmp_path / "empty-index"
+        index.mkdir()
+        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+        monkeypatch.setenv("PIP_INDEX_URL", index.as_uri())
+        monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+        spec = f"llmgw=={__version__}"
+        with pytest.raises(BundleError) as refused:
+            opts = _options(tmp_path / "bundle", hub, release, wheelhouse)
+            await create_bundle(attrs.evolve(opts, wheelhouse=None, llmgw_spec=spec), lambda _: None)
+        said = str(refused.value)
+        assert f"satisfies the requirement {spec}" in said
+        assert said.endswith(
+            f"{spec} is on no package index pip reached: give llmgw's wheel or source directory with "
+            f"--llmgw PATH (--llmgw dist/llmgw-{__version__}-py3-none-any.whl, or --llmgw . in a checkout)"
+        )
+
+    def test_without_llmgw_a_checkout_or_the_wheel_installed_from_is_built_rather_than_a_version_pin(
+        self, tmp_path: Path
+    ) -> None:
+        wheel = tmp_path / f"llmgw-{__version__}-py3-none-any.whl"
+        wheel.write_bytes(b"PK")
+        assert default_llmgw_spec(Origin(checkout=tmp_path)) == str(tmp_path)
+        assert default_llmgw_spec(Origin(wheel=wheel)) == str(wheel)
+        # A wheel since deleted, or a release from an index: the index is asked for the version.
+        assert default_llmgw_spec(Origin(wheel=tmp_path / "gone.whl")) == f"llmgw=={__version__}"
+        assert default_llmgw_spec(Origin()) == f"llmgw=={__version__}"
+
     async def test_an_existing_path_is_never_written_over(self, made: Made, wheelhouse: Path) -> None:
         with pytest.raises(BundleError, match="exists; a bundle is made into a new path"):
             await _make(made.path.parent, made.hub, made.release, wheelhouse)
@@ -295,6 +334,14 @@ class TestImport:
         with pytest.raises(BundleError, match="give it with --mirror-url"):
             await site.load(made.path, made.sha256, mirror_url="")
         site.untouched()
+
+    async def test_the_os_packages_the_carried_engines_need_are_named_for_each_family(
+        self, made: Made
+    ) -> None:
+        """An offline node still ran `apt-get install libgomp1`: no bundle carries OS packages."""
+        manifest = parse((made.path / MANIFEST).read_bytes(), "test")
+        assert node_packages(manifest) == ["libgomp1 (Debian, Ubuntu)", "libgomp (RHEL, Rocky, Fedora)"]
+        assert node_packages(attrs.evolve(manifest, engines=())) == []
 
 
 class TestRefusals:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,12 @@ def test_an_engine_llmgw_does_not_know_exits_2_naming_the_known_ones() -> None:
         "llmgw ctl engine-check: there is no engine called 'tgi' "
         "(known engines: llamacpp, sglang, sim, vllm)\n"
     )
+
+
+def test_an_interpreter_without_sglang_exits_4_as_an_engine_not_installed() -> None:
+    """This environment's Python has no sglang, as a node's python3 before SGLang is installed:
+    onboard-node.sh reads exit 4 as "not installed yet", as it does for the other engines."""
+    code, _, err = run("sglang", "--bin", sys.executable)
+    assert code == EXIT_NOT_FOUND
+    assert f"sglang is not installed in {sys.executable}" in err
+    assert "names none of the flags" not in err

@@ -25,6 +25,7 @@ def _machine(*, systemd: bool = False, answers: bool = True) -> HostSystem:
     machine.has_systemd.return_value = systemd
     machine.systemctl.return_value = CommandResult(0, "")
     machine.healthy.return_value = answers
+    machine.registered_nodes.return_value = None
     seal(machine)
     return machine  # type: ignore[no-any-return]
 
@@ -44,9 +45,11 @@ class TestServerInit:
         assert "ok    certificate authority in" in out and "back it up" in out
         assert "ok    server certificate for llmgw.example.com, ctl1, 10.0.0.140" in out
         assert "ok    administrator you@example.com" in out and "password: " in out
-        assert "sudo -u llmgw llmgw --role=server --config /etc/llmgw/server.yaml" in out
+        assert "setpriv --reuid=llmgw --regid=llmgw --init-groups --reset-env llmgw --role=server" in out
         assert "llmgw ctl status" in out
-        assert "scripts/onboard-node.sh --node NAME --addr NODE --server llmgw.example.com:7443\n" in out
+        assert (
+            "scripts/onboard-node.sh --node NAME --addr NODE --server llmgw.example.com:7443 --wheel " in out
+        )
         assert "add it under `models:` in /etc/llmgw/server.yaml" in out
 
         code, again, _ = _init(tmp_path, "--admin", "you@example.com", "--host", "llmgw.example.com")
@@ -59,7 +62,7 @@ class TestServerInit:
         """A newcomer's nodes could not resolve `ctl1`; the address is what they reach."""
         code, out, _ = _init(tmp_path)
         assert code == 0
-        assert "scripts/onboard-node.sh --node NAME --addr NODE --server 10.0.0.140:7443\n" in out
+        assert "scripts/onboard-node.sh --node NAME --addr NODE --server 10.0.0.140:7443 --wheel " in out
         assert (
             "# --server: whichever of 10.0.0.140, ctl1 the node reaches (all are in the certificate)" in out
         )

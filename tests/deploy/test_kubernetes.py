@@ -6,8 +6,9 @@ import base64
 import copy
 import functools
 import io
-import json
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,14 +19,14 @@ from click.testing import CliRunner
 from ruamel.yaml import YAML
 
 from llmgw.cli.cert import cert
-from llmgw.kube_secrets import AGENT_SECRET, SERVER_SECRET
 from tests.postgres import running_cluster
 
-from .chart import find, template
+from .chart import REPO, find, template
 from .podman import Podman, first_chat, http, wait_until
 
 NODE = "node-1"
 VALUES = Path(__file__).with_name("podman-values.yaml")
+PODMAN_KUBE = REPO / "scripts" / "podman_kube.py"
 SERVER = "llmgw-server-pod-0-server"
 
 
@@ -67,59 +68,19 @@ def _edit_config(doc: dict[str, Any], key: str, **changes: Any) -> None:
     doc["data"][key] = out.getvalue()
 
 
-def for_podman(docs: list[dict[str, Any]], label: str, tmp: Path, port: int) -> list[dict[str, Any]]:
-    """What the chart renders, as `podman kube play` (4.3) can run it: each change a cluster's stand-in.
-
-    The one step docs/kubernetes.md names. kube play has no Services (the agent dials the
-    server's pod by its name), no DaemonSets (the agent's becomes a Deployment of one, on a
-    "node" named node-1), no GPU runtime, and no downward API for spec.nodeName; a hostPort
-    stands in for the gateway's Service. Everything else (probes, volumes, security contexts,
-    the start commands, the Secrets read into the environment) runs as rendered.
-    """
-    out = []
-    for doc in copy.deepcopy(docs):
-        doc["metadata"].pop("namespace", None)
-        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "llmgw-agent":
-            _edit_config(doc, "agent.yaml", servers=["llmgw-server-pod-0:7443"])
-        if doc["kind"] == "DaemonSet":
-            spec = doc["spec"]
-            doc["kind"] = "Deployment"
-            doc["spec"] = {"replicas": 1, "selector": spec["selector"], "template": spec["template"]}
-            pod = spec["template"]["spec"]
-            for key in ("runtimeClassName", "nodeSelector", "tolerations"):
-                pod.pop(key)
-            pod["containers"][0]["env"] = [{"name": "NODE_NAME", "value": NODE}]
-            for volume in pod["volumes"]:
-                if "hostPath" in volume:
-                    volume["hostPath"]["path"] = str(tmp / volume["name"])
-        if doc["kind"] == "Deployment":
-            template = doc["spec"]["template"]
-            template["metadata"]["labels"]["llmgw-test"] = label
-            for container in template["spec"]["containers"]:
-                for p in container.get("ports", []):
-                    if p["name"] == "gateway":
-                        p.update(hostPort=port, hostIP="127.0.0.1")
-        out.append(doc)
-    return out
+def _podman_kube(*args: str) -> str:
+    """scripts/podman_kube.py, as docs/kubernetes.md has a user run it; what it printed."""
+    done = subprocess.run(
+        [sys.executable, str(PODMAN_KUBE), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
 
 
-def _create_secret(podman: Podman, doc: dict[str, Any], path: Path) -> None:
-    """A Secret as podman 4.3's kube play reads it: a podman secret, in one of two shapes.
-
-    A Secret mounted as a volume (the certificates) is the manifest, each `data` value
-    decoded, since kube play writes it into the volume without decoding the base64. One
-    read into the environment (the admin token's) is only its `data`, a JSON map of base64
-    values: kube play reads that one so, and refuses the manifest ("not valid JSON").
-    """
-    if doc["metadata"]["name"] in (SERVER_SECRET, AGENT_SECRET):
-        plain = copy.deepcopy(doc)
-        plain["data"] = {k: base64.b64decode(v).decode() for k, v in doc["data"].items()}
-        path.write_text(json.dumps(plain))
-    else:
-        path.write_text(json.dumps(doc["data"]))
-    name = doc["metadata"]["name"]
-    podman("secret", "create", name, str(path))
-    podman.secrets.append(name)
+def _dump(docs: list[dict[str, Any]], path: Path) -> Path:
+    with path.open("w") as f:
+        YAML(typ="safe").dump_all(docs, f)
+    return path
 
 
 def _play(
@@ -143,21 +104,33 @@ def _play_rendered(
     then: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda docs: docs,
     taken: tuple[int, ...] = (),
 ) -> tuple[int, list[dict[str, Any]]]:
-    for doc in secrets_:
-        _create_secret(podman, doc, tmp_path / f"{doc['metadata']['name']}.json")
+    """`helm template`, scripts/podman_kube.py and the up.sh it writes, as docs/kubernetes.md runs them.
+
+    then: a change to what the script made (a second server), before it is played.
+    """
     repository, tag = image.rsplit(":", 1)
     docs = template({"image.repository": repository, "image.tag": tag, **values}, files=[VALUES])
-    docs = [d for d in docs if d["kind"] not in ("ServiceMonitor", "PodMonitor")]
+    port = _free_port(taken)
+    out = tmp_path / "play"
+    said = _podman_kube(
+        str(_dump(docs, tmp_path / "rendered.yaml")), str(_dump(secrets_, tmp_path / "secrets.yaml")),
+        "--out", str(out), "--node", NODE, "--host-dir", str(tmp_path), "--gateway-port", str(port),
+        "--network", podman.network, "--label", f"llmgw-test={podman.label}",
+    )  # fmt: skip
+    # The monitors render (the operator's API is given to helm), and kube play would not run them.
+    assert "left out ServiceMonitor llmgw: kube play does not run it" in said
+    played = then([d for d in YAML(typ="safe").load_all((out / "play.yaml").read_text()) if d])
+    _dump(played, out / "play.yaml")
+    # Whatever happens next, the fixture removes them.
+    podman.secrets += [d["metadata"]["name"] for d in secrets_]
     podman.volumes += [
-        d["metadata"]["name"] for d in docs if d["kind"] in ("ConfigMap", "PersistentVolumeClaim")
+        d["metadata"]["name"] for d in played if d["kind"] in ("ConfigMap", "PersistentVolumeClaim")
     ]
     podman.volumes += [d["metadata"]["name"] for d in secrets_]
-    port = _free_port(taken)
-    played = then(for_podman(docs, podman.label, tmp_path, port))
-    play = tmp_path / "play.yaml"
-    with play.open("w") as f:
-        YAML(typ="safe").dump_all(played, f)
-    podman("kube", "play", "--network", podman.network, str(play), timeout_s=300)
+    done = subprocess.run(
+        ["sh", str(out / "up.sh")], env=podman.env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, f"up.sh exited {done.returncode}: {done.stderr}"
     return port, played
 
 
@@ -223,6 +196,18 @@ class TestPodmanKubePlay:
             wait_until(answered, 60, f"{url} to answer in {container}")
         # The mirror's pod by its name, standing in for its Service.
         assert _status_inside(podman, SERVER, "http://llmgw-mirror-pod-0:8081/health") == "200"
+
+        # down.sh: every pod, volume (the store's claim among them) and secret up.sh made is gone.
+        secrets_ = podman.secrets
+        done = subprocess.run(
+            ["sh", str(tmp_path / "play" / "down.sh")], env=podman.env, capture_output=True, text=True,
+            timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert podman("pod", "ps", "-q", "--filter", f"label=llmgw-test={podman.label}").strip() == ""
+        left = set(podman("volume", "ls", "--format", "{{.Name}}").split())
+        assert left & set(podman.volumes) == set()
+        assert set(podman("secret", "ls", "--format", "{{.Name}}").split()) & set(secrets_) == set()
 
 
 # The podman network of the PostgreSQL test: the servers' pods reach the cluster on its

@@ -130,6 +130,22 @@ async def test_sglang_is_checked_through_its_interpreter_without_taking_dash_m_f
     assert not result.ok
 
 
+async def test_an_interpreter_without_sglang_says_it_is_not_installed_rather_than_a_warning_about_flags(
+    tmp_path: Path,
+) -> None:
+    """A node without SGLang: python3 is there, sglang is not; as a missing binary, onboarding says
+    "not installed yet" of it as of the other engines."""
+    python = tmp_path / "python3"
+    python.write_text(
+        "#!/bin/sh\necho 'Traceback (most recent call last):' >&2\n"
+        "echo \"ModuleNotFoundError: No module named 'sglang'\" >&2\nexit 1\n"
+    )
+    python.chmod(0o755)
+    with pytest.raises(BinaryNotFoundError) as refused:
+        await check_engine("sglang", ENGINES["sglang"], str(python))
+    assert str(refused.value) == f"sglang is not installed in {python} (No module named 'sglang')"
+
+
 async def test_a_binary_that_does_not_exist_is_refused_saying_so(tmp_path: Path) -> None:
     with pytest.raises(BinaryNotFoundError, match=r"/no/such/llama-server does not exist"):
         await check_engine("llamacpp", ENGINES["llamacpp"], "/no/such/llama-server")

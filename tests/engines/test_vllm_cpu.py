@@ -296,7 +296,13 @@ async def dead_at_first_request(
             ) as resp,
         ):
             answered = resp.status
+            await resp.read()
+        loop = asyncio.get_running_loop()
+        since = loop.time()
         failed = await _reached(reports, "failed")
+        # How long after its 500 the agent reports the engine's exit, with its cause: what the
+        # gateway waits for (CAUSE_WAIT_S) to name the cause in that first request's error.
+        print(f"\nvLLM's failed status came {loop.time() - since:.1f} s after its 500")
     return answered, failed
 
 

@@ -288,6 +288,17 @@ class TestPinnedInstall:
         assert not (node.root / "opt/llmgw").exists() and not (node.root / "etc/llmgw").exists()
         assert node.logged("systemctl") == []
 
+    def test_a_version_the_index_does_not_have_offers_the_wheel_not_the_network(self, node: Node) -> None:
+        """`server init`'s line without --wheel, for llmgw built from a checkout: pip finds no llmgw."""
+        said = f"ERROR: No matching distribution found for llmgw=={__version__}"
+        done = node.onboard(*_ARGS, PIP_FAILS=said)
+        assert done.returncode == 1
+        assert f"The index has no llmgw {__version__}: a version built from a checkout is on none." in (
+            done.stderr
+        )
+        assert "Give its wheel with --wheel FILE" in done.stderr
+        assert "A node that cannot reach the index" not in done.stderr
+
     def test_a_failed_upgrade_keeps_the_llmgw_already_installed(self, node: Node) -> None:
         assert node.onboard(*_ARGS).returncode == 0
         done = node.onboard(*_ARGS, PIP_FAILS="ERROR: No matching distribution found for llmgw==0.2")

@@ -30,6 +30,8 @@ class FakeSystem:
     answers: bool = True
     refuse: str | None = None
     commands: list[tuple[str, ...]] = attrs.Factory(list)
+    # What the running server's admin API says of its nodes; None: it does not answer.
+    nodes: int | None = None
 
     def refusal(self) -> str | None:
         return self.refuse
@@ -66,6 +68,10 @@ class FakeSystem:
 
     async def healthy(self, url: str) -> bool:
         return self.answers
+
+    async def registered_nodes(self, admin_url: str) -> int | None:
+        self.commands.append(("GET", f"{admin_url}/api/v1/nodes"))
+        return self.nodes
 
 
 @pytest.fixture

@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import pwd
 import re
+import shlex
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
 import attrs
 import pytest
 
-from llmgw import config, pki
+from llmgw import __version__, config, pki
 from llmgw.errors import ConfigError
+from llmgw.installed import Origin
 from llmgw.roles.server import server_role
-from llmgw.serverinit.controlplane import InitOptions, InitResult, init_control_plane, unit_text
-from llmgw.serverinit.system import InstallError, is_global_unicast
+from llmgw.serverinit.controlplane import InitOptions, InitResult, init_control_plane, next_steps, unit_text
+from llmgw.serverinit.mirror import run_as
+from llmgw.serverinit.system import HostSystem, InstallError, is_global_unicast
 from llmgw.store import open_store
+from llmgw.store.catalog import put_model
 from llmgw.store.scopes import DEFAULT_PROJECT_ID
 from llmgw.store.users import authenticate, create_user
+from tests import needs
 
 from .conftest import FakeSystem
 
@@ -79,6 +87,9 @@ class TestInitLeavesAControlPlaneThatStarts:
                     assert reply.status == 200
             admin = await authenticate(server.store, "admin@example.com", result.password)
             assert admin is not None and admin.is_admin
+            # What init asks a server it found running: none has registered with this one.
+            assert await HostSystem().registered_nodes(server.admin_url) == 0
+        assert await HostSystem().registered_nodes(server.admin_url) is None
 
     async def test_the_directories_and_key_have_the_modes_the_service_needs(
         self, options: InitOptions, machine: FakeSystem
@@ -129,6 +140,52 @@ class TestInitAgainChangesNothing:
         async with open_store(first.config.database_path) as store:
             assert first.password is not None
             assert await authenticate(store, "admin@example.com", first.password) is not None
+
+    async def test_a_first_run_says_it_created_the_defaults_and_a_later_one_counts_the_models(
+        self, options: InitOptions, machine: FakeSystem
+    ) -> None:
+        """A first run said "kept default organisation…" of a store it had just made, and every
+        run ended "no nodes and no models yet", even with two of each."""
+        first, lines = await _init(options, machine)
+        assert (
+            "ok    default organisation, team and project: project 'default' (team 'default', org 'default')"
+            in lines
+        )
+        assert "  llmgw ctl status        # no nodes and no models yet, which is right for now" in (
+            next_steps(first, options)
+        )
+        text = options.config_path.read_text().replace(
+            "models: []",
+            "models:\n  - {name: a, profiles: [{engine: sim}]}\n  - {name: b, profiles: [{engine: sim}]}",
+        )
+        options.config_path.write_text(text)
+        async with open_store(first.config.database_path) as store:
+            await put_model(store, "c", "name: c\nprofiles: [{engine: sim}]\n", "test")
+            await put_model(store, "a", "name: a\nprofiles: [{engine: sim}]\n", "test")
+        # The server kept running: its admin API says how many nodes it has registered.
+        machine.nodes = 2
+        again, lines = await _init(options, machine)
+        assert (
+            "kept  default organisation, team and project: project 'default' (team 'default', org 'default')"
+            in lines
+        )
+        assert ("GET", "http://127.0.0.1:9090/api/v1/nodes") in machine.commands
+        assert "  llmgw ctl status        # 2 nodes, and 3 models in the catalog" in next_steps(
+            again, options
+        )
+
+    async def test_a_server_it_restarts_is_not_asked_for_its_nodes_which_it_has_not_heard_from_yet(
+        self, options: InitOptions, machine: FakeSystem
+    ) -> None:
+        await _init(options, machine)
+        machine.nodes = 2
+        again, _ = await _init(attrs.evolve(options, hosts=("llmgw.example.com",)), machine)
+        assert ("systemctl", "restart", "llmgw-server") in machine.commands
+        assert not [c for c in machine.commands if c[0] == "GET"]
+        assert (
+            "  llmgw ctl status        # the nodes registered so far, and no models yet in the catalog"
+            in (next_steps(again, options))
+        )
 
     async def test_a_run_that_stopped_halfway_is_finished(
         self, options: InitOptions, machine: FakeSystem
@@ -262,6 +319,43 @@ class TestConfiguration:
             await _init(options, machine)
 
 
+class TestTheNodeLine:
+    """The onboarding line: a node installs the same llmgw, which may be on no package index."""
+
+    async def _line(self, options: InitOptions, machine: FakeSystem, origin: Origin) -> list[str]:
+        result, _ = await _init(options, machine)
+        said = next_steps(attrs.evolve(result, origin=origin), options)
+        start = next(n for n, line in enumerate(said) if "scripts/onboard-node.sh" in line)
+        return said[start : start + 2]
+
+    async def test_an_llmgw_installed_from_a_wheel_file_gives_the_node_that_wheel(
+        self, options: InitOptions, machine: FakeSystem
+    ) -> None:
+        wheel = Path("/home/you/llmgw/dist/llmgw-0.1.0-py3-none-any.whl")
+        line, why = await self._line(options, machine, Origin(wheel=wheel))
+        assert (
+            line
+            == f"  scripts/onboard-node.sh --node NAME --addr NODE --server 10.0.0.140:7443 --wheel {wheel}"
+        )
+        assert why.startswith("  # --wheel: the wheel this llmgw was installed from;")
+
+    async def test_an_llmgw_run_from_a_checkout_says_how_to_build_the_wheel_it_names(
+        self, options: InitOptions, machine: FakeSystem
+    ) -> None:
+        line, why = await self._line(options, machine, Origin(checkout=Path("/home/you/llmgw")))
+        assert line.endswith(f" --wheel dist/llmgw-{__version__}-py3-none-any.whl")
+        assert why == (
+            "  # --wheel: this llmgw runs from the checkout /home/you/llmgw, on no package index; "
+            "build its wheel there with `python3 -m pip wheel --no-deps -w dist .`"
+        )
+
+    async def test_a_release_from_the_index_needs_no_wheel(
+        self, options: InitOptions, machine: FakeSystem
+    ) -> None:
+        line, _ = await self._line(options, machine, Origin())
+        assert line == "  scripts/onboard-node.sh --node NAME --addr NODE --server 10.0.0.140:7443"
+
+
 class TestService:
     async def test_without_systemd_it_says_how_to_start_the_server_by_hand(
         self, options: InitOptions, machine: FakeSystem
@@ -269,10 +363,27 @@ class TestService:
         machine.systemd = False
         result, lines = await _init(options, machine)
         assert not result.running
-        assert any(
-            "sudo -u llmgw llmgw --role=server --config /etc/llmgw/server.yaml" in line for line in lines
-        )
+        start = "setpriv --reuid=llmgw --regid=llmgw --init-groups --reset-env llmgw --role=server --config "
+        assert sum(f"  {start}/etc/llmgw/server.yaml" == line for line in next_steps(result, options)) == 1
+        assert not any("sudo" in line for line in [*lines, *next_steps(result, options)])
         assert not (options.root / "etc/systemd").exists()
+
+    def test_the_command_it_prints_to_start_by_hand_is_one_process_of_the_service_user(self) -> None:
+        """setpriv execs llmgw: the pid Ctrl-C, `kill` or a supervisor signals is llmgw's own.
+
+        sudo -u and runuser -u stay llmgw's parent, so `kill` of the pid they started reached the
+        wrapper, not the server. Run here with the machine's `daemon` user, and Python for llmgw.
+        """
+        needs.root("becoming another user with setpriv")
+        argv = shlex.split(run_as("daemon", "ARGS"))
+        assert argv[-2:] == ["llmgw", "ARGS"]
+        said = "import os; print(os.getpid(), os.getuid(), os.getgid(), os.environ['HOME'])"
+        argv[-2:] = [sys.executable, "-c", said]
+        daemon = pwd.getpwnam("daemon")
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as process:
+            out, _ = process.communicate(timeout=60)
+        assert process.returncode == 0
+        assert out.split() == [str(process.pid), str(daemon.pw_uid), str(daemon.pw_gid), daemon.pw_dir]
 
     def test_it_waits_thirty_seconds_for_health_before_naming_the_journal(self) -> None:
         assert InitOptions().health_timeout_s == 30.0

@@ -16,6 +16,7 @@ from llmgw.config import ServerConfig
 from llmgw.control.stream.provision import wanted_engines
 from llmgw.roles.server import server_role
 from llmgw.serverinit.controlplane import InitOptions, init_control_plane
+from tests.deploy.podman import CONTAINERS_CONF
 
 from .conftest import FakeSystem
 
@@ -135,3 +136,12 @@ async def test_a_restarted_server_serves_the_added_model_to_a_key_from_keys_crea
         ) as reply:
             assert reply.status == 200
             assert [m["id"] for m in (await reply.json())["data"]] == ["sim-chat"]
+
+
+def test_the_containers_conf_the_page_shows_is_the_one_the_tests_run_podman_with() -> None:
+    """It fixes runc's `error setting rlimit type 7: operation not permitted`, which the page quotes."""
+    (shown,) = _blocks("toml")
+    assert "error setting rlimit type 7: operation not permitted" in GUIDE.read_text()
+    ran = CONTAINERS_CONF.splitlines()
+    assert [line for line in shown.splitlines() if line not in ran] == []
+    assert 'default_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]' in shown

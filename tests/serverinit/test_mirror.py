@@ -107,10 +107,11 @@ class TestServerInitSetsUpTheMirror:
 
     def test_without_systemd_the_closing_list_says_how_to_start_the_mirror_role(self, tmp_path: Path) -> None:
         said = _init_here(_options(tmp_path), FakeSystem(systemd=False))
-        start = said.index("Start it by hand (there is no systemd here):")
+        start = next(n for n, line in enumerate(said) if line.startswith("Start it by hand, as root"))
+        as_llmgw = "setpriv --reuid=llmgw --regid=llmgw --init-groups --reset-env llmgw"
         assert said[start + 1 : start + 5] == [
-            "  sudo -u llmgw llmgw --role=server --config /etc/llmgw/server.yaml",
+            f"  {as_llmgw} --role=server --config /etc/llmgw/server.yaml",
             "and the mirror role, which serves the bundle to the nodes:",
-            "  sudo -u llmgw llmgw --role=mirror --config /etc/llmgw/mirror.yaml",
+            f"  {as_llmgw} --role=mirror --config /etc/llmgw/mirror.yaml",
             "Then:",
         ]

@@ -54,6 +54,7 @@ from llmgw.bundle.wheelhouse import (
 )
 from llmgw.engines.base import Recipe, UnsupportedError
 from llmgw.hubref import parse_ref
+from llmgw.installed import Origin
 from llmgw.mirror.fetch import INCOMING, FetchProgress, HubFetcher
 from llmgw.mirror.fetch import MANIFEST as PINS
 
@@ -91,6 +92,20 @@ class Created:
     path: Path
     manifest: Manifest
     sha256: str
+
+
+def default_llmgw_spec(origin: Origin) -> str:
+    """What pip builds llmgw's wheel from when --llmgw is not given: the llmgw running this.
+
+    A version built from a checkout is on no index, and `llmgw==VERSION` failed at once there
+    ("Could not find a version that satisfies the requirement llmgw==0.1.0"): the checkout itself,
+    or the wheel file it was installed from, is what pip is given instead.
+    """
+    if origin.checkout is not None:
+        return str(origin.checkout)
+    if origin.wheel is not None and origin.wheel.is_file():
+        return str(origin.wheel)
+    return f"llmgw=={__version__}"
 
 
 def parse_engines(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -179,7 +194,16 @@ async def _wheels(work: Path, opts: CreateOptions, report: Report) -> list[tuple
         await asyncio.to_thread(_copy_wheels, opts.wheelhouse, wheels)
     else:
         report(f"building llmgw's wheel ({opts.llmgw_spec})")
-        await run_pip(["wheel", "--no-deps", "--wheel-dir", str(wheels), opts.llmgw_spec])
+        try:
+            await run_pip(["wheel", "--no-deps", "--wheel-dir", str(wheels), opts.llmgw_spec])
+        except BundleError as exc:
+            if not opts.llmgw_spec.startswith("llmgw=="):
+                raise
+            raise BundleError(
+                f"{exc}\n{opts.llmgw_spec} is on no package index pip reached: give llmgw's wheel or "
+                f"source directory with --llmgw PATH (--llmgw dist/llmgw-{__version__}-py3-none-any.whl, "
+                "or --llmgw . in a checkout)"
+            ) from None
         own = await asyncio.to_thread(_own_wheel, wheels, "pip")
         python = f"{sys.version_info.major}.{sys.version_info.minor}"
         for arch in opts.arches:

@@ -37,6 +37,8 @@ import attrs
 import cattrs
 
 from llmgw import config, durable
+from llmgw.agent.discovery.host import Host
+from llmgw.agent.provision.recipes import RECIPES
 from llmgw.bundle import signing
 from llmgw.bundle.manifest import (
     ENGINES,
@@ -50,8 +52,10 @@ from llmgw.bundle.manifest import (
     parse,
     unsafe_path,
 )
+from llmgw.bundle.wheelhouse import HOST_ARCH
 from llmgw.config import ServerConfig
 from llmgw.config.editing import replace_text, with_section
+from llmgw.engines.base import Recipe, UnsupportedError
 from llmgw.errors import ConfigError
 from llmgw.mirror.fetch import INCOMING, FetchedModel, model_dir, place_model, read_model
 from llmgw.mirror.fetch import MANIFEST as PINS
@@ -92,6 +96,35 @@ class Imported:
         """Each wheelhouse placed, with the URL agent.yaml names it by (`engines.ENGINE.wheelhouse`)."""
         base = self.mirror_url or "http://MIRROR:8081"
         return [(w, f"{base}/files/{w.path}/") for w in self.manifest.wheelhouses]
+
+
+# The packaging families, as a node's operator knows them.
+_FAMILIES = {"deb": "Debian, Ubuntu", "rpm": "RHEL, Rocky, Fedora"}
+
+
+def node_packages(manifest: Manifest) -> list[str]:
+    """The OS packages each carried engine's builds need, by family: "libgomp1 (Debian, Ubuntu)".
+
+    A node installs them with its own apt-get or dnf when they are missing, which an offline node
+    cannot do unless its package sources are a mirror on the site: a bundle carries no OS packages.
+    """
+    by_family: dict[str, set[str]] = {}
+    for carried in manifest.engines:
+        recipe = RECIPES.get(carried.engine)
+        if not isinstance(recipe, Recipe):
+            continue
+        for arch in carried.arch:
+            for driver in ("", "any"):
+                try:
+                    build = recipe.choose(carried.version, Host(arch=HOST_ARCH[arch], nvidia_driver=driver))
+                except (UnsupportedError, KeyError):
+                    continue
+                for family, names in build.packages.items():
+                    by_family.setdefault(family, set()).update(names)
+    return [
+        f"{' '.join(sorted(names))} ({_FAMILIES.get(family, family)})"
+        for family, names in sorted(by_family.items())
+    ]
 
 
 def import_bundle(opts: ImportOptions, report: Report) -> Imported:

@@ -8,10 +8,17 @@ from pathlib import Path
 
 import click
 
-from llmgw import config
+from llmgw import config, installed
 from llmgw.bundle import signing
-from llmgw.bundle.create import ARCHES, CreateOptions, create_bundle, parse_arches, parse_engines
-from llmgw.bundle.importing import ImportOptions, import_bundle
+from llmgw.bundle.create import (
+    ARCHES,
+    CreateOptions,
+    create_bundle,
+    default_llmgw_spec,
+    parse_arches,
+    parse_engines,
+)
+from llmgw.bundle.importing import ImportOptions, import_bundle, node_packages
 from llmgw.bundle.manifest import BundleError
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_ERROR
 from llmgw.config import MirrorConfig
@@ -84,8 +91,9 @@ def _split(values: tuple[str, ...]) -> list[str]:
     "--llmgw",
     "llmgw_spec",
     metavar="SPEC",
-    help="What pip builds llmgw's wheel from: a "
-    "version pin, a source directory or a wheel [default: this llmgw's version].",
+    help="What pip builds llmgw's wheel from: a version pin, a source directory or a wheel "
+    "[default: this llmgw: its checkout when it runs from one, the wheel file it was installed from, "
+    "else llmgw==VERSION].",
 )
 @click.option(
     "--hf-endpoint",
@@ -150,7 +158,7 @@ def create(
             hf_token=read_token(str(token_file) if token_file is not None else ""),
             release_api=release_api,
             release_download=release_download,
-            **({"llmgw_spec": llmgw_spec} if llmgw_spec else {}),
+            llmgw_spec=llmgw_spec or default_llmgw_spec(installed.origin()),
         )
         created = asyncio.run(create_bundle(opts, lambda line: click.echo(line, err=True)))
     except LlmgwError as exc:
@@ -262,6 +270,13 @@ def import_(
         click.echo(
             f"nodes install {house.label} from the mirror with agent.yaml "
             f"`engines.{house.engine}.wheelhouse: {url}`"
+        )
+    packages = node_packages(m)
+    if packages:
+        click.echo(
+            f"nodes also need the OS packages {' or '.join(packages)}, which no bundle carries: "
+            "install them from the site's own package mirror, or into the nodes' image, before "
+            "their engines install"
         )
 
 

@@ -178,6 +178,10 @@ class Failures:
                 return failure
         return None
 
+    def of_shard(self, shard_id: str) -> Failure | None:
+        """The newest failure of replica shard_id, if any is kept."""
+        return next((f for f in reversed(self._kept) if f.shard_id == shard_id), None)
+
     def recent(self, model: str | None = None) -> list[Failure]:
         """The kept failures of model (or of all), newest first."""
         return [f for f in reversed(self._kept) if model is None or f.model == model]

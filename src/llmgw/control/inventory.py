@@ -11,6 +11,7 @@ a precomputed dict, rebuilt only when a replica or a node changes state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,9 @@ log = structlog.get_logger(__name__)
 
 READY = "ready"
 UNREACHABLE = "unreachable"
+# How long a request that a dying engine failed waits for its node to report why: the agent reads
+# the engine's last words once its process has exited, a second or two after its last answer.
+CAUSE_WAIT_S = 5.0
 # What an administrator says of a node (`llmgw ctl node cordon|drain|uncordon`), apart from what
 # the node says of itself: cordoned and draining nodes get no new replicas.
 CORDONED = "cordoned"
@@ -292,6 +296,9 @@ class Inventory:
         # from it (the table a leader publishes to its standbys) is kept until it moves.
         self.version = 0
         self.routes_changed = asyncio.Event()
+        # shard -> set when its node next says it is no longer ready (failed, stopped): what a
+        # gateway holding that engine's "See stack trace (above)" waits on for the cause.
+        self._ending: dict[str, asyncio.Event] = {}
 
     # The agent service's side.
 
@@ -416,6 +423,8 @@ class Inventory:
                 # The agent kills a stalled engine next, seconds later; what the engine holds would
                 # wait for that and then hear only of a connection failing. They end now, in words.
                 self._routing.lose(status.shard_id, _given_up(status.state, status.detail))
+        if status.state != READY and status.shard_id in self._ending:
+            self._ending.pop(status.shard_id).set()
         log.info(
             "shard status",
             node=node_id,
@@ -589,14 +598,25 @@ class Inventory:
             known_cause=lambda said: self._known_cause(replica, said),
         )
 
-    def _known_cause(self, replica: Replica, said: str) -> str:
-        """How the model's replica last failed on replica's node, when said is its engine's word for
-        a dead engine that names no cause: the client got only "See stack trace (above)", a log it
-        cannot read. The same replica's own failure comes too late (the engine is still exiting);
-        an earlier one there, as with an engine that dies at every first request, is what is known."""
+    async def _known_cause(self, replica: Replica, said: str) -> str:
+        """Why replica's engine died, when said is its engine's word for a dead engine that names no
+        cause: the client got only "See stack trace (above)", a log it cannot read.
+
+        The engine answers that while it is still exiting, before its agent has read its last words:
+        wait (CAUSE_WAIT_S at most) for the node to report it failed, so that even the first
+        request to a dying engine names the cause. Else an earlier failure of the model there, as
+        with an engine that dies at every first request, is what is known."""
         engine = ENGINES.get(replica.engine)
         if engine is None or not any(words in said for words in engine.dead_words):
             return ""
+        own = self.failures.of_shard(replica.shard_id)
+        if own is None and replica.shard_id in self._replicas:
+            ending = self._ending.setdefault(replica.shard_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ending.wait(), CAUSE_WAIT_S)
+            own = self.failures.of_shard(replica.shard_id)
+        if own is not None:
+            return f"its replica on {replica.node_id} failed: {own.reason}"
         last = self.failures.last(replica.model, replica.node_id)
         if last is None:
             return ""

@@ -120,6 +120,7 @@ async def check_engine(
     # A help that names none of them is not this engine's help: the wrong binary, or an
     # error (SGLang not installed in that interpreter), and "every flag is missing" would mislead.
     if not any(mentioned(flag, help_text) for flag in flags):
+        _refuse_a_missing_module(name, path, argvs[0][1 : 1 + helping.words], help_text)
         said = _first_line(help_text)
         raise EngineCheckError(
             f"`{shown}` (exit {help_code}) names none of the flags llmgw passes {name}, "
@@ -144,6 +145,20 @@ async def check_engine(
         missing=tuple(flag for flag in flags if not mentioned(flag, help_text)),
         help_command=shown,
     )
+
+
+def _refuse_a_missing_module(name: str, path: str, launcher: Sequence[str], said: str) -> None:
+    """BinaryNotFoundError when an engine run as `python -m MODULE` is not installed in that interpreter.
+
+    SGLang's default binary is python3, which every node has: its help then fails with
+    ModuleNotFoundError, which read as a warning about flags on a node that merely has not
+    installed SGLang yet, where the other engines say they are not installed.
+    """
+    if len(launcher) != 2 or launcher[0] != "-m":
+        return
+    package = launcher[1].split(".", 1)[0]
+    if re.search(rf"No module named '{re.escape(package)}[.']", said):
+        raise BinaryNotFoundError(f"{name} is not installed in {path} (No module named '{package}')")
 
 
 def _command_lines(engine: Engine, binary: str) -> list[list[str]]:

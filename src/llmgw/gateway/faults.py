@@ -124,8 +124,12 @@ def _log(call: Call, what: str, status: int, content_type: str, data: bytes) -> 
     )
 
 
-def server_error(call: Call, status: int, content_type: str, body: bytes) -> EngineFailed:
-    """The error for an engine's 5xx: its own words when it said them in OpenAI's shape, else a 502."""
+async def server_error(call: Call, status: int, content_type: str, body: bytes) -> EngineFailed:
+    """The error for an engine's 5xx: its own words when it said them in OpenAI's shape, else a 502.
+
+    Words of a dead engine that name no cause get the cause the control plane knows, which may
+    take a moment to arrive (EngineRoute.known_cause).
+    """
     _log(call, "the engine answered with a server error", status, content_type, body)
     body = scrub(call, body)
     model = call.served_model or call.model
@@ -143,7 +147,7 @@ def server_error(call: Call, status: int, content_type: str, body: bytes) -> Eng
         )
     if not isinstance(message, str):
         message = strictjson.dumps(message)
-    cause = call.route.known_cause(message) if call.route is not None else ""
+    cause = await call.route.known_cause(message) if call.route is not None else ""
     if cause:
         message = f"{message.rstrip()} ({cause})"
     return EngineFailed(status, f"{model} on {where(call)} failed: {message}", type="server_error")

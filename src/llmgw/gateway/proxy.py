@@ -360,7 +360,7 @@ async def _server_error(
     """The error for an engine's 5xx, from the start of what it sent (bounded: an error page can be long)."""
     _count_upstream_error(call, "status")
     body = await _start_of(call, upstream, deadlines, first, _ERROR_BODY)
-    return server_error(call, upstream.status, upstream.headers.get(hdrs.CONTENT_TYPE, ""), body)
+    return await server_error(call, upstream.status, upstream.headers.get(hdrs.CONTENT_TYPE, ""), body)
 
 
 async def _refused(

@@ -22,18 +22,27 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import durable, pki
+from llmgw import __version__, durable, installed, pki
 from llmgw.bundle.importing import ImportOptions, import_bundle
 from llmgw.catalog import load_server_config
 from llmgw.config import MirrorConfig, ServerConfig
 from llmgw.listen import split_host_port
-from llmgw.serverinit.mirror import MIRROR_SERVICE, MirrorSite, mirror_config, set_up_mirror, start_lines
+from llmgw.serverinit.mirror import (
+    MIRROR_SERVICE,
+    MirrorSite,
+    mirror_config,
+    run_as,
+    set_up_mirror,
+    start_lines,
+)
 from llmgw.serverinit.system import Account, InstallError, System
 from llmgw.store import Store, open_store
+from llmgw.store.catalog import list_models
 from llmgw.store.scopes import DEFAULT_PROJECT_ID, Scope, load_hierarchy
 from llmgw.store.users import approve_user, ensure_admin, get_user_by_email, list_users, promote_user
 
 SERVICE = "llmgw-server"
+_START = "--role=server --config /etc/llmgw/server.yaml"
 UNIT_DIR = Path("/etc/systemd/system")
 HEALTH_TIMEOUT_S = 30.0
 _HEALTH_POLL_S = 0.5
@@ -97,6 +106,14 @@ class InitResult:
     running: bool
     health_url: str
     server_addresses: tuple[str, ...]
+    # Whether this run made the store (a first install), and the models in the catalog now
+    # (server.yaml's and those added with `ctl model add`).
+    store_created: bool
+    models: int
+    # The nodes registered with a server that was running all along; None where not known.
+    nodes: int | None
+    # Where this llmgw was installed from: what a node is told to install the same llmgw from.
+    origin: installed.Origin
 
 
 async def init_control_plane(opts: InitOptions, system: System, report: Report) -> InitResult:
@@ -106,10 +123,15 @@ async def init_control_plane(opts: InitOptions, system: System, report: Report) 
     if opts.bundle is not None:
         cfg = await asyncio.to_thread(steps.import_bundle)
     password = await steps.store(cfg)
+    models = len({m.name for m in cfg.models} | await steps.stored_models(cfg))
     running = await asyncio.to_thread(steps.service)
     url = health_url(cfg)
+    nodes: int | None = None
     if running:
         await steps.wait_healthy(url)
+        if SERVICE in steps.kept_running:
+            # A server this run started or restarted has heard from no node yet: not asked.
+            nodes = await system.registered_nodes(admin_url(cfg))
     return InitResult(
         changed=steps.changed,
         config=cfg,
@@ -117,18 +139,32 @@ async def init_control_plane(opts: InitOptions, system: System, report: Report) 
         running=running,
         health_url=url,
         server_addresses=tuple(steps.wanted_names()),
+        store_created=steps.store_created,
+        models=models,
+        nodes=nodes,
+        origin=await asyncio.to_thread(installed.origin),
     )
 
 
 def health_url(cfg: ServerConfig) -> str:
-    host, port = split_host_port(cfg.listen, "listen")
+    return f"{_this_machine(cfg.listen, 'listen')}/health"
+
+
+def admin_url(cfg: ServerConfig) -> str:
+    """The admin listener, as this machine reaches it (it listens on loopback by default)."""
+    return _this_machine(cfg.admin_listen, "admin_listen")
+
+
+def _this_machine(listen: str, key: str) -> str:
+    """http://HOST:PORT of a listener, as this machine reaches it: a wildcard address is loopback."""
+    host, port = split_host_port(listen, key)
     if host in ("", "0.0.0.0"):
         host = "127.0.0.1"
     elif host == "::":
         host = "::1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}/health"
+    return f"http://{host}:{port}"
 
 
 def next_steps(result: InitResult, opts: InitOptions) -> list[str]:
@@ -143,18 +179,22 @@ def next_steps(result: InitResult, opts: InitOptions) -> list[str]:
         lines.append(f"The control plane is running ({result.health_url} answers). Next:")
     else:
         lines += [
-            "Start it by hand (there is no systemd here):",
-            f"  sudo -u {opts.user} llmgw --role=server --config /etc/llmgw/server.yaml",
+            "Start it by hand, as root (there is no systemd here); it is one process, which Ctrl-C or "
+            "`kill PID` stops after draining, or a supervisor runs:",
+            f"  {run_as(opts.user, _START)}",
         ]
     if opts.bundle is not None:
         lines += start_lines(opts.user, result.running)
     if not result.running:
         lines.append("Then:")
     pki_flag = f" --pki {opts.pki}" if opts.pki is not None else ""
+    wheel_flag, wheel_note = _wheel_to_install(result.origin)
     lines += [
-        "  llmgw ctl status        # no nodes and no models yet, which is right for now",
+        f"  llmgw ctl status        # {_what_status_shows(result)}",
         "  # each node, from this machine (it holds the authority):",
-        f"  scripts/onboard-node.sh --node NAME --addr NODE --server {address}:{agent_port}{pki_flag}",
+        f"  scripts/onboard-node.sh --node NAME --addr NODE --server {address}:{agent_port}"
+        f"{pki_flag}{wheel_flag}",
+        *wheel_note,
     ]
     if len(dialled) > 1:
         lines.append(
@@ -168,6 +208,36 @@ def next_steps(result: InitResult, opts: InitOptions) -> list[str]:
         "  # then a model: add it under `models:` in /etc/llmgw/server.yaml (docs/install.md, step 4)",
     ]
     return lines
+
+
+def _what_status_shows(result: InitResult) -> str:
+    if result.store_created and not result.models:
+        return "no nodes and no models yet, which is right for now"
+    if result.nodes is None:
+        nodes = "the nodes registered so far"
+    else:
+        nodes = f"{result.nodes} node{'s' if result.nodes != 1 else ''}" if result.nodes else "no nodes yet"
+    models = f"{result.models} model{'s' if result.models != 1 else ''}" if result.models else "no models yet"
+    return f"{nodes}, and {models} in the catalog"
+
+
+def _wheel_to_install(origin: installed.Origin) -> tuple[str, list[str]]:
+    """onboard-node.sh's --wheel, and the lines saying why, for an llmgw that is on no package index.
+
+    Without --wheel a node's pip asks the index for llmgw==VERSION, which a version built from a
+    checkout is not: "No matching distribution found for llmgw==0.1.0".
+    """
+    if origin.wheel is not None:
+        return f" --wheel {origin.wheel}", [
+            "  # --wheel: the wheel this llmgw was installed from; without it the node's pip asks the "
+            f"package index for llmgw=={__version__}"
+        ]
+    if origin.checkout is not None:
+        return f" --wheel dist/llmgw-{__version__}-py3-none-any.whl", [
+            f"  # --wheel: this llmgw runs from the checkout {origin.checkout}, on no package index; "
+            "build its wheel there with `python3 -m pip wheel --no-deps -w dist .`"
+        ]
+    return "", []
 
 
 def dial_addresses(names: Sequence[str], hosts: Sequence[str]) -> list[str]:
@@ -206,6 +276,9 @@ class _Steps:
     report: Report
     changed: bool = False
     account: Account | None = None
+    store_created: bool = False
+    # The units found running and left so by this run: a server's registry still holds its nodes.
+    kept_running: set[str] = attrs.field(factory=set)
 
     def ok(self, what: str) -> None:
         self.changed = True
@@ -423,6 +496,7 @@ class _Steps:
                 self.kept(f"store {store.where}")
             else:
                 self.ok(f"store {store.where}")
+                self.store_created = True
             await self._default_scopes(store)
             if self.opts.admin:
                 password = await self._administrator(store, self.opts.admin)
@@ -447,7 +521,16 @@ class _Steps:
                 "version of llmgw — `llmgw --version` on both sides tells which"
             )
         default = hierarchy.name(Scope("project", DEFAULT_PROJECT_ID))
-        self.kept(f"default organisation, team and project: {default}")
+        # The store makes them as it is created: new with a new store, found in an old one.
+        if self.store_created:
+            self.ok(f"default organisation, team and project: {default}")
+        else:
+            self.kept(f"default organisation, team and project: {default}")
+
+    async def stored_models(self, cfg: ServerConfig) -> set[str]:
+        """The names of the models `ctl model add` put in the store, beside server.yaml's."""
+        async with open_store(cfg.store) as store:
+            return {m.name for m in await list_models(store)}
 
     async def _administrator(self, store: Store, email: str) -> str | None:
         password = await ensure_admin(store, email)
@@ -481,8 +564,7 @@ class _Steps:
     def service(self) -> bool:
         if not self.system.has_systemd():
             self.report(
-                f"skip  no systemd here: start the server with "
-                f"`sudo -u {self.opts.user} llmgw --role=server --config /etc/llmgw/server.yaml`"
+                f"skip  no systemd here: start the server, as root, with `{run_as(self.opts.user, _START)}`"
             )
             return False
         # The mirror first: the server it serves files for is the one init waits on.
@@ -527,6 +609,7 @@ class _Steps:
             self.ok(f"{name} restarted to read what changed")
         else:
             self.kept(f"{name} running")
+            self.kept_running.add(name)
 
     def _systemctl(self, *args: str) -> None:
         done = self.system.systemctl(*args)

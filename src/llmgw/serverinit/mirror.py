@@ -74,13 +74,23 @@ def set_up_mirror(site: MirrorSite, cfg: MirrorConfig, url: str) -> list[Said]:
     return said
 
 
+def run_as(user: str, args: str) -> str:
+    """The command, for root on a machine without systemd, that runs `llmgw args` as user.
+
+    setpriv (util-linux, on every Debian, Ubuntu and RHEL-family machine) becomes the user and
+    execs llmgw: one process, whose pid Ctrl-C, `kill` or a supervisor signals. `sudo -u` and
+    `runuser -u` stay llmgw's parent, a second process, and not every machine has sudo.
+    """
+    return f"setpriv --reuid={user} --regid={user} --init-groups --reset-env llmgw {args}"
+
+
 def start_lines(user: str, systemd: bool) -> list[str]:
     """How to start the mirror role, for init's closing list."""
     if systemd:
         return [f"  systemctl status {MIRROR_SERVICE}   # the mirror role, started with the server"]
     return [
         "and the mirror role, which serves the bundle to the nodes:",
-        f"  sudo -u {user} llmgw --role=mirror --config /etc/llmgw/mirror.yaml",
+        f"  {run_as(user, '--role=mirror --config /etc/llmgw/mirror.yaml')}",
     ]
 
 

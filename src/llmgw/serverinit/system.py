@@ -59,6 +59,9 @@ class System(Protocol):
     async def healthy(self, url: str) -> bool:
         """Whether url answers 200 now."""
 
+    async def registered_nodes(self, admin_url: str) -> int | None:
+        """How many nodes the server at admin_url has registered; None when it does not say."""
+
 
 class InstallError(Exception):
     """A step that cannot be done, in a sentence for the operator."""
@@ -143,3 +146,17 @@ class HostSystem:
                 return reply.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
+
+    async def registered_nodes(self, admin_url: str) -> int | None:
+        # The admin listener asks nothing of a caller on this machine (web/admin_listener.py).
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+                session.get(f"{admin_url}/api/v1/nodes") as reply,
+            ):
+                if reply.status != 200:
+                    return None
+                nodes = await reply.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        return len(nodes) if isinstance(nodes, list) else None
