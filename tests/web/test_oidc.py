@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 import re
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -461,3 +463,20 @@ async def test_the_providers_token_judged_after_its_expiry_and_the_skew_is_refus
     response = await sign_in_at_provider(client, "ada")
     assert response.status == 401
     assert re.search(r"the ID token expired \d+ s ago; sign in again", await _page_error(response))
+
+
+def test_a_server_loads_the_token_library_only_when_it_reads_a_token() -> None:
+    """joserfc's modules held 1.5 MB of every server's memory, with OIDC configured or not."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, llmgw.cli.main, llmgw.roles.server, llmgw.web.app, llmgw.web.oidc_pages;"
+            "print(sorted({m.split('.')[0] for m in sys.modules}))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "'llmgw'" in loaded
+    assert "joserfc" not in loaded
