@@ -395,7 +395,7 @@ Row = tuple[
     dict[str, float],
     dict[str, float],
     "dict[str, float] | str",
-    "dict[str, float] | None",
+    "dict[str, float] | str | None",
 ]
 
 
@@ -462,12 +462,17 @@ def comparison(rows: Sequence[Row], rev: str) -> list[str]:
     for auth, round_, route, concurrency, stream, d, g, _, before in rows:
         if before is None:
             continue
-        this_added = g["p50_ms"] - d["p50_ms"]
-        before_added = before["p50_ms"] - d["p50_ms"]
-        lines.append(
+        cell = (
             f"{'full' if auth else 'auth off':<10} {round_:>5} {route:<9} {concurrency:>4} "
             f"{'yes' if stream else 'no':>6} | {_ms(d['p50_ms']):>10} | "
-            f"{g['rps']:>8.0f} {_ms(this_added):>8} | {before['rps']:>10.0f} {_ms(before_added):>8} | "
+        )
+        this_added = g["p50_ms"] - d["p50_ms"]
+        if isinstance(before, str):
+            lines.append(cell + f"{g['rps']:>8.0f} {_ms(this_added):>8} | {rev} failed: {before}")
+            continue
+        before_added = before["p50_ms"] - d["p50_ms"]
+        lines.append(
+            cell + f"{g['rps']:>8.0f} {_ms(this_added):>8} | {before['rps']:>10.0f} {_ms(before_added):>8} | "
             f"{_ms(this_added - before_added):>12} {g['rps'] / before['rps']:>9.2f}"
         )
     return lines
@@ -518,18 +523,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                             for stream in streams:
                                 cell += 1
                                 d = _measure(direct, secret, concurrency, stream, args.seconds, route)
-                                b = None
+                                # An earlier revision may not serve a route yet: its row says how it failed.
+                                b: dict[str, float] | str | None = None
                                 # The earlier revision first in every other cell, so that neither side
                                 # always runs on the cores the other has just warmed or heated.
                                 if earlier is not None and cell % 2:
-                                    b = _measure(
-                                        earlier[0], earlier[1], concurrency, stream, args.seconds, route
-                                    )
+                                    b = _measure_other(*earlier[:2], concurrency, stream, args.seconds, route)
                                 g = _measure(url, key, concurrency, stream, args.seconds, route)
                                 if earlier is not None and b is None:
-                                    b = _measure(
-                                        earlier[0], earlier[1], concurrency, stream, args.seconds, route
-                                    )
+                                    b = _measure_other(*earlier[:2], concurrency, stream, args.seconds, route)
                                 other: dict[str, float] | str = ""
                                 if args.litellm:
                                     other = _measure_other(*litellm, concurrency, stream, args.seconds, route)

@@ -52,13 +52,16 @@ def test_the_comparison_gives_each_cell_this_trees_added_latency_and_throughput_
     rows = [
         (True, 1, "chat", 1, False, direct, _figures(1250, 0.800), "", _figures(1000, 0.900)),
         (True, 1, "messages", 64, True, direct, _figures(1500, 30.0), "", _figures(2000, 25.0)),
+        # A route the earlier revision did not serve yet: its failure, in its row.
+        (True, 1, "responses", 1, False, direct, _figures(1000, 1.0), "", "http://x answered 404"),
         # Measured without an earlier revision: not in the comparison.
         (False, 1, "chat", 1, False, direct, _figures(1000, 1.0), "", None),
     ]
     lines = _script().comparison(rows, "2d42d73")
     assert "against 2d42d73" in lines[0]
-    assert len(lines) == 4
+    assert len(lines) == 5
     chat, messages = lines[2].split(), lines[3].split()
+    assert lines[4].endswith("2d42d73 failed: http://x answered 404")
     # added 0.5 ms against 0.6 ms: 0.1 ms less; 1,250 requests a second against 1,000.
     assert chat[:5] == ["full", "1", "chat", "1", "no"]
     assert chat[-2:] == ["-0.100m", "1.25"]
