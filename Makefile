@@ -59,8 +59,10 @@ proto: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_betterproto_out=src/llmgw/proto protos/llmgw/v1/agent.proto
 
+# make bench REV=2d42d73 (a git revision, or an earlier release's wheel): that gateway beside this one.
+BENCH_ARGS ?= --auth on --route chat messages responses --rounds 2
 bench: install
-	$(BIN)/python scripts/bench_gateway.py
+	$(BIN)/python scripts/bench_gateway.py $(BENCH_ARGS) $(if $(REV),--rev $(REV))
 
 # docs/reference.md from the configuration's declarations; a test fails when it is stale.
 docs: install

@@ -12,18 +12,23 @@ cell N times, round after round, so that a change in the machine's other load
 falls on all of them. `--litellm PROGRAM` (LiteLLM's `litellm` command, from a
 virtual environment of its own) also starts LiteLLM's proxy on loopback in
 front of the same engine, as an OpenAI-compatible upstream, and measures it
-in each cell right after the gateway. A measurement, not a test: nothing here
-asserts a time.
+in each cell right after the gateway. `--rev REV` (a git revision, or a wheel
+of an earlier release) also starts llmgw as it was there, from a virtual
+environment built once in ~/.cache/llmgw/bench, beside this tree's, measures
+both in every cell in alternating order, and prints this tree's figures over
+the earlier one's. A measurement, not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -31,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -71,8 +76,9 @@ async def _limit_everything(server: ServerConfig) -> None:
 
 
 @contextmanager
-def running_llmgw(workdir: Path, auth: bool, database: str = "") -> Iterator[tuple[str, str, str, str]]:
-    """(gateway URL, API key, the engine's direct URL, its secret) of a dev system with a zero-delay sim."""
+def running_llmgw(workdir: Path, auth: bool, database: str = "") -> Iterator[tuple[str, str, str, str, int]]:
+    """(gateway URL, API key, the engine's direct URL, its secret, llmgw's pid) of a dev system with a
+    zero-delay sim, run by this Python's llmgw."""
     dev_dir = workdir / ".llmgw-dev"
     setup = prepare_dev(dev_dir, ("server",))
     assert setup.server is not None
@@ -106,6 +112,9 @@ def running_llmgw(workdir: Path, auth: bool, database: str = "") -> Iterator[tup
             str(dev_dir),
             "--listen",
             "127.0.0.1:0",
+            # Not the dev system's fixed 9090: a --rev run has two systems up at once.
+            "--admin-listen",
+            "127.0.0.1:0",
         ],
         cwd=workdir,
         stdout=subprocess.PIPE,
@@ -134,7 +143,7 @@ def running_llmgw(workdir: Path, auth: bool, database: str = "") -> Iterator[tup
             time.sleep(0.2)
         if not (url and key and direct):
             raise SystemExit("llmgw did not start its sim engine within 60 s")
-        yield url, key, direct, secret
+        yield url, key, direct, secret, process.pid
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
@@ -185,6 +194,87 @@ def running_litellm(program: str, workdir: Path, direct: str, secret: str) -> It
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+# Where the earlier revisions' virtual environments are built, once per commit or wheel.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmgw" / "bench"
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def baseline_python(rev: str, cache: Path = CACHE, repo: Path = _REPO) -> Path:
+    """A Python with llmgw as it was at rev (a git revision, or a wheel's path), its packages from PyPI.
+
+    Built once in cache (a tree from `git archive`, never a checkout beside this one) and kept.
+    """
+    if rev.endswith(".whl"):
+        wheel = Path(rev).resolve()
+        name = f"wheel-{hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]}"
+        source = str(wheel)
+    else:
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        name = commit
+        source = str(cache / name / "tree")
+    home = cache / name
+    python = home / "venv" / "bin" / "python"
+    if (home / "ready").exists():
+        return python
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    if not rev.endswith(".whl"):
+        (home / "tree").mkdir()
+        archive = subprocess.Popen(["git", "-C", str(repo), "archive", name], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", source], stdin=archive.stdout, check=True)
+        if archive.wait() != 0:
+            raise SystemExit(f"git archive {name} failed")
+    print(f"building llmgw at {rev} in {home} (once)", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", str(home / "venv")], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", source], check=True)
+    (home / "ready").write_text(rev + "\n")
+    return python
+
+
+@contextmanager
+def running_baseline(
+    python: Path, workdir: Path, auth: bool, database: str = ""
+) -> Iterator[tuple[str, str, str, str, int]]:
+    """running_llmgw's system run by another Python's llmgw (an earlier revision's), until the block ends."""
+    process = subprocess.Popen(
+        [str(python), __file__, "--serve-side", str(workdir), "on" if auth else "off", database],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        # Its own llmgw, never this tree's.
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line:
+            raise SystemExit(f"llmgw under {python} did not start")
+        url, key, direct, secret, pid = json.loads(line)
+        yield url, key, direct, secret, pid
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()  # the side's signal to stop its llmgw
+        process.wait(timeout=90)
+
+
+def _serve_side(workdir: str, auth: str, database: str) -> None:
+    """Run a system with this Python's llmgw, say where on stdout, and stop when stdin closes."""
+    with running_llmgw(Path(workdir), auth == "on", database) as side:
+        asyncio.run(_wait_ready(side[0], side[1]))
+        print(json.dumps(side), flush=True)
+        sys.stdin.read()
+
+
+def _rss_mb(pid: int) -> float:
+    """A process's resident memory, in MB."""
+    return psutil.Process(pid).memory_info().rss / 1e6
 
 
 async def _wait_ready(url: str, key: str) -> None:
@@ -294,7 +384,22 @@ def _cells(d: dict[str, float], other: dict[str, float] | str) -> str:
     )
 
 
-def main() -> None:
+# One cell's figures: (auth on, round, route, concurrency, streamed, direct, gateway, LiteLLM's or
+# its failure or "", the earlier revision's gateway or None).
+Row = tuple[
+    bool,
+    int,
+    str,
+    int,
+    bool,
+    dict[str, float],
+    dict[str, float],
+    "dict[str, float] | str",
+    "dict[str, float] | str | None",
+]
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="how long each measurement runs")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
@@ -330,33 +435,107 @@ def main() -> None:
         metavar="PROGRAM",
         help="LiteLLM's litellm command: measure its proxy on the same engine beside the gateway",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--rev",
+        default="",
+        metavar="REV",
+        help="a git revision (or an earlier release's wheel) whose gateway is measured beside this tree's, "
+        "in alternating order, with the ratios printed",
+    )
+    return parser
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}m"
+
+
+def comparison(rows: Sequence[Row], rev: str) -> list[str]:
+    """The table of this tree's gateway against rev's, cell by cell: what each adds over the engine's p50,
+    the change in it, and requests per second as a ratio (above 1: this tree serves more)."""
+    lines = [
+        f"this tree against {rev} (added = gateway p50 minus the engine's direct p50; "
+        "rps ratio = this tree's requests per second over the earlier one's)",
+        f"{'path':<10} {'round':>5} {'route':<9} {'conc':>4} {'stream':>6} | {'direct p50':>10} | "
+        f"{'this rps':>8} {'added':>8} | {'before rps':>10} {'added':>8} | "
+        f"{'added change':>12} {'rps ratio':>9}",
+    ]
+    for auth, round_, route, concurrency, stream, d, g, _, before in rows:
+        if before is None:
+            continue
+        cell = (
+            f"{'full' if auth else 'auth off':<10} {round_:>5} {route:<9} {concurrency:>4} "
+            f"{'yes' if stream else 'no':>6} | {_ms(d['p50_ms']):>10} | "
+        )
+        this_added = g["p50_ms"] - d["p50_ms"]
+        if isinstance(before, str):
+            lines.append(cell + f"{g['rps']:>8.0f} {_ms(this_added):>8} | {rev} failed: {before}")
+            continue
+        before_added = before["p50_ms"] - d["p50_ms"]
+        lines.append(
+            cell + f"{g['rps']:>8.0f} {_ms(this_added):>8} | {before['rps']:>10.0f} {_ms(before_added):>8} | "
+            f"{_ms(this_added - before_added):>12} {g['rps'] / before['rps']:>9.2f}"
+        )
+    return lines
+
+
+def _sides(
+    stack: ExitStack, tmp: Path, auth: bool, database: str, before: Path | None
+) -> tuple[tuple[str, str, str, str, int], tuple[str, str, str, str, int] | None]:
+    """This tree's system and, given an earlier revision's Python, that revision's, both ready and at rest."""
+    this = stack.enter_context(running_llmgw(tmp / f"auth-{auth}", auth, database))
+    asyncio.run(_wait_ready(this[0], this[1]))
+    earlier = None
+    if before is not None:
+        earlier = stack.enter_context(running_baseline(before, tmp / f"before-{auth}", auth, database))
+    # At rest: started, one request served, nothing in flight.
+    time.sleep(2)
+    memory = (
+        f"resident memory at rest ({'full' if auth else 'auth off'}): this tree {_rss_mb(this[4]):.0f} MB"
+    )
+    if earlier is not None:
+        memory += f", before {_rss_mb(earlier[4]):.0f} MB"
+    print(memory, flush=True)
+    return this, earlier
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.auth]
     streams = {"no": [False], "yes": [True], "both": [False, True]}[args.stream]
-    rows = []
+    before_python = baseline_python(args.rev) if args.rev else None
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
         for auth in modes:
             with ExitStack() as stack:
-                url, key, direct, secret = stack.enter_context(
-                    running_llmgw(Path(tmp) / f"auth-{auth}", auth, args.database)
+                (url, key, direct, secret, _), earlier = _sides(
+                    stack, Path(tmp), auth, args.database, before_python
                 )
-                asyncio.run(_wait_ready(url, key))
                 litellm = ("", "")
                 if args.litellm:
                     litellm = stack.enter_context(
                         running_litellm(args.litellm, Path(tmp) / f"litellm-{auth}", direct, secret)
                     )
                     asyncio.run(_wait_ready(*litellm))
+                cell = 0
                 for round_ in range(1, args.rounds + 1):
                     for route in args.route:
                         for concurrency in args.concurrency:
                             for stream in streams:
+                                cell += 1
                                 d = _measure(direct, secret, concurrency, stream, args.seconds, route)
+                                # An earlier revision may not serve a route yet: its row says how it failed.
+                                b: dict[str, float] | str | None = None
+                                # The earlier revision first in every other cell, so that neither side
+                                # always runs on the cores the other has just warmed or heated.
+                                if earlier is not None and cell % 2:
+                                    b = _measure_other(*earlier[:2], concurrency, stream, args.seconds, route)
                                 g = _measure(url, key, concurrency, stream, args.seconds, route)
+                                if earlier is not None and b is None:
+                                    b = _measure_other(*earlier[:2], concurrency, stream, args.seconds, route)
                                 other: dict[str, float] | str = ""
                                 if args.litellm:
                                     other = _measure_other(*litellm, concurrency, stream, args.seconds, route)
-                                rows.append((auth, round_, route, concurrency, stream, d, g, other))
+                                rows.append((auth, round_, route, concurrency, stream, d, g, other, b))
     print(
         f"{'path':<10} {'round':>5} {'route':<9} {'conc':>4} {'stream':>6} | "
         f"{'direct rps':>10} {'p50':>7} {'p99':>7} | "
@@ -367,7 +546,7 @@ def main() -> None:
             else ""
         )
     )
-    for auth, round_, route, concurrency, stream, d, g, other in rows:
+    for auth, round_, route, concurrency, stream, d, g, other, _ in rows:
         print(
             f"{'full' if auth else 'auth off':<10} {round_:>5} {route:<9} {concurrency:>4} "
             f"{'yes' if stream else 'no':>6} | "
@@ -379,7 +558,13 @@ def main() -> None:
         "(m = milliseconds; 'added p50' = gateway (or LiteLLM) p50 minus direct p50; "
         "'full' = auth, limits, budgets and usage on)"
     )
+    if args.rev:
+        print("\n".join(comparison(rows, args.rev)))
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--serve-side"]:
+        # One side of a --rev run, under the earlier revision's Python (running_baseline).
+        _serve_side(*sys.argv[2:5])
+    else:
+        main()

@@ -341,6 +341,20 @@ class TestJson:
         with pytest.raises(bodies.BadJson, match="nests deeper"):
             bodies.parse_json(b"[" * (bodies.MAX_DEPTH + 1) + b"]" * (bodies.MAX_DEPTH + 1))
 
+    def test_depth_counts_nesting_not_brackets_in_text_or_side_by_side(self) -> None:
+        """Past MAX_DEPTH brackets in all, a body is judged by its nesting, not its strings or siblings."""
+        many = bodies.MAX_DEPTH * 2
+        siblings = b"[" + b",".join([b'{"a": [1]}'] * many) + b"]"
+        assert len(bodies.parse_json(siblings)) == many
+        in_text = b'{"a": ["' + b"[{" * many + b'\\"' + b"[" * many + b'"]}'
+        assert bodies.parse_json(in_text)["a"][0].startswith("[{")
+        level = bodies.MAX_DEPTH
+        deep = b'{"t": "' + b"[" * many + b'", "d": ' + b"[" * level + b"]" * level + b"}"
+        with pytest.raises(bodies.BadJson, match="nests deeper"):
+            bodies.parse_json(deep)
+        just = b"[" * (bodies.MAX_DEPTH - 1) + b'"' + b"[" * many + b'"' + b"]" * (bodies.MAX_DEPTH - 1)
+        assert bodies.parse_json(just) is not None
+
     def test_a_whole_number_of_more_than_a_hundred_digits_is_refused_in_words(self) -> None:
         """Python reads up to 4,300 digits and then refused in words about its own interpreter."""
         with pytest.raises(bodies.BadJson, match="a whole number of 5,001 digits; at most 100") as refused:

@@ -272,9 +272,6 @@ def _parse_form(content_type: str, raw: bytes) -> Form:
 # Deeper than any request of OpenAI's API (a tool's JSON Schema included) or of the admin API nests;
 # Python's parser gives up near a thousand levels with a RecursionError, which was a 500.
 MAX_DEPTH = 64
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_INNERMOST = re.compile(rb"\[\]|\{\}")
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
@@ -358,7 +355,7 @@ def parse_json(body: bytes) -> Any:
         ) from None
     except ValueError as exc:
         raise BadJson(f"the request body is not valid JSON: {exc}", not_json=True) from None
-    if _depth_over(body, MAX_DEPTH):
+    if _depth_over(body, value, MAX_DEPTH):
         raise BadJson(_too_deep())
     # json.loads joins an escaped pair (\ud83d\ude00, as json.dumps writes an emoji) into one
     # character; a half left alone cannot be written to the store, a log or a reply.
@@ -387,14 +384,25 @@ def _too_deep() -> str:
     return f"the request body nests deeper than {MAX_DEPTH} levels of arrays and objects"
 
 
-def _depth_over(body: bytes, limit: int) -> bool:
-    """Whether valid JSON nests deeper than limit: its brackets outside strings, peeled a level at a time."""
-    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+def _depth_over(body: bytes, value: Any, limit: int) -> bool:
+    """Whether body, parsed as value, nests its arrays and objects deeper than limit."""
+    # Each level opens a bracket: a body with no more than limit of them (most requests) cannot be
+    # over, whatever its strings hold; counting them is a pass in C.
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    # Otherwise the parsed value, a level at a time: its containers, never its text. Stripping the
+    # strings from the bytes with a regular expression cost a millisecond on a 40 KB conversation.
+    level = [value] if isinstance(value, dict | list) else []
     for _ in range(limit):
-        if not brackets:
+        if not level:
             return False
-        brackets = _INNERMOST.sub(b"", brackets)
-    return bool(brackets)
+        inner: list[Any] = []
+        for item in level:
+            inner.extend(
+                v for v in (item.values() if isinstance(item, dict) else item) if isinstance(v, dict | list)
+            )
+        level = inner
+    return bool(level)
 
 
 def _has_half_character(value: Any) -> bool:

@@ -67,8 +67,14 @@ class Deadlines:
 
     async def read(self, call: Call, upstream: aiohttp.ClientResponse, deadline: tuple[float, str]) -> bytes:
         """The engine's next bytes (b"" at the end of its reply), by deadline or an EngineTimedOut."""
+        content = upstream.content
+        # Bytes already received, or the reply's end, need no wait: a timer armed and cancelled for each
+        # of a fast stream's chunks cost the loop more than passing the chunk on.
+        ready = content.read_nowait()
+        if ready or content.at_eof():
+            return ready
         try:
             async with asyncio.timeout_at(deadline[0]):
-                return await upstream.content.readany()
+                return await content.readany()
         except TimeoutError:
             raise self.expired(call, deadline[1]) from None

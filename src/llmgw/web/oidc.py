@@ -19,21 +19,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import importlib
 import json
 import os
 import secrets
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
 import attrs
 import structlog
-from joserfc import errors as jose_errors
-from joserfc import jwt
-from joserfc.jwk import KeySet
 
 from llmgw import strictjson
 from llmgw.config.classes import OidcConfig
@@ -41,6 +40,11 @@ from llmgw.store.base import Store
 from llmgw.store.users import User
 from llmgw.web.provider_accounts import Mapping, SignInRefused
 from llmgw.web.provider_accounts import sign_in as provider_sign_in
+
+if TYPE_CHECKING:
+    # joserfc is imported where a token or a key set is read: loaded at start, its modules held 1.5 MB
+    # of every server's memory, signed in with OIDC or not.
+    from joserfc.jwk import KeySet
 
 log = structlog.get_logger(__name__)
 
@@ -147,6 +151,9 @@ def verify_id_token(
     OidcError, saying which did not, otherwise. jose_errors.InvalidKeyIdError is let through:
     the caller fetches the provider's keys again (they may have been rotated) and retries.
     """
+    from joserfc import errors as jose_errors
+    from joserfc import jwt
+
     try:
         decoded = jwt.decode(token, keys, algorithms=list(ALGORITHMS))
     except jose_errors.InvalidKeyIdError:
@@ -248,6 +255,12 @@ class Provider:
 
     async def keys(self, *, refresh: bool = False) -> KeySet:
         """The provider's public keys; refresh fetches them again (at most every JWKS_REFRESH_S)."""
+        if "joserfc.jwt" not in sys.modules:
+            # Its first use loads it, in a thread: some fifty modules read from disk would stall the loop.
+            await asyncio.to_thread(importlib.import_module, "joserfc.jwt")
+        from joserfc import errors as jose_errors
+        from joserfc.jwk import KeySet
+
         metadata = await self.metadata()
         async with self._lock:
             stale = refresh and time.monotonic() - self._keys_at >= JWKS_REFRESH_S
@@ -325,6 +338,9 @@ class Provider:
         return await self.verify(token, flow.nonce)
 
     async def verify(self, token: str, nonce: str) -> dict[str, Any]:
+        keys = await self.keys()
+        from joserfc import errors as jose_errors
+
         check = {
             "issuer": self.issuer,
             "client_id": self.cfg.client_id,
@@ -332,7 +348,7 @@ class Provider:
             "skew_s": self.cfg.clock_skew_s,
         }
         try:
-            return verify_id_token(token, await self.keys(), now=self.clock(), **check)  # type: ignore[arg-type]
+            return verify_id_token(token, keys, now=self.clock(), **check)  # type: ignore[arg-type]
         except jose_errors.InvalidKeyIdError:
             pass
         # A key not seen yet: the provider may have rotated its keys since they were fetched.
