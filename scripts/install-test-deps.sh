@@ -49,7 +49,8 @@ done
 # where auth.saml is set), and SimpleSAMLphp as the identity provider, served by PHP's own server
 # (php-cli) with the XML and mbstring extensions it needs.
 command -v xmlsec1 >/dev/null 2>&1 || need+=(xmlsec1)
-{ [ -d /usr/share/simplesamlphp/www ] && command -v php >/dev/null 2>&1 \
+# LLMGW_SIMPLESAMLPHP: where Debian puts it (another place only for this script's own tests).
+{ [ -d "${LLMGW_SIMPLESAMLPHP:-/usr/share/simplesamlphp}/www" ] && command -v php >/dev/null 2>&1 \
   && php -m 2>/dev/null | grep -qx dom && php -m 2>/dev/null | grep -qx mbstring; } \
   || need+=(simplesamlphp php-cli php-xml php-mbstring)
 # unzip, and npm below: scripts/install-helm.sh takes helm, which Debian does not package, out of an

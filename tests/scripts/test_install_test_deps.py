@@ -20,6 +20,7 @@ PROGRAMS = [
     *("prometheus", "promtool"),
     *("podman", "runc", "catatonit", "buildah", "mmdebstrap", "iptables"),
     *("node", "npm", "unzip", "mkdir", "grep"),
+    *("xmlsec1",),
 ]
 
 
@@ -28,6 +29,7 @@ class Machine:
     bin: Path
     calls: Path
     npm_cache: Path
+    simplesamlphp: Path
 
     def lacks(self, *programs: str) -> None:
         for program in programs:
@@ -37,7 +39,12 @@ class Machine:
         _stand_in(self.bin / "id", f"echo {uid}")
         return subprocess.run(
             [shutil.which("bash") or "/bin/bash", str(SCRIPT)],
-            env={"PATH": str(self.bin), "PYTHON": sys.executable, "LLMGW_NPM_CACHE": str(self.npm_cache)},
+            env={
+                "PATH": str(self.bin),
+                "PYTHON": sys.executable,
+                "LLMGW_NPM_CACHE": str(self.npm_cache),
+                "LLMGW_SIMPLESAMLPHP": str(self.simplesamlphp),
+            },
             capture_output=True,
             text=True,
             check=False,
@@ -70,7 +77,11 @@ def machine(tmp_path: Path) -> Machine:
     package = npm_cache / "node_modules" / "oidc-provider"
     package.mkdir(parents=True)
     (package / "package.json").write_text('{\n  "name": "oidc-provider",\n  "version": "9.13.3"\n}\n')
-    return Machine(bin, calls, npm_cache)
+    # SimpleSAMLphp's pages, and a PHP with the extensions it needs.
+    simplesamlphp = tmp_path / "simplesamlphp"
+    (simplesamlphp / "www").mkdir(parents=True)
+    _stand_in(bin / "php", 'printf "dom\\nmbstring\\n"')
+    return Machine(bin, calls, npm_cache, simplesamlphp)
 
 
 @pytest.mark.parametrize("uid", [0, 1000])
@@ -174,3 +185,17 @@ def test_a_machine_without_node_gets_debians_nodejs_and_npm(machine: Machine) ->
     done = machine.run_as(0)
     assert done.returncode == 0, done.stderr
     assert "nodejs npm" in machine.apt_get_calls()[-1]
+
+
+@pytest.mark.parametrize("lacking", ["xmlsec1", "php", "simplesamlphp"])
+def test_a_machine_without_what_the_saml_tests_run_gets_xmlsec1_or_simplesamlphp_with_php(
+    machine: Machine, lacking: str
+) -> None:
+    if lacking == "simplesamlphp":
+        (machine.simplesamlphp / "www").rmdir()
+    else:
+        machine.lacks(lacking)
+    done = machine.run_as(0)
+    assert done.returncode == 0, done.stderr
+    wanted = ["xmlsec1"] if lacking == "xmlsec1" else ["simplesamlphp", "php-cli", "php-xml", "php-mbstring"]
+    assert machine.apt_get_calls()[-1].split()[-len(wanted) :] == wanted
