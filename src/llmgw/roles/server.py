@@ -36,12 +36,13 @@ from llmgw.control.localfiles import LocalFiles, serve_local_files
 from llmgw.control.metrics import ControlMetrics
 from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.scaling import Scaler
 from llmgw.control.stream.service import free_port, serve_agents
 from llmgw.control.upgrades import Upgrades
 from llmgw.errors import StoreError
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.allowance import Allowance
-from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
+from llmgw.gateway.app import COLD_STARTS_KEY, ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.endpoints import ENDPOINTS_KEY, Endpoints
 from llmgw.gateway.history import History
@@ -424,14 +425,19 @@ def _reconciler(
     if not cfg.control.enabled:
         return None
     # A draining node's replicas are stopped once the gateway has nothing in flight there.
+    in_flight = app[ROUTER_KEY].in_flight
+    cold_starts = app[COLD_STARTS_KEY]
+    # A request held for a cold model is acted on now, not at the next interval.
+    cold_starts.subscribe(inventory.changed.set)
     reconciler = Reconciler(
         cfg,
         inventory,
         catalog,
-        in_flight=app[ROUTER_KEY].in_flight,
+        in_flight=in_flight,
         metrics=control_metrics,
         mirror=mirror,
         local_files=local_files,
+        scaler=Scaler(in_flight, cold_starts),
     )
     # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
     app[BACKOFF_KEY] = reconciler.backoff

@@ -1,0 +1,373 @@
+"""How many replicas an on-demand model (`scale`) runs now, and why: the leader's scale decisions.
+
+A model with a fixed `replicas: N` always wants N. One with `scale: {min, max, idle_s}` wants:
+
+- at least one as soon as a request is held for it (gateway/coldstart.py), even with `min: 0`;
+- one more when the requests in flight per ready replica have stayed above `target_in_flight`
+  for `window_s` (up to `max`), one fewer when the others would have stayed below it (down to
+  `min`, and never below one while requests come);
+- `min` once no request has come for `idle_s`.
+
+Each decision is kept with its inputs and its reason, in words, for `ctl models`, `ctl explain`,
+the models page and the metrics; only the leader's reconciler makes them, each pass, and they are
+written to the store (store/scale.py) so that a restart or a takeover goes on from them rather than
+from nothing. The cold starts it sees through are measured here too (place, weights, engine start),
+the last one kept as the model's expected cold start.
+
+Which replica goes when one is removed, and which idle replica of another model makes room for a
+model that must start (eviction), are said here; where a replica goes is placement's to say.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+import structlog
+
+from llmgw.config import ModelConfig
+from llmgw.control.inventory import READY, Inventory, Replica
+from llmgw.gateway.coldstart import ColdStarts
+from llmgw.ondemand import on_demand, scale_of
+
+log = structlog.get_logger(__name__)
+
+
+@attrs.frozen
+class ColdStart:
+    """One measured cold start: the held request's whole wait and its parts, in seconds."""
+
+    total_s: float
+    # From the first held request to the StartShard sent to a node.
+    place_s: float
+    # From StartShard to the engine's process starting: fetching or checking the weights.
+    weights_s: float
+    # From the engine's process starting to its first health check passed.
+    engine_s: float
+    node: str
+
+    def words(self) -> str:
+        return (
+            f"{self.total_s:.1f} s on {self.node} (place {self.place_s:.1f} s, "
+            f"weights {self.weights_s:.1f} s, engine start {self.engine_s:.1f} s)"
+        )
+
+
+@attrs.define
+class ScaleState:
+    """What the leader decided for one on-demand model, and what it decided it from."""
+
+    model: str
+    replicas: int
+    reason: str = ""
+    # Wall clock of the decision, and of the model's last request any gateway reported.
+    decided_at: float = 0.0
+    last_request: float = 0.0
+    # The inputs of the last pass: ready replicas, requests in flight on them.
+    ready: int = 0
+    in_flight: int = 0
+    # Since when the load has stayed above the target (or low enough to remove one); None: it has not.
+    above_since: float | None = None
+    below_since: float | None = None
+    cold_start: ColdStart | None = None
+    # The last replica stopped to make room for another model, or stopped for this one, in words.
+    eviction: str = ""
+
+    def per_replica(self) -> float:
+        return self.in_flight / self.ready if self.ready else 0.0
+
+
+@attrs.define
+class _Measuring:
+    """A cold start under way: what has been seen of it so far (wall clock)."""
+
+    asked: float
+    placed: float | None = None
+    node: str = ""
+    shard: str = ""
+    engine_started: float | None = None
+
+
+class Scaler:
+    """The leader's scale decisions for every on-demand model, made by the reconciler each pass."""
+
+    def __init__(
+        self,
+        in_flight: Mapping[str, int],
+        cold_starts: ColdStarts | None = None,
+        clock: Callable[[], float] = time.time,
+        states: Sequence[ScaleState] = (),
+    ) -> None:
+        """in_flight: the gateway's requests in flight by endpoint; cold_starts: its held requests and
+        last request per model (None: no gateway here); states: the decisions the store kept."""
+        self._in_flight = in_flight
+        self._cold_starts = cold_starts
+        self._clock = clock
+        self._states: dict[str, ScaleState] = {s.model: s for s in states}
+        self._measuring: dict[str, _Measuring] = {}
+        # Models whose state changed since the last save.
+        self.dirty: set[str] = set()
+
+    def state(self, model: str) -> ScaleState | None:
+        return self._states.get(model)
+
+    def states(self) -> list[ScaleState]:
+        return list(self._states.values())
+
+    def heard(self, model: str, last_request: float) -> None:
+        """A request for model at last_request (wall clock), as a gateway reported it."""
+        state = self._states.get(model)
+        if state is not None and last_request > state.last_request:
+            state.last_request = last_request
+
+    def forget_others(self, models: Sequence[ModelConfig]) -> list[str]:
+        """Drop the state of models no longer on demand; their names."""
+        keep = {m.name for m in models if on_demand(m)}
+        gone = [name for name in self._states if name not in keep]
+        for name in gone:
+            del self._states[name]
+            self._measuring.pop(name, None)
+        return gone
+
+    def wanted(self, model: ModelConfig, groups: Mapping[str, list[Replica]]) -> int:
+        """How many replicas model should run now; groups: its live replicas (ranks by replica)."""
+        if not on_demand(model):
+            return model.replicas
+        now = self._clock()
+        scale = scale_of(model)
+        state = self._state_of(model, now)
+        ready = [g for g in groups.values() if all(r.state == READY for r in g)]
+        state.ready = len(ready)
+        state.in_flight = sum(self._in_flight.get(r.endpoint, 0) for g in ready for r in g if r.endpoint)
+        held = self._cold_starts is not None and model.name in self._cold_starts.waiting()
+        if self._cold_starts is not None:
+            self.heard(model.name, self._cold_starts.last_request.get(model.name, 0.0))
+        before = state.replicas
+        wanted = min(max(state.replicas, scale.min), scale.max)
+        if wanted != before:
+            self._decide(state, wanted, f"{model.name}'s scale is now min {scale.min}, max {scale.max}", now)
+        if held and state.replicas == 0:
+            self._decide(state, 1, f"a request came for {model.name}, which had no replica running", now)
+        elif self._idle(model, state, now, held):
+            self._decide(
+                state,
+                scale.min,
+                f"no request for {now - state.last_request:.0f} s (scale.idle_s {scale.idle_s:g})",
+                now,
+            )
+        else:
+            self._follow_load(model, state, len(groups), now)
+        return state.replicas
+
+    def _state_of(self, model: ModelConfig, now: float) -> ScaleState:
+        state = self._states.get(model.name)
+        if state is None:
+            scale = scale_of(model)
+            state = ScaleState(model=model.name, replicas=scale.min, decided_at=now)
+            state.reason = f"{model.name} starts at its scale.min ({scale.min})"
+            self._states[model.name] = state
+            self.dirty.add(model.name)
+        return state
+
+    def _idle(self, model: ModelConfig, state: ScaleState, now: float, held: bool) -> bool:
+        scale = scale_of(model)
+        if held or state.in_flight or state.replicas <= scale.min:
+            return False
+        return now - state.last_request >= scale.idle_s
+
+    def _follow_load(self, model: ModelConfig, state: ScaleState, live: int, now: float) -> None:
+        """One more replica when the load has stayed above the target for the window; one fewer when
+        the others would have stayed below it."""
+        scale = scale_of(model)
+        target, window = scale.target_in_flight, scale.window_s
+        if not state.ready:
+            state.above_since = state.below_since = None
+            return
+        per = state.per_replica()
+        if per > target and state.replicas < scale.max:
+            state.below_since = None
+            since = state.above_since = state.above_since if state.above_since is not None else now
+            # Not while a replica it asked for is still starting: that one is the answer being waited for.
+            if now - since >= window and live <= state.replicas and state.ready >= state.replicas:
+                self._decide(
+                    state,
+                    state.replicas + 1,
+                    f"{state.replicas + 1} replicas: {per:.1f} in flight per replica "
+                    f"for {now - since:.0f} s, target {target:g}",
+                    now,
+                )
+                state.above_since = None
+            return
+        state.above_since = None
+        floor = max(scale.min, 1)
+        if state.replicas > floor and state.ready >= 2 and state.in_flight / (state.ready - 1) < target:
+            since = state.below_since = state.below_since if state.below_since is not None else now
+            if now - since >= window:
+                self._decide(
+                    state,
+                    state.replicas - 1,
+                    f"{state.replicas - 1} replicas: {per:.1f} in flight per replica "
+                    f"for {now - since:.0f} s, target {target:g}, and one fewer would stay below it",
+                    now,
+                )
+                state.below_since = None
+            return
+        state.below_since = None
+
+    def _decide(self, state: ScaleState, replicas: int, reason: str, now: float) -> None:
+        if state.replicas != replicas:
+            log.info(
+                "scale decision",
+                model=state.model,
+                replicas=replicas,
+                before=state.replicas,
+                reason=reason,
+                in_flight=state.in_flight,
+                ready=state.ready,
+            )
+        state.replicas, state.reason, state.decided_at = replicas, reason, now
+        self.dirty.add(state.model)
+
+    def extras(self, model: ModelConfig, groups: Sequence[list[Replica]], wanted: int) -> list[list[Replica]]:
+        """Which of model's live replicas to stop to come down to wanted.
+
+        A fixed model's extras as before (those not ready first). An on-demand model stops only
+        replicas with nothing in flight, those not ready first, so that coming down never cuts a
+        request short: a busy one is stopped by a later pass, once it is idle.
+        """
+        by_readiness = sorted(groups, key=lambda g: all(r.state == READY for r in g))
+        if not on_demand(model):
+            return by_readiness[wanted:]
+        surplus = len(groups) - wanted
+        if surplus <= 0:
+            return []
+        idle = [g for g in by_readiness if not self._busy(g)]
+        return idle[:surplus]
+
+    def reason(self, model: str) -> str:
+        state = self._states.get(model)
+        return state.reason if state is not None else ""
+
+    def _busy(self, group: Sequence[Replica]) -> bool:
+        return any(self._in_flight.get(r.endpoint, 0) for r in group if r.endpoint)
+
+    def victim(
+        self,
+        model: ModelConfig,
+        catalog: Mapping[str, ModelConfig],
+        replicas: Sequence[Replica],
+        nodes: set[str],
+    ) -> list[Replica] | None:
+        """An idle replica of another on-demand model, on one of nodes, whose stopping may make room
+        for model: the lowest priority first, then the least recently used; never one serving a
+        request, never one its own model needs to stay at its min, never one of a higher priority
+        than model's. None when there is none.
+        """
+        mine = scale_of(model).priority
+        groups: dict[str, list[Replica]] = {}
+        for r in replicas:
+            if r.model != model.name and r.state != "failed":
+                groups.setdefault(r.replica_id or r.shard_id, []).append(r)
+        live: dict[str, int] = {}
+        for g in groups.values():
+            live[g[0].model] = live.get(g[0].model, 0) + 1
+        best: tuple[int, float, str] | None = None
+        chosen: list[Replica] | None = None
+        for key, group in groups.items():
+            other = catalog.get(group[0].model)
+            if other is None or not on_demand(other) or not {r.node_id for r in group} & nodes:
+                continue
+            scale = scale_of(other)
+            held = self._cold_starts is not None and other.name in self._cold_starts.waiting()
+            if self._busy(group) or held or live[other.name] <= scale.min or scale.priority > mine:
+                continue
+            state = self._states.get(other.name)
+            rank = (scale.priority, state.last_request if state is not None else 0.0, key)
+            if best is None or rank < best:
+                best, chosen = rank, group
+        return chosen
+
+    def evicted(self, model: ModelConfig, victim: Sequence[Replica], other: ModelConfig) -> str:
+        """Record that victim was stopped to make room for model; the sentence said of it."""
+        now = self._clock()
+        state = self._states.get(other.name)
+        used = (
+            f"last used {now - state.last_request:.0f} s ago"
+            if state is not None and state.last_request
+            else "unused"
+        )
+        node = victim[0].node_id
+        words = f"stopped an idle replica of {other.name} on {node} ({used}) to make room for {model.name}"
+        if state is not None:
+            self._decide(state, max(state.replicas - 1, scale_of(other).min), words, now)
+            state.eviction = words
+        mine = self._states.get(model.name)
+        if mine is not None:
+            mine.eviction = words
+            self.dirty.add(model.name)
+        log.info("eviction", model=model.name, evicted=other.name, node=node, reason=words)
+        return words
+
+    def placed(self, model: str, node: str, shard: str) -> None:
+        """A StartShard was sent for model: the placement part of a cold start under way ends here."""
+        asked = self._cold_starts.waiting().get(model) if self._cold_starts is not None else None
+        if asked is None:
+            return
+        measuring = self._measuring.get(model)
+        if measuring is None or measuring.asked != asked:
+            self._measuring[model] = measuring = _Measuring(asked=asked)
+        if measuring.placed is None:
+            measuring.placed, measuring.node, measuring.shard = self._clock(), node, shard
+
+    def after_pass(self, inventory: Inventory) -> None:
+        """Settle or fail the held requests' starts, and measure the cold starts that finished."""
+        if self._cold_starts is None:
+            return
+        waiting = self._cold_starts.waiting()
+        for model, asked in waiting.items():
+            measuring = self._measuring.get(model)
+            if measuring is None or measuring.asked != asked:
+                self._measuring[model] = measuring = _Measuring(asked=asked)
+            self._watch(inventory, model, measuring)
+        for model in [m for m in self._measuring if m not in waiting]:
+            del self._measuring[model]
+
+    def _watch(self, inventory: Inventory, model: str, measuring: _Measuring) -> None:
+        assert self._cold_starts is not None
+        offset = self._clock() - inventory.now()
+        replica = next((r for r in inventory.replicas(model) if r.shard_id == measuring.shard), None)
+        if (
+            replica is not None
+            and replica.state == "starting"
+            and not replica.detail.startswith("asked node")
+        ):
+            measuring.engine_started = measuring.engine_started or replica.since + offset
+        ready = inventory.ready_endpoints(model)
+        if ready:
+            if replica is not None and replica.state == READY and measuring.placed is not None:
+                self._measured(model, measuring, replica.since + offset)
+            self._cold_starts.settle(model)
+            return
+        # The replica's failure is recorded by the pass that stops it, before this one looks.
+        failure = next((f for f in inventory.failures.recent(model) if f.shard_id == measuring.shard), None)
+        if failure is not None:
+            self._cold_starts.fail(model, failure.reason or "its engine failed")
+
+    def _measured(self, model: str, measuring: _Measuring, ready_at: float) -> None:
+        assert measuring.placed is not None
+        engine_started = measuring.engine_started or measuring.placed
+        measured = ColdStart(
+            total_s=max(0.0, ready_at - measuring.asked),
+            place_s=max(0.0, measuring.placed - measuring.asked),
+            weights_s=max(0.0, engine_started - measuring.placed),
+            engine_s=max(0.0, ready_at - engine_started),
+            node=measuring.node,
+        )
+        state = self._states.get(model)
+        if state is not None:
+            state.cold_start = measured
+            self.dirty.add(model)
+        if self._cold_starts is not None:
+            self._cold_starts.expected[model] = measured.total_s
+        log.info("cold start measured", model=model, took=measured.words())
