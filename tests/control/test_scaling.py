@@ -23,6 +23,8 @@ from llmgw.gateway.coldstart import ColdStarts
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call
 from llmgw.proto.llmgw import v1 as pb
+from llmgw.store import Store, open_store
+from llmgw.store.scale import read_scales
 
 
 class Clock:
@@ -75,14 +77,16 @@ def status(
 class Fleet:
     """One server's catalog, inventory, reconciler and gateway stage, on a clock the test moves."""
 
-    def __init__(self, *models: ModelConfig, in_flight: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, *models: ModelConfig, in_flight: dict[str, int] | None = None, store: Store | None = None
+    ) -> None:
         self.clock = Clock()
         self.cfg = ServerConfig(models=list(models), control=ControlConfig(base_backoff_s=60))
         self.catalog = Catalog(self.cfg)
         self.inventory = Inventory(grace_s=15)
         self.in_flight = in_flight if in_flight is not None else {}
         self.cold = ColdStarts(self.catalog, self.inventory, clock=self.clock, recheck_s=0.01)
-        self.scaler = Scaler(self.in_flight, self.cold, clock=self.clock)
+        self.scaler = Scaler(self.in_flight, self.cold, clock=self.clock, store=store)
         self.reconciler = Reconciler(
             self.cfg, self.inventory, self.catalog, in_flight=self.in_flight, scaler=self.scaler
         )
@@ -306,3 +310,59 @@ class TestEviction:
         await fleet.reconciler.reconcile()
         assert sent(link) == []
         held.cancel()
+
+
+class TestStored:
+    async def test_a_new_leader_keeps_the_replica_a_held_request_started_on_the_last_one(self, tmp_path):
+        async with open_store(tmp_path / "llmgw.db") as store:
+            fleet = Fleet(on_demand(min=0, max=1, idle_s=600), store=store)
+            link = node(fleet.inventory)
+            await ready_replica(fleet, link, "tiny-chat")
+            (replica,) = fleet.inventory.replicas("tiny-chat")
+            # The server restarts (or another takes over): the agent reports the engine it kept running.
+            after = Fleet(on_demand(min=0, max=1, idle_s=600), store=store)
+            after.clock.now = fleet.clock.now + 30
+            again = after.inventory.attach(
+                pb.Register(
+                    node_id="n1",
+                    engine_versions={"sim": "1"},
+                    engines_probed=True,
+                    running=[status(replica.shard_id, "tiny-chat", "ready")],
+                )
+            )
+            await after.scaler.load()
+            await after.reconciler.reconcile()
+            assert sent(again) == []  # not stopped as if nothing had asked for it
+            state = after.scaler.state("tiny-chat")
+            assert state is not None and state.replicas == 1
+            assert (
+                state.cold_start is not None and after.cold.expected["tiny-chat"] == state.cold_start.total_s
+            )
+            # Its idle timer goes on from the last request the first one saw, not from the takeover.
+            after.clock.now = fleet.clock.now + 600
+            await after.reconciler.reconcile()
+            assert [kind for kind, _ in sent(again)] == ["stop"]
+
+    async def test_a_request_held_by_another_servers_gateway_starts_a_replica_on_the_leader(self, tmp_path):
+        async with open_store(tmp_path / "llmgw.db") as store:
+            leader = Fleet(on_demand(min=0, max=1), store=store)
+            link = node(leader.inventory)
+            standby = Fleet(on_demand(min=0, max=1))
+            standby.clock.now = leader.clock.now
+            held = asyncio.create_task(standby.request("tiny-chat"))
+            await standby.held("tiny-chat")
+            reports = asyncio.create_task(standby.cold.keep_reporting(store, interval_s=3600))
+            try:
+                for _ in range(200):
+                    rows = await read_scales(store)
+                    if rows and rows[0].wanted_at:
+                        break
+                    await asyncio.sleep(0.01)
+            finally:
+                reports.cancel()
+            leader.clock.now += 1
+            await leader.reconciler.reconcile()  # reads the store: a request is held for it
+            await leader.reconciler.reconcile()
+            (start,) = starts(link)
+            assert start.model == "tiny-chat"
+            held.cancel()

@@ -95,6 +95,8 @@ class Reconciler:
     async def run(self) -> None:
         """Reconcile until cancelled."""
         changed = self._inventory.changed
+        # Each term as leader goes on from the scale decisions the store kept.
+        await self.scaler.load()
         while True:
             changed.clear()
             try:
@@ -137,6 +139,7 @@ class Reconciler:
         for model in models:
             await self._reconcile_model(model)
         self.scaler.after_pass(self._inventory)
+        await self.scaler.save()
         live = {r.replica_id or r.shard_id for r in self._inventory.replicas()}
         for gone in [key for key in self._draining_since if key not in live]:
             del self._draining_since[gone]

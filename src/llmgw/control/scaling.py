@@ -20,16 +20,22 @@ model that must start (eviction), are said here; where a replica goes is placeme
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
+import cattrs
 import structlog
 
+from llmgw import strictjson
 from llmgw.config import ModelConfig
 from llmgw.control.inventory import READY, Inventory, Replica
+from llmgw.errors import StoreError
 from llmgw.gateway.coldstart import ColdStarts
-from llmgw.ondemand import on_demand, scale_of
+from llmgw.ondemand import cold_start_bound_s, on_demand, scale_of
+from llmgw.store import Store
+from llmgw.store import scale as stored
 
 log = structlog.get_logger(__name__)
 
@@ -97,17 +103,25 @@ class Scaler:
         in_flight: Mapping[str, int],
         cold_starts: ColdStarts | None = None,
         clock: Callable[[], float] = time.time,
-        states: Sequence[ScaleState] = (),
+        store: Store | None = None,
     ) -> None:
         """in_flight: the gateway's requests in flight by endpoint; cold_starts: its held requests and
-        last request per model (None: no gateway here); states: the decisions the store kept."""
+        last request per model (None: no gateway here); store: where the decisions are kept, and
+        where the other gateways' requests are read from (None: kept in memory only)."""
         self._in_flight = in_flight
         self._cold_starts = cold_starts
         self._clock = clock
-        self._states: dict[str, ScaleState] = {s.model: s for s in states}
+        self._store = store
+        self._states: dict[str, ScaleState] = {}
         self._measuring: dict[str, _Measuring] = {}
+        # Model -> when a gateway (another server's, read from the store) last held a request for it.
+        self._wanted: dict[str, float] = {}
         # Models whose state changed since the last save.
         self.dirty: set[str] = set()
+        # Models whose state was dropped since the last save: their rows go too.
+        self._forgotten: set[str] = set()
+        # The wall clock of the last read of the store: at most one a second.
+        self._read_at = 0.0
 
     def state(self, model: str) -> ScaleState | None:
         return self._states.get(model)
@@ -128,6 +142,7 @@ class Scaler:
         for name in gone:
             del self._states[name]
             self._measuring.pop(name, None)
+        self._forgotten |= set(gone)
         return gone
 
     def wanted(self, model: ModelConfig, groups: Mapping[str, list[Replica]]) -> int:
@@ -140,7 +155,7 @@ class Scaler:
         ready = [g for g in groups.values() if all(r.state == READY for r in g)]
         state.ready = len(ready)
         state.in_flight = sum(self._in_flight.get(r.endpoint, 0) for g in ready for r in g if r.endpoint)
-        held = self._cold_starts is not None and model.name in self._cold_starts.waiting()
+        held = self._held(model, now)
         if self._cold_starts is not None:
             self.heard(model.name, self._cold_starts.last_request.get(model.name, 0.0))
         before = state.replicas
@@ -159,6 +174,13 @@ class Scaler:
         else:
             self._follow_load(model, state, len(groups), now)
         return state.replicas
+
+    def _held(self, model: ModelConfig, now: float) -> bool:
+        """Whether a gateway holds a request for model: this server's, or another's within its bound."""
+        if self._cold_starts is not None and model.name in self._cold_starts.waiting():
+            return True
+        wanted = self._wanted.get(model.name, 0.0)
+        return bool(wanted) and now - wanted < cold_start_bound_s(model)
 
     def _state_of(self, model: ModelConfig, now: float) -> ScaleState:
         state = self._states.get(model.name)
@@ -279,7 +301,7 @@ class Scaler:
             if other is None or not on_demand(other) or not {r.node_id for r in group} & nodes:
                 continue
             scale = scale_of(other)
-            held = self._cold_starts is not None and other.name in self._cold_starts.waiting()
+            held = self._held(other, self._clock())
             if self._busy(group) or held or live[other.name] <= scale.min or scale.priority > mine:
                 continue
             state = self._states.get(other.name)
@@ -371,3 +393,83 @@ class Scaler:
         if self._cold_starts is not None:
             self._cold_starts.expected[model] = measured.total_s
         log.info("cold start measured", model=model, took=measured.words())
+
+    # --- the store ------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Take up the decisions the store kept: at the start of each term as leader.
+
+        A new leader that knew none decided min again: it stopped the replica a held request had
+        just started on the previous one, and every idle timer started over.
+        """
+        if self._store is None:
+            return
+        try:
+            rows = await stored.read_scales(self._store)
+        except StoreError as exc:
+            log.warning("could not read the models' scale from the store; deciding anew", error=str(exc))
+            return
+        for row in rows:
+            self._wanted[row.model] = row.wanted_at
+            if not row.reason:
+                continue
+            state = ScaleState(
+                model=row.model,
+                replicas=row.replicas,
+                reason=row.reason,
+                decided_at=row.decided_at,
+                last_request=row.last_request,
+                eviction=row.eviction,
+                cold_start=_cold_start(row.cold_start),
+            )
+            self._states[row.model] = state
+            if state.cold_start is not None and self._cold_starts is not None:
+                self._cold_starts.expected[row.model] = state.cold_start.total_s
+        self._read_at = self._clock()
+
+    async def save(self) -> None:
+        """Write what changed since the last save; read what the other gateways wrote, once a second."""
+        if self._store is None:
+            return
+        changed = [self._states[m] for m in sorted(self.dirty) if m in self._states]
+        try:
+            await stored.write_decisions(self._store, [_row(s) for s in changed])
+            self.dirty.clear()
+            if self._forgotten:
+                await stored.forget_scales(self._store, list(self._states))
+                self._forgotten.clear()
+            now = self._clock()
+            if now - self._read_at >= 1.0:
+                self._read_at = now
+                for row in await stored.read_scales(self._store):
+                    self._wanted[row.model] = row.wanted_at
+                    self.heard(row.model, row.last_request)
+        except StoreError as exc:
+            # Kept dirty: written by the next pass that reaches the store.
+            log.warning("could not write the models' scale to the store", error=str(exc))
+
+
+_CONVERTER = cattrs.Converter()
+
+
+def _row(state: ScaleState) -> stored.StoredScale:
+    measured = state.cold_start
+    return stored.StoredScale(
+        model=state.model,
+        replicas=state.replicas,
+        reason=state.reason,
+        decided_at=state.decided_at,
+        last_request=state.last_request,
+        eviction=state.eviction,
+        cold_start=strictjson.dumps(_CONVERTER.unstructure(measured)) if measured is not None else "",
+    )
+
+
+def _cold_start(text: str) -> ColdStart | None:
+    if not text:
+        return None
+    try:
+        return _CONVERTER.structure(json.loads(text), ColdStart)
+    except (ValueError, cattrs.BaseValidationError):
+        # Written by another release in another shape: measured again at the next cold start.
+        return None

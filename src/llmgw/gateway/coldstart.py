@@ -20,6 +20,7 @@ leader publishes, sees the replica the leader started.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -30,16 +31,21 @@ from aiohttp import web
 
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig
+from llmgw.errors import StoreError
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call, Handler
 from llmgw.gateway.router import ReplicaTable
 from llmgw.ondemand import cold_start_bound_s, on_demand
+from llmgw.store import Store
+from llmgw.store.scale import note_requests
 
 log = structlog.get_logger(__name__)
 
 # How often a held request looks at the routing table itself, for a start no one here settles (the
 # leader's, seen by a standby through the table it publishes).
 RECHECK_S = 0.5
+# How often this gateway writes its last request per on-demand model to the store, for the leader.
+REPORT_S = 1.0
 # What Retry-After says of a start whose length was never measured: soon, without hammering.
 _UNMEASURED_RETRY_S = 30.0
 
@@ -76,6 +82,8 @@ class ColdStarts:
         self.expected: dict[str, float] = {}
         self._starts: dict[str, _Start] = {}
         self._listeners: list[Callable[[], None]] = []
+        # Set when a start is asked for: the report to the store goes at once, not at the next second.
+        self._asked = asyncio.Event()
 
     def subscribe(self, listener: Callable[[], None]) -> None:
         """Call listener whenever a request asks for a cold model (the reconciler wakes at once)."""
@@ -97,6 +105,11 @@ class ColdStarts:
     def fail(self, model: str, reason: str) -> None:
         """model's start failed: its held requests get a 503 with reason (the engine's own words)."""
         self._finish(model, reason)
+
+    def fail_all(self, reason: str) -> None:
+        """Every held request gets a 503 with reason: this server is stopping."""
+        for model in list(self._starts):
+            self._finish(model, reason)
 
     def _finish(self, model: str, outcome: str | None) -> None:
         start = self._starts.pop(model, None)
@@ -126,6 +139,7 @@ class ColdStarts:
             start = _Start(asked=self._clock(), done=asyncio.get_running_loop().create_future())
             self._starts[model] = start
             log.info("holding requests while a replica starts", model=model)
+            self._asked.set()
             for listener in self._listeners:
                 listener()
         bound = cold_start_bound_s(definition)
@@ -167,3 +181,35 @@ class ColdStarts:
             code="cold_start_timeout",
             headers={"Retry-After": str(seconds)},
         )
+
+    async def keep_reporting(self, store: Store, interval_s: float = REPORT_S) -> None:
+        """Write this gateway's last request per on-demand model, and its held starts, to the store.
+
+        The leader decides from them (control/scaling.py): a standby's gateway holding a request
+        is how the leader hears a replica is wanted, and its requests keep the model from idling.
+        Written in the background, every interval_s and at once when a start is asked for; never
+        on the request's path.
+        """
+        written: dict[str, float] = {}
+        failing = False
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await self._asked.wait()
+            self._asked.clear()
+            last = {
+                model: at
+                for model, at in self.last_request.items()
+                if written.get(model) != at and (m := self._catalog.get(model)) is not None and on_demand(m)
+            }
+            try:
+                await note_requests(store, last, self.waiting())
+            except StoreError as exc:
+                if not failing:
+                    log.warning(
+                        "could not write the requests for on-demand models to the store", error=str(exc)
+                    )
+                failing = True
+                continue
+            failing = False
+            written.update(last)

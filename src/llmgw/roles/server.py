@@ -217,13 +217,14 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         )
         tasks.keep(endpoints.run(), "endpoint-checks")
         app = _gateway_app(cfg, catalog, fleet, keys, quotas, usage, gateway_metrics, endpoints)
+        tasks.keep(app[COLD_STARTS_KEY].keep_reporting(store), "cold-start-reports")
         # The last hours for the pages' charts, sampled from the same counters a scraper reads.
         history = History(gateway_metrics, inventory, cfg.monitoring.window_s)
         tasks.keep(history.run(), "history-sampler")
         app[HISTORY_KEY] = history
         # Engines whose node's agent is away serve on while they answer the gateway's own checks.
         tasks.keep(EngineChecks(inventory, cfg.control.engine_check_s).run(), "engine-checks")
-        reconciler = _reconciler(cfg, inventory, catalog, app, control_metrics, mirror, local_files)
+        reconciler = _reconciler(cfg, inventory, catalog, app, control_metrics, mirror, local_files, store)
         # Only the leader places and reconciles (always this server, without PostgreSQL).
         lead = functools.partial(_lead, fleet.routes, reconciler)
         tasks.keep(while_leading(fleet.leadership, lead), "lead")
@@ -233,6 +234,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         app[UPGRADES_KEY] = upgrades
         pages = _mount_pages(app, cfg, store, quotas, inventory, catalog, mirror)
         gateway = await stack.enter_async_context(_serve_app(app, cfg.listen, "listen", cfg.drain_timeout_s))
+        # Before the gateway drains: a request held for a cold start would otherwise wait out the drain.
+        stack.callback(app[COLD_STARTS_KEY].fail_all, "this server is stopping; retry on another")
         url = f"http://{bound.address(*gateway)}"
         admin_app = _admin_app(cfg, inventory, catalog, pages, mirror, app, metrics, reconciler)
         admin = await stack.enter_async_context(
@@ -420,6 +423,7 @@ def _reconciler(
     control_metrics: ControlMetrics,
     mirror: MirrorClient | None,
     local_files: LocalFiles | None,
+    store: Store,
 ) -> Reconciler | None:
     """What places the catalog's models on the fleet, when this server does (`control.enabled`)."""
     if not cfg.control.enabled:
@@ -437,7 +441,7 @@ def _reconciler(
         metrics=control_metrics,
         mirror=mirror,
         local_files=local_files,
-        scaler=Scaler(in_flight, cold_starts),
+        scaler=Scaler(in_flight, cold_starts, store=store),
     )
     # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
     app[BACKOFF_KEY] = reconciler.backoff
