@@ -35,6 +35,7 @@ from llmgw.adminapi.projections import (
 )
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Guard, Param, Reply, Route, mount
+from llmgw.adminapi.scaling import scale_view
 from llmgw.adminapi.weights import collect_weights, wanted_sources
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json, read_text
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel, parse_model
@@ -165,7 +166,9 @@ async def set_node_state(request: web.Request) -> web.Response:
 async def get_models(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
     inventory, endpoints = request.config_dict[INVENTORY_KEY], request.config_dict.get(ENDPOINTS_KEY)
-    return reply([model_view(m, inventory, unpriced(request, m), endpoints) for m in models])
+    return reply(
+        [model_view(m, inventory, unpriced(request, m), endpoints, scale_view(request, m)) for m in models]
+    )
 
 
 # JSON, or YAML under the names it goes by; none of them is one a page elsewhere may send without
@@ -204,7 +207,8 @@ async def post_model(request: web.Request) -> web.Response:
     except DeclaredModel as exc:
         return error(409, str(exc))
     endpoints = request.config_dict.get(ENDPOINTS_KEY)
-    return reply(model_view(model, inventory, unpriced(request, model), endpoints), 200 if replaced else 201)
+    view = model_view(model, inventory, unpriced(request, model), endpoints, scale_view(request, model))
+    return reply(view, 200 if replaced else 201)
 
 
 async def delete_model(request: web.Request) -> web.Response:
@@ -274,6 +278,7 @@ async def get_explain_placement(request: web.Request) -> web.Response:
             candidates=candidates,
             why_not_ready=why_not_ready(inventory, name),
             failures=failures_view(inventory, name),
+            scale=scale_view(request, model),
         )
     )
 

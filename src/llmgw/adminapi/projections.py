@@ -272,7 +272,11 @@ def endpoints_view(endpoints: Endpoints | None, model: str | None = None) -> lis
 
 
 def model_view(
-    model: ModelConfig, inventory: Inventory, unpriced: str | None = None, endpoints: Endpoints | None = None
+    model: ModelConfig,
+    inventory: Inventory,
+    unpriced: str | None = None,
+    endpoints: Endpoints | None = None,
+    scale: views.Scale | None = None,
 ) -> views.Model:
     if model.endpoints:
         listed = endpoints_view(endpoints, model.name)
@@ -294,7 +298,7 @@ def model_view(
     native, translated = apis_served(model.kind, [ENGINES[e].native_apis for e in engines if e in ENGINES])
     return views.Model(
         name=model.name,
-        wanted=model.replicas,
+        wanted=scale.replicas if scale is not None else model.replicas,
         # Ready and on a reachable node: what the gateway would route to.
         ready=len(inventory.ready_endpoints(model.name)),
         engines=engines,
@@ -304,6 +308,7 @@ def model_view(
         failures=failures_view(inventory, model.name),
         native_apis=native,
         translated_apis=translated,
+        scale=scale,
     )
 
 

@@ -20,6 +20,7 @@ model that must start (eviction), are said here; where a replica goes is placeme
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import cattrs
 import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from llmgw import strictjson
 from llmgw.config import ModelConfig
@@ -84,6 +86,54 @@ class ScaleState:
         return self.in_flight / self.ready if self.ready else 0.0
 
 
+class ScaleMetrics:
+    """The scale decisions as series: what each on-demand model runs, the load it decided from, why."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.replicas = Gauge(
+            "llmgw_scale_replicas",
+            "The replicas the leader decided each on-demand model runs.",
+            ["model"],
+            registry=registry,
+        )
+        self.per_replica = Gauge(
+            "llmgw_scale_in_flight_per_replica",
+            "Requests in flight per ready replica of each on-demand model, at the last reconcile pass.",
+            ["model"],
+            registry=registry,
+        )
+        self.target = Gauge(
+            "llmgw_scale_target_in_flight",
+            "Each on-demand model's scale.target_in_flight.",
+            ["model"],
+            registry=registry,
+        )
+        self.held = Gauge(
+            "llmgw_scale_held_requests",
+            "Requests this server's gateway holds while a replica of the model starts.",
+            ["model"],
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "llmgw_scale_decisions",
+            "Scale decisions that changed a model's replica count, by direction (up, down).",
+            ["model", "direction"],
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "llmgw_scale_evictions",
+            "Idle replicas of the model stopped to make room for another model.",
+            ["model"],
+            registry=registry,
+        )
+        self.cold_start = Gauge(
+            "llmgw_cold_start_seconds",
+            "The last measured cold start of each on-demand model: from its first held request to ready.",
+            ["model"],
+            registry=registry,
+        )
+
+
 @attrs.define
 class _Measuring:
     """A cold start under way: what has been seen of it so far (wall clock)."""
@@ -104,6 +154,7 @@ class Scaler:
         cold_starts: ColdStarts | None = None,
         clock: Callable[[], float] = time.time,
         store: Store | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         """in_flight: the gateway's requests in flight by endpoint; cold_starts: its held requests and
         last request per model (None: no gateway here); store: where the decisions are kept, and
@@ -112,6 +163,7 @@ class Scaler:
         self._cold_starts = cold_starts
         self._clock = clock
         self._store = store
+        self._metrics = ScaleMetrics(registry if registry is not None else CollectorRegistry())
         self._states: dict[str, ScaleState] = {}
         self._measuring: dict[str, _Measuring] = {}
         # Model -> when a gateway (another server's, read from the store) last held a request for it.
@@ -122,6 +174,13 @@ class Scaler:
         self._forgotten: set[str] = set()
         # The wall clock of the last read of the store: at most one a second.
         self._read_at = 0.0
+
+    def now(self) -> float:
+        return self._clock()
+
+    def held(self, model: str) -> int:
+        """Requests this server's gateway holds for model now."""
+        return self._cold_starts.held(model) if self._cold_starts is not None else 0
 
     def state(self, model: str) -> ScaleState | None:
         return self._states.get(model)
@@ -141,6 +200,9 @@ class Scaler:
         gone = [name for name in self._states if name not in keep]
         for name in gone:
             del self._states[name]
+            for gauge in (self._metrics.replicas, self._metrics.per_replica, self._metrics.target):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name)
             self._measuring.pop(name, None)
         self._forgotten |= set(gone)
         return gone
@@ -173,6 +235,11 @@ class Scaler:
             )
         else:
             self._follow_load(model, state, len(groups), now)
+        metrics = self._metrics
+        metrics.replicas.labels(model.name).set(state.replicas)
+        metrics.per_replica.labels(model.name).set(state.per_replica())
+        metrics.target.labels(model.name).set(scale.target_in_flight)
+        metrics.held.labels(model.name).set(self.held(model.name))
         return state.replicas
 
     def _held(self, model: ModelConfig, now: float) -> bool:
@@ -239,6 +306,8 @@ class Scaler:
 
     def _decide(self, state: ScaleState, replicas: int, reason: str, now: float) -> None:
         if state.replicas != replicas:
+            direction = "up" if replicas > state.replicas else "down"
+            self._metrics.decisions.labels(state.model, direction).inc()
             log.info(
                 "scale decision",
                 model=state.model,
@@ -324,6 +393,7 @@ class Scaler:
         if state is not None:
             self._decide(state, max(state.replicas - 1, scale_of(other).min), words, now)
             state.eviction = words
+            self._metrics.evictions.labels(other.name).inc()
         mine = self._states.get(model.name)
         if mine is not None:
             mine.eviction = words
@@ -390,6 +460,7 @@ class Scaler:
         if state is not None:
             state.cold_start = measured
             self.dirty.add(model)
+        self._metrics.cold_start.labels(model).set(measured.total_s)
         if self._cold_starts is not None:
             self._cold_starts.expected[model] = measured.total_s
         log.info("cold start measured", model=model, took=measured.words())

@@ -19,10 +19,12 @@ from typing import Any
 import attrs
 import structlog
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from llmgw import bound, config, heap, openfiles
 from llmgw.adminapi import views
 from llmgw.adminapi.handlers import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY, NEEDS_KEY, PRICES_KEY
+from llmgw.adminapi.scaling import SCALER_KEY
 from llmgw.adminapi.upgrades import UPGRADES_KEY
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
@@ -224,7 +226,9 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         app[HISTORY_KEY] = history
         # Engines whose node's agent is away serve on while they answer the gateway's own checks.
         tasks.keep(EngineChecks(inventory, cfg.control.engine_check_s).run(), "engine-checks")
-        reconciler = _reconciler(cfg, inventory, catalog, app, control_metrics, mirror, local_files, store)
+        reconciler = _reconciler(
+            cfg, inventory, catalog, app, control_metrics, mirror, local_files, Scaling(store, registry)
+        )
         # Only the leader places and reconciles (always this server, without PostgreSQL).
         lead = functools.partial(_lead, fleet.routes, reconciler)
         tasks.keep(while_leading(fleet.leadership, lead), "lead")
@@ -342,6 +346,14 @@ async def _start_accounting(
 
 
 @attrs.frozen
+class Scaling:
+    """Where the scale decisions are kept, and the registry their series go to."""
+
+    store: Store
+    registry: CollectorRegistry
+
+
+@attrs.frozen
 class _Fleet:
     """This server's place among the control planes, and the port agents connect to."""
 
@@ -423,7 +435,7 @@ def _reconciler(
     control_metrics: ControlMetrics,
     mirror: MirrorClient | None,
     local_files: LocalFiles | None,
-    store: Store,
+    scaling: Scaling,
 ) -> Reconciler | None:
     """What places the catalog's models on the fleet, when this server does (`control.enabled`)."""
     if not cfg.control.enabled:
@@ -441,10 +453,11 @@ def _reconciler(
         metrics=control_metrics,
         mirror=mirror,
         local_files=local_files,
-        scaler=Scaler(in_flight, cold_starts, store=store),
+        scaler=Scaler(in_flight, cold_starts, store=scaling.store, registry=scaling.registry),
     )
     # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
     app[BACKOFF_KEY] = reconciler.backoff
+    app[SCALER_KEY] = reconciler.scaler
     app[NEEDS_KEY] = reconciler.needs
     return reconciler
 
@@ -487,6 +500,7 @@ def _admin_app(
     admin_app.router.add_get("/metrics", metrics.handle)
     if reconciler is not None:
         admin_app[BACKOFF_KEY] = reconciler.backoff
+        admin_app[SCALER_KEY] = reconciler.scaler
         admin_app[NEEDS_KEY] = reconciler.needs
     return admin_app
 

@@ -1,0 +1,103 @@
+"""An on-demand model through the real server and agent roles and the sim engine: nothing runs until a
+request comes, the requests that come are held while one replica starts and are then served, and the
+decision, its reason and the cold start it took are on the admin API and the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+
+from llmgw import pki
+from llmgw.adminapi import views
+from llmgw.config import (
+    AgentConfig,
+    ControlConfig,
+    ModelConfig,
+    ProfileConfig,
+    ScaleConfig,
+    ServerConfig,
+    TimeoutsConfig,
+    TLSConfig,
+)
+from llmgw.roles.agent import agent_role
+from llmgw.roles.server import server_role
+from tests.servers import loopback_server_config
+
+MODEL = "sim-chat"
+
+
+def _agent(tmp_path: Path, pki_dir: Path, agent_port: int) -> AgentConfig:
+    return AgentConfig(
+        node_id="node-1",
+        servers=[f"127.0.0.1:{agent_port}"],
+        heartbeat_interval_s=0.2,
+        state_dir=str(tmp_path / "agent"),
+        keep_engines_on_stop=False,
+        tls=TLSConfig(
+            ca=str(pki_dir / "ca.pem"), cert=str(pki_dir / "node-1.pem"), key=str(pki_dir / "node-1-key.pem")
+        ),
+    )
+
+
+def _server(tmp_path: Path, *args: str) -> ServerConfig:
+    cfg = loopback_server_config(
+        tmp_path,
+        control=ControlConfig(interval_s=0.1),
+        models=[
+            ModelConfig(
+                name=MODEL,
+                profiles=[ProfileConfig(engine="sim", args=list(args))],
+                scale=ScaleConfig(min=0, max=1, idle_s=3600),
+                timeouts=TimeoutsConfig(cold_start_s=60),
+            )
+        ],
+        engines={"llamacpp": ""},
+    )
+    pki.issue_agent(tmp_path / "pki", "node-1", tmp_path / "pki")
+    return cfg
+
+
+async def _chat(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, object]]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello cold"}], "max_tokens": 4}
+    async with session.post(f"{url}/v1/chat/completions", json=body) as reply:
+        return reply.status, await reply.json()
+
+
+async def test_requests_for_a_cold_model_are_held_while_one_replica_starts_and_then_served(tmp_path: Path):
+    cfg = await asyncio.to_thread(_server, tmp_path)
+    async with server_role(cfg) as server, agent_role(_agent(tmp_path, tmp_path / "pki", server.agent_port)):
+        headers = {"Authorization": f"Bearer {await server.create_dev_key()}"}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            async with session.get(f"{server.admin_url}/api/v1/models") as reply:
+                (before,) = await reply.json()
+            assert before["wanted"] == 0 and server.inventory.replicas(MODEL) == []
+            replies = await asyncio.gather(*(_chat(session, server.gateway_url) for _ in range(3)))
+            assert [status for status, _ in replies] == [200, 200, 200], replies
+            # The three shared one start.
+            assert len(server.inventory.replicas(MODEL)) == 1
+            async with session.get(f"{server.admin_url}/api/v1/models") as reply:
+                (model,) = await reply.json()
+            async with session.get(f"{server.admin_url}/metrics") as reply:
+                page = await reply.text()
+    scale = views.Scale(**{**model["scale"], "cold_start": views.ColdStart(**model["scale"]["cold_start"])})
+    assert (model["wanted"], scale.replicas) == (1, 1)
+    assert scale.reason == f"a request came for {MODEL}, which had no replica running"
+    assert scale.cold_start is not None and scale.cold_start.node == "node-1"
+    assert f'llmgw_scale_replicas{{model="{MODEL}"}} 1.0' in page
+    assert f'llmgw_cold_start_seconds{{model="{MODEL}"}}' in page
+
+
+async def test_a_start_that_fails_answers_the_held_request_with_the_engines_own_words(tmp_path: Path):
+    # The sim refuses an argument it does not know, and exits saying so.
+    cfg = await asyncio.to_thread(_server, tmp_path, "--no-such-flag")
+    async with server_role(cfg) as server, agent_role(_agent(tmp_path, tmp_path / "pki", server.agent_port)):
+        headers = {"Authorization": f"Bearer {await server.create_dev_key()}"}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            status, body = await _chat(session, server.gateway_url)
+    assert status == 503, body
+    error = body["error"]
+    assert isinstance(error, dict) and error["code"] == "cold_start_failed"
+    assert str(error["message"]).startswith(f"{MODEL} could not be started: ")
+    assert "unrecognized arguments: --no-such-flag" in str(error["message"])
