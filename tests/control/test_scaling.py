@@ -24,7 +24,7 @@ from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pipeline import Call
 from llmgw.proto.llmgw import v1 as pb
 from llmgw.store import Store, open_store
-from llmgw.store.scale import read_scales
+from llmgw.store.scale import note_requests, read_scales
 
 
 class Clock:
@@ -366,3 +366,20 @@ class TestStored:
             (start,) = starts(link)
             assert start.model == "tiny-chat"
             held.cancel()
+
+    async def test_a_request_another_gateway_held_does_not_keep_a_ready_replica_from_idling(self, tmp_path):
+        async with open_store(tmp_path / "llmgw.db") as store:
+            # Idle sooner than the cold start's bound (30 s).
+            fleet = Fleet(on_demand(min=0, max=1, idle_s=10), store=store)
+            link = node(fleet.inventory)
+            await ready_replica(fleet, link, "tiny-chat")
+            # A standby held one too, at the same moment, and wrote so; the replica served it.
+            await note_requests(store, {"tiny-chat": fleet.clock.now}, {"tiny-chat": fleet.clock.now})
+            fleet.clock.now += 1
+            await fleet.reconciler.reconcile()  # reads the store
+            fleet.clock.now += 10
+            await fleet.reconciler.reconcile()
+            assert [kind for kind, _ in sent(link)] == ["stop"]
+            # Nor is it started again by that request, long served, once none is ready.
+            await fleet.reconciler.reconcile()
+            assert sent(link) == []

@@ -75,6 +75,8 @@ class ScaleState:
     # The inputs of the last pass: ready replicas, requests in flight on them.
     ready: int = 0
     in_flight: int = 0
+    # The wall clock when a pass last saw a ready replica of it.
+    ready_seen: float = 0.0
     # Since when the load has stayed above the target (or low enough to remove one); None: it has not.
     above_since: float | None = None
     below_since: float | None = None
@@ -217,7 +219,9 @@ class Scaler:
         ready = [g for g in groups.values() if all(r.state == READY for r in g)]
         state.ready = len(ready)
         state.in_flight = sum(self._in_flight.get(r.endpoint, 0) for g in ready for r in g if r.endpoint)
-        held = self._held(model, now)
+        if state.ready:
+            state.ready_seen = now
+        held = self._held(model, now, state)
         if self._cold_starts is not None:
             self.heard(model.name, self._cold_starts.last_request.get(model.name, 0.0))
         before = state.replicas
@@ -242,12 +246,18 @@ class Scaler:
         metrics.held.labels(model.name).set(self.held(model.name))
         return state.replicas
 
-    def _held(self, model: ModelConfig, now: float) -> bool:
-        """Whether a gateway holds a request for model: this server's, or another's within its bound."""
+    def _held(self, model: ModelConfig, now: float, state: ScaleState | None) -> bool:
+        """Whether a gateway holds a request for model: this server's, or another's within its bound.
+
+        Another server's counts only if it was held since model last had a ready replica: its gateway
+        serves it as soon as the published table shows one, and says nothing more. Counted for the
+        whole bound, it kept a ready replica from idling, and started it again each time it was stopped.
+        """
         if self._cold_starts is not None and model.name in self._cold_starts.waiting():
             return True
         wanted = self._wanted.get(model.name, 0.0)
-        return bool(wanted) and now - wanted < cold_start_bound_s(model)
+        served = state.ready_seen if state is not None else 0.0
+        return wanted > served and now - wanted < cold_start_bound_s(model)
 
     def _state_of(self, model: ModelConfig, now: float) -> ScaleState:
         state = self._states.get(model.name)
@@ -370,7 +380,7 @@ class Scaler:
             if other is None or not on_demand(other) or not {r.node_id for r in group} & nodes:
                 continue
             scale = scale_of(other)
-            held = self._held(other, self._clock())
+            held = self._held(other, self._clock(), self._states.get(other.name))
             if self._busy(group) or held or live[other.name] <= scale.min or scale.priority > mine:
                 continue
             state = self._states.get(other.name)
@@ -492,6 +502,8 @@ class Scaler:
                 last_request=row.last_request,
                 eviction=row.eviction,
                 cold_start=_cold_start(row.cold_start),
+                # What a gateway held before the decision was decided on: not held still.
+                ready_seen=row.decided_at,
             )
             self._states[row.model] = state
             if state.cold_start is not None and self._cold_starts is not None:
