@@ -190,7 +190,9 @@ async def ready_replica(fleet: Fleet, link: Link, model: str, gpus: tuple[int, .
     await fleet.held(model)
     await fleet.reconciler.reconcile()
     (start,) = starts(link)
-    fleet.inventory.shard_status(link.node_id, status(start.shard_id, model, "ready", gpus=gpus))
+    ready = status(start.shard_id, model, "ready", gpus=gpus)
+    ready.profile = start.profile
+    fleet.inventory.shard_status(link.node_id, ready)
     await fleet.reconciler.reconcile()
     await task
     (endpoint,) = fleet.inventory.ready_endpoints(model)
@@ -383,3 +385,33 @@ class TestStored:
             # Nor is it started again by that request, long served, once none is ready.
             await fleet.reconciler.reconcile()
             assert sent(link) == []
+
+    async def test_on_a_node_without_gpus_the_memory_a_model_needs_is_made_room_for(self):
+        profile = ProfileConfig(engine="sim", min_memory_mb=6000)
+        models = [
+            ModelConfig(name=n, profiles=[profile], scale=ScaleConfig(min=0, max=1, idle_s=3600))
+            for n in ("chat-a", "chat-c", "chat-b")
+        ]
+        fleet = Fleet(*models)
+        link = fleet.inventory.attach(
+            pb.Register(
+                node_id="n1",
+                engine_versions={"sim": "1"},
+                engines_probed=True,
+                memory=pb.Memory(total_mb=16000, available_mb=16000),
+            )
+        )
+        await ready_replica(fleet, link, "chat-a")
+        fleet.clock.now += 10
+        await ready_replica(fleet, link, "chat-c")
+        held = asyncio.create_task(fleet.request("chat-b"))
+        await fleet.held("chat-b")
+        await fleet.reconciler.reconcile()
+        ((kind, stop),) = sent(link)
+        # chat-a was used longest ago.
+        said = stop.reason  # type: ignore[attr-defined]
+        assert kind == "stop" and said.startswith("stopped an idle replica of chat-a on n1")
+        await fleet.reconciler.reconcile()
+        (start,) = starts(link)
+        assert start.model == "chat-b"
+        held.cancel()

@@ -20,6 +20,7 @@ import attrs
 import openai
 import pytest
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from llmgw import config
 from llmgw.adminapi import views
@@ -53,6 +54,8 @@ pytestmark = [
 class System:
     server: ServerHandle
     key: str
+    # Every GET the weights host answered, by path.
+    fetched: list[str]
 
 
 def _server_yaml(tmp_path: Path, pki_dir: Path, source: str, sha: str) -> str:
@@ -109,7 +112,14 @@ async def system(tmp_path: Path) -> AsyncIterator[System]:
     weights_dir = tmp_path / "models"
     weights_dir.mkdir()
     sha = await asyncio.to_thread(_write_tiny_model, weights_dir / "tiny.gguf")
-    weights_app = web.Application()
+    fetched: list[str] = []
+
+    @web.middleware
+    async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
+        fetched.append(request.path)
+        return await handler(request)
+
+    weights_app = web.Application(middlewares=[count])
     weights_app.router.add_static("/models/", weights_dir)
     async with contextlib.AsyncExitStack() as stack:
         github = FakeGitHub(archive, digest)
@@ -131,7 +141,7 @@ async def system(tmp_path: Path) -> AsyncIterator[System]:
             return node is not None and "llamacpp" in node.engine_versions
 
         await _eventually("llama-server to be installed on the node", installed, lambda: "")
-        yield System(server=server, key=await server.create_dev_key())
+        yield System(server=server, key=await server.create_dev_key(), fetched=fetched)
 
 
 async def _held_and_served(system: System) -> tuple[float, str]:
@@ -182,8 +192,10 @@ async def test_a_cold_request_is_held_while_llama_server_starts_then_served_and_
     assert stopped.replicas == 0 and stopped.reason.startswith("no request for ")
 
     # The weights stayed in the node's cache: the next start fetches nothing.
+    assert system.fetched == ["/models/tiny.gguf"]
     ttft, text = await _held_and_served(system)
     assert text
+    assert system.fetched == ["/models/tiny.gguf"]
     again = await _scale(system)
     assert again.cold_start is not None
     print(f"cold start (weights on disk): first token after {ttft:.2f} s; {again.words()}")

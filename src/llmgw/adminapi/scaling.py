@@ -28,7 +28,12 @@ def scale_of_view(scaler: Scaler, model: ModelConfig) -> views.Scale:
     scale = scale_of(model)
     state = scaler.state(model.name)
     if state is None:
-        state = ScaleState(model.name, scale.min, f"no decision yet: it starts at scale.min ({scale.min})")
+        why = (
+            f"no decision yet: it starts at scale.min ({scale.min})"
+            if scaler.deciding
+            else "decided by the leader; this server does not decide (a standby, or not yet leading)"
+        )
+        state = ScaleState(model.name, scale.min, why)
     now = scaler.now()
     measured = state.cold_start
     return views.Scale(

@@ -97,6 +97,13 @@ class Reconciler:
         changed = self._inventory.changed
         # Each term as leader goes on from the scale decisions the store kept.
         await self.scaler.load()
+        self.scaler.deciding = True
+        try:
+            await self._run(changed)
+        finally:
+            self.scaler.deciding = False
+
+    async def _run(self, changed: asyncio.Event) -> None:
         while True:
             changed.clear()
             try:
@@ -206,11 +213,13 @@ class Reconciler:
             return
         # Nodes that fail only for what placed replicas use: labels, GPU class or an engine missing
         # there are not fixed by stopping anything.
-        full = {v.node for v in self._scheduler.explain(model) if v.kind in (CARDS, MEMORY) and not v.hard}
-        if not full:
+        verdicts = [v for v in self._scheduler.explain(model) if v.kind in (CARDS, MEMORY) and not v.hard]
+        if not verdicts:
             return
         catalog = {m.name: m for m in self._catalog.models()}
-        victim = self.scaler.victim(model, catalog, self._inventory.replicas(), full)
+        # Placement counts the cards and memory of the replicas it knows: one stopped here is room
+        # at once for the next snapshot.
+        victim = self.scaler.victim(model, catalog, self._inventory.replicas(), {v.node for v in verdicts})
         if victim is None:
             return
         words = self.scaler.evicted(model, victim, catalog[victim[0].model])

@@ -172,6 +172,8 @@ class Scaler:
         self._wanted: dict[str, float] = {}
         # Models whose state changed since the last save.
         self.dirty: set[str] = set()
+        # Whether this server decides (leads); a standby's scaler only shows.
+        self.deciding = False
         # Models whose state was dropped since the last save: their rows go too.
         self._forgotten: set[str] = set()
         # The wall clock of the last read of the store: at most one a second.
