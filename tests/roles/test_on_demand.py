@@ -8,11 +8,13 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+from structlog.testing import capture_logs
 
 from llmgw import pki
 from llmgw.adminapi import views
 from llmgw.config import (
     AgentConfig,
+    AuthConfig,
     ControlConfig,
     ModelConfig,
     ProfileConfig,
@@ -22,7 +24,7 @@ from llmgw.config import (
     TLSConfig,
 )
 from llmgw.roles.agent import agent_role
-from llmgw.roles.server import server_role
+from llmgw.roles.server import ServerHandle, server_role
 from tests.servers import loopback_server_config
 
 MODEL = "sim-chat"
@@ -101,3 +103,60 @@ async def test_a_start_that_fails_answers_the_held_request_with_the_engines_own_
     assert isinstance(error, dict) and error["code"] == "cold_start_failed"
     assert str(error["message"]).startswith(f"{MODEL} could not be started: ")
     assert "unrecognized arguments: --no-such-flag" in str(error["message"])
+
+
+async def test_a_request_held_on_a_standby_is_served_by_the_replica_the_leader_starts(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Two servers on one PostgreSQL: the standby's gateway holds the request, the leader alone decides
+    and starts the replica, and the standby serves the request once the leader's table shows it."""
+    model = ModelConfig(
+        name=MODEL,
+        profiles=[ProfileConfig(engine="sim")],
+        scale=ScaleConfig(min=0, max=1, idle_s=3600),
+        timeouts=TimeoutsConfig(cold_start_s=60),
+    )
+    configs = [
+        await asyncio.to_thread(
+            loopback_server_config,
+            tmp_path / name,
+            database=postgres_url,
+            auth=AuthConfig(enabled=False),
+            control=ControlConfig(name=name, interval_s=0.1),
+            models=[model],
+            engines={"llamacpp": ""},
+        )
+        for name in ("cp1", "cp2")
+    ]
+    with capture_logs():
+        async with server_role(configs[0]) as first, server_role(configs[1]) as second:
+            servers = {"cp1": first, "cp2": second}
+            async with aiohttp.ClientSession() as session:
+                leader = await _leader(session, servers)
+            pki_dir = tmp_path / leader / "pki"
+            await asyncio.to_thread(pki.issue_agent, pki_dir, "node-1", pki_dir)
+            standby = servers["cp2" if leader == "cp1" else "cp1"]
+            async with (
+                agent_role(_agent(tmp_path, pki_dir, servers[leader].agent_port)),
+                aiohttp.ClientSession() as session,
+            ):
+                status, body = await _chat(session, standby.gateway_url)
+    assert status == 200, body
+    # The leader started it, once; the standby started nothing.
+    assert len(servers[leader].inventory.replicas(MODEL)) == 1
+    assert standby.inventory.replicas(MODEL) == []
+
+
+async def _leader(session: aiohttp.ClientSession, servers: dict[str, ServerHandle]) -> str:
+    """The name of the server the election made leader, once both agree on it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while True:
+        said = set()
+        for server in servers.values():
+            async with session.get(server.admin_url + "/api/v1/status") as reply:
+                said.add((await reply.json())["control_plane"]["leader"])
+        if len(said) == 1 and (name := said.pop()):
+            return str(name)
+        assert loop.time() < deadline, "no leader was elected"
+        await asyncio.sleep(0.05)
