@@ -160,3 +160,24 @@ async def _leader(session: aiohttp.ClientSession, servers: dict[str, ServerHandl
             return str(name)
         assert loop.time() < deadline, "no leader was elected"
         await asyncio.sleep(0.05)
+
+
+async def test_a_server_that_stops_answers_the_requests_it_holds_in_words(tmp_path: Path):
+    """No node ever comes: the request is held until the server stops, and then told why, not cut off."""
+    cfg = await asyncio.to_thread(_server, tmp_path)
+    async with aiohttp.ClientSession() as session:
+        async with server_role(cfg) as server:
+            session.headers["Authorization"] = f"Bearer {await server.create_dev_key()}"
+            held = asyncio.create_task(_chat(session, server.gateway_url))
+            # Held, and the leader woken by it: placement has found no node.
+            placed = f"{MODEL} has no ready replica: no node can run it (no node is connected)"
+            for _ in range(500):
+                if server.inventory.why_no_ready(MODEL) == placed:
+                    break
+                await asyncio.sleep(0.01)
+            assert server.inventory.why_no_ready(MODEL) == placed
+        status, body = await held
+    assert status == 503, body
+    assert body["error"]["message"] == (  # type: ignore[index]
+        f"{MODEL} could not be started: this server is stopping; retry on another"
+    )
