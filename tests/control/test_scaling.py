@@ -415,3 +415,29 @@ class TestStored:
         (start,) = starts(link)
         assert start.model == "chat-b"
         held.cancel()
+
+    async def test_a_takeover_in_the_middle_of_a_start_does_not_start_a_second_replica(self, tmp_path):
+        async with open_store(tmp_path / "llmgw.db") as store:
+            fleet = Fleet(on_demand(min=0, max=1), store=store)
+            link = node(fleet.inventory)
+            held = asyncio.create_task(fleet.request("tiny-chat"))
+            await fleet.held("tiny-chat")
+            await fleet.reconciler.reconcile()
+            (start,) = starts(link)
+            held.cancel()
+            # The leader goes away while the node fetches the weights; another takes over.
+            after = Fleet(on_demand(min=0, max=1), store=store)
+            after.clock.now = fleet.clock.now + 5
+            again = after.inventory.attach(
+                pb.Register(
+                    node_id="n1",
+                    engine_versions={"sim": "1"},
+                    engines_probed=True,
+                    running=[status(start.shard_id, "tiny-chat", "downloading", "downloading tiny.gguf")],
+                )
+            )
+            await after.scaler.load()
+            await after.reconciler.reconcile()
+            assert sent(again) == []
+            state = after.scaler.state("tiny-chat")
+            assert state is not None and state.replicas == 1
