@@ -189,9 +189,6 @@ class Scaler:
     def state(self, model: str) -> ScaleState | None:
         return self._states.get(model)
 
-    def states(self) -> list[ScaleState]:
-        return list(self._states.values())
-
     def heard(self, model: str, last_request: float) -> None:
         """A request for model at last_request (wall clock), as a gateway reported it."""
         state = self._states.get(model)
