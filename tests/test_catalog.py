@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from llmgw.adminapi import auth
 from llmgw.adminapi import handlers as adminapi
-from llmgw.catalog import Catalog, DeclaredModel, UnknownModel
+from llmgw.catalog import Catalog, DeclaredModel, UnknownModel, parse_model
 from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
 from llmgw.control.inventory import Inventory, Link
 from llmgw.control.reconciler import Reconciler
@@ -542,3 +542,35 @@ class TestLocalSources:
             catalog = await Catalog.open(ServerConfig(models=[declared]), store)
         model = catalog.get("tiny")
         assert model is not None and model.sha256 == {"tiny.gguf": hashlib.sha256(b"GGUF").hexdigest()}
+
+
+class TestScale:
+    @pytest.mark.parametrize(
+        ("text", "said"),
+        [
+            (
+                "name: tiny\nprofiles: [{engine: sim}]\nscale: {min: 2, max: 1}\n",
+                "model.yaml:3: tiny's scale.max (1) is below its scale.min (2)",
+            ),
+            (
+                "name: tiny\nreplicas: 2\nprofiles: [{engine: sim}]\nscale: {min: 0, max: 2}\n",
+                "model.yaml:2: tiny has both 'replicas' and 'scale'",
+            ),
+        ],
+    )
+    def test_a_scale_that_contradicts_itself_or_replicas_is_refused_naming_its_line(
+        self, text: str, said: str
+    ) -> None:
+        with pytest.raises(ConfigError) as refused:
+            parse_model(text, "model.yaml")
+        assert str(refused.value).startswith(said)
+
+    def test_an_on_demand_model_is_read_with_its_scale(self) -> None:
+        model = parse_model(
+            "name: tiny\nprofiles: [{engine: sim}]\nscale: {min: 0, max: 3, idle_s: 300}\n", "model.yaml"
+        )
+        assert model.scale is not None and (model.scale.min, model.scale.max, model.scale.idle_s) == (
+            0,
+            3,
+            300,
+        )

@@ -330,6 +330,30 @@ def _check_model(model: ModelConfig, where: _Where, at: list[Any]) -> None:
     if model.name in model.fallbacks:
         i = model.fallbacks.index(model.name)
         raise ConfigError(f"{line('fallbacks', i)}: {model.name} cannot be its own fallback")
+    _check_scale(model, line)
+
+
+def _check_scale(model: ModelConfig, line: Callable[..., str]) -> None:
+    """`scale` within itself, and not beside a `replicas` that would say another count."""
+    scale = model.scale
+    if scale is None:
+        return
+    if scale.max < scale.min:
+        raise ConfigError(
+            f"{line('scale', 'max')}: {model.name}'s scale.max ({scale.max}) is below its scale.min "
+            f"({scale.min}); max is the most replicas the load may bring it to"
+        )
+    if model.replicas != 1:
+        # replicas: N means min = max = N: with scale beside it, one of the two would be ignored.
+        raise ConfigError(
+            f"{line('replicas')}: {model.name} has both 'replicas' and 'scale'; keep 'scale' "
+            "(replicas: N is scale min N, max N)"
+        )
+    if model.endpoints:
+        raise ConfigError(
+            f"{line('scale')}: {model.name} is served by its 'endpoints', which the fleet does not start "
+            "or stop: 'scale' is for models placed on the fleet"
+        )
 
 
 def _check_endpoints(model: ModelConfig, line: Callable[..., str], key: Callable[..., str]) -> None:

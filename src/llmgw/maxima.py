@@ -31,6 +31,8 @@ MAX_NODES_PER_REPLICA = 10_000
 MAX_GPUS_PER_NODE = 1_024
 MAX_MEMORY_MB = 10**9
 MAX_IN_FLIGHT = 1_000_000
+# An on-demand model's `scale.priority`: which idle replicas make room first.
+MAX_PRIORITY = 1_000
 # An upgrade's trial: the seconds a new agent has to register (a day; the stream carries 32 bits).
 MAX_TRIAL_S = 86_400
 # Nodes an upgrade restarts at once; more than any fleet has.

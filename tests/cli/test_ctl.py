@@ -17,13 +17,15 @@ from structlog.testing import capture_logs
 
 from llmgw.adminapi import auth
 from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi.scaling import SCALER_KEY
 from llmgw.agent.discovery.host import Host
 from llmgw.catalog import Catalog
 from llmgw.cli.ctl import ctl
 from llmgw.cli.exit import EXIT_CONFIG, EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE, EXIT_USAGE
-from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
+from llmgw.config import ModelConfig, ProfileConfig, ScaleConfig, ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.control.placement import Backoff
+from llmgw.control.scaling import ColdStart, Scaler
 from llmgw.proto.llmgw import v1 as pb
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -583,3 +585,38 @@ def test_model_add_waits_for_a_server_hashing_a_local_source_longer_than_other_c
     definition.write_text("name: m\nsource: /srv/m.gguf\nprofiles:\n  - engine: llamacpp\n")
     CliRunner().invoke(ctl, ["--server", "http://127.0.0.1:1", "model", "add", "-f", str(definition)])
     assert asked == [ctl_module._MODEL_ADD_S] and ctl_module._MODEL_ADD_S >= 600
+
+
+class TestOnDemand:
+    async def test_models_and_explain_say_an_on_demand_models_scale_its_reason_and_its_cold_start(self):
+        model = ModelConfig(
+            name="tiny-chat",
+            profiles=[ProfileConfig(engine="sim")],
+            scale=ScaleConfig(min=0, max=3, idle_s=600),
+        )
+        cfg = ServerConfig(models=[model])
+        inventory, catalog = Inventory(5.0, clock=lambda: 1000.0), Catalog(cfg)
+        scaler = Scaler({}, clock=lambda: 2000.0)
+        scaler.wanted(model, {})
+        state = scaler.state("tiny-chat")
+        assert state is not None
+        state.reason = "a request came for tiny-chat, which had no replica running"
+        state.replicas = 1
+        state.cold_start = ColdStart(total_s=2.4, place_s=0.01, weights_s=1.1, engine_s=1.29, node="n1")
+        app = web.Application()
+        adminapi.install(app, cfg, inventory, catalog)
+        app[SCALER_KEY] = scaler
+        with capture_logs():
+            async with TestServer(app) as test_server:
+                url = str(test_server.make_url("")).rstrip("/")
+                code, out, _ = await run("--server", url, "models")
+                assert code == 0
+                said = (
+                    "tiny-chat: 1 replica (min 0, max 3, idle 600 s): a request came for tiny-chat, which "
+                    "had no replica running; now 0 in flight per ready replica (0 ready), target 8; expected "
+                    "cold start 2.4 s, as the last on n1 (place 0.01 s, weights 1.1 s, engine start 1.29 s)"
+                )
+                assert said in out.splitlines()
+                assert out.splitlines()[1].split()[:2] == ["tiny-chat", "0/1"]
+                code, out, _ = await run("--server", url, "explain", "tiny-chat")
+                assert code == 0 and f"\nscale: {said.removeprefix('tiny-chat: ')}\n" in out

@@ -277,3 +277,24 @@ class TestSecret:
         right = {"Authorization": "Bearer replica-secret"}
         assert (await guarded.post("/v1/chat/completions", json=_chat("hi"), headers=right)).status == 200
         assert (await guarded.get("/metrics", headers=right)).status == 200
+
+
+async def test_with_slots_a_request_past_them_waits_for_one_to_finish(
+    aiohttp_client: Callable[[web.Application], Awaitable[Client]],
+) -> None:
+    """--slots 1: the second request's reply begins only once the first has ended, as an engine's queue."""
+    sim = await aiohttp_client(make_sim_app("sim-chat", ttft_ms=20, slots=1))
+    order: list[str] = []
+
+    async def ask(name: str) -> None:
+        body = {"model": "sim-chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        async with sim.post("/v1/chat/completions", json=body) as reply:
+            order.append(f"{name} began")
+            await reply.read()
+            order.append(f"{name} ended")
+
+    await asyncio.gather(ask("first"), ask("second"))
+    assert order in (
+        ["first began", "first ended", "second began", "second ended"],
+        ["second began", "second ended", "first began", "first ended"],
+    )

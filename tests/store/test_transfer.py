@@ -17,6 +17,7 @@ from llmgw.store.catalog import put_model
 from llmgw.store.keys import create_key, list_keys, revoke_key
 from llmgw.store.prices import set_price
 from llmgw.store.quotas import set_budget, set_limits
+from llmgw.store.scale import note_requests
 from llmgw.store.scopes import Scope, create_org, create_project, create_team, delete
 from llmgw.store.sessions import create_session
 from llmgw.store.sqlite import SqliteStore
@@ -44,6 +45,7 @@ async def _fill(store: Store) -> str:
     await set_price(store, "sim-chat", 0.5, 1.25)
     await put_model(store, "added", "name: added\n", "added.yaml")
     await keep_roll(store, '{"state":"done"}')
+    await note_requests(store, {"added": 1000.0}, {})
     recorder = UsageRecorder()
     recorder.record(key.id, project.id, "sim-chat", 200, 10, 5, 0.25, 12.0)
     recorder.record(key.id, project.id, "sim-chat", 429, 0, 0, 0.0, 0.0)

@@ -16,12 +16,14 @@ from structlog.testing import capture_logs
 
 from llmgw.adminapi import auth, views
 from llmgw.adminapi import handlers as adminapi
+from llmgw.adminapi.scaling import SCALER_KEY
 from llmgw.agent.discovery.host import Host
 from llmgw.bench.result import Level, Run
 from llmgw.catalog import Catalog
-from llmgw.config import ModelConfig, ProfileConfig, ServerConfig
+from llmgw.config import ModelConfig, ProfileConfig, ScaleConfig, ServerConfig
 from llmgw.control.inventory import Inventory
 from llmgw.control.placement import Backoff
+from llmgw.control.scaling import Scaler
 from llmgw.gateway.app import make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.history import History
@@ -593,3 +595,19 @@ class TestBenchRunsOnTheModelsPage:
         # A cache at 0.0006 read "0%", as if nothing were cached.
         assert "KV cache at most 0.06%" in benched
         assert "<svg" not in unbenched and "Benchmarks" not in unbenched
+
+
+async def test_the_models_page_says_an_on_demand_models_scale_and_why(cluster_store: Store) -> None:
+    model = ModelConfig(
+        name="tiny-chat", profiles=[ProfileConfig(engine="sim")], scale=ScaleConfig(min=0, max=3)
+    )
+    cfg = ServerConfig(models=[model])
+    inventory, catalog = Inventory(5.0), Catalog(cfg)
+    scaler = Scaler({})
+    scaler.wanted(model, {})
+    app = make_admin_app(cfg, inventory, catalog, WebContext(cfg=cfg, store=cluster_store))
+    app[SCALER_KEY] = scaler
+    async with TestServer(app, host="127.0.0.1") as admin:
+        status, html = await get(str(admin.make_url("/models")))
+    assert status == 200
+    assert "On demand: 0 replicas (min 0, max 3, idle 600 s): tiny-chat starts at its scale.min (0)" in html

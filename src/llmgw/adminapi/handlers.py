@@ -35,6 +35,7 @@ from llmgw.adminapi.projections import (
 )
 from llmgw.adminapi.replies import error, reply
 from llmgw.adminapi.routes import Body, Guard, Param, Reply, Route, mount
+from llmgw.adminapi.scaling import scale_view
 from llmgw.adminapi.weights import collect_weights, wanted_sources
 from llmgw.bodies import MAX_ADMIN_BODY, BadJson, read_json, read_text
 from llmgw.catalog import CATALOG_KEY, Catalog, DeclaredModel, UnknownModel, parse_model
@@ -172,7 +173,12 @@ async def get_models(request: web.Request) -> web.Response:
     models = request.config_dict[CATALOG_KEY].models()
     inventory, endpoints = request.config_dict[INVENTORY_KEY], request.config_dict.get(ENDPOINTS_KEY)
     backoff = backoff_now(request)
-    return reply([model_view(m, inventory, unpriced(request, m), endpoints, backoff) for m in models])
+    return reply(
+        [
+            model_view(m, inventory, unpriced(request, m), endpoints, backoff, scale_view(request, m))
+            for m in models
+        ]
+    )
 
 
 # JSON, or YAML under the names it goes by; none of them is one a page elsewhere may send without
@@ -211,7 +217,14 @@ async def post_model(request: web.Request) -> web.Response:
     except DeclaredModel as exc:
         return error(409, str(exc))
     endpoints = request.config_dict.get(ENDPOINTS_KEY)
-    view = model_view(model, inventory, unpriced(request, model), endpoints, backoff_now(request))
+    view = model_view(
+        model,
+        inventory,
+        unpriced(request, model),
+        endpoints,
+        backoff_now(request),
+        scale_view(request, model),
+    )
     return reply(view, 200 if replaced else 201)
 
 
@@ -282,6 +295,7 @@ async def get_explain_placement(request: web.Request) -> web.Response:
             candidates=candidates,
             why_not_ready=why_not_ready(inventory, name),
             failures=failures_view(inventory, name),
+            scale=scale_view(request, model),
         )
     )
 

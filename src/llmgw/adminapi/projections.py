@@ -278,6 +278,7 @@ def model_view(
     unpriced: str | None = None,
     endpoints: Endpoints | None = None,
     backoff: Mapping[tuple[str, str], Backoff] | None = None,
+    scale: views.Scale | None = None,
 ) -> views.Model:
     """backoff: the reconciler's (`Reconciler.backoff`), None where this server places nothing."""
     if model.endpoints:
@@ -300,7 +301,7 @@ def model_view(
     native, translated = apis_served(model.kind, [ENGINES[e].native_apis for e in engines if e in ENGINES])
     return views.Model(
         name=model.name,
-        wanted=model.replicas,
+        wanted=scale.replicas if scale is not None else model.replicas,
         # Ready and on a reachable node: what the gateway would route to.
         ready=len(inventory.ready_endpoints(model.name)),
         engines=engines,
@@ -311,6 +312,7 @@ def model_view(
         backing_off=backing_off_view(model.name, backoff),
         native_apis=native,
         translated_apis=translated,
+        scale=scale,
     )
 
 

@@ -300,6 +300,71 @@ class BackingOff:
 
 
 @attrs.frozen
+class ColdStart:
+    """A cold start measured: from the first held request to the replica ready, and its parts."""
+
+    total_s: float = attrs.field(metadata={"doc": "The held request's whole wait, in seconds."})
+    place_s: float = attrs.field(metadata={"doc": "From the request to the StartShard sent to a node."})
+    weights_s: float = attrs.field(
+        metadata={"doc": "From the StartShard to the engine's process started: fetching or checking weights."}
+    )
+    engine_s: float = attrs.field(metadata={"doc": "From the engine's process started to its first health."})
+    node: str
+
+
+@attrs.frozen
+class Scale:
+    """An on-demand model's scale (`scale:` in its definition) and the leader's last decision."""
+
+    min: int
+    max: int
+    idle_s: float
+    target_in_flight: float
+    window_s: float
+    priority: int
+    replicas: int = attrs.field(metadata={"doc": "The replicas decided: what `wanted` says."})
+    reason: str = attrs.field(
+        metadata={"doc": 'Why, in words: "3 replicas: 14.0 in flight per replica for 60 s, target 8".'}
+    )
+    ready: int = attrs.field(metadata={"doc": "Ready replicas at the decision's last pass."})
+    in_flight: int = attrs.field(metadata={"doc": "Requests in flight on them then."})
+    per_replica: float = attrs.field(metadata={"doc": "in_flight / ready; 0 with none ready."})
+    held: int = attrs.field(metadata={"doc": "Requests this server's gateway holds while a replica starts."})
+    decided_s: float | None = attrs.field(metadata={"doc": "Seconds since the decision; null: none yet."})
+    last_request_s: float | None = attrs.field(
+        metadata={"doc": "Seconds since any gateway's last request for it; null: none known."}
+    )
+    eviction: str | None = attrs.field(
+        metadata={"doc": "The last replica stopped to make room for it, or of it for another, in words."}
+    )
+    cold_start: ColdStart | None = attrs.field(
+        metadata={"doc": "The last cold start measured: what the next one is expected to take."}
+    )
+
+    def words(self) -> str:
+        """One line: "1 replica (min 0, max 3, idle 600 s): a request came …; … target 8; …"."""
+        count = f"{self.replicas} replica{'' if self.replicas == 1 else 's'}"
+        words = (
+            f"{count} (min {self.min}, max {self.max}, idle {self.idle_s:g} s): {self.reason}; "
+            f"now {self.per_replica:g} in flight per ready replica ({self.ready} ready), "
+            f"target {self.target_in_flight:g}"
+        )
+        if self.held:
+            words += f"; {self.held} request(s) held while it starts"
+        if self.cold_start is not None:
+            c = self.cold_start
+            words += (
+                f"; expected cold start {c.total_s:g} s, as the last on {c.node} (place {c.place_s:g} s, "
+                f"weights {c.weights_s:g} s, engine start {c.engine_s:g} s)"
+            )
+        else:
+            words += "; no cold start measured yet"
+        if self.eviction:
+            words += f"; {self.eviction}"
+        return words
+
+
+@attrs.frozen
 class Model:
     """A catalog model and its replicas."""
 
@@ -341,6 +406,10 @@ class Model:
     translated_apis: list[str] = attrs.field(
         factory=list,
         metadata={"doc": "The client APIs of its kind the gateway says to its engines as chat completions."},
+    )
+    scale: Scale | None = attrs.field(
+        default=None,
+        metadata={"doc": "An on-demand model's scale and the leader's last decision; null for a fixed one."},
     )
 
 
@@ -484,6 +553,10 @@ class Placement:
             "soonest tried again first: a model failing on every node that can take it has no replica "
             "until then. Empty when it waits on none, and where this server places no models."
         },
+    )
+    scale: Scale | None = attrs.field(
+        default=None,
+        metadata={"doc": "An on-demand model's scale and the leader's last decision; null for a fixed one."},
     )
 
 

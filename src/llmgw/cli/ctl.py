@@ -212,8 +212,9 @@ def models(ctx: click.Context, as_json: bool) -> None:
         [[m.name, f"{m.ready}/{m.wanted}", _cells(m.engines), _apis(m), model_note(m)] for m in listed],
     )
     # Beneath the table, as `ctl nodes` puts its notes: a budget that never binds is no error
-    # anywhere else an operator looks.
-    notes = [f"{m.name}: {m.unpriced}" for m in listed if m.unpriced]
+    # anywhere else an operator looks; an on-demand model's scale and why it runs what it runs.
+    notes = [f"{m.name}: {m.scale.words()}" for m in listed if m.scale is not None]
+    notes += [f"{m.name}: {m.unpriced}" for m in listed if m.unpriced]
     if notes:
         click.echo("")
         for note in notes:
@@ -293,6 +294,8 @@ def explain(ctx: click.Context, model: str, as_json: bool) -> None:
         )
     if placement.why_not_ready:
         click.echo(f"\n{placement.why_not_ready}")
+    if placement.scale is not None:
+        click.echo(f"\nscale: {placement.scale.words()}")
     if placement.failures:
         click.echo("\nfailed lately:")
         for failure in placement.failures:

@@ -39,6 +39,7 @@ from llmgw.maxima import (
     MAX_PARALLEL,
     MAX_PER_MINUTE,
     MAX_PRICE_PER_1K,
+    MAX_PRIORITY,
     MAX_REPLICAS,
     MAX_TOKENS,
 )
@@ -306,6 +307,50 @@ class TimeoutsConfig:
         "stream under way.",
         seconds(0, above=True),
     )
+    cold_start_s: float = _field(
+        0.0,
+        "How long a request for an on-demand model (`scale`) with no ready replica is held while one is "
+        "placed and started; past it, a 503 saying where the start stands, with Retry-After. 0: sized "
+        "for the model's first engine (llamacpp and sim 120 s, vllm and sglang 900 s). See "
+        "docs/placement.md, On demand.",
+        seconds(0),
+    )
+
+
+@attrs.frozen
+class ScaleConfig:
+    min: int = _field(
+        0,
+        "The fewest replicas kept running; 0: none until a request comes, which is held while one starts.",
+        number(0, high=MAX_REPLICAS),
+    )
+    max: int = _field(
+        1,
+        "The most replicas the load may bring it to; at least `min`.",
+        number(1, high=MAX_REPLICAS),
+    )
+    idle_s: float = _field(
+        600.0,
+        "After this long without a request, the replicas above `min` are stopped.",
+        seconds(0, above=True),
+    )
+    target_in_flight: float = _field(
+        8.0,
+        "Requests in flight per ready replica the load is held to: a replica is added when it has stayed "
+        "above this for `window_s`, and one removed when the others would have stayed below it.",
+        number(0, above=True, high=MAX_IN_FLIGHT),
+    )
+    window_s: float = _field(
+        60.0,
+        "How long the load must stay above (or below) the target before a replica is added (or removed).",
+        seconds(0, above=True),
+    )
+    priority: int = _field(
+        0,
+        "Which on-demand models keep their idle replicas when a model that must start finds no room: "
+        "an idle replica of a lower priority is stopped first, the least recently used among equals.",
+        number(0, high=MAX_PRIORITY),
+    )
 
 
 @attrs.frozen
@@ -338,7 +383,18 @@ class EndpointConfig:
 @attrs.frozen
 class ModelConfig:
     name: str = _field("", "The model name clients ask for in `model`.")
-    replicas: int = _field(1, "How many replicas to keep running.", number(0, high=MAX_REPLICAS))
+    replicas: int = _field(
+        1,
+        "How many replicas to keep running, always: `min` and `max` of `scale` both. Leave it out "
+        "with `scale`.",
+        number(0, high=MAX_REPLICAS),
+    )
+    scale: ScaleConfig | None = _field(
+        None,
+        "Run the model on demand: `min` replicas always, more as the load asks up to `max`, those above "
+        "`min` stopped after `idle_s` without a request (`min: 0`: started by the first request, which "
+        "is held meanwhile). See docs/placement.md, On demand.",
+    )
     profiles: list[ProfileConfig] = _field([], "Ways to run the model, tried in order.")
     version: str = _field("", "The model's version, shown with its name; free text.")
     source: str = _field(

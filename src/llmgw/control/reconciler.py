@@ -27,6 +27,8 @@ from llmgw.control.localfiles import LocalFiles
 from llmgw.control.metrics import ControlMetrics, reject_reason
 from llmgw.control.mirror import MirrorClient, MirrorError
 from llmgw.control.placement import Backoff, Scheduler
+from llmgw.control.scaling import Scaler
+from llmgw.control.verdicts import CARDS, MEMORY
 from llmgw.engines.registry import ENGINES
 from llmgw.hubref import SOURCE_PREFIX
 from llmgw.localsource import is_local
@@ -54,12 +56,15 @@ class Reconciler:
         metrics: ControlMetrics | None = None,
         mirror: MirrorClient | None = None,
         local_files: LocalFiles | None = None,
+        scaler: Scaler | None = None,
     ) -> None:
         """in_flight is the gateway's table of requests in flight by endpoint (its router's);
         metrics counts passes and failed placements (in a registry no one reads when None).
 
         mirror resolves a model's `mirror:REPO[@REVISION]` source to the mirror's URL and pins;
         local_files, a source on this machine's disk to the URL this server serves it at.
+        scaler decides how many replicas each on-demand model runs (control/scaling.py); without one,
+        its models start at their scale.min and follow the load, with no gateway's requests held.
         """
         self._metrics = metrics if metrics is not None else ControlMetrics(CollectorRegistry())
         self._cfg = cfg
@@ -75,6 +80,7 @@ class Reconciler:
         self._retries: dict[str, tuple[str, str]] = {}
         # A draining replica is stopped once its count here is zero.
         self._in_flight = in_flight
+        self.scaler = scaler if scaler is not None else Scaler(in_flight)
         # replica (or shard) id -> clock time it was first seen draining, for control.drain_timeout_s.
         self._draining_since: dict[str, float] = {}
         self._scheduler: Scheduler | None = None
@@ -89,6 +95,15 @@ class Reconciler:
     async def run(self) -> None:
         """Reconcile until cancelled."""
         changed = self._inventory.changed
+        # Each term as leader goes on from the scale decisions the store kept.
+        await self.scaler.load()
+        self.scaler.deciding = True
+        try:
+            await self._run(changed)
+        finally:
+            self.scaler.deciding = False
+
+    async def _run(self, changed: asyncio.Event) -> None:
         while True:
             changed.clear()
             try:
@@ -127,8 +142,11 @@ class Reconciler:
         # the catalog) was placed straight back on the node it had just failed on.
         for model in models:
             await self._replace_failed(model)
+        self.scaler.forget_others(models)
         for model in models:
             await self._reconcile_model(model)
+        self.scaler.after_pass(self._inventory)
+        await self.scaler.save()
         live = {r.replica_id or r.shard_id for r in self._inventory.replicas()}
         for gone in [key for key in self._draining_since if key not in live]:
             del self._draining_since[gone]
@@ -172,16 +190,43 @@ class Reconciler:
         draining = {k: g for k, g in groups.items() if any(self._draining(r) for r in g)}
         groups = {k: g for k, g in groups.items() if k not in draining}
         await self._drain(model, draining, now)
-        by_readiness = sorted(groups.values(), key=lambda g: all(r.state == READY for r in g))
-        for extra in by_readiness[model.replicas :]:
+        wanted = self.scaler.wanted(model, groups)
+        why = self.scaler.reason(model.name) or f"{model.name} wants {wanted} replicas"
+        for extra in self.scaler.extras(model, list(groups.values()), wanted):
             for shard in extra:
-                await self._stop(shard, f"{model.name} wants {model.replicas} replicas")
-        missing = model.replicas - len(groups)
+                await self._stop(shard, why)
+        missing = wanted - len(groups)
         if missing <= 0:
             return
         for _ in range(missing):
             if not await self._place(model):
+                await self._make_room(model)
                 break
+
+    async def _make_room(self, model: ModelConfig) -> None:
+        """Stop an idle replica of another on-demand model where only room keeps model from a node.
+
+        One per pass: the next pass's placement (which still decides where) sees the room it made,
+        and stops another only if that was not enough.
+        """
+        if self._scheduler is None or not model.profiles:
+            return
+        # Nodes that fail only for what placed replicas use: labels, GPU class or an engine missing
+        # there are not fixed by stopping anything.
+        verdicts = [v for v in self._scheduler.explain(model) if v.kind in (CARDS, MEMORY) and not v.hard]
+        if not verdicts:
+            return
+        catalog = {m.name: m for m in self._catalog.models()}
+        # Placement counts the cards and memory of the replicas it knows: one stopped here is room
+        # at once for the next snapshot.
+        victim = self.scaler.victim(model, catalog, self._inventory.replicas(), {v.node for v in verdicts})
+        if victim is None:
+            return
+        words = self.scaler.evicted(model, victim, catalog[victim[0].model])
+        for shard in victim:
+            await self._stop(shard, words)
+        self._scheduler = None
+        self._inventory.changed.set()
 
     async def _place(self, model: ModelConfig) -> bool:
         """Place one replica; False when there was nowhere to, and the next would find nowhere too."""
@@ -255,6 +300,7 @@ class Reconciler:
                 log.info("could not place a replica", model=model.name, reason=str(exc))
                 return True
             self._inventory.expect(rank.node, start)
+            self.scaler.placed(model.name, rank.node, start.shard_id)
             if (model.name, rank.node) in self._backoff:
                 self._retries[start.shard_id] = (model.name, rank.node)
             log.info("placed a replica", model=model.name, node=rank.node, shard=start.shard_id)

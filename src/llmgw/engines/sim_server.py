@@ -515,18 +515,21 @@ def _require_secret(secret: str) -> Middleware:
 
 
 def make_sim_app(
-    model: str, ttft_ms: float = 0, tokens_per_s: float = 0, secret: str = ""
+    model: str, ttft_ms: float = 0, tokens_per_s: float = 0, secret: str = "", slots: int = 0
 ) -> web.Application:
     """The sim engine as an aiohttp application serving model.
 
     ttft_ms delays the first token; tokens_per_s paces the following ones (0: no delay).
     secret, when set, is required as `Authorization: Bearer` on every path but /health.
+    slots, when set, is how many requests it serves at once; the others queue, as a real engine's do
+    past its batch, so that a replica's capacity (and the load that needs another) can be simulated.
     """
     sim = _SimServer(model, ttft_ms, tokens_per_s)
+    middlewares = [_require_secret(secret)] if secret else []
+    if slots:
+        middlewares.append(_slots(slots))
     # Benchmarks and tests send long prompts; aiohttp's 1 MiB default would refuse them.
-    app = web.Application(
-        client_max_size=64 * 1024 * 1024, middlewares=[_require_secret(secret)] if secret else []
-    )
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)
     app.router.add_post("/v1/chat/completions", sim.chat)
@@ -544,6 +547,20 @@ def make_sim_app(
 
 
 _SIM = web.AppKey("sim", _SimServer)
+
+
+def _slots(slots: int) -> Middleware:
+    """Serve at most slots POSTs at once, the rest waiting their turn (their first token later)."""
+    turns = asyncio.Semaphore(slots)
+
+    @web.middleware
+    async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method != "POST":
+            return await handler(request)
+        async with turns:
+            return await handler(request)
+
+    return limit
 
 
 async def _fault_switches(app: web.Application) -> None:
@@ -565,6 +582,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tokens-per-s", type=float, default=0, help="pace of the following tokens; 0 means no delay"
     )
+    parser.add_argument(
+        "--slots", type=int, default=0, help="requests served at once, the rest queued; 0 means no limit"
+    )
     parser.add_argument("--version", action="version", version=f"llmgw-sim {__version__}")
     return parser.parse_args(argv)
 
@@ -574,7 +594,9 @@ def main(argv: list[str] | None = None) -> None:
     args = _arguments(argv)
     # From the environment, not an option: argv is readable by every user of the machine.
     secret = os.environ.get(API_KEY_ENV, "")
-    app = make_sim_app(args.model, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s, secret=secret)
+    app = make_sim_app(
+        args.model, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s, secret=secret, slots=args.slots
+    )
     # Only in a sim process of its own: a test serving the app in its own loop keeps its signals.
     app.on_startup.append(_fault_switches)
 

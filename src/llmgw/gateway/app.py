@@ -17,6 +17,7 @@ from llmgw.gateway import access
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.apis import APIS, Api, ModelKind, paths_for, served_paths
 from llmgw.gateway.auth import Authenticate, KeyCache
+from llmgw.gateway.coldstart import ColdStarts
 from llmgw.gateway.errors import LONG_LINE_CODES, ApiError, answer, route_errors
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.pipeline import Call, Handler, Stage, compose, endpoint, read_request
@@ -29,6 +30,7 @@ from llmgw.store.scopes import Hierarchy
 _NO_PROJECTS = Hierarchy({}, {}, {})
 ROUTER_KEY = web.AppKey("llmgw.gateway.router", Router)
 KEYS_KEY = web.AppKey("llmgw.gateway.keys", KeyCache)
+COLD_STARTS_KEY = web.AppKey("llmgw.gateway.cold_starts", ColdStarts)
 
 # Prompts with long contexts or images run to megabytes; aiohttp's default
 # limit (1 MiB) would refuse them. A request is charged for at most a token per byte of it
@@ -105,19 +107,18 @@ def make_gateway_app(
     """The gateway for the catalog, routing to replicas, checking keys when cfg.auth.enabled.
 
     catalog is the server's live one (models added with ctl too), the one its admin API changes.
-    admission (limits, budgets, usage) applies to calls with a key, so only when auth is enabled.
-    metrics counts every completion request; without one, they are counted in a registry no one reads.
+    admission (limits, budgets, usage) applies to calls with a key, so only when auth is enabled;
+    metrics counts every completion request (in a registry no one reads, without one).
     """
     if metrics is None:
         metrics = GatewayMetrics(CollectorRegistry(), catalog)
     app = _guarded_app()
-    router = Router(catalog, replicas, cfg.router, metrics.in_flight)
-    app[ROUTER_KEY] = router
+    app[ROUTER_KEY] = router = Router(catalog, replicas, cfg.router, metrics.in_flight)
+    app[COLD_STARTS_KEY] = cold_starts = ColdStarts(catalog, replicas)
     app[CATALOG_KEY] = catalog
     app[KEYS_KEY] = keys
     app[UPSTREAM_ERRORS_KEY] = metrics.upstream_error
     app.cleanup_ctx.append(client_session)
-
     auth: list[Stage] = [Authenticate(keys)] if cfg.auth.enabled else []
     admit: list[Stage] = [admission] if admission is not None and cfg.auth.enabled else []
     # Refusals before admission are counted in the usage as admission's own are.
@@ -133,6 +134,7 @@ def make_gateway_app(
             read_request,
             _serves(api.kind, catalog),
             *admit,
+            cold_starts,
             router,
         ]
         return endpoint(compose(stages, proxy), api)

@@ -19,10 +19,12 @@ from typing import Any
 import attrs
 import structlog
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from llmgw import bound, config, heap, openfiles
 from llmgw.adminapi import views
 from llmgw.adminapi.handlers import BACKOFF_KEY, BUDGETS_KEY, CONTROL_PLANE_KEY, NEEDS_KEY, PRICES_KEY
+from llmgw.adminapi.scaling import SCALER_KEY
 from llmgw.adminapi.upgrades import UPGRADES_KEY
 from llmgw.bodies import SERVER_OPTIONS
 from llmgw.catalog import Catalog
@@ -36,12 +38,13 @@ from llmgw.control.localfiles import LocalFiles, serve_local_files
 from llmgw.control.metrics import ControlMetrics
 from llmgw.control.mirror import MirrorClient
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.scaling import Scaler
 from llmgw.control.stream.service import free_port, serve_agents
 from llmgw.control.upgrades import Upgrades
 from llmgw.errors import StoreError
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.allowance import Allowance
-from llmgw.gateway.app import ROUTER_KEY, make_gateway_app
+from llmgw.gateway.app import COLD_STARTS_KEY, ROUTER_KEY, make_gateway_app
 from llmgw.gateway.auth import KeyCache
 from llmgw.gateway.endpoints import ENDPOINTS_KEY, Endpoints
 from llmgw.gateway.errors import unreadable
@@ -222,13 +225,16 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         )
         tasks.keep(endpoints.run(), "endpoint-checks")
         app = _gateway_app(cfg, catalog, fleet, keys, quotas, usage, gateway_metrics, endpoints)
+        tasks.keep(app[COLD_STARTS_KEY].keep_reporting(store), "cold-start-reports")
         # The last hours for the pages' charts, sampled from the same counters a scraper reads.
         history = History(gateway_metrics, inventory, cfg.monitoring.window_s)
         tasks.keep(history.run(), "history-sampler")
         app[HISTORY_KEY] = history
         # Engines whose node's agent is away serve on while they answer the gateway's own checks.
         tasks.keep(EngineChecks(inventory, cfg.control.engine_check_s).run(), "engine-checks")
-        reconciler = _reconciler(cfg, inventory, catalog, app, control_metrics, mirror, local_files)
+        reconciler = _reconciler(
+            cfg, inventory, catalog, app, control_metrics, mirror, local_files, Scaling(store, registry)
+        )
         # Only the leader places and reconciles (always this server, without PostgreSQL).
         lead = functools.partial(_lead, fleet.routes, reconciler)
         tasks.keep(while_leading(fleet.leadership, lead), "lead")
@@ -242,6 +248,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         gateway = await stack.enter_async_context(
             _serve_app(app, unreadable, cfg.listen, "listen", cfg.drain_timeout_s)
         )
+        # Before the gateway drains: a request held for a cold start would otherwise wait out the drain.
+        stack.callback(app[COLD_STARTS_KEY].fail_all, "this server is stopping; retry on another")
         url = f"http://{bound.address(*gateway)}"
         admin_app = _admin_app(cfg, inventory, catalog, pages, mirror, app, metrics, reconciler)
         admin = await stack.enter_async_context(
@@ -354,6 +362,14 @@ async def _start_accounting(
 
 
 @attrs.frozen
+class Scaling:
+    """Where the scale decisions are kept, and the registry their series go to."""
+
+    store: Store
+    registry: CollectorRegistry
+
+
+@attrs.frozen
 class _Fleet:
     """This server's place among the control planes, and the port agents connect to."""
 
@@ -435,22 +451,29 @@ def _reconciler(
     control_metrics: ControlMetrics,
     mirror: MirrorClient | None,
     local_files: LocalFiles | None,
+    scaling: Scaling,
 ) -> Reconciler | None:
     """What places the catalog's models on the fleet, when this server does (`control.enabled`)."""
     if not cfg.control.enabled:
         return None
     # A draining node's replicas are stopped once the gateway has nothing in flight there.
+    in_flight = app[ROUTER_KEY].in_flight
+    cold_starts = app[COLD_STARTS_KEY]
+    # A request held for a cold model is acted on now, not at the next interval.
+    cold_starts.subscribe(inventory.changed.set)
     reconciler = Reconciler(
         cfg,
         inventory,
         catalog,
-        in_flight=app[ROUTER_KEY].in_flight,
+        in_flight=in_flight,
         metrics=control_metrics,
         mirror=mirror,
         local_files=local_files,
+        scaler=Scaler(in_flight, cold_starts, store=scaling.store, registry=scaling.registry),
     )
     # `ctl explain` shows a node the model is backing off from as such, not as a candidate.
     app[BACKOFF_KEY] = reconciler.backoff
+    app[SCALER_KEY] = reconciler.scaler
     app[NEEDS_KEY] = reconciler.needs
     return reconciler
 
@@ -493,6 +516,7 @@ def _admin_app(
     admin_app.router.add_get("/metrics", metrics.handle)
     if reconciler is not None:
         admin_app[BACKOFF_KEY] = reconciler.backoff
+        admin_app[SCALER_KEY] = reconciler.scaler
         admin_app[NEEDS_KEY] = reconciler.needs
     return admin_app
 

@@ -327,9 +327,28 @@ MIGRATIONS: Sequence[Migration] = (
             "ALTER TABLE users ADD COLUMN provider_groups TEXT NOT NULL DEFAULT ''",
         ),
     ),
-    # 14: held for a migration of another change made at the same time; it changes nothing. Merged
-    # before any release, where that change's migration 14 takes its place.
-    Migration("changes nothing (number 14 is held for another change's migration)", ()),
+    # 14: each on-demand model's scale as the leader last decided it, and when any gateway last had a
+    # request for it or held one for want of a replica (wall clock, seconds). A restart or a takeover
+    # goes on from these: a new leader that knew none stopped the replica a held request had started,
+    # and reset every idle timer. The last cold start measured is what `ctl models` expects of the next.
+    Migration(
+        "creates table model_scale: each on-demand model's replica count, why, its last request and "
+        "its last cold start",
+        (
+            """
+        CREATE TABLE model_scale (
+            model TEXT PRIMARY KEY,
+            replicas INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            decided_at REAL NOT NULL,
+            last_request REAL NOT NULL DEFAULT 0,
+            wanted_at REAL NOT NULL DEFAULT 0,
+            eviction TEXT NOT NULL DEFAULT '',
+            cold_start TEXT NOT NULL DEFAULT ''
+        )
+        """,
+        ),
+    ),
     # 15: the last roll of the agents to another release (`llmgw ctl upgrade`), as control/upgrades.py
     # writes it at each change: a control plane that takes the lead carries a roll under way on, where
     # it forgot it. One row, the last roll's.

@@ -36,6 +36,7 @@ from llmgw.adminapi.present import (
     unattended_note,
 )
 from llmgw.adminapi.routes import Param, Reply, Route
+from llmgw.adminapi.scaling import scale_view
 from llmgw.bench.result import Run, describe, percent
 from llmgw.catalog import CATALOG_KEY
 from llmgw.control.nodelogs import DEFAULT_LINES, MAX_LINES
@@ -160,7 +161,10 @@ async def models_page(request: web.Request) -> web.StreamResponse:
     catalog = request.config_dict[CATALOG_KEY].models()
     endpoints = request.config_dict.get(ENDPOINTS_KEY)
     backoff = backoff_now(request)
-    models = [projections.model_view(m, inventory, unpriced(request, m), endpoints, backoff) for m in catalog]
+    models = [
+        projections.model_view(m, inventory, unpriced(request, m), endpoints, backoff, scale_view(request, m))
+        for m in catalog
+    ]
     history = request.config_dict.get(HISTORY_KEY)
     charts = {m.name: model_charts(history, m.name) for m in models} if history is not None else {}
     # In a thread, as the admin route reads them: a disk slow to answer must not stall the gateway.
