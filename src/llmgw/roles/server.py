@@ -238,12 +238,7 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         # Only the leader places and reconciles (always this server, without PostgreSQL).
         lead = functools.partial(_lead, fleet.routes, reconciler)
         tasks.keep(while_leading(fleet.leadership, lead), "lead")
-        # Rolls of the agents to another release (`llmgw ctl upgrade`), on either listener's admin API:
-        # carried out by the leader, kept in the store for the next one, refused by a standby.
-        standby = fleet.leadership.refusal if fleet.leadership is not None else _leading
-        upgrades = Upgrades(inventory, store, standby)
-        tasks.keep(while_leading(fleet.leadership, upgrades.run), "agent-upgrades")
-        app[UPGRADES_KEY] = upgrades
+        app[UPGRADES_KEY] = _start_upgrades(tasks, fleet, inventory, store)
         pages = _mount_pages(app, cfg, store, quotas, inventory, catalog, mirror)
         gateway = await stack.enter_async_context(
             _serve_app(app, unreadable, cfg.listen, "listen", cfg.drain_timeout_s)
@@ -252,16 +247,8 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
         stack.callback(app[COLD_STARTS_KEY].fail_all, "this server is stopping; retry on another")
         url = f"http://{bound.address(*gateway)}"
         admin_app = _admin_app(cfg, inventory, catalog, pages, mirror, app, metrics, reconciler)
-        admin = await stack.enter_async_context(
-            _serve_app(
-                admin_app, admin_listener.unreadable, cfg.admin_listen, "admin_listen", cfg.drain_timeout_s
-            )
-        )
+        admin = await _serve_admin(stack, cfg, admin_app)
         admin_url = f"http://{bound.address(*admin)}"
-        # Said at every start, not refused: an operator may mean it (a firewall, a private network).
-        exposed = admin_listener.exposure(*admin)
-        if exposed is not None:
-            log.warning(exposed)
         await _record_the_ports(stack, cfg, gateway, admin, fleet.agent_port)
         metrics_url = await stack.enter_async_context(
             serve_metrics(metrics, cfg.metrics_listen, "metrics_listen")
@@ -287,6 +274,31 @@ async def server_role(cfg: ServerConfig) -> AsyncIterator[ServerHandle]:
             metrics_url=metrics_url,
         )
         log.info("server stopping")
+
+
+def _start_upgrades(tasks: _Tasks, fleet: _Fleet, inventory: Inventory, store: Store) -> Upgrades:
+    """Rolls of the agents to another release (`llmgw ctl upgrade`), on either listener's admin API:
+    carried out by the leader, kept in the store for the next one, refused by a standby."""
+    standby = fleet.leadership.refusal if fleet.leadership is not None else _leading
+    upgrades = Upgrades(inventory, store, standby)
+    tasks.keep(while_leading(fleet.leadership, upgrades.run), "agent-upgrades")
+    return upgrades
+
+
+async def _serve_admin(
+    stack: contextlib.AsyncExitStack, cfg: ServerConfig, admin_app: web.Application
+) -> tuple[str, int]:
+    """The admin listener, serving; a warning at every start when other machines can reach it."""
+    admin = await stack.enter_async_context(
+        _serve_app(
+            admin_app, admin_listener.unreadable, cfg.admin_listen, "admin_listen", cfg.drain_timeout_s
+        )
+    )
+    # Said at every start, not refused: an operator may mean it (a firewall, a private network).
+    exposed = admin_listener.exposure(*admin)
+    if exposed is not None:
+        log.warning(exposed)
+    return admin
 
 
 def _prepare_the_process(stack: contextlib.AsyncExitStack) -> None:
