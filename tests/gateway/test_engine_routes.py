@@ -241,6 +241,37 @@ class TestAnotherReplicaTakesOver:
         finally:
             await client.close()
 
+    async def test_when_every_replica_fails_the_answer_names_each_one_tried(self) -> None:
+        # A request moved off one failing replica that then fails on the next: the client hears of
+        # both, not only of the last, which it never knew it had been sent to.
+        inventory = Inventory(grace_s=15)
+        inventory.attach(
+            pb.Register(node_id="n1", running=[_ready("s1", f"http://127.0.0.1:{_closed_port()}")])
+        )
+        inventory.attach(
+            pb.Register(node_id="n2", running=[_ready("s2", f"http://127.0.0.1:{_closed_port()}")])
+        )
+        cfg = ServerConfig(
+            models=[ModelConfig(name=MODEL)],
+            auth=AuthConfig(enabled=False),
+            router=RouterConfig(policy="least_in_flight"),
+        )
+        client = TestClient(
+            TestServer(make_gateway_app(cfg, Catalog(cfg), inventory, KeyCache()), host="127.0.0.1", port=0)
+        )
+        await client.start_server()
+        try:
+            resp = await client.post(CHAT, json=HELLO)
+            assert resp.status == 502
+            message = (await resp.json())["error"]["message"]
+            last, before = message.split("; tried before: ")
+            assert {"n1", "n2"} == {
+                n for n in ("n1", "n2") if f"node {n}" in last or before.startswith(f"{n}: ")
+            }
+            assert "did not answer" in last and "did not answer" in before
+        finally:
+            await client.close()
+
     async def test_an_engine_that_dies_holding_the_request_is_said_to_be_gone_not_a_failed_connect(
         self,
     ) -> None:

@@ -193,6 +193,7 @@ class Router:
 
     async def __call__(self, call: Call, rest: Handler) -> web.StreamResponse:
         body, tried, failures = call.body, set[str](), 0
+        earlier: list[str] = []
         by_model = self._by_model
         session = self.session_of(call)
         # Only the prefix policy reads the prompt, and only for a request no session places.
@@ -226,7 +227,12 @@ class Router:
                     or failures > _MAX_FAILURES
                     or not self._untried(call.model, tried)
                 ):
+                    # The client hears of every replica it was sent to, not only the last: a request
+                    # moved off a node whose link was cut, and then failed elsewhere, names both.
+                    if earlier:
+                        failure.message += "; tried before: " + "; ".join(earlier)
                     raise
+                earlier.append(f"{call.route.node_id}: {failure.message}")
                 log.info(
                     "sending a request to another replica",
                     model=call.model,
