@@ -154,11 +154,12 @@ class Upgrader:
         the agent's next start, while docs/operations.md says it stays until the node's next upgrade.
         """
         marker = trial.Marker(to=order.version, from_version=self._version, state=trial.REFUSED, detail=why)
-        self._report(marker.status())
         try:
             await asyncio.to_thread(trial.write, self._state_dir, marker)
         except OSError as exc:
             log.warning("could not keep the refusal in the upgrade marker", error=str(exc))
+        # Said once kept: a refusal reported and then lost to a restart in between would not be said again.
+        self._report(marker.status())
 
     def _restart_into(self, restart: trial.Restart) -> None:
         # The engines outlive this process image whatever keep_engines_on_stop says: the point.
