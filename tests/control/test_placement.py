@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from llmgw.catalog import Catalog
-from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ServerConfig
+from llmgw.config import ControlConfig, ModelConfig, ProfileConfig, ScaleConfig, ServerConfig
 from llmgw.control.inventory import Inventory, Node, Replica
 from llmgw.control.placement import Backoff, Rank, Scheduler, Verdict, explain
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.records import Weights
 from llmgw.proto.llmgw import v1 as pb
 
 H100 = "h100-80g"
@@ -457,3 +458,47 @@ class TestWhatToSetForAnEngine:
         scheduler = Scheduler([node("n1", engine_versions={"sim": "1"}, provision=[installing])], [])
         [verdict] = scheduler.explain(model(ProfileConfig(name="p", engine="vllm")))
         assert verdict.reason == "does not have vllm installed (installing)"
+
+
+class TestWarmWeights:
+    """An on-demand model goes back to the node that still holds its weights, whatever the policy's order."""
+
+    @staticmethod
+    def nodes(held: Weights) -> list[Node]:
+        # n1 comes first by spread's order (both empty, by id); n2 holds the weights.
+        return [node("n1", memory=memory(64_000)), node("n2", memory=memory(64_000), weights=[held])]
+
+    @staticmethod
+    def on_demand(**fields: Any) -> ModelConfig:
+        return ModelConfig(
+            name="m", scale=ScaleConfig(min=0, max=1), profiles=[profile(engine="sim")], **fields
+        )
+
+    @pytest.mark.parametrize("policy", ["spread", "binpack"])
+    def test_a_model_scaled_to_zero_starts_again_where_its_source_was_fetched(self, policy: str) -> None:
+        url = "http://weights.example/m.gguf"
+        held = Weights(source=url, path="/var/lib/llmgw/weights/m", size_bytes=5)
+        placed = Scheduler(self.nodes(held), [], policy=policy).place(self.on_demand(source=url))
+        assert placed is not None and placed.ranks[0].node == "n2"
+
+    def test_a_file_it_pins_counts_whatever_url_served_it(self) -> None:
+        # A source on the server's disk reaches the node by a URL placement does not know; its pin does.
+        digest = "ab" * 32
+        held = Weights(source="http://cp:7444/files/m/m.gguf", path="/w/m", size_bytes=5, sha256=digest)
+        m = self.on_demand(source="/srv/models/m.gguf", sha256={"m.gguf": f"sha256:{digest.upper()}"})
+        placed = Scheduler(self.nodes(held), []).place(m)
+        assert placed is not None and placed.ranks[0].node == "n2"
+
+    def test_a_node_holding_the_weights_that_cannot_take_it_is_passed_over(self) -> None:
+        url = "http://weights.example/m.gguf"
+        held = Weights(source=url, path="/w/m", size_bytes=5)
+        nodes = [node("n1", memory=memory(64_000)), node("n2", admin_state="cordoned", weights=[held])]
+        placed = Scheduler(nodes, []).place(self.on_demand(source=url))
+        assert placed is not None and placed.ranks[0].node == "n1"
+
+    def test_a_model_with_fixed_replicas_is_placed_by_the_policy_alone(self) -> None:
+        url = "http://weights.example/m.gguf"
+        held = Weights(source=url, path="/w/m", size_bytes=5)
+        fixed = ModelConfig(name="m", replicas=1, source=url, profiles=[profile(engine="sim")])
+        placed = Scheduler(self.nodes(held), []).place(fixed)
+        assert placed is not None and placed.ranks[0].node == "n1"

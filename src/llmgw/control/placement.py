@@ -323,6 +323,8 @@ class Scheduler:
         self._pools_of: dict[str, list[_Pool]] = defaultdict(list)
         # A model that could not be placed cannot be later in the same snapshot: nothing frees up.
         self._unplaceable: set[str] = set()
+        # Where each model's weights already are, by source and by pinned digest: made on first use.
+        self._weights_index: dict[str, list[_NodeState]] | None = None
         for replica in replicas:
             self._hold(replica)
 
@@ -447,6 +449,10 @@ class Scheduler:
         return pool
 
     def _place_one(self, model: ModelConfig, profile: ProfileConfig, need: Need | None) -> Placement | None:
+        if model.scale is not None:
+            warm = self._place_warm(model, profile, need)
+            if warm is not None:
+                return warm
         heap = self._pool(profile, need).heap
         # Nodes backing off for this model only: set aside, and back in the pool for other models.
         skipped: list[tuple[int, int, int, str]] = []
@@ -470,6 +476,40 @@ class Scheduler:
         finally:
             for key in skipped:
                 heapq.heappush(heap, key)
+
+    def _place_warm(self, model: ModelConfig, profile: ProfileConfig, need: Need | None) -> Placement | None:
+        """An on-demand model's replica on a node that still holds its weights, where one can take it.
+
+        A model scaled to zero keeps its weights on the node that served it, so that its next start is
+        the engine's start alone; placed by the policy's order instead, it could land on another node
+        and wait for the whole download again.
+        """
+        for st in self._holders(model):
+            if (
+                _statically_fit(st, profile)
+                and st.fits(profile, need)
+                and not self._backs_off(model, profile, st)
+            ):
+                rank = self._claim(st, profile, need)
+                return Placement(model=model.name, profile=profile, ranks=(rank,))
+        return None
+
+    def _holders(self, model: ModelConfig) -> list[_NodeState]:
+        """The nodes whose weights cache holds model's weights: a copy of its source, or a file it pins."""
+        if self._weights_index is None:
+            index: dict[str, list[_NodeState]] = defaultdict(list)
+            for st in self._states.values():
+                for held in st.node.weights:
+                    index[held.source].append(st)
+                    if held.sha256:
+                        index[_digest(held.sha256)].append(st)
+            self._weights_index = index
+        keys = [model.source, *(_digest(pin) for pin in model.sha256.values())]
+        seen: dict[str, _NodeState] = {}
+        for key in keys:
+            for st in self._weights_index.get(key, ()):
+                seen.setdefault(st.id, st)
+        return sorted(seen.values(), key=lambda st: st.id)
 
     def _place_across(
         self, model: ModelConfig, profile: ProfileConfig, need: Need | None
@@ -543,6 +583,11 @@ def _card_mb(profile: ProfileConfig, need: Need | None) -> int:
     if profile.min_memory_mb > 0 or need is None:
         return 0
     return need.share_mb if need.cards else 0
+
+
+def _digest(pin: str) -> str:
+    """A sha256 as the weights index keys it, whether written `sha256:HEX` or HEX, in any case."""
+    return "sha256:" + pin.removeprefix("sha256:").strip().lower()
 
 
 def _statically_fit(st: _NodeState, profile: ProfileConfig) -> bool:
