@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import openai
@@ -13,7 +14,9 @@ from .conftest import launch_dev
 pytestmark = pytest.mark.e2e
 
 
-def test_on_uvloop_a_node_joins_over_mutual_tls_and_a_chat_is_answered(tmp_path: Path) -> None:
+def test_on_uvloop_a_node_joins_over_mutual_tls_a_chat_is_answered_and_a_signal_stops_it_cleanly(
+    tmp_path: Path,
+) -> None:
     # launch_dev waits for sim-chat to have a ready replica: the dev node dialled the agent
     # service over mutual TLS and registered, all on uvloop.
     with launch_dev(tmp_path, args=["--loop", "uvloop"]) as running:
@@ -31,3 +34,5 @@ def test_on_uvloop_a_node_joins_over_mutual_tls_and_a_chat_is_answered(tmp_path:
             stream=True,
         )
         assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "one two three"
+        # The roles' signal handlers are the loop's: the first SIGTERM drains and exits 0.
+        assert running.stop(signal.SIGTERM, timeout=30) == 0

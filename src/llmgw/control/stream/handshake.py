@@ -94,9 +94,9 @@ class Handshakes:
             transport.close()
             return
         if tls is not None:
-            # Only on asyncio's own TLS layer. uvloop's allocates a read buffer of its own per
-            # connection, the 64 KiB libuv asks for, at the first read: 64 KiB a node that the
-            # shared buffer saves, where asyncio's own would cost 256 KiB.
+            # Only on asyncio's own TLS layer. uvloop's takes no buffer from outside: it allocates
+            # its own at a connection's first read, the 64 KiB libuv asks for, so on uvloop each
+            # node's connection holds 64 KiB that here the one shared buffer holds for all.
             shared_reads(transport, self._reads)
             protocol.connection_made(tls)
 
