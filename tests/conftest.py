@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import structlog
@@ -59,3 +61,11 @@ def postgres() -> Iterator[Cluster]:
 def postgres_url(postgres: Cluster) -> str:
     """The URL of an empty database of this test's own on the session's cluster."""
     return postgres.fresh_database()
+
+
+if os.environ.get("LLMGW_TEST_LOOP") == "uvloop":
+    # The suite on uvloop's loop instead of asyncio's own (llmgw serve --loop uvloop).
+    import uvloop
+
+    def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+        return {"uvloop": uvloop.new_event_loop}

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from llmgw import __version__, config
@@ -65,3 +66,17 @@ def test_a_port_another_program_holds_is_one_sentence_and_exit_1_not_a_traceback
     assert result.exit_code == 1
     assert f"llmgw: cannot listen on {taken} (address already in use)" in result.output
     assert "Traceback" not in result.output
+
+
+def test_asking_for_uvloop_where_it_is_not_installed_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # None in sys.modules makes `import uvloop` fail as it does where uvloop is not installed.
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    result = CliRunner().invoke(
+        main, ["--role=server", "--dev", "--dev-dir", str(tmp_path), "--loop", "uvloop"]
+    )
+    assert result.exit_code == EXIT_CONFIG
+    assert "uvloop is not installed here; install it with `pip install 'llmgw[uvloop]'`" in result.output
+    # Said before anything was written.
+    assert list(tmp_path.iterdir()) == []

@@ -148,6 +148,9 @@ def _run_role(
 ) -> Process:
     """`llmgw --role=ROLE --config CONFIG` inside host, its JSON log lines in log; env added to its own."""
     argv = llmgw_argv("--log-format=json", f"--role={role}", "--config", str(config))
+    if os.environ.get("LLMGW_TEST_LOOP") == "uvloop":
+        # The fleet's processes on uvloop too, as the tests' own loops (tests/conftest.py).
+        argv += ["--loop", "uvloop"]
     if fake_hca:
         argv = ["sh", "-c", _FAKE_HCA, "sh", *argv]
     return host.run(argv, log=log, env={**_env(), **(env or {})}, name=role)

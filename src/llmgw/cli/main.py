@@ -114,6 +114,14 @@ COMMANDS = {
     "in-flight work finish (without a server role, drain_timeout_s's default).",
 )
 @click.option(
+    "--loop",
+    "loop_name",
+    type=click.Choice(["asyncio", "uvloop"]),
+    default="asyncio",
+    show_default=True,
+    help="The event loop the roles run on: asyncio's own, or uvloop's (installed with llmgw[uvloop]).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["auto", "text", "json"]),
     default="auto",
@@ -140,6 +148,7 @@ def main(
     listen: str | None,
     admin_listen: str | None,
     drain_timeout: float | None,
+    loop_name: str,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -172,6 +181,7 @@ def main(
             listen=listen,
             admin_listen=admin_listen,
             drain_timeout=drain_timeout,
+            loop=loop_name,
         )
     except (LlmgwError, BaseExceptionGroup) as exc:
         # A role that fails to start inside a task group arrives wrapped in a group;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
@@ -62,9 +62,12 @@ def serve(
     engine_installs: Mapping[str, str] | None = None,
     admin_listen: str | None = None,
     drain_timeout: float | None = None,
+    loop: str = "asyncio",
 ) -> int:
-    """Run the roles until a signal; returns the exit code."""
+    """Run the roles until a signal, on the event loop named loop; returns the exit code."""
     roles = tuple(dict.fromkeys(roles))
+    # Before anything is written or listens: a missing uvloop is said at once.
+    loop_factory = event_loop(loop)
     # Before anything is written or listens, as the keys they override are checked.
     for key, value, flag in (
         ("listen", listen, "--listen"),
@@ -93,11 +96,28 @@ def serve(
         # Before any role starts: a supervisor's restart runs the release the node committed to.
         os.execve(into_current.argv[0], into_current.argv, into_current.env)
     drain_s = drain_timeout_s(server_cfg, drain_timeout)
-    code, restart = asyncio.run(_run(server_cfg, agent_cfg, mirror_cfg, setup, drain_s))
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        code, restart = runner.run(_run(server_cfg, agent_cfg, mirror_cfg, setup, drain_s))
     if restart is not None:
         # After every role has stopped, its engines left running: the new image adopts them.
         os.execve(restart.argv[0], restart.argv, restart.env)
     return code
+
+
+def event_loop(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the event loop named name: None for asyncio's own, uvloop's where it is installed."""
+    if name == "asyncio":
+        return None
+    if name != "uvloop":
+        raise ConfigError(f"--loop {name}: the loop is asyncio or uvloop")
+    try:
+        import uvloop
+    except ImportError:
+        raise ConfigError(
+            "--loop uvloop: uvloop is not installed here; install it with `pip install 'llmgw[uvloop]'`, "
+            "or run on asyncio's own loop (leave out --loop)"
+        ) from None
+    return uvloop.new_event_loop
 
 
 def drain_timeout_s(server_cfg: ServerConfig | None, flag: float | None) -> float:

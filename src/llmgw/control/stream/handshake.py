@@ -15,6 +15,7 @@ import asyncio
 import ssl
 from asyncio import sslproto
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import structlog
 
@@ -55,19 +56,28 @@ class Handshakes:
         return _Plain(self, inner)
 
     def _upgrade(
-        self, transport: asyncio.Transport, inner: Callable[[], asyncio.Protocol]
+        self, transport: asyncio.Transport, inner: Callable[[], asyncio.Protocol], early: list[bytes]
     ) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._handshake(transport, inner), name="agentsvc-tls")
+        task = asyncio.get_running_loop().create_task(
+            self._handshake(transport, inner, early), name="agentsvc-tls"
+        )
         self._upgrades.add(task)
         task.add_done_callback(self._upgrades.discard)
         return task
 
-    async def _handshake(self, transport: asyncio.Transport, inner: Callable[[], asyncio.Protocol]) -> None:
+    async def _handshake(
+        self, transport: asyncio.Transport, inner: Callable[[], asyncio.Protocol], early: list[bytes]
+    ) -> None:
         peer = transport.get_extra_info("peername")
         where = f"{peer[0]}:{peer[1]}" if peer else "an unknown address"
         protocol = _Held(inner())
+        loop = asyncio.get_running_loop()
+        if early:
+            # Scheduled before start_tls schedules its TLS layer's connection_made and the
+            # transport's resume_reading: the layer takes these bytes first, before any read.
+            loop.call_soon(hand_over, transport, b"".join(early))
         try:
-            tls = await asyncio.get_running_loop().start_tls(
+            tls = await loop.start_tls(
                 transport,
                 protocol,
                 self._context,
@@ -84,6 +94,9 @@ class Handshakes:
             transport.close()
             return
         if tls is not None:
+            # Only on asyncio's own TLS layer. uvloop's takes no buffer from outside: it allocates
+            # its own at a connection's first read, the 64 KiB libuv asks for, so on uvloop each
+            # node's connection holds 64 KiB that here the one shared buffer holds for all.
             shared_reads(transport, self._reads)
             protocol.connection_made(tls)
 
@@ -101,12 +114,26 @@ class _Plain(asyncio.Protocol):
         self._handshakes = handshakes
         self._inner = inner
         self._upgrade: asyncio.Task[None] | None = None
+        self._transport: asyncio.Transport | None = None
+        # What arrived before start_tls took the transport over (on uvloop only, see connection_made).
+        self._early: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        # Before any byte arrives here: the ClientHello is for start_tls to read.
-        transport.pause_reading()
-        self._upgrade = self._handshakes._upgrade(transport, self._inner)
+        # What a stream socket's transport is on any loop: uvloop's are not asyncio.Transport's
+        # subclasses, only alike.
+        assert callable(getattr(transport, "pause_reading", None))
+        plain = self._transport = cast(asyncio.Transport, transport)
+        # Before any byte arrives here: the ClientHello is for start_tls to read. uvloop starts
+        # reading only after connection_made returns, so there this does nothing and the first
+        # bytes may still come to data_received.
+        plain.pause_reading()
+        self._upgrade = self._handshakes._upgrade(plain, self._inner, self._early)
+
+    def data_received(self, data: bytes) -> None:
+        # Only on a loop where pause_reading came too early (uvloop): kept for the TLS layer.
+        self._early.append(data)
+        if self._transport is not None:
+            self._transport.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         # Gone before start_tls took the transport: nothing would ever end its handshake.
@@ -158,6 +185,26 @@ class _Held(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
+
+
+def hand_over(transport: asyncio.BaseTransport, data: bytes) -> None:
+    """Give the TLS layer start_tls put on transport the bytes that were read before it was there.
+
+    Both asyncio's and uvloop's layers keep what they are given before their
+    connection_made and read it as the handshake starts.
+    """
+    layer = transport.get_protocol()
+    if isinstance(layer, asyncio.BufferedProtocol) or hasattr(layer, "buffer_updated"):
+        buffered = cast(asyncio.BufferedProtocol, layer)
+        view = memoryview(data)
+        while view:
+            buffer = memoryview(buffered.get_buffer(len(view)))
+            size = min(len(buffer), len(view))
+            buffer[:size] = view[:size]
+            buffered.buffer_updated(size)
+            view = view[size:]
+    else:
+        cast(asyncio.Protocol, layer).data_received(data)
 
 
 def shared_reads(transport: asyncio.BaseTransport, buffer: bytearray) -> None:
