@@ -76,9 +76,11 @@ async def _limit_everything(server: ServerConfig) -> None:
 
 
 @contextmanager
-def running_llmgw(workdir: Path, auth: bool, database: str = "") -> Iterator[tuple[str, str, str, str, int]]:
+def running_llmgw(
+    workdir: Path, auth: bool, database: str = "", loop: str = "asyncio"
+) -> Iterator[tuple[str, str, str, str, int]]:
     """(gateway URL, API key, the engine's direct URL, its secret, llmgw's pid) of a dev system with a
-    zero-delay sim, run by this Python's llmgw."""
+    zero-delay sim, run by this Python's llmgw on loop (`llmgw --loop`)."""
     dev_dir = workdir / ".llmgw-dev"
     setup = prepare_dev(dev_dir, ("server",))
     assert setup.server is not None
@@ -105,6 +107,8 @@ def running_llmgw(workdir: Path, auth: bool, database: str = "") -> Iterator[tup
             "llmgw",
             "--log-format=json",
             "--log-level=warning",
+            # Named only when not the default: an earlier revision's llmgw has no --loop.
+            *([f"--loop={loop}"] if loop != "asyncio" else []),
             "--role=server",
             "--role=agent",
             "--dev",
@@ -436,6 +440,13 @@ def parser() -> argparse.ArgumentParser:
         help="LiteLLM's litellm command: measure its proxy on the same engine beside the gateway",
     )
     parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the event loop this tree's llmgw runs on (`llmgw --loop`); with --rev, the earlier one "
+        "runs on asyncio's own",
+    )
+    parser.add_argument(
         "--rev",
         default="",
         metavar="REV",
@@ -479,10 +490,10 @@ def comparison(rows: Sequence[Row], rev: str) -> list[str]:
 
 
 def _sides(
-    stack: ExitStack, tmp: Path, auth: bool, database: str, before: Path | None
+    stack: ExitStack, tmp: Path, auth: bool, database: str, before: Path | None, loop: str = "asyncio"
 ) -> tuple[tuple[str, str, str, str, int], tuple[str, str, str, str, int] | None]:
     """This tree's system and, given an earlier revision's Python, that revision's, both ready and at rest."""
-    this = stack.enter_context(running_llmgw(tmp / f"auth-{auth}", auth, database))
+    this = stack.enter_context(running_llmgw(tmp / f"auth-{auth}", auth, database, loop))
     asyncio.run(_wait_ready(this[0], this[1]))
     earlier = None
     if before is not None:
@@ -508,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for auth in modes:
             with ExitStack() as stack:
                 (url, key, direct, secret, _), earlier = _sides(
-                    stack, Path(tmp), auth, args.database, before_python
+                    stack, Path(tmp), auth, args.database, before_python, args.loop
                 )
                 litellm = ("", "")
                 if args.litellm:
