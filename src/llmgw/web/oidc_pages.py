@@ -13,6 +13,7 @@ import structlog
 from aiohttp import web
 
 from llmgw.store.sessions import create_session
+from llmgw.store.users import User
 from llmgw.web.account import _local, _pre_session_page, _see_other, client_address
 from llmgw.web.context import WEB_KEY
 from llmgw.web.oidc import FLOW_COOKIE, FLOW_TTL_S, Flow, OidcError, sign_in
@@ -65,12 +66,7 @@ async def callback(request: web.Request) -> web.StreamResponse:
         return await refused(request, "this server has no identity provider set up (auth.oidc)", 404)
     flow = Flow.from_cookie(request.cookies.get(FLOW_COOKIE, ""))
     if flow is None or time.time() - flow.started > FLOW_TTL_S:
-        return await refused(
-            request,
-            "this browser has no sign-in in progress (it was finished already, took longer than "
-            f"{FLOW_TTL_S // 60} minutes, or was started in another browser); start again",
-            400,
-        )
+        return await no_sign_in_under_way(request, FLOW_TTL_S)
     if request.query.get("state") != flow.state:
         return await refused(
             request,
@@ -88,17 +84,35 @@ async def callback(request: web.Request) -> web.StreamResponse:
         user = await sign_in(ctx.store, provider.cfg, claims)
     except SignInRefused as exc:
         return await refused(request, str(exc), 401, flow.next)
+    response = await session_for(request, user, flow.next)
+    clear_cookie(response, request, FLOW_COOKIE)
+    return response
+
+
+async def no_sign_in_under_way(request: web.Request, ttl_s: int) -> web.StreamResponse:
+    """The refusal of a provider's answer that this browser started no sign-in for (or too long ago)."""
+    return await refused(
+        request,
+        "this browser has no sign-in in progress (it was finished already, took longer than "
+        f"{ttl_s // 60} minutes, or was started in another browser); start again",
+        400,
+    )
+
+
+async def session_for(request: web.Request, user: User, target: str) -> web.StreamResponse:
+    """A person the provider vouched for: refused while waiting for approval or disabled, else signed
+    in with a session of the pages and sent on to target. The same for every kind of provider."""
     if user.status == "pending":
         return await refused(
             request, f"your account {user.email} is waiting for an administrator to approve it", 403
         )
-    if user.status == "disabled":
+    if user.status != "active":
         return await refused(
             request, f"the account {user.email} is disabled; ask an administrator if that is a mistake", 403
         )
+    ctx = request.config_dict[WEB_KEY]
     token, _ = await create_session(ctx.store, user.id, ctx.cfg.auth.session_ttl_s)
-    response = _see_other(_local(flow.next))
+    response = _see_other(_local(target))
     set_cookie(response, request, SESSION_COOKIE, token, max_age=int(ctx.cfg.auth.session_ttl_s))
-    clear_cookie(response, request, FLOW_COOKIE)
     clear_cookie(response, request, CSRF_COOKIE)
     return response

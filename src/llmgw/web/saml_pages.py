@@ -11,13 +11,12 @@ import time
 from aiohttp import web
 
 from llmgw.bodies import read_fields
-from llmgw.store.sessions import create_session
 from llmgw.web.account import _local, _see_other
 from llmgw.web.context import WEB_KEY
-from llmgw.web.oidc_pages import refused
+from llmgw.web.oidc_pages import no_sign_in_under_way, refused, session_for
 from llmgw.web.provider_accounts import SignInRefused
 from llmgw.web.saml import FLOW_COOKIE, FLOW_TTL_S, SamlError, SamlFlow, flow_for
-from llmgw.web.sessions import CSRF_COOKIE, SESSION_COOKIE, clear_cookie, set_cookie
+from llmgw.web.sessions import clear_cookie, set_cookie
 
 _NONE = "this server has no SAML identity provider set up (auth.saml)"
 
@@ -60,12 +59,7 @@ async def _answer(request: web.Request) -> web.StreamResponse:
         return await refused(request, _NONE, 404)
     flow = SamlFlow.from_cookie(request.cookies.get(FLOW_COOKIE, ""))
     if flow is None or time.time() - flow.started > FLOW_TTL_S:
-        return await refused(
-            request,
-            "this browser has no sign-in in progress (it was finished already, took longer than "
-            f"{FLOW_TTL_S // 60} minutes, or was started in another browser); start again",
-            400,
-        )
+        return await no_sign_in_under_way(request, FLOW_TTL_S)
     answer = (await read_fields(request)).get("SAMLResponse", "")
     if not answer:
         return await refused(request, "the provider's answer has no SAMLResponse", 400, flow.next)
@@ -74,16 +68,7 @@ async def _answer(request: web.Request) -> web.StreamResponse:
         user = await provider.sign_in(ctx.store, email, groups)
     except (SamlError, SignInRefused) as exc:
         return await refused(request, str(exc), 401, flow.next)
-    if user.status != "active":
-        waiting = (
-            "is waiting for an administrator to approve it" if user.status == "pending" else "is disabled"
-        )
-        return await refused(request, f"your account {user.email} {waiting}", 403)
-    token, _ = await create_session(ctx.store, user.id, ctx.cfg.auth.session_ttl_s)
-    response = _see_other(_local(flow.next))
-    set_cookie(response, request, SESSION_COOKIE, token, max_age=int(ctx.cfg.auth.session_ttl_s))
-    clear_cookie(response, request, CSRF_COOKIE)
-    return response
+    return await session_for(request, user, flow.next)
 
 
 async def metadata(request: web.Request) -> web.StreamResponse:
