@@ -28,8 +28,10 @@ def on_demand(model: ModelConfig) -> bool:
 
 
 def cold_start_bound_s(model: ModelConfig) -> float:
-    """How long a request is held while the model starts: timeouts.cold_start_s, else its engine's default."""
+    """How long a request is held while the model starts: timeouts.cold_start_s, else the longest default
+    of its profiles' engines (the start may land on any profile: one placed on its vLLM profile, after a
+    llama.cpp one found no node, was held only llama.cpp's two minutes)."""
     if model.timeouts.cold_start_s:
         return model.timeouts.cold_start_s
-    engine = model.profiles[0].engine if model.profiles else ""
-    return _COLD_START_S.get(engine, _UNKNOWN_ENGINE_S)
+    engines = [p.engine for p in model.profiles] or [""]
+    return max(_COLD_START_S.get(engine, _UNKNOWN_ENGINE_S) for engine in engines)

@@ -311,7 +311,7 @@ class TimeoutsConfig:
         0.0,
         "How long a request for an on-demand model (`scale`) with no ready replica is held while one is "
         "placed and started; past it, a 503 saying where the start stands, with Retry-After. 0: sized "
-        "for the model's first engine (llamacpp and sim 120 s, vllm and sglang 900 s). See "
+        "for the slowest of its profiles' engines (llamacpp and sim 120 s, vllm and sglang 900 s). See "
         "docs/placement.md, On demand.",
         seconds(0),
     )
